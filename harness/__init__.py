@@ -1,0 +1,1 @@
+"""Correctness and regression harness for the Mamba2 SSD prefill path."""

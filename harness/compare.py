@@ -1,0 +1,226 @@
+"""Bit-exact and bounded comparisons that raise with a report a kernel engineer can act on.
+
+Exact means ``rtol=0, atol=0`` compared as bits: tensors are viewed as a same-width integer dtype, so -0.0 vs +0.0
+and NaN payloads count (DESIGN section 4). Every helper here raises; none returns a bool.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+class Mismatch(AssertionError):
+    """Raised by every comparison here. ``report`` is the full text, ``count`` the number of differing elements."""
+
+    def __init__(self, report: str, count: int, stats: dict | None = None):
+        super().__init__(report)
+        self.report = report
+        self.count = count
+        self.stats = stats or {}
+
+
+@dataclass
+class BoundStats:
+    """What a bounded comparison measured (also attached to reports)."""
+
+    max_abs_err: float = 0.0
+    max_rel_err: float = 0.0  # max |err| / |expected| over elements with expected != 0
+    max_bound_use: float = 0.0  # max |err| / bound: 1.0 means at the bound
+    max_ulp: int = 0  # in the actual tensor's dtype, vs expected rounded to that dtype
+    numel: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {
+            "max_abs_err": self.max_abs_err,
+            "max_rel_err": self.max_rel_err,
+            "max_bound_use": self.max_bound_use,
+            "max_ulp": self.max_ulp,
+            "numel": self.numel,
+            **self.extra,
+        }
+
+
+def int_view(t: torch.Tensor) -> torch.Tensor:
+    """The same bits as a signed integer tensor of the same width (bool and integer tensors pass through)."""
+    if t.dtype == torch.bool or not (t.dtype.is_floating_point or t.dtype.is_complex):
+        return t
+    return t.contiguous().view(_INT_VIEW[t.element_size()])
+
+
+def ordered_bits(t: torch.Tensor) -> torch.Tensor:
+    """Map float bits to int64 so that adjacent floats differ by 1 and -0.0/+0.0 are adjacent (ulp metric)."""
+    bits = int_view(t).to(torch.int64)
+    width = 8 * t.element_size()
+    sign_min = -(1 << (width - 1))
+    return torch.where(bits < 0, sign_min - bits - 1, bits)
+
+
+def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Elementwise distance in units in the last place of the common float dtype (int64)."""
+    if a.dtype != b.dtype:
+        raise TypeError(f"ulp_distance: dtypes differ ({a.dtype} vs {b.dtype})")
+    return (ordered_bits(a) - ordered_bits(b)).abs()
+
+
+def _hex(bits: int, width: int) -> str:
+    return f"0x{bits & ((1 << width) - 1):0{width // 4}x}"
+
+
+def _fmt_index(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    idx = []
+    for s in reversed(shape):
+        idx.append(flat % s if s else 0)
+        flat = flat // s if s else 0
+    return tuple(reversed(idx))
+
+
+def _header(what: str, repro: str | None, context: str | None) -> list[str]:
+    lines = []
+    if context:
+        lines.append(context)
+    if repro:
+        lines.append(f"repro: {repro}")
+    return lines
+
+
+def assert_bits_equal(
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    *,
+    what: str = "tensor",
+    repro: str | None = None,
+    context: str | None = None,
+    max_report: int = 8,
+) -> None:
+    """Raise ``Mismatch`` unless ``actual`` and ``expected`` have the same shape, dtype and bits."""
+    if actual.shape != expected.shape or actual.dtype != expected.dtype:
+        lines = [
+            f"{what}: shape/dtype differ: actual {tuple(actual.shape)} {actual.dtype}, "
+            f"expected {tuple(expected.shape)} {expected.dtype}"
+        ]
+        raise Mismatch("\n".join(lines + _header(what, repro, context)), count=-1)
+    a = actual.detach().cpu()
+    e = expected.detach().cpu()
+    ai, ei = int_view(a), int_view(e)
+    diff = (ai != ei).reshape(-1)
+    count = int(diff.sum())
+    if count == 0:
+        return
+    flat = diff.nonzero().reshape(-1)[:max_report].tolist()
+    is_float = a.dtype.is_floating_point
+    width = 8 * a.element_size()
+    ulps = ulp_distance(a, e).reshape(-1) if is_float else None
+    lines = [f"{what}: {count} of {a.numel()} elements differ in bits ({a.dtype}, shape {tuple(a.shape)})"]
+    if is_float:
+        both_finite = torch.isfinite(a.reshape(-1)) & torch.isfinite(e.reshape(-1)) & diff
+        if both_finite.any():
+            lines.append(f"  max ulp distance among finite mismatches: {int(ulps[both_finite].max())}")
+    for f in flat:
+        idx = _fmt_index(f, tuple(a.shape))
+        if is_float:
+            av, ev = a.reshape(-1)[f].item(), e.reshape(-1)[f].item()
+            ab, eb = int(ai.reshape(-1)[f]), int(ei.reshape(-1)[f])
+            u = "nan" if (math.isnan(av) or math.isnan(ev)) else str(int(ulps[f]))
+            lines.append(
+                f"  at {idx}: actual {av!r} ({_hex(ab, width)}) expected {ev!r} ({_hex(eb, width)}) ulp {u}"
+            )
+        else:
+            lines.append(f"  at {idx}: actual {a.reshape(-1)[f].item()} expected {e.reshape(-1)[f].item()}")
+    if count > len(flat):
+        lines.append(f"  ... {count - len(flat)} more")
+    raise Mismatch("\n".join(lines + _header(what, repro, context)), count=count)
+
+
+def storage_bytes(t: torch.Tensor) -> torch.Tensor:
+    """Every byte of ``t``'s underlying storage (including gaps and bytes before its offset) as a uint8 CPU tensor."""
+    storage = t.untyped_storage()
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage).cpu().clone()
+
+
+def assert_storage_equal(
+    actual: torch.Tensor | torch.Tensor,
+    expected_bytes: torch.Tensor,
+    *,
+    what: str = "storage",
+    element: torch.dtype | None = None,
+    repro: str | None = None,
+    context: str | None = None,
+) -> None:
+    """Compare a tensor's whole storage with bytes saved earlier by ``storage_bytes``.
+
+    With ``element`` (the tensor's dtype), mismatches are reported as elements of that dtype at storage offsets.
+    """
+    got = storage_bytes(actual)
+    elem = element or actual.dtype
+    size = torch.empty(0, dtype=elem).element_size()
+    if got.numel() % size == 0 and expected_bytes.numel() == got.numel():
+        assert_bits_equal(
+            got.view(elem), expected_bytes.view(elem), what=f"{what} (storage elements)", repro=repro, context=context
+        )
+    else:
+        assert_bits_equal(got, expected_bytes, what=f"{what} (bytes)", repro=repro, context=context)
+
+
+def assert_within_bound(
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    bound: torch.Tensor,
+    *,
+    what: str = "tensor",
+    repro: str | None = None,
+    context: str | None = None,
+    max_report: int = 8,
+) -> BoundStats:
+    """Raise unless ``|actual - expected| <= bound`` elementwise (NaN anywhere in actual fails; so does any Inf
+    that expected does not have). ``expected`` is usually float64 ground truth; ``bound`` broadcasts against it.
+    Returns the measured ``BoundStats`` when it holds.
+    """
+    if actual.shape != expected.shape:
+        raise Mismatch(
+            f"{what}: shape differs: actual {tuple(actual.shape)}, expected {tuple(expected.shape)}", count=-1
+        )
+    a = actual.detach().cpu().to(torch.float64)
+    e = expected.detach().cpu().to(torch.float64)
+    bnd = torch.broadcast_to(bound.detach().cpu().to(torch.float64), e.shape)
+    err = (a - e).abs()
+    same_inf = torch.isinf(a) & torch.isinf(e) & (a == e)
+    err = torch.where(same_inf, torch.zeros_like(err), err)
+    bad = ~(err <= bnd)  # NaN in err counts as bad
+    nz = e != 0
+    stats = BoundStats(numel=a.numel())
+    finite = torch.isfinite(err)
+    if finite.any():
+        stats.max_abs_err = float(err[finite].max())
+        rel = err[finite & nz] / e[finite & nz].abs()
+        stats.max_rel_err = float(rel.max()) if rel.numel() else 0.0
+        use = err[finite] / bnd[finite].clamp_min(torch.finfo(torch.float64).tiny)
+        stats.max_bound_use = float(use.max())
+    if actual.dtype.is_floating_point:
+        e_rounded = e.to(actual.dtype)
+        u = ulp_distance(actual.detach().cpu(), e_rounded)
+        ok = torch.isfinite(actual.detach().cpu().to(torch.float64)) & torch.isfinite(e_rounded.to(torch.float64))
+        stats.max_ulp = int(u[ok].max()) if ok.any() else 0
+    count = int(bad.sum())
+    if count == 0:
+        return stats
+    flat = bad.reshape(-1).nonzero().reshape(-1)[:max_report].tolist()
+    lines = [
+        f"{what}: {count} of {a.numel()} elements exceed the derived bound "
+        f"(max |err| {stats.max_abs_err:.3e}, max err/bound {stats.max_bound_use:.3g}, "
+        f"max rel err {stats.max_rel_err:.3e}, max ulp {stats.max_ulp})"
+    ]
+    for f in flat:
+        idx = _fmt_index(f, tuple(a.shape))
+        lines.append(
+            f"  at {idx}: actual {a.reshape(-1)[f].item()!r} expected {e.reshape(-1)[f].item()!r} "
+            f"|err| {err.reshape(-1)[f].item():.3e} bound {bnd.reshape(-1)[f].item():.3e}"
+        )
+    if count > len(flat):
+        lines.append(f"  ... {count - len(flat)} more")
+    raise Mismatch("\n".join(lines + _header(what, repro, context)), count=count, stats=stats.as_dict())
