@@ -1,0 +1,47 @@
+"""Which backend runs the Triton kernels: the GPU (``cuda``) or Triton's interpreter on CPU tensors.
+
+``TRITON_INTERPRET`` is read when ``@triton.jit`` decorates a kernel, so ``configure`` must run before ``kernels``
+is imported. The pytest plugin and the CLI call it first thing.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+DEVICES = ("auto", "cuda", "cpu")
+
+
+def resolve_device(requested: str = "auto") -> str:
+    """``auto`` is ``cuda`` when a GPU is visible, else ``cpu`` (the interpreter)."""
+    if requested not in DEVICES:
+        raise ValueError(f"device: expected one of {', '.join(DEVICES)}, found {requested!r}")
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device: 'cuda' requested but torch sees no CUDA device")
+    return requested
+
+
+def configure(requested: str = "auto") -> str:
+    """Resolve the device and set ``TRITON_INTERPRET`` to match, before any kernel module is imported."""
+    device = resolve_device(requested)
+    want = "1" if device == "cpu" else "0"
+    if "kernels" in sys.modules and os.environ.get("TRITON_INTERPRET", "0") != want:
+        raise RuntimeError(
+            f"kernels were imported with TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '0')} "
+            f"before the harness selected device {device!r}; select the device first"
+        )
+    os.environ["TRITON_INTERPRET"] = want
+    return device
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def profile_for(device: str) -> str:
+    """The arithmetic profile (``reference.chunked``) that our kernels follow on ``device``."""
+    return "interpreter" if resolve_device(device) == "cpu" else "cuda"
