@@ -1,0 +1,52 @@
+"""Split test items across N machines deterministically and evenly by expected cost (``--shard K/N``).
+
+Greedy longest-processing-time assignment: items sorted by (cost descending, id) go one by one to the shard with the
+least total cost so far (ties to the lowest shard number). The result depends only on the item ids and costs, so every
+runner of a CI matrix computes the same partition, and the union of the N shards is every item exactly once.
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+from typing import Iterable
+
+_SHARD = re.compile(r"^(\d+)/(\d+)$")
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"K/N"`` with 1 <= K <= N -> (K, N); a clear ValueError otherwise."""
+    m = _SHARD.match(text.strip())
+    if not m:
+        raise ValueError(f"--shard: expected K/N with integers 1 <= K <= N, found {text!r}")
+    k, n = int(m.group(1)), int(m.group(2))
+    if not 1 <= k <= n:
+        raise ValueError(f"--shard: expected 1 <= K <= N, found K={k} N={n}")
+    return k, n
+
+
+def partition(items: Iterable[tuple[str, float]], n: int) -> list[list[str]]:
+    """Assign (id, cost) items to ``n`` shards; returns the ids of each shard in their original order."""
+    if n < 1:
+        raise ValueError(f"shards: expected n >= 1, found {n}")
+    items = list(items)
+    ids = [i for i, _ in items]
+    if len(set(ids)) != len(ids):
+        dup = sorted({i for i in ids if ids.count(i) > 1})[:3]
+        raise ValueError(f"shards: item ids must be unique, found duplicates {dup}")
+    order = {item_id: pos for pos, item_id in enumerate(ids)}
+    heap = [(0.0, shard) for shard in range(n)]
+    owner: dict[str, int] = {}
+    for item_id, cost in sorted(items, key=lambda ic: (-float(ic[1]), ic[0])):
+        load, shard = heapq.heappop(heap)
+        owner[item_id] = shard
+        heapq.heappush(heap, (load + float(cost), shard))
+    shards: list[list[str]] = [[] for _ in range(n)]
+    for item_id in sorted(owner, key=order.__getitem__):
+        shards[owner[item_id]].append(item_id)
+    return shards
+
+
+def select(items: Iterable[tuple[str, float]], k: int, n: int) -> set[str]:
+    """Ids of shard ``k`` (1-based) of ``n``."""
+    return set(partition(items, n)[k - 1])

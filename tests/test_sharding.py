@@ -1,0 +1,49 @@
+"""--shard K/N: the union of shards is the whole suite, with no overlap, balanced by cost, deterministic."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness.sharding import parse_shard, partition, select
+
+ids = st.lists(st.text("abcdefgh:/_", min_size=1, max_size=12), min_size=0, max_size=60, unique=True)
+
+
+@settings(max_examples=150, deadline=None)
+@given(names=ids, n=st.integers(1, 7), seed=st.integers(0, 10**6))
+def test_union_is_everything_exactly_once(names, n, seed):
+    rng = random.Random(seed)
+    items = [(name, rng.choice([0.0, 1.0, 2.5, rng.random() * 100])) for name in names]
+    shards = partition(items, n)
+    flat = [i for s in shards for i in s]
+    assert sorted(flat) == sorted(names) and len(flat) == len(set(flat))
+    # determinism: the same partition from a shuffled input
+    shuffled = items[:]
+    rng.shuffle(shuffled)
+    assert [set(s) for s in partition(shuffled, n)] == [set(s) for s in shards]
+    # every K/N selection agrees with the partition
+    assert set().union(*(select(items, k, n) for k in range(1, n + 1))) == set(names)
+
+
+def test_balanced_by_cost():
+    items = [(f"case{i}::check", float(c)) for i, c in enumerate([50, 40, 30, 20, 10] + [1] * 40)]
+    loads = [sum(dict(items)[i] for i in s) for s in partition(items, 3)]
+    total = sum(c for _, c in items)
+    # LPT bound: no shard exceeds the mean by more than the largest single item
+    assert max(loads) <= total / 3 + 50
+    assert max(loads) - min(loads) <= 10
+
+
+@pytest.mark.parametrize("text", ["0/3", "4/3", "1/0", "a/b", "1-3", ""])
+def test_bad_shard_spec_is_rejected(text):
+    with pytest.raises(ValueError, match="--shard"):
+        parse_shard(text)
+
+
+def test_duplicate_ids_are_rejected():
+    with pytest.raises(ValueError, match="duplicates"):
+        partition([("a", 1.0), ("a", 2.0)], 2)
