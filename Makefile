@@ -5,14 +5,18 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# The CPU install (dev machines, CI): the CPU torch wheel and a numpy the Triton 3.6 interpreter accepts (< 2.4,
+# DESIGN section 8). A GPU runner keeps its own torch/numpy: `make test TORCH_SPEC= NUMPY_SPEC= VENV_FLAGS=--system-site-packages`.
+TORCH_SPEC ?= torch==2.13.0
+NUMPY_SPEC ?= numpy<2.4
+VENV_FLAGS ?=
 
 .PHONY: run test bench generate validate clean-venv
 
 $(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# CPU wheel on the CI/dev machines; the GPU runner has its own torch preinstalled.
-	$(PY) -m pip install -q "torch==2.13.0"
+	$(if $(strip $(TORCH_SPEC) $(NUMPY_SPEC)),$(PY) -m pip install -q $(foreach s,$(TORCH_SPEC) $(NUMPY_SPEC),"$(s)"))
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
 
