@@ -1,0 +1,197 @@
+"""State passing (stage 3): the inter-chunk recurrence over the chunk states, snapshot path.
+
+Per head and state element, in fp32: at the first chunk of sequence ``b`` the state is ``initial_states[b]`` (or 0);
+then ``s = exp2(LOG2E * dA_cs[h, c, Q-1]) * s + states[c]`` and ``out[c] = s`` (the state *exiting* chunk c).
+The multiply-add is written as one expression so that Triton contracts it into an FMA on CUDA, which equals
+``torch.addcmul`` bit for bit (DESIGN section 8); the interpreter does not fuse (the ``interpreter`` profile).
+
+Optional direct writeback: at ``last_chunk_indices[b]`` the state is also stored into
+``state_cache[final_state_indices[b]]`` in the cache dtype, skipped for negative slots.
+
+Autotuned over BLOCK_SIZE. That is safe here: the kernel reads only the dense snapshot (``initial_states``), never
+the cache, and every trial overwrites ``out`` and the final cache slots with the same values.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
+
+CONFIGS = [triton.Config({"BLOCK_SIZE": bs}) for bs in (64, 128, 256, 512, 1024, 2048)]
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _interpreter_do_bench(kernel_call, quantiles):
+    """Autotuner stand-in under the interpreter (there is no GPU benchmarker there): run each trial once, so that
+    trial launches really happen (the destructive-autotuning guard needs them), and rank configs by list order."""
+    kernel_call()
+    return [0.0 for _ in quantiles]
+
+
+def arithmetic_profile() -> str:
+    """The ``reference.chunked`` profile this module's arithmetic follows (fixed when the module is imported)."""
+    return "interpreter" if _interpreting() else "cuda"
+
+
+@triton.autotune(configs=CONFIGS, key=["dim"], do_bench=_interpreter_do_bench if _interpreting() else None)
+@triton.jit
+def _state_passing_kernel(
+    states_ptr,  # (C, H, P*N) fp32
+    out_ptr,  # (C, H, P*N) out dtype
+    dA_cs_ptr,  # (H, C, Q) fp32
+    init_ptr,  # (Bt, H, P*N) state dtype, read only when HAS_INIT
+    seq_idx_ptr,  # (C,)
+    cache_ptr,  # (slots, H, P*N), written only when WRITE_CACHE
+    final_idx_ptr,  # (Bt,) int32/int64
+    last_chunk_ptr,  # (Bt,)
+    dim,  # P * N
+    nchunks,
+    chunk_size,
+    stride_states_chunk,
+    stride_states_head,
+    stride_out_chunk,
+    stride_out_head,
+    stride_dA_head,
+    stride_dA_chunk,
+    stride_dA_q,
+    stride_init_batch,
+    stride_init_head,
+    stride_seq_idx,
+    stride_cache_slot,
+    stride_cache_head,
+    stride_final_idx,
+    stride_last_chunk,
+    HAS_INIT: tl.constexpr,
+    WRITE_CACHE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    offs = pid_m * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offs < dim
+
+    states_ptr += pid_h * stride_states_head + offs
+    out_ptr += pid_h * stride_out_head + offs
+    dA_cs_ptr += pid_h * stride_dA_head + (chunk_size - 1) * stride_dA_q
+
+    prev_seq = tl.load(seq_idx_ptr)
+    if HAS_INIT:
+        s = tl.load(init_ptr + prev_seq.to(tl.int64) * stride_init_batch + pid_h * stride_init_head + offs,
+                    mask=mask, other=0.0).to(tl.float32)
+    else:
+        s = tl.zeros((BLOCK_SIZE,), dtype=tl.float32)
+
+    for c in range(nchunks):
+        seq = tl.load(seq_idx_ptr + c * stride_seq_idx)
+        if seq != prev_seq:  # first chunk of a new sequence: restart from its initial state
+            if HAS_INIT:
+                s = tl.load(init_ptr + seq.to(tl.int64) * stride_init_batch + pid_h * stride_init_head + offs,
+                            mask=mask, other=0.0).to(tl.float32)
+            else:
+                s = tl.zeros((BLOCK_SIZE,), dtype=tl.float32)
+        prev_seq = seq
+        new = tl.load(states_ptr, mask=mask, other=0.0).to(tl.float32)
+        scale = tl.math.exp2(_LOG2E * tl.load(dA_cs_ptr).to(tl.float32))
+        s = scale * s + new  # one expression: contracted to FMA on CUDA
+        tl.store(out_ptr, s.to(out_ptr.dtype.element_ty), mask=mask)
+        if WRITE_CACHE:
+            last = tl.load(last_chunk_ptr + seq.to(tl.int64) * stride_last_chunk)
+            if last == c:
+                slot = tl.load(final_idx_ptr + seq.to(tl.int64) * stride_final_idx).to(tl.int64)
+                if slot >= 0:  # negative slot: padded sequence, write nothing
+                    dst = cache_ptr + slot * stride_cache_slot + pid_h * stride_cache_head + offs
+                    tl.store(dst, s.to(cache_ptr.dtype.element_ty), mask=mask)
+        states_ptr += stride_states_chunk
+        out_ptr += stride_out_chunk
+        dA_cs_ptr += stride_dA_chunk
+
+
+def _check_state_rows(name: str, t: torch.Tensor, H: int, P: int, N: int) -> None:
+    """(rows, H, P, N) with compact (P, N) so that one head is a flat run of P*N elements."""
+    assert t.dim() == 4 and tuple(t.shape[1:]) == (H, P, N), f"{name}: expected (*, {H}, {P}, {N}), found {tuple(t.shape)}"
+    assert t.stride(3) == 1 and t.stride(2) == N, f"{name}: (P, N) must be compact, found strides {t.stride()}"
+
+
+def _check_index(name: str, t: torch.Tensor, n: int) -> None:
+    assert t.dim() == 1 and t.shape[0] == n, f"{name}: expected ({n},), found {tuple(t.shape)}"
+    assert t.dtype in INDEX_DTYPES, f"{name}: expected int32 or int64, found {t.dtype}"
+
+
+def state_passing(
+    states: torch.Tensor,
+    dA_cumsum: torch.Tensor,
+    seq_idx: torch.Tensor,
+    *,
+    initial_states: torch.Tensor | None = None,
+    out_dtype: torch.dtype,
+    state_cache: torch.Tensor | None = None,
+    final_state_indices: torch.Tensor | None = None,
+    last_chunk_indices: torch.Tensor | None = None,
+    profile: str | None = None,
+) -> torch.Tensor:
+    """Exiting state of every chunk.
+
+    states (C, H, P, N) fp32; dA_cumsum (H, C, Q) fp32; seq_idx (C,) int; initial_states (Bt, H, P, N) or None;
+    state_cache (slots, H, P, N) with compact (P, N) (padded stride(0), storage offset allowed) together with
+    final_state_indices (Bt,) and last_chunk_indices (Bt,) int32/int64, possibly strided views.
+    ``profile``, when given, must be the arithmetic profile this kernel follows here (``arithmetic_profile()``).
+    Returns (C, H, P, N) ``out_dtype``.
+    """
+    if profile is not None and profile != arithmetic_profile():
+        raise ValueError(f"profile: this kernel follows {arithmetic_profile()!r} here, asked for {profile!r}")
+    assert states.dim() == 4 and states.dtype == torch.float32, f"states: expected (C,H,P,N) fp32, found {states.dtype}"
+    C, H, P, N = states.shape
+    assert states.stride(3) == 1 and states.stride(2) == N, f"states: (P, N) must be compact, found {states.stride()}"
+    assert dA_cumsum.dim() == 3 and tuple(dA_cumsum.shape[:2]) == (H, C), (
+        f"dA_cumsum: expected ({H}, {C}, Q), found {tuple(dA_cumsum.shape)}")
+    assert dA_cumsum.dtype == torch.float32, f"dA_cumsum: expected fp32, found {dA_cumsum.dtype}"
+    Q = dA_cumsum.shape[2]
+    _check_index("seq_idx", seq_idx, C)
+    write_cache = state_cache is not None
+    if write_cache:
+        assert final_state_indices is not None and last_chunk_indices is not None, (
+            "state_cache: final_state_indices and last_chunk_indices are needed for the writeback")
+        _check_state_rows("state_cache", state_cache, H, P, N)
+        assert state_cache.stride(1) == P * N, f"state_cache: (H, P, N) must be compact, found {state_cache.stride()}"
+        batch = final_state_indices.shape[0]
+        _check_index("final_state_indices", final_state_indices, batch)
+        _check_index("last_chunk_indices", last_chunk_indices, batch)
+    if initial_states is not None:
+        _check_state_rows("initial_states", initial_states, H, P, N)
+        assert initial_states.stride(1) == P * N, f"initial_states: (H,P,N) must be compact, found {initial_states.stride()}"
+    for name, t in (("dA_cumsum", dA_cumsum), ("seq_idx", seq_idx), ("initial_states", initial_states),
+                    ("state_cache", state_cache), ("final_state_indices", final_state_indices),
+                    ("last_chunk_indices", last_chunk_indices)):
+        assert t is None or t.device == states.device, f"{name}: on {t.device}, states on {states.device}"
+
+    out = torch.empty((C, H, P, N), dtype=out_dtype, device=states.device)
+    dim = P * N
+    init = initial_states if initial_states is not None else states  # placeholder pointer, never read
+    cache = state_cache if write_cache else out  # placeholder pointer, never written
+    final_idx = final_state_indices if write_cache else seq_idx
+    last_chunk = last_chunk_indices if write_cache else seq_idx
+    grid = lambda meta: (triton.cdiv(dim, meta["BLOCK_SIZE"]), H)  # noqa: E731
+    _state_passing_kernel[grid](
+        states, out, dA_cumsum, init, seq_idx, cache, final_idx, last_chunk,
+        dim, C, Q,
+        states.stride(0), states.stride(1),
+        out.stride(0), out.stride(1),
+        dA_cumsum.stride(0), dA_cumsum.stride(1), dA_cumsum.stride(2),
+        init.stride(0), init.stride(1),
+        seq_idx.stride(0),
+        cache.stride(0), cache.stride(1),
+        final_idx.stride(0), last_chunk.stride(0),
+        HAS_INIT=initial_states is not None,
+        WRITE_CACHE=write_cache,
+    )
+    return out
