@@ -1,0 +1,77 @@
+"""Fused gather of initial states out of the paged cache (the snapshot path's copy, one kernel).
+
+``out[b] = state_cache[initial_state_indices[b]]`` where ``has_initial_states[b]``, else zeros, in the cache dtype.
+A pure data copy (no arithmetic), so it equals the PyTorch ``torch.where`` snapshot bit for bit. A masked-off row
+never reads its slot (it may hold NaN or be out of range).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.state_passing import INDEX_DTYPES
+
+BLOCK_SIZE = 1024
+MASK_DTYPES = (torch.bool, torch.uint8, torch.int8) + INDEX_DTYPES
+
+
+@triton.jit
+def _gather_initial_states_kernel(
+    cache_ptr,  # (slots, H*P*N)
+    idx_ptr,  # (Bt,) int32/int64
+    has_ptr,  # (Bt,) uint8/int: nonzero means copy the slot
+    out_ptr,  # (Bt, H*P*N) cache dtype
+    row,  # H * P * N
+    stride_cache_slot,
+    stride_idx,
+    stride_has,
+    stride_out_batch,
+    BLOCK_SIZE: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    offs = pid_m * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offs < row
+    vals = tl.zeros((BLOCK_SIZE,), dtype=out_ptr.dtype.element_ty)
+    if tl.load(has_ptr + b * stride_has) != 0:
+        slot = tl.load(idx_ptr + b * stride_idx).to(tl.int64)
+        vals = tl.load(cache_ptr + slot * stride_cache_slot + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + b * stride_out_batch + offs, vals, mask=mask)
+
+
+def gather_initial_states(
+    state_cache: torch.Tensor, initial_state_indices: torch.Tensor, has_initial_states: torch.Tensor
+) -> torch.Tensor:
+    """Dense copy of the initial states.
+
+    state_cache (slots, H, P, N) with compact (H, P, N) (padded stride(0), storage offset allowed);
+    initial_state_indices (Bt,) int32/int64 and has_initial_states (Bt,) bool/int, possibly strided views.
+    Returns (Bt, H, P, N) in the cache dtype, zeros where the mask is false.
+    """
+    assert state_cache.dim() == 4, f"state_cache: expected (slots, H, P, N), found {tuple(state_cache.shape)}"
+    _, H, P, N = state_cache.shape
+    assert state_cache.stride(3) == 1 and state_cache.stride(2) == N and state_cache.stride(1) == P * N, (
+        f"state_cache: (H, P, N) must be compact, found strides {state_cache.stride()}")
+    assert initial_state_indices.dim() == 1, f"initial_state_indices: expected (Bt,), found {tuple(initial_state_indices.shape)}"
+    batch = initial_state_indices.shape[0]
+    assert initial_state_indices.dtype in INDEX_DTYPES, (
+        f"initial_state_indices: expected int32 or int64, found {initial_state_indices.dtype}")
+    assert tuple(has_initial_states.shape) == (batch,), (
+        f"has_initial_states: expected ({batch},), found {tuple(has_initial_states.shape)}")
+    assert has_initial_states.dtype in MASK_DTYPES, f"has_initial_states: expected bool or int, found {has_initial_states.dtype}"
+    for name, t in (("initial_state_indices", initial_state_indices), ("has_initial_states", has_initial_states)):
+        assert t.device == state_cache.device, f"{name}: on {t.device}, state_cache on {state_cache.device}"
+    # A same-width view, not a copy: the kernel reads the mask as bytes.
+    has = has_initial_states.view(torch.uint8) if has_initial_states.dtype == torch.bool else has_initial_states
+
+    out = torch.empty((batch, H, P, N), dtype=state_cache.dtype, device=state_cache.device)
+    row = H * P * N
+    grid = (triton.cdiv(row, BLOCK_SIZE), batch)
+    _gather_initial_states_kernel[grid](
+        state_cache, initial_state_indices, has, out,
+        row, state_cache.stride(0), initial_state_indices.stride(0), has.stride(0), out.stride(0),
+        BLOCK_SIZE=BLOCK_SIZE,
+    )
+    return out

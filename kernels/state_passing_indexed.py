@@ -1,0 +1,139 @@
+"""Indexed state passing for ONE sequence: the initial state is read from the paged cache by slot index.
+
+Instead of a dense snapshot of the initial state, this kernel reads ``state_cache[init_slot]`` itself, stores each
+chunk's *entering* state into the SSD workspace ``out`` (C, H, P, N) in the cache dtype, and writes the final state
+into ``state_cache[final_slot]`` (skipped when the slot is negative). Chunk scan then reads only the workspace.
+
+Bits equal the snapshot kernel (``kernels.state_passing``): the same fp32 recurrence expression and the same
+fp32 -> cache dtype cast of the final state. ``out[0]`` is a raw copy of the cache row (no fp32 round trip, so even
+NaN payloads match the snapshot's gathered copy), ``out[c + 1]`` is the state exiting chunk c.
+
+In place (init slot == final slot) is safe: each program reads its slice of the initial state before it writes
+anything, and no other program touches that slice. For the same reason the kernel is never autotuned: a trial launch
+would overwrite an aliased initial state, so it runs one fixed BLOCK_SIZE.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.state_passing import INDEX_DTYPES
+
+_LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
+
+BLOCK_SIZE = 512
+
+
+@triton.jit
+def _state_passing_indexed_kernel(
+    states_ptr,  # (C, H, P*N) fp32
+    out_ptr,  # (C, H, P*N) cache dtype: entering states
+    dA_cs_ptr,  # (H, C, Q) fp32
+    cache_ptr,  # (slots, H, P*N)
+    init_slot_ptr,  # (1,) int32/int64
+    has_init_ptr,  # (1,) uint8/int: nonzero means read the initial state
+    final_slot_ptr,  # (1,) int32/int64
+    dim,  # P * N
+    nchunks,
+    chunk_size,
+    stride_states_chunk,
+    stride_states_head,
+    stride_out_chunk,
+    stride_out_head,
+    stride_dA_head,
+    stride_dA_chunk,
+    stride_dA_q,
+    stride_cache_slot,
+    stride_cache_head,
+    BLOCK_SIZE: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    offs = pid_m * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offs < dim
+
+    states_ptr += pid_h * stride_states_head + offs
+    out_ptr += pid_h * stride_out_head + offs
+    dA_cs_ptr += pid_h * stride_dA_head + (chunk_size - 1) * stride_dA_q
+    cache_ptr += pid_h * stride_cache_head + offs
+
+    # Read this program's slice of the initial state before any write (in-place safety). A masked-off initial state
+    # is never read: the slot may hold garbage or NaN.
+    entering = tl.zeros((BLOCK_SIZE,), dtype=out_ptr.dtype.element_ty)
+    if tl.load(has_init_ptr) != 0:
+        init_slot = tl.load(init_slot_ptr).to(tl.int64)
+        entering = tl.load(cache_ptr + init_slot * stride_cache_slot, mask=mask, other=0.0)
+    s = entering.to(tl.float32)
+    tl.store(out_ptr, entering, mask=mask)
+
+    for c in range(nchunks):
+        new = tl.load(states_ptr, mask=mask, other=0.0).to(tl.float32)
+        scale = tl.math.exp2(_LOG2E * tl.load(dA_cs_ptr).to(tl.float32))
+        s = scale * s + new  # one expression: contracted to FMA on CUDA, as in the snapshot kernel
+        if c + 1 < nchunks:
+            tl.store(out_ptr + stride_out_chunk, s.to(out_ptr.dtype.element_ty), mask=mask)
+        states_ptr += stride_states_chunk
+        out_ptr += stride_out_chunk
+        dA_cs_ptr += stride_dA_chunk
+
+    final_slot = tl.load(final_slot_ptr).to(tl.int64)
+    if final_slot >= 0:  # negative slot: padded sequence, write nothing
+        tl.store(cache_ptr + final_slot * stride_cache_slot, s.to(cache_ptr.dtype.element_ty), mask=mask)
+
+
+def _check_slot_view(name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> None:
+    assert t.dim() == 1 and t.shape[0] == 1, f"{name}: expected a (1,) view, found {tuple(t.shape)}"
+    assert t.dtype in dtypes, f"{name}: expected one of {dtypes}, found {t.dtype}"
+
+
+def state_passing_indexed(
+    states: torch.Tensor,
+    dA_cumsum: torch.Tensor,
+    *,
+    state_cache: torch.Tensor,
+    init_slot_index: torch.Tensor,
+    has_initial_state: torch.Tensor,
+    final_slot_index: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    """Entering states into ``out`` and the final state into the cache, for one sequence.
+
+    states (C, H, P, N) fp32; dA_cumsum (H, C, Q) fp32; state_cache (slots, H, P, N) with compact (H, P, N)
+    (padded stride(0) and storage offset allowed); init_slot_index, final_slot_index (1,) int32/int64 and
+    has_initial_state (1,) bool/int, each possibly a strided view; out (C, H, P, N) in the cache dtype.
+    """
+    assert states.dim() == 4 and states.dtype == torch.float32, f"states: expected (C,H,P,N) fp32, found {states.dtype}"
+    C, H, P, N = states.shape
+    assert states.stride(3) == 1 and states.stride(2) == N, f"states: (P, N) must be compact, found {states.stride()}"
+    assert dA_cumsum.dim() == 3 and tuple(dA_cumsum.shape[:2]) == (H, C), (
+        f"dA_cumsum: expected ({H}, {C}, Q), found {tuple(dA_cumsum.shape)}")
+    assert dA_cumsum.dtype == torch.float32, f"dA_cumsum: expected fp32, found {dA_cumsum.dtype}"
+    assert state_cache.dim() == 4 and tuple(state_cache.shape[1:]) == (H, P, N), (
+        f"state_cache: expected (slots, {H}, {P}, {N}), found {tuple(state_cache.shape)}")
+    assert state_cache.stride(3) == 1 and state_cache.stride(2) == N and state_cache.stride(1) == P * N, (
+        f"state_cache: (H, P, N) must be compact, found strides {state_cache.stride()}")
+    assert tuple(out.shape) == (C, H, P, N) and out.dtype == state_cache.dtype, (
+        f"out: expected ({C}, {H}, {P}, {N}) {state_cache.dtype}, found {tuple(out.shape)} {out.dtype}")
+    assert out.stride(3) == 1 and out.stride(2) == N, f"out: (P, N) must be compact, found {out.stride()}"
+    _check_slot_view("init_slot_index", init_slot_index, INDEX_DTYPES)
+    _check_slot_view("final_slot_index", final_slot_index, INDEX_DTYPES)
+    _check_slot_view("has_initial_state", has_initial_state, (torch.bool, torch.uint8, torch.int8) + INDEX_DTYPES)
+    for name, t in (("dA_cumsum", dA_cumsum), ("state_cache", state_cache), ("init_slot_index", init_slot_index),
+                    ("has_initial_state", has_initial_state), ("final_slot_index", final_slot_index), ("out", out)):
+        assert t.device == states.device, f"{name}: on {t.device}, states on {states.device}"
+    # A same-width view, not a copy: the kernel reads the mask as bytes.
+    has_init = has_initial_state.view(torch.uint8) if has_initial_state.dtype == torch.bool else has_initial_state
+
+    dim = P * N
+    grid = (triton.cdiv(dim, BLOCK_SIZE), H)
+    _state_passing_indexed_kernel[grid](
+        states, out, dA_cumsum, state_cache, init_slot_index, has_init, final_slot_index,
+        dim, C, dA_cumsum.shape[2],
+        states.stride(0), states.stride(1),
+        out.stride(0), out.stride(1),
+        dA_cumsum.stride(0), dA_cumsum.stride(1), dA_cumsum.stride(2),
+        state_cache.stride(0), state_cache.stride(1),
+        BLOCK_SIZE=BLOCK_SIZE,
+    )
