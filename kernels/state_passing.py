@@ -14,36 +14,28 @@ the cache, and every trial overwrites ``out`` and the final cache slots with the
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-_LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
+from kernels.backend import AUTOTUNE_DO_BENCH, INTERPRET, LOG2E
+
+# Kernels may only read constexpr globals.
+_LOG2E = tl.constexpr(LOG2E)
 
 CONFIGS = [triton.Config({"BLOCK_SIZE": bs}) for bs in (64, 128, 256, 512, 1024, 2048)]
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def _interpreter_do_bench(kernel_call, quantiles):
-    """Autotuner stand-in under the interpreter (there is no GPU benchmarker there): run each trial once, so that
-    trial launches really happen (the destructive-autotuning guard needs them), and rank configs by list order."""
-    kernel_call()
-    return [0.0 for _ in quantiles]
-
-
 def arithmetic_profile() -> str:
-    """The ``reference.chunked`` profile this module's arithmetic follows (fixed when the module is imported)."""
-    return "interpreter" if _interpreting() else "cuda"
+    """The ``reference.chunked`` profile this module's arithmetic follows (fixed when kernels are imported)."""
+    return "interpreter" if INTERPRET else "cuda"
 
 
-@triton.autotune(configs=CONFIGS, key=["dim"], do_bench=_interpreter_do_bench if _interpreting() else None)
+# Under the interpreter the do_bench stand-in runs each trial once (so trial launches really happen) and keeps
+# the first config; on the GPU Triton's benchmarker picks.
+@triton.autotune(configs=CONFIGS, key=["dim"], do_bench=AUTOTUNE_DO_BENCH)
 @triton.jit
 def _state_passing_kernel(
     states_ptr,  # (C, H, P*N) fp32

@@ -19,9 +19,11 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.backend import LOG2E
 from kernels.state_passing import INDEX_DTYPES
 
-_LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
+# Kernels may only read constexpr globals.
+_LOG2E = tl.constexpr(LOG2E)
 
 BLOCK_SIZE = 512
 
