@@ -1,0 +1,148 @@
+"""Recompile guard: after the startup warmup, a real call must not compile anything (DESIGN section 7).
+
+On the GPU two independent witnesses are used: Triton's runtime compile hook (``knobs.runtime.jit_cache_hook``,
+called before every in-memory compile with the kernel and its cache key) and the per-device kernel caches of the
+watched kernels (``JITFunction.device_caches[device][0]``, compared before/after). The hook never returns a truthy
+value of its own: a truthy return makes Triton skip the compile *and the launch* (``JITFunction._do_compile``), which
+would turn the guard into a silent no-op of the kernel. A hook installed by someone else is still called and its
+answer passed through unchanged.
+
+Under the interpreter nothing compiles, so both witnesses are empty by construction; the guard then requires the
+warmed specialization keys and compares each launch's key against them (``specialization.py``).
+
+Version notes: the hook lives in ``knobs.runtime.jit_cache_hook`` from Triton 3.4 on (before: the class attribute
+``JITFunction.cache_hook``); hook keyword arguments have been stable (key, repr, fn, compile, is_manual_warmup,
+already_compiled), taken here as ``**kwargs`` so additions do not break it. ``device_caches`` values are tuples whose
+first element is the ``{key: CompiledKernel}`` dict in 3.4 .. 3.6 (3.5 added the key cache as the second element).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator
+
+import pytest
+from triton import knobs
+from triton.runtime.jit import JITFunction
+
+from harness.guards.specialization import (
+    MissingSpecialization,
+    SpecKey,
+    assert_keys_warmed,
+    base_jit_function,
+    explain_missing,
+    kernel_name,
+    recording_launches,
+)
+
+
+class RecompileError(AssertionError):
+    """A kernel compiled in memory during a call that the warmup should have covered."""
+
+
+@dataclass(frozen=True)
+class CompileEvent:
+    kernel: str
+    key: str
+    signature: str  # Triton's readable repr: name[num_warps=...](arg: type, ...)
+    is_warmup: bool
+
+
+def _get_hook():
+    if hasattr(knobs, "runtime") and hasattr(knobs.runtime, "jit_cache_hook"):
+        return knobs.runtime.jit_cache_hook
+    return JITFunction.cache_hook  # Triton < 3.4
+
+
+def _set_hook(hook) -> None:
+    if hasattr(knobs, "runtime") and hasattr(knobs.runtime, "jit_cache_hook"):
+        knobs.runtime.jit_cache_hook = hook
+    else:
+        JITFunction.cache_hook = hook
+
+
+@contextlib.contextmanager
+def compile_events() -> Iterator[list[CompileEvent]]:
+    """Record every in-memory JIT compile (any kernel) inside the block; compiles still happen and launch."""
+    events: list[CompileEvent] = []
+    previous = _get_hook()
+
+    def hook(*, key, repr=None, fn=None, compile=None, is_manual_warmup=False, **kwargs):
+        name = f"{fn.module}.{fn.name}" if fn is not None else "<unknown>"
+        events.append(CompileEvent(name, str(key), str(repr), bool(is_manual_warmup)))
+        if previous is not None:  # someone else's decision, passed through; ours is always None
+            return previous(key=key, repr=repr, fn=fn, compile=compile, is_manual_warmup=is_manual_warmup, **kwargs)
+        return None
+
+    _set_hook(hook)
+    try:
+        yield events
+    finally:
+        _set_hook(previous)
+
+
+def kernel_cache_keys(kernel: Any) -> set[tuple[Any, str]]:
+    """(device, key) of every compiled specialization held in memory for ``kernel`` (empty under the interpreter)."""
+    jit = base_jit_function(kernel)
+    caches = getattr(jit, "device_caches", None)
+    if caches is None:
+        return set()
+    keys = set()
+    for device, entry in list(caches.items()):
+        kernel_cache = entry[0] if isinstance(entry, tuple) else entry
+        keys.update((device, str(k)) for k in kernel_cache)
+    return keys
+
+
+def compiles_possible() -> bool:
+    """False under the interpreter, where the compile witnesses cannot see anything."""
+    return not knobs.runtime.interpret
+
+
+@contextlib.contextmanager
+def guard_no_recompile(kernels: Iterable[Any] = (), warmed: Iterable[SpecKey] | None = None) -> Iterator[None]:
+    """Fail on exit if anything compiled inside the block (GPU), or if a launch of ``kernels`` used a key outside
+    ``warmed`` (both backends; required under the interpreter, where nothing compiles).
+
+    kernels: the kernels whose caches are cross-checked and whose launches are keyed (Autotuner or jit objects).
+    """
+    kernels = list(kernels)
+    warmed = None if warmed is None else list(warmed)
+    if not compiles_possible() and warmed is None:
+        raise ValueError("guard_no_recompile: under the interpreter nothing compiles; pass the warmed keys "
+                         "(kernels.warmup.warmup(...).keys) so that launch keys can be compared")
+    if warmed is not None and not kernels:
+        raise ValueError("guard_no_recompile: warmed keys given but no kernels to watch")
+    before = {kernel_name(k): kernel_cache_keys(k) for k in kernels}
+    with contextlib.ExitStack() as stack:
+        events = stack.enter_context(compile_events())
+        launches = stack.enter_context(recording_launches(kernels)) if kernels else []
+        yield
+    problems = []
+    for e in events:
+        problems.append(f"compile hook: {e.kernel} compiled{' (warmup)' if e.is_warmup else ''} key {e.key}\n"
+                        f"    {e.signature}")
+    for k in kernels:
+        new = kernel_cache_keys(k) - before[kernel_name(k)]
+        for device, key in sorted(new, key=str):
+            problems.append(f"kernel cache: {kernel_name(k)} gained key {key} on device {device}")
+    if warmed is not None:
+        if not launches:
+            problems.append(f"no launch of the watched kernels happened: {sorted(before)}")
+        try:
+            assert_keys_warmed(launches, warmed)
+        except MissingSpecialization as e:
+            problems.append(str(e))
+    if problems:
+        raise RecompileError("new compiles during a guarded call:\n" + "\n".join(problems))
+
+
+@pytest.fixture
+def no_recompile():
+    """The guard as a fixture: ``with no_recompile(kernels, warmed=report.keys): call()``."""
+    return guard_no_recompile
+
+
+__all__ = ["RecompileError", "CompileEvent", "compile_events", "kernel_cache_keys", "compiles_possible",
+           "guard_no_recompile", "no_recompile", "explain_missing"]
