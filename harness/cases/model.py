@@ -1,0 +1,245 @@
+"""The case model: frozen dataclasses mirroring the YAML schema ``ssd-case/1`` (DESIGN section 6).
+
+A ``Case`` says everything needed to rebuild the same tensors and the same call: shape, dtypes, options, the
+sequences of the batch with their cache slots, the cache and index layouts, the call mode, the checks to run and
+what to expect. ``harness.cases.loader`` builds these from YAML (validating first); ``harness.cases.builder``
+turns one into tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from harness.varlen import VarlenMetadata, build_varlen_metadata
+
+SCHEMA_ID = "ssd-case/1"
+
+IO_DTYPES = ("float16", "bfloat16", "float32")
+STATE_DTYPES = ("float16", "bfloat16", "float32")
+D_MODES = ("none", "per_head", "per_channel")
+INDEX_LAYOUTS = ("contiguous", "block_table")
+INDEX_DTYPES = ("int32", "int64")
+FINAL_STATE_MODES = ("direct", "returned", "checkpoint")
+PATHS = ("auto", "snapshot", "indexed")
+EXPECT_KINDS = ("pass", "xfail")
+
+TORCH_DTYPES = {
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "int32": torch.int32,
+    "int64": torch.int64,
+}
+SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "int32": "i32", "int64": "i64"}
+
+# Sizes up to which a case runs through the interpreter in reasonable time (the CPU tier, DESIGN section 7).
+CPU_MAX_TOKENS = 200
+CPU_MAX_STATE_ELEMENTS = 8192  # nheads * headdim * dstate
+CPU_MAX_CHUNK = 128
+
+
+@dataclass(frozen=True)
+class Shape:
+    nheads: int
+    headdim: int
+    dstate: int
+    ngroups: int
+    chunk_size: int
+
+    @property
+    def state_elements(self) -> int:
+        """Elements of one cache slot: H * P * N."""
+        return self.nheads * self.headdim * self.dstate
+
+
+@dataclass(frozen=True)
+class Dtypes:
+    io: str  # x, B, C, z, out
+    state: str  # cache and workspace
+
+    @property
+    def io_torch(self) -> torch.dtype:
+        return TORCH_DTYPES[self.io]
+
+    @property
+    def state_torch(self) -> torch.dtype:
+        return TORCH_DTYPES[self.state]
+
+
+@dataclass(frozen=True)
+class Options:
+    D: str = "none"
+    z: bool = False
+    dt_bias: bool = False
+    dt_softplus: bool = False
+    dt_limit: tuple[float, float] = (0.0, math.inf)
+
+
+@dataclass(frozen=True)
+class SequenceSpec:
+    context: int  # tokens already in the cache (sets the chunk alignment)
+    tokens: int  # new tokens of this call
+    init_slot: int  # cache slot the initial state is read from (masked when has_state is false)
+    has_state: bool
+    final_slot: int | None = None  # direct writeback target; negative: padded sequence, write nothing
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    slots: int
+    row_pad: int = 0  # extra elements after each slot row, so stride(0) = H*P*N + row_pad
+    offset: int = 0  # storage offset (elements) of slot 0
+    fill: str | float = "nan"  # value of gaps and of masked slots' rows: "nan" or a finite float
+
+
+@dataclass(frozen=True)
+class IndicesSpec:
+    layout: str = "contiguous"
+    dtype: str = "int32"
+    # block_table only: indices are columns of a (rows_before + batch, columns) table.
+    columns: int | None = None
+    init_column: int | None = None
+    final_column: int | None = None
+    rows_before: int | None = None
+
+    def column_byte_offset(self, column: int) -> int:
+        """Byte offset of ``table[rows_before, column]`` from the table's start (alignment of the column view)."""
+        item = TORCH_DTYPES[self.dtype].itemsize
+        return ((self.rows_before or 0) * (self.columns or 1) + column) * item
+
+
+@dataclass(frozen=True)
+class CallSpec:
+    final_state: str = "direct"
+    path: str = "auto"
+
+
+@dataclass(frozen=True)
+class Expect:
+    kind: str = "pass"
+    reason: str | None = None  # required for xfail: why, with an issue or commit reference
+
+
+@dataclass(frozen=True)
+class InputKnobs:
+    """How the builder draws tensors. Defaults are part of the schema: changing one changes every case's tensors.
+
+    dt before bias/softplus: ``dt_offset + dt_scale * randn`` with softplus, ``exp(dt_offset + dt_scale * randn)``
+    without (positive, about exp(dt_offset)). A = ``-uniform(A_min, A_max)`` per head (Mamba2's A_init_range).
+    """
+
+    dt_offset: float = -3.0
+    dt_scale: float = 0.5
+    x_scale: float = 1.0
+    bc_scale: float = 1.0
+    state_scale: float = 1.0
+    A_min: float = 1.0
+    A_max: float = 16.0
+
+
+@dataclass(frozen=True)
+class Tiers:
+    cpu: bool  # small enough for the interpreter tier
+
+
+@dataclass(frozen=True)
+class Eligibility:
+    """Whether the indexed path applies; falsy when not, with the reason (never use a bare tuple: always truthy)."""
+
+    ok: bool
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __iter__(self):
+        return iter((self.ok, self.reason))
+
+
+def default_family(case_id: str) -> str:
+    """The family of a case without an explicit ``family:``: its id up to the first '-'."""
+    return case_id.split("-", 1)[0]
+
+
+def default_cpu_tier(shape: Shape, sequences: tuple[SequenceSpec, ...]) -> bool:
+    """Small enough for the interpreter: few tokens, small slots, chunks of at most CPU_MAX_CHUNK."""
+    return (
+        sum(s.tokens for s in sequences) <= CPU_MAX_TOKENS
+        and shape.state_elements <= CPU_MAX_STATE_ELEMENTS
+        and shape.chunk_size <= CPU_MAX_CHUNK
+    )
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    description: str
+    seed: int
+    shape: Shape
+    dtype: Dtypes
+    options: Options
+    sequences: tuple[SequenceSpec, ...]
+    cache: CacheSpec
+    indices: IndicesSpec
+    call: CallSpec
+    checks: tuple[str, ...]
+    expect: Expect
+    inputs: InputKnobs
+    tiers: Tiers
+    family: str
+    # Where the case came from; not part of its meaning, so not compared.
+    source: Path | None = field(default=None, compare=False)
+    index_in_file: int = field(default=0, compare=False)
+
+    @property
+    def batch(self) -> int:
+        return len(self.sequences)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(s.tokens for s in self.sequences)
+
+    def indexed_eligible(self) -> Eligibility:
+        """Indexed path rule (DESIGN section 5): one sequence, direct writeback, no intermediate states.
+
+        Cache dtype equals the workspace dtype by construction (the workspace takes the cache dtype).
+        """
+        if self.call.final_state != "direct":
+            return Eligibility(False, f"final_state is {self.call.final_state!r}, the indexed path needs 'direct'")
+        if self.batch != 1:
+            return Eligibility(False, f"{self.batch} sequences, the indexed path takes exactly one")
+        return Eligibility(True)
+
+    def metadata(self) -> VarlenMetadata:
+        return build_varlen_metadata(
+            [s.context for s in self.sequences], [s.tokens for s in self.sequences], self.shape.chunk_size
+        )
+
+    def summary(self) -> str:
+        """One line: what a kernel engineer needs to picture the case."""
+        sh, o = self.shape, self.options
+        seqs = []
+        for s in self.sequences:
+            init = str(s.init_slot) if s.has_state else f"({s.init_slot} masked)"
+            final = "" if s.final_slot is None else f"->{s.final_slot}"
+            seqs.append(f"{s.context}+{s.tokens} {init}{final}")
+        idx = self.indices
+        if idx.layout == "block_table":
+            fc = "-" if idx.final_column is None else idx.final_column
+            layout = f"bt[{idx.rows_before}:,{idx.init_column}/{fc}] of {idx.columns} cols"
+        else:
+            layout = "contiguous"
+        opts = [f"D={o.D}"] + [name for name, on in (("z", o.z), ("dt_bias", o.dt_bias), ("softplus", o.dt_softplus)) if on]
+        if o.dt_limit != (0.0, math.inf):
+            opts.append(f"dt_limit=({o.dt_limit[0]:g},{o.dt_limit[1]:g})")
+        return (
+            f"{self.id}: H{sh.nheads} P{sh.headdim} N{sh.dstate} G{sh.ngroups} Q{sh.chunk_size} "
+            f"io={SHORT_DTYPE[self.dtype.io]} state={SHORT_DTYPE[self.dtype.state]} "
+            f"seqs=[{', '.join(seqs)}] cache={self.cache.slots} slots pad {self.cache.row_pad} "
+            f"off {self.cache.offset} fill {self.cache.fill} idx={SHORT_DTYPE[idx.dtype]} {layout} "
+            f"call={self.call.final_state}/{self.call.path} {' '.join(opts)} seed={self.seed}"
+        )

@@ -1,0 +1,351 @@
+"""The ``ssd-case/1`` schema as a JSON Schema document, and a small validator for the subset of JSON Schema it uses.
+
+The same dict is written to ``cases/schema/ssd-case-1.schema.json`` for editors and interpreted here by our own
+code: ``jsonschema`` is not installed on the GPU runner, so it is never a runtime dependency (a CPU-only test checks
+that both agree). Structural rules live here; combinations the schema cannot express (a slot out of range, ngroups
+not dividing nheads, ...) are checked by ``harness.cases.loader``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from harness.cases.model import (
+    D_MODES,
+    EXPECT_KINDS,
+    FINAL_STATE_MODES,
+    INDEX_DTYPES,
+    INDEX_LAYOUTS,
+    IO_DTYPES,
+    PATHS,
+    SCHEMA_ID,
+    STATE_DTYPES,
+)
+
+SCHEMA_FILE = Path(__file__).resolve().parents[2] / "cases" / "schema" / "ssd-case-1.schema.json"
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+FAMILY_PATTERN = r"^[a-z0-9_]+$"
+CHECK_PATTERN = r"^[a-z0-9_]+$"
+
+
+class CaseError(ValueError):
+    """A case file that cannot be used: which file, where in it, what was expected and what was found."""
+
+    def __init__(self, file: str | Path, key_path: str, expected: str, found: str):
+        self.file = str(file)
+        self.key_path = key_path
+        self.expected = expected
+        self.found = found
+        super().__init__(f"{self.file}: {key_path}: expected {expected}, found {found}")
+
+
+class SchemaViolation(Exception):
+    """Raised by ``validate`` without a file name; the loader turns it into a ``CaseError``."""
+
+    def __init__(self, key_path: str, expected: str, found: str):
+        super().__init__(key_path, expected, found)
+        self.key_path, self.expected, self.found = key_path, expected, found
+
+
+def _int(minimum: int | None = None, maximum: int | None = None) -> dict:
+    node: dict[str, Any] = {"type": "integer"}
+    if minimum is not None:
+        node["minimum"] = minimum
+    if maximum is not None:
+        node["maximum"] = maximum
+    return node
+
+
+def _obj(properties: dict, required: tuple[str, ...] = ()) -> dict:
+    node: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
+    if required:
+        node["required"] = list(required)
+    return node
+
+
+_BOOL = {"type": "boolean"}
+_NUMBER = {"type": "number"}
+
+CASE_PROPERTIES: dict[str, Any] = {
+    "id": {"type": "string", "pattern": ID_PATTERN},
+    "description": {"type": "string"},
+    "family": {"type": "string", "pattern": FAMILY_PATTERN},
+    "seed": _int(0, 2**63 - 1),
+    "shape": _obj(
+        {
+            "nheads": _int(1),
+            "headdim": _int(1),
+            "dstate": _int(1),
+            "ngroups": _int(1),
+            "chunk_size": _int(16),
+        },
+        ("nheads", "headdim", "dstate", "ngroups", "chunk_size"),
+    ),
+    "dtype": _obj({"io": {"enum": list(IO_DTYPES)}, "state": {"enum": list(STATE_DTYPES)}}, ("io", "state")),
+    "options": _obj(
+        {
+            "D": {"enum": list(D_MODES)},
+            "z": _BOOL,
+            "dt_bias": _BOOL,
+            "dt_softplus": _BOOL,
+            "dt_limit": {"type": "array", "items": _NUMBER, "minItems": 2, "maxItems": 2},
+        }
+    ),
+    "sequences": {
+        "type": "array",
+        "minItems": 1,
+        "items": _obj(
+            {
+                "context": _int(0),
+                "tokens": _int(1),
+                "init_slot": _int(),
+                "has_state": _BOOL,
+                "final_slot": _int(),
+            },
+            ("context", "tokens", "init_slot", "has_state"),
+        ),
+    },
+    "cache": _obj(
+        {
+            "slots": _int(1),
+            "row_pad": _int(0),
+            "offset": _int(0),
+            "fill": {"anyOf": [{"const": "nan"}, _NUMBER]},
+        },
+        ("slots",),
+    ),
+    "indices": _obj(
+        {
+            "layout": {"enum": list(INDEX_LAYOUTS)},
+            "dtype": {"enum": list(INDEX_DTYPES)},
+            "columns": _int(1),
+            "init_column": _int(0),
+            "final_column": _int(0),
+            "rows_before": _int(0),
+        },
+        ("layout",),
+    ),
+    "call": _obj({"final_state": {"enum": list(FINAL_STATE_MODES)}, "path": {"enum": list(PATHS)}}),
+    "checks": {
+        "type": "array",
+        "minItems": 1,
+        "uniqueItems": True,
+        "items": {"type": "string", "pattern": CHECK_PATTERN},
+    },
+    "expect": {
+        "anyOf": [
+            {"const": "pass"},
+            _obj({"xfail": {"type": "string", "minLength": 1}}, ("xfail",)),
+        ]
+    },
+    "inputs": _obj(
+        {
+            "dt_offset": _NUMBER,
+            "dt_scale": {"type": "number", "minimum": 0},
+            "x_scale": {"type": "number", "minimum": 0},
+            "bc_scale": {"type": "number", "minimum": 0},
+            "state_scale": {"type": "number", "minimum": 0},
+            "A_min": {"type": "number", "minimum": 0},
+            "A_max": {"type": "number", "minimum": 0},
+        }
+    ),
+    "tiers": _obj({"cpu": _BOOL}, ("cpu",)),
+}
+CASE_REQUIRED = ("id", "seed", "shape", "dtype", "sequences", "cache")
+assert set(EXPECT_KINDS) == {"pass", "xfail"}  # the expect node above spells both forms
+
+SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": "https://ssd-harness.invalid/schema/ssd-case-1.schema.json",
+    "title": "Mamba2 SSD prefill harness case (ssd-case/1)",
+    "description": "One case per file, or a list of cases under 'cases:'. See DESIGN section 6.",
+    "type": "object",
+    "if": {"required": ["cases"]},
+    "then": {"$ref": "#/$defs/case_list_file"},
+    "else": {"$ref": "#/$defs/case_file"},
+    "$defs": {
+        "case": _obj(CASE_PROPERTIES, CASE_REQUIRED),
+        "case_file": _obj({"schema": {"const": SCHEMA_ID}, **CASE_PROPERTIES}, ("schema", *CASE_REQUIRED)),
+        "case_list_file": _obj(
+            {
+                "schema": {"const": SCHEMA_ID},
+                "description": {"type": "string"},
+                "cases": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/case"}},
+            },
+            ("schema", "cases"),
+        ),
+    },
+}
+
+
+def schema_json() -> str:
+    """The text of ``cases/schema/ssd-case-1.schema.json`` (stable: sorted keys, trailing newline)."""
+    return json.dumps(SCHEMA, indent=2, sort_keys=True) + "\n"
+
+
+def describe(value: Any) -> str:
+    """How a found value is shown in an error: YAML spelling for scalars, the kind for collections."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return ".nan"
+        if math.isinf(value):
+            return ".inf" if value > 0 else "-.inf"
+        return repr(value)
+    if isinstance(value, (int, str)):
+        return repr(value)
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return f"a list of {len(value)} item{'s' if len(value) != 1 else ''}"
+    return type(value).__name__
+
+
+def _type_ok(value: Any, kind: str) -> bool:
+    if kind == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "boolean":
+        return isinstance(value, bool)
+    if kind == "string":
+        return isinstance(value, str)
+    if kind == "array":
+        return isinstance(value, list)
+    if kind == "object":
+        return isinstance(value, dict)
+    raise ValueError(f"schema uses unsupported type {kind!r}")
+
+
+def _resolve(node: dict) -> dict:
+    ref = node.get("$ref")
+    if ref is None:
+        return node
+    prefix = "#/$defs/"
+    if not ref.startswith(prefix):
+        raise ValueError(f"schema uses unsupported $ref {ref!r}")
+    return SCHEMA["$defs"][ref[len(prefix):]]
+
+
+def expected_text(node: dict) -> str:
+    """What a schema node accepts, in words."""
+    node = _resolve(node)
+    if "const" in node:
+        return repr(node["const"])
+    if "enum" in node:
+        return "one of " + ", ".join(str(v) for v in node["enum"])
+    if "anyOf" in node:
+        return " or ".join(expected_text(b) for b in node["anyOf"])
+    kind = node.get("type")
+    if kind == "integer" or kind == "number":
+        word = "an integer" if kind == "integer" else "a number"
+        lo, hi = node.get("minimum"), node.get("maximum")
+        if lo is not None and hi is not None:
+            return f"{word} in [{lo}, {hi}]"
+        if lo is not None:
+            return f"{word} >= {lo}"
+        return word
+    if kind == "boolean":
+        return "true or false"
+    if kind == "string":
+        if "pattern" in node:
+            return f"a string matching {node['pattern']}"
+        if node.get("minLength"):
+            return "a non-empty string"
+        return "a string"
+    if kind == "array":
+        lo, hi = node.get("minItems"), node.get("maxItems")
+        what = expected_text(node["items"]) if "items" in node else "items"
+        if lo is not None and lo == hi:
+            return f"a list of {lo} items ({what})"
+        if lo:
+            return f"a list of at least {lo} item{'s' if lo != 1 else ''} ({what})"
+        return f"a list ({what})"
+    if kind == "object":
+        return "a mapping"
+    raise ValueError(f"schema node without a type: {node}")
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def validate(value: Any, node: dict | None = None, path: str = "") -> None:
+    """Validate ``value`` against ``node`` (default: the whole file schema); raise ``SchemaViolation`` at the first
+    problem, in a stable order: type, unknown keys, missing keys, then each property in schema order."""
+    node = _resolve(SCHEMA if node is None else node)
+    where = path or "(top level)"
+    if "if" in node:
+        if not isinstance(value, dict):
+            raise SchemaViolation(where, "a mapping", describe(value))
+        cond = node["if"]
+        if set(cond) != {"required"}:
+            raise ValueError("schema 'if' supports only 'required'")
+        branch = node["then"] if all(k in value for k in cond["required"]) else node["else"]
+        validate(value, branch, path)
+        return
+    if "anyOf" in node:
+        branches = [_resolve(b) for b in node["anyOf"]]
+        # A value whose type matches exactly one branch gets that branch's precise message.
+        typed = [b for b in branches if "type" in b and _type_ok(value, b["type"])]
+        if len(typed) == 1 and not any("const" in b and b["const"] == value for b in branches):
+            validate(value, typed[0], path)
+            return
+        for b in branches:
+            try:
+                validate(value, b, path)
+                return
+            except SchemaViolation:
+                continue
+        raise SchemaViolation(where, expected_text(node), describe(value))
+    if "const" in node:
+        if type(value) is not type(node["const"]) or value != node["const"]:
+            raise SchemaViolation(where, expected_text(node), describe(value))
+        return
+    if "enum" in node:
+        if not any(type(value) is type(v) and value == v for v in node["enum"]):
+            raise SchemaViolation(where, expected_text(node), describe(value))
+        return
+    kind = node["type"]
+    if not _type_ok(value, kind):
+        raise SchemaViolation(where, expected_text(node), describe(value))
+    if kind in ("integer", "number"):
+        lo, hi = node.get("minimum"), node.get("maximum")
+        if (lo is not None and not value >= lo) or (hi is not None and not value <= hi):
+            raise SchemaViolation(where, expected_text(node), describe(value))
+    elif kind == "string":
+        if len(value) < node.get("minLength", 0) or ("pattern" in node and not re.search(node["pattern"], value)):
+            raise SchemaViolation(where, expected_text(node), describe(value))
+    elif kind == "array":
+        if len(value) < node.get("minItems", 0) or len(value) > node.get("maxItems", len(value)):
+            raise SchemaViolation(where, expected_text(node), describe(value))
+        for i, item in enumerate(value):
+            if "items" in node:
+                validate(item, node["items"], f"{path}[{i}]")
+        if node.get("uniqueItems"):
+            seen: list = []
+            for i, item in enumerate(value):
+                if item in seen:
+                    raise SchemaViolation(f"{path}[{i}]", "no repeated items", f"{describe(item)} again")
+                seen.append(item)
+    elif kind == "object":
+        props = node.get("properties", {})
+        if node.get("additionalProperties") is False:
+            for key in value:
+                if key not in props:
+                    raise SchemaViolation(
+                        _join(path, str(key)), "one of the keys " + ", ".join(props), f"unknown key {key!r}"
+                    )
+        for key in node.get("required", ()):
+            if key not in value:
+                raise SchemaViolation(_join(path, key), expected_text(props[key]) + " (required)", "no such key")
+        for key, sub in props.items():
+            if key in value:
+                validate(value[key], sub, _join(path, key))
