@@ -1,0 +1,41 @@
+"""What every stage kernel needs to know about where it runs: the GPU or Triton's interpreter.
+
+``TRITON_INTERPRET`` is read once, when this module is imported (``harness.backend.configure`` sets it first).
+The interpreter emulates each program in numpy and cannot do everything the GPU does (DESIGN section 8):
+bf16 arithmetic and bf16 ``tl.dot`` are wrong there, and ``libdevice`` calls are not supported. Those differences
+are switched here, in one place, and passed to kernels as constexprs; the GPU keeps the production arithmetic.
+"""
+
+from __future__ import annotations
+
+import os
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+# The interpreter cannot multiply bf16 operands in tl.dot: kernels cast both (already io-rounded) operands to fp32
+# there. Products of io-dtype values are exact in fp32 and accumulation is fp32 either way, so only the summation
+# order can differ from the GPU's io-dtype dot.
+DOT_FP32_OPERANDS = INTERPRET
+
+# Precision of tl.dot when its operands are fp32 (fp32 io dtype on the GPU). "tf32" is Triton's and vLLM's
+# production default: operands are rounded to tf32 (10-bit mantissa) before the products, so error bounds for fp32
+# io on CUDA must use u = 2**-11 for the dot operands. Ignored by the interpreter (numpy fp32 matmul).
+FP32_DOT_PRECISION = "tf32"
+
+# libdevice's log1p (the same CUDA math-library routine torch.log1p calls) is unavailable under the interpreter,
+# where softplus falls back to log(1 + exp(dt)).
+USE_LIBDEVICE = not INTERPRET
+
+# exp(x) is computed as exp2(x * LOG2E): on CUDA tl.math.exp2 equals torch.exp2 bit for bit (DESIGN section 8).
+LOG2E = 1.4426950408889634
+
+
+def _interpreter_do_bench(kernel_call, quantiles=(0.5, 0.2, 0.8)):
+    """Autotuner timing stand-in for the interpreter, which has no GPU timer: run the trial once (so destructive
+    trial launches still happen and can be caught) and report equal times, so the first config in the list wins."""
+    kernel_call()
+    return [1.0] * len(quantiles)
+
+
+# Passed as ``do_bench`` to every ``triton.autotune`` here: None keeps Triton's GPU benchmarker.
+AUTOTUNE_DO_BENCH = _interpreter_do_bench if INTERPRET else None

@@ -1,0 +1,120 @@
+"""Stage 4: ``CB[c, g, l, s] = sum_n C[t0 + l, g, n] * B[t0 + s, g, n]`` per chunk (docs/architecture.md, stage 4).
+
+The full (Q, Q) matrix (not only its causal half), fp32, zero where l or s lies past the chunk's length. One program
+computes a (BLOCK_SIZE_M, BLOCK_SIZE_N) tile of one chunk and group, looping over dstate.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.backend import AUTOTUNE_DO_BENCH, DOT_FP32_OPERANDS, FP32_DOT_PRECISION
+
+# Target shape: dstate 128, chunk 256, ngroups 1: few (chunk, group) pairs on short prefills, so the small tiles
+# keep enough programs in flight; BLOCK_SIZE_K >= 16 (tl.dot minimum).
+CONFIGS = [
+    triton.Config({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64}, num_stages=3, num_warps=4),
+    triton.Config({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32}, num_stages=4, num_warps=4),
+    triton.Config({"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64}, num_stages=3, num_warps=2),
+    triton.Config({"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 32}, num_stages=3, num_warps=8),
+]
+
+
+@triton.jit
+def _bmm_chunk_kernel(
+    C_ptr,  # (T, G, N) io dtype
+    B_ptr,  # (T, G, N) io dtype
+    cu_chunk_seqlens_ptr,  # (C + 1,)
+    CB_ptr,  # (C, G, Q, Q) fp32
+    dstate,
+    chunk_size,
+    stride_C_token,
+    stride_C_group,
+    stride_C_dstate,
+    stride_B_token,
+    stride_B_group,
+    stride_B_dstate,
+    stride_CB_chunk,
+    stride_CB_group,
+    stride_CB_m,
+    stride_CB_n,
+    DOT_FP32_OPERANDS: tl.constexpr,
+    FP32_DOT_PRECISION: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr,
+    BLOCK_SIZE_N: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr,
+):
+    pid_mn = tl.program_id(axis=0)
+    pid_c = tl.program_id(axis=1)
+    pid_g = tl.program_id(axis=2)
+    num_pid_n = tl.cdiv(chunk_size, BLOCK_SIZE_N)
+    pid_m = pid_mn // num_pid_n
+    pid_n = pid_mn % num_pid_n
+    chunk_start = tl.load(cu_chunk_seqlens_ptr + pid_c).to(tl.int64)
+    chunk_len = tl.load(cu_chunk_seqlens_ptr + pid_c + 1).to(tl.int64) - chunk_start
+
+    C_ptr += chunk_start * stride_C_token + pid_g * stride_C_group
+    B_ptr += chunk_start * stride_B_token + pid_g * stride_B_group
+    offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    C_ptrs = C_ptr + offs_m[:, None] * stride_C_token + offs_k[None, :] * stride_C_dstate
+    B_ptrs = B_ptr + offs_k[:, None] * stride_B_dstate + offs_n[None, :] * stride_B_token
+
+    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for k in range(0, dstate, BLOCK_SIZE_K):
+        k_mask = offs_k < dstate - k
+        c = tl.load(C_ptrs, mask=(offs_m[:, None] < chunk_len) & k_mask[None, :], other=0.0)
+        b = tl.load(B_ptrs, mask=k_mask[:, None] & (offs_n[None, :] < chunk_len), other=0.0)
+        if DOT_FP32_OPERANDS:
+            c = c.to(tl.float32)
+            b = b.to(tl.float32)
+        acc += tl.dot(c, b, input_precision=FP32_DOT_PRECISION)
+        C_ptrs += BLOCK_SIZE_K * stride_C_dstate
+        B_ptrs += BLOCK_SIZE_K * stride_B_dstate
+
+    # Rows/columns past the chunk's end were loaded as zeros, so storing the whole (Q, Q) tile writes their zeros.
+    CB_ptrs = (
+        CB_ptr
+        + pid_c.to(tl.int64) * stride_CB_chunk
+        + pid_g * stride_CB_group
+        + offs_m[:, None] * stride_CB_m
+        + offs_n[None, :] * stride_CB_n
+    )
+    tl.store(CB_ptrs, acc, mask=(offs_m[:, None] < chunk_size) & (offs_n[None, :] < chunk_size))
+
+
+bmm_chunk_kernel = triton.autotune(configs=CONFIGS, key=["chunk_size", "dstate"], do_bench=AUTOTUNE_DO_BENCH)(
+    _bmm_chunk_kernel
+)
+
+
+def bmm_chunk(C: torch.Tensor, B: torch.Tensor, chunk_size: int, cu_chunk_seqlens: torch.Tensor) -> torch.Tensor:
+    """C, B (T, G, N) io dtype, cu_chunk_seqlens (C + 1,) -> CB (nchunks, G, Q, Q) fp32."""
+    T, G, N = C.shape
+    assert B.shape == C.shape and B.dtype == C.dtype, f"B: expected {tuple(C.shape)} {C.dtype}, found {tuple(B.shape)} {B.dtype}"
+    assert cu_chunk_seqlens.dim() == 1 and cu_chunk_seqlens.dtype in (torch.int32, torch.int64)
+    assert chunk_size >= 1 and chunk_size & (chunk_size - 1) == 0, f"chunk_size: power of two, found {chunk_size}"
+    nchunks = cu_chunk_seqlens.numel() - 1
+    CB = torch.empty(nchunks, G, chunk_size, chunk_size, device=C.device, dtype=torch.float32)
+    grid = lambda META: (  # noqa: E731
+        triton.cdiv(chunk_size, META["BLOCK_SIZE_M"]) * triton.cdiv(chunk_size, META["BLOCK_SIZE_N"]),
+        nchunks,
+        G,
+    )
+    bmm_chunk_kernel[grid](
+        C,
+        B,
+        cu_chunk_seqlens,
+        CB,
+        N,
+        chunk_size,
+        *C.stride(),
+        *B.stride(),
+        *CB.stride(),
+        DOT_FP32_OPERANDS=DOT_FP32_OPERANDS,
+        FP32_DOT_PRECISION=FP32_DOT_PRECISION,
+    )
+    return CB

@@ -1,0 +1,150 @@
+"""Stage 1: dt processing and the per-chunk cumulative sum of dt * A (docs/architecture.md, stage 1).
+
+One program handles BLOCK_SIZE_H heads of one chunk; the whole chunk sits in one block of positions, so the
+cumsum is a single ``tl.cumsum`` (its summation order is the kernel's, hence a bounded stage for ``dA_cumsum``).
+``dt_out`` is pure elementwise fp32 with the contract's formula, so it can be compared bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from kernels.backend import LOG2E, USE_LIBDEVICE
+
+# Heads per program: small enough that (BLOCK_SIZE_H, chunk_size=256) fp32 tiles stay in registers.
+BLOCK_SIZE_H = 8
+SOFTPLUS_THRESHOLD = 20.0
+
+
+@triton.jit
+def _chunk_cumsum_kernel(
+    dt_ptr,  # (T, H) any float dtype
+    A_ptr,  # (H,) fp32
+    dt_bias_ptr,  # (H,) fp32, unused without HAS_DT_BIAS
+    cu_chunk_seqlens_ptr,  # (C + 1,) int32/int64
+    dt_out_ptr,  # (H, C, Q) fp32
+    dA_cumsum_ptr,  # (H, C, Q) fp32
+    nheads,
+    chunk_size,
+    dt_min,
+    dt_max,
+    stride_dt_token,
+    stride_dt_head,
+    stride_A_head,
+    stride_dt_bias_head,
+    stride_dt_out_head,
+    stride_dt_out_chunk,
+    stride_dt_out_pos,
+    stride_dA_cs_head,
+    stride_dA_cs_chunk,
+    stride_dA_cs_pos,
+    HAS_DT_BIAS: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr,
+    HAS_DT_LIMIT: tl.constexpr,
+    LOG1P_LIBDEVICE: tl.constexpr,
+    BLOCK_SIZE_H: tl.constexpr,
+    BLOCK_SIZE_CHUNK: tl.constexpr,
+):
+    pid_c = tl.program_id(axis=0)
+    pid_h = tl.program_id(axis=1)
+    chunk_start = tl.load(cu_chunk_seqlens_ptr + pid_c).to(tl.int64)
+    chunk_len = tl.load(cu_chunk_seqlens_ptr + pid_c + 1).to(tl.int64) - chunk_start
+
+    offs_h = pid_h * BLOCK_SIZE_H + tl.arange(0, BLOCK_SIZE_H)
+    offs_q = tl.arange(0, BLOCK_SIZE_CHUNK)
+    head_mask = offs_h < nheads
+    in_chunk = head_mask[:, None] & (offs_q[None, :] < chunk_len)
+
+    dt_ptrs = dt_ptr + (chunk_start + offs_q[None, :]) * stride_dt_token + offs_h[:, None] * stride_dt_head
+    dt = tl.load(dt_ptrs, mask=in_chunk, other=0.0).to(tl.float32)
+    if HAS_DT_BIAS:
+        dt_bias = tl.load(dt_bias_ptr + offs_h * stride_dt_bias_head, mask=head_mask, other=0.0).to(tl.float32)
+        dt = dt + dt_bias[:, None]
+    if DT_SOFTPLUS:
+        exp_dt = tl.math.exp2(dt * LOG2E)
+        if LOG1P_LIBDEVICE:
+            softplus = libdevice.log1p(exp_dt)
+        else:
+            softplus = tl.math.log(1.0 + exp_dt)
+        dt = tl.where(dt <= SOFTPLUS_THRESHOLD, softplus, dt)
+    if HAS_DT_LIMIT:
+        dt = tl.minimum(tl.maximum(dt, dt_min), dt_max)
+    # Padding positions carry dt = 0 so that dA_cumsum[..., Q - 1] is the chunk-end value.
+    dt = tl.where(in_chunk, dt, 0.0)
+
+    A = tl.load(A_ptr + offs_h * stride_A_head, mask=head_mask, other=0.0).to(tl.float32)
+    dA_cumsum = tl.cumsum(dt * A[:, None], axis=1)
+
+    store_mask = head_mask[:, None] & (offs_q[None, :] < chunk_size)
+    tl.store(
+        dt_out_ptr + offs_h[:, None] * stride_dt_out_head + pid_c * stride_dt_out_chunk + offs_q[None, :] * stride_dt_out_pos,
+        dt,
+        mask=store_mask,
+    )
+    tl.store(
+        dA_cumsum_ptr
+        + offs_h[:, None] * stride_dA_cs_head
+        + pid_c * stride_dA_cs_chunk
+        + offs_q[None, :] * stride_dA_cs_pos,
+        dA_cumsum,
+        mask=store_mask,
+    )
+
+
+def chunk_cumsum(
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    chunk_size: int,
+    cu_chunk_seqlens: torch.Tensor,
+    *,
+    dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+    dt_limit: tuple[float, float] = (0.0, math.inf),
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """dt (T, H), A (H,) fp32, cu_chunk_seqlens (C + 1,) -> (dA_cumsum (H, C, Q) fp32, dt_out (H, C, Q) fp32).
+
+    dt processing in fp32: + dt_bias, softplus ``log1p(exp(dt))`` where dt <= 20 (under the interpreter
+    ``log(1 + exp(dt))``: no log1p there), clamp to dt_limit unless it is (0, inf); dt_out = 0 past the chunk's end.
+    """
+    T, H = dt.shape
+    assert A.shape == (H,) and A.dtype == torch.float32, f"A: expected ({H},) fp32, found {tuple(A.shape)} {A.dtype}"
+    assert dt.dtype.is_floating_point, f"dt: expected a float dtype, found {dt.dtype}"
+    assert cu_chunk_seqlens.dim() == 1 and cu_chunk_seqlens.dtype in (torch.int32, torch.int64)
+    assert chunk_size >= 1 and chunk_size & (chunk_size - 1) == 0, f"chunk_size: power of two, found {chunk_size}"
+    if dt_bias is not None:
+        assert dt_bias.shape == (H,), f"dt_bias: expected ({H},), found {tuple(dt_bias.shape)}"
+    nchunks = cu_chunk_seqlens.numel() - 1
+    dt_out = torch.empty(H, nchunks, chunk_size, device=dt.device, dtype=torch.float32)
+    dA_cumsum = torch.empty_like(dt_out)
+    has_limit = tuple(dt_limit) != (0.0, math.inf)
+    grid = (nchunks, triton.cdiv(H, BLOCK_SIZE_H))
+    _chunk_cumsum_kernel[grid](
+        dt,
+        A,
+        dt_bias if dt_bias is not None else A,
+        cu_chunk_seqlens,
+        dt_out,
+        dA_cumsum,
+        H,
+        chunk_size,
+        float(dt_limit[0]),
+        float(dt_limit[1]),
+        dt.stride(0),
+        dt.stride(1),
+        A.stride(0),
+        dt_bias.stride(0) if dt_bias is not None else 0,
+        *dt_out.stride(),
+        *dA_cumsum.stride(),
+        HAS_DT_BIAS=dt_bias is not None,
+        DT_SOFTPLUS=bool(dt_softplus),
+        HAS_DT_LIMIT=has_limit,
+        LOG1P_LIBDEVICE=USE_LIBDEVICE,
+        BLOCK_SIZE_H=BLOCK_SIZE_H,
+        BLOCK_SIZE_CHUNK=triton.next_power_of_2(chunk_size),
+    )
+    return dA_cumsum, dt_out

@@ -1,0 +1,321 @@
+"""Stage 5: the chunk scan output (docs/architecture.md, stage 5).
+
+For token l of chunk c (head h, group g(h)):
+``acc = (C[l] . prev) * exp(dA_cs[l]) + sum_{s<=l} cb_scaled[l, s] * x[s]``,
+``cb_scaled = (CB[l, s] * exp(dA_cs[l] - dA_cs[s]) * dt_out[s]).to(io dtype)``; ``acc += x[l] * D``;
+``acc *= z * sigmoid(z)``; ``out[l] = acc.to(io dtype)``. ``prev`` (cast to the io dtype before the dot, as vLLM
+does) is ``states[c]`` when ``states_are_entering``; otherwise ``states[c - 1]`` when chunk c - 1 belongs to the same
+sequence, else ``initial_states[seq_idx[c]]`` or zero. One program computes a (BLOCK_SIZE_M tokens x BLOCK_SIZE_N
+headdim) tile of one chunk and head.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.backend import AUTOTUNE_DO_BENCH, DOT_FP32_OPERANDS, FP32_DOT_PRECISION, LOG2E
+
+# Where the previous-chunk state comes from (a runtime scalar inside the kernel).
+PREV_NONE = tl.constexpr(0)
+PREV_STATES = tl.constexpr(1)
+PREV_INITIAL = tl.constexpr(2)
+
+
+def miscompiles_on_sm90(config: triton.Config) -> bool:
+    """Triton 3.6 lowers ``tl.dot(cb, x)`` (cb in registers) to wgmma and writes NaN/Inf rows on sm90 when
+    num_stages > 1, BLOCK_SIZE_M % 64 == 0 and num_warps % 4 == 0 (DESIGN section 8; vLLM drops these configs)."""
+    return config.num_stages > 1 and config.kwargs["BLOCK_SIZE_M"] % 64 == 0 and config.num_warps % 4 == 0
+
+
+# Target shape: headdim 64, dstate 128, chunk 256. Every entry avoids the sm90 miscompile above (checked below and
+# in tests); the list must still be run config by config on the H200 before it ships.
+CONFIGS = [
+    triton.Config({"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32}, num_stages=4, num_warps=4),
+    triton.Config({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32}, num_stages=4, num_warps=2),
+    triton.Config({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64}, num_stages=1, num_warps=4),
+    triton.Config({"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32}, num_stages=1, num_warps=8),
+    triton.Config({"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32}, num_stages=3, num_warps=2),
+]
+_bad = [c for c in CONFIGS if miscompiles_on_sm90(c)]
+if _bad:
+    raise RuntimeError(f"chunk_scan CONFIGS contains configs Triton miscompiles on sm90: {_bad}")
+
+# dstate is covered in blocks of at most this many states (one block for the target dstate 128).
+MAX_BLOCK_SIZE_DSTATE = 128
+
+
+@triton.jit
+def _chunk_scan_kernel(
+    CB_ptr,  # (C, G, Q, Q) fp32
+    x_ptr,  # (T, H, P) io dtype
+    z_ptr,  # (T, H, P) io dtype, unused without HAS_Z
+    out_ptr,  # (T, H, P) io dtype
+    dt_ptr,  # (H, C, Q) fp32
+    dA_cumsum_ptr,  # (H, C, Q) fp32
+    seq_idx_ptr,  # (C,)
+    C_ptr,  # (T, G, N) io dtype
+    states_ptr,  # (C, H, P, N) state dtype
+    D_ptr,  # (H,) or (H, P), unused without HAS_D
+    initial_states_ptr,  # (Bt, H, P, N) state dtype, unused without HAS_INITIAL_STATES
+    cu_chunk_seqlens_ptr,  # (C + 1,)
+    chunk_size,
+    hdim,
+    dstate,
+    nheads_per_group,
+    stride_CB_chunk,
+    stride_CB_group,
+    stride_CB_m,
+    stride_CB_k,
+    stride_x_token,
+    stride_x_head,
+    stride_x_hdim,
+    stride_z_token,
+    stride_z_head,
+    stride_z_hdim,
+    stride_out_token,
+    stride_out_head,
+    stride_out_hdim,
+    stride_dt_head,
+    stride_dt_chunk,
+    stride_dt_pos,
+    stride_dA_cs_head,
+    stride_dA_cs_chunk,
+    stride_dA_cs_pos,
+    stride_C_token,
+    stride_C_group,
+    stride_C_dstate,
+    stride_states_chunk,
+    stride_states_head,
+    stride_states_hdim,
+    stride_states_dstate,
+    stride_init_batch,
+    stride_init_head,
+    stride_init_hdim,
+    stride_init_dstate,
+    stride_D_head,
+    stride_D_hdim,
+    HAS_D: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    HAS_INITIAL_STATES: tl.constexpr,
+    STATES_ARE_ENTERING: tl.constexpr,
+    DOT_FP32_OPERANDS: tl.constexpr,
+    FP32_DOT_PRECISION: tl.constexpr,
+    BLOCK_SIZE_DSTATE: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr,
+    BLOCK_SIZE_N: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr,
+):
+    pid_mn = tl.program_id(axis=0)
+    pid_c = tl.program_id(axis=1)
+    pid_h = tl.program_id(axis=2)
+    num_pid_n = tl.cdiv(hdim, BLOCK_SIZE_N)
+    pid_m = pid_mn // num_pid_n
+    pid_n = pid_mn % num_pid_n
+    chunk_start = tl.load(cu_chunk_seqlens_ptr + pid_c).to(tl.int64)
+    chunk_len = tl.load(cu_chunk_seqlens_ptr + pid_c + 1).to(tl.int64) - chunk_start
+    group = pid_h // nheads_per_group
+    io_dtype = x_ptr.dtype.element_ty
+
+    # Which state enters this chunk.
+    seq = tl.load(seq_idx_ptr + pid_c)
+    if STATES_ARE_ENTERING:
+        prev_source = PREV_STATES
+        prev_chunk = pid_c
+    else:
+        prev_seq = tl.load(seq_idx_ptr + pid_c - 1, mask=pid_c > 0, other=-1)
+        prev_chunk = pid_c - 1
+        first_source = PREV_INITIAL if HAS_INITIAL_STATES else PREV_NONE
+        prev_source = tl.where(prev_seq == seq, PREV_STATES, first_source)
+
+    CB_ptr += pid_c.to(tl.int64) * stride_CB_chunk + group * stride_CB_group
+    x_ptr += chunk_start * stride_x_token + pid_h * stride_x_head
+    C_ptr += chunk_start * stride_C_token + group * stride_C_group
+    dt_ptr += pid_h * stride_dt_head + pid_c * stride_dt_chunk
+    dA_cumsum_ptr += pid_h * stride_dA_cs_head + pid_c * stride_dA_cs_chunk
+
+    offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    row_mask = offs_m < chunk_len
+    col_mask = offs_n < hdim
+    dA_cs_m = tl.load(dA_cumsum_ptr + offs_m * stride_dA_cs_pos, mask=offs_m < chunk_size, other=0.0)
+
+    # Inter-chunk term: (C . prev) * exp(dA_cs[l]).
+    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    if prev_source != PREV_NONE:
+        offs_s = tl.arange(0, BLOCK_SIZE_DSTATE)
+        C_ptrs = C_ptr + offs_m[:, None] * stride_C_token + offs_s[None, :] * stride_C_dstate
+        states_ptrs = (
+            states_ptr
+            + prev_chunk.to(tl.int64) * stride_states_chunk
+            + pid_h * stride_states_head
+            + offs_s[:, None] * stride_states_dstate
+            + offs_n[None, :] * stride_states_hdim
+        )
+        init_ptrs = (
+            initial_states_ptr
+            + seq.to(tl.int64) * stride_init_batch
+            + pid_h * stride_init_head
+            + offs_s[:, None] * stride_init_dstate
+            + offs_n[None, :] * stride_init_hdim
+        )
+        for s in range(0, dstate, BLOCK_SIZE_DSTATE):
+            s_mask = offs_s < dstate - s
+            c = tl.load(C_ptrs, mask=row_mask[:, None] & s_mask[None, :], other=0.0)
+            state_mask = s_mask[:, None] & col_mask[None, :]
+            if HAS_INITIAL_STATES:
+                if prev_source == PREV_INITIAL:
+                    prev = tl.load(init_ptrs, mask=state_mask, other=0.0).to(io_dtype)
+                else:
+                    prev = tl.load(states_ptrs, mask=state_mask, other=0.0).to(io_dtype)
+            else:
+                prev = tl.load(states_ptrs, mask=state_mask, other=0.0).to(io_dtype)
+            if DOT_FP32_OPERANDS:
+                c = c.to(tl.float32)
+                prev = prev.to(tl.float32)
+            acc += tl.dot(c, prev, input_precision=FP32_DOT_PRECISION)
+            C_ptrs += BLOCK_SIZE_DSTATE * stride_C_dstate
+            states_ptrs += BLOCK_SIZE_DSTATE * stride_states_dstate
+            init_ptrs += BLOCK_SIZE_DSTATE * stride_init_dstate
+        acc *= tl.math.exp2(dA_cs_m * LOG2E)[:, None]
+
+    # Intra-chunk term: causal sum over s <= l, only up to this tile's last row.
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    CB_ptrs = CB_ptr + offs_m[:, None] * stride_CB_m + offs_k[None, :] * stride_CB_k
+    x_ptrs = x_ptr + offs_k[:, None] * stride_x_token + offs_n[None, :] * stride_x_hdim
+    dt_ptrs = dt_ptr + offs_k * stride_dt_pos
+    dA_cs_ptrs = dA_cumsum_ptr + offs_k * stride_dA_cs_pos
+    k_max = tl.minimum((pid_m + 1) * BLOCK_SIZE_M, chunk_len)
+    for k in range(0, k_max, BLOCK_SIZE_K):
+        k_in_q = offs_k < chunk_size - k
+        cb = tl.load(CB_ptrs, mask=(offs_m[:, None] < chunk_size) & k_in_q[None, :], other=0.0)
+        dA_cs_k = tl.load(dA_cs_ptrs, mask=k_in_q, other=0.0)
+        dt_k = tl.load(dt_ptrs, mask=k_in_q, other=0.0)
+        cb = cb * tl.math.exp2((dA_cs_m[:, None] - dA_cs_k[None, :]) * LOG2E)
+        cb = cb * dt_k[None, :]
+        # Above the diagonal exp() may overflow (inf * 0 = NaN): select, don't multiply, to mask.
+        cb = tl.where(offs_m[:, None] >= k + offs_k[None, :], cb, 0.0).to(io_dtype)
+        xk = tl.load(x_ptrs, mask=(offs_k[:, None] < chunk_len - k) & col_mask[None, :], other=0.0)
+        if DOT_FP32_OPERANDS:
+            cb = cb.to(tl.float32)
+            xk = xk.to(tl.float32)
+        acc += tl.dot(cb, xk, input_precision=FP32_DOT_PRECISION)
+        CB_ptrs += BLOCK_SIZE_K * stride_CB_k
+        x_ptrs += BLOCK_SIZE_K * stride_x_token
+        dt_ptrs += BLOCK_SIZE_K * stride_dt_pos
+        dA_cs_ptrs += BLOCK_SIZE_K * stride_dA_cs_pos
+
+    tile_mask = row_mask[:, None] & col_mask[None, :]
+    if HAS_D:
+        D = tl.load(D_ptr + pid_h * stride_D_head + offs_n * stride_D_hdim, mask=col_mask, other=0.0).to(tl.float32)
+        x_residual = tl.load(
+            x_ptr + offs_m[:, None] * stride_x_token + offs_n[None, :] * stride_x_hdim, mask=tile_mask, other=0.0
+        ).to(tl.float32)
+        acc += x_residual * D[None, :]
+    if HAS_Z:
+        z = tl.load(
+            z_ptr + (chunk_start + offs_m[:, None]) * stride_z_token + pid_h * stride_z_head + offs_n[None, :] * stride_z_hdim,
+            mask=tile_mask,
+            other=0.0,
+        ).to(tl.float32)
+        acc *= z * (1.0 / (1.0 + tl.math.exp2(-z * LOG2E)))
+
+    out_ptrs = (
+        out_ptr
+        + (chunk_start + offs_m[:, None]) * stride_out_token
+        + pid_h * stride_out_head
+        + offs_n[None, :] * stride_out_hdim
+    )
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=tile_mask)
+
+
+chunk_scan_kernel = triton.autotune(
+    configs=CONFIGS, key=["chunk_size", "hdim", "dstate"], do_bench=AUTOTUNE_DO_BENCH
+)(_chunk_scan_kernel)
+
+
+def chunk_scan(
+    CB: torch.Tensor,
+    x: torch.Tensor,
+    dt_out: torch.Tensor,
+    dA_cumsum: torch.Tensor,
+    C: torch.Tensor,
+    states: torch.Tensor,
+    cu_chunk_seqlens: torch.Tensor,
+    seq_idx: torch.Tensor,
+    *,
+    out: torch.Tensor,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    initial_states: torch.Tensor | None = None,
+    states_are_entering: bool = False,
+) -> None:
+    """Write out (T, H, P) io dtype from CB (nchunks, G, Q, Q) fp32, x (T, H, P), dt_out and dA_cumsum (H, nchunks, Q)
+    fp32, C (T, G, N), states (nchunks, H, P, N) state dtype, cu_chunk_seqlens (nchunks + 1,), seq_idx (nchunks,);
+    optional D (H,) or (H, P), z (T, H, P), initial_states (Bt, H, P, N) state dtype."""
+    T, H, P = x.shape
+    nchunks, G, Q, _ = CB.shape
+    N = C.shape[-1]
+    io = x.dtype
+    assert CB.shape == (nchunks, G, Q, Q) and CB.dtype == torch.float32, f"CB: expected (C, G, Q, Q) fp32, found {tuple(CB.shape)} {CB.dtype}"
+    assert C.shape == (T, G, N) and C.dtype == io, f"C: expected ({T}, {G}, N) {io}, found {tuple(C.shape)} {C.dtype}"
+    assert H % G == 0, f"nheads {H} must be a multiple of ngroups {G}"
+    for name, t in (("dt_out", dt_out), ("dA_cumsum", dA_cumsum)):
+        assert t.shape == (H, nchunks, Q) and t.dtype == torch.float32, f"{name}: expected ({H}, {nchunks}, {Q}) fp32, found {tuple(t.shape)} {t.dtype}"
+    state_dtypes = (torch.float32, torch.float16, torch.bfloat16)
+    assert states.shape == (nchunks, H, P, N) and states.dtype in state_dtypes, f"states: expected ({nchunks}, {H}, {P}, {N}), found {tuple(states.shape)} {states.dtype}"
+    assert cu_chunk_seqlens.shape == (nchunks + 1,) and cu_chunk_seqlens.dtype in (torch.int32, torch.int64)
+    assert seq_idx.shape == (nchunks,) and seq_idx.dtype in (torch.int32, torch.int64)
+    assert out.shape == x.shape and out.dtype == io, f"out: expected {tuple(x.shape)} {io}, found {tuple(out.shape)} {out.dtype}"
+    if z is not None:
+        assert z.shape == x.shape and z.dtype == io, f"z: expected {tuple(x.shape)} {io}, found {tuple(z.shape)} {z.dtype}"
+    if D is not None:
+        assert D.shape in ((H,), (H, P)), f"D: expected ({H},) or ({H}, {P}), found {tuple(D.shape)}"
+    if initial_states is not None:
+        assert initial_states.dim() == 4 and initial_states.shape[1:] == (H, P, N), f"initial_states: expected (Bt, {H}, {P}, {N}), found {tuple(initial_states.shape)}"
+        assert initial_states.dtype in state_dtypes
+    assert not (states_are_entering and initial_states is not None), "entering states already hold the initial states"
+
+    init = initial_states if initial_states is not None else states
+    init_strides = initial_states.stride() if initial_states is not None else (0, 0, 0, 0)
+    z_arg = z if z is not None else x
+    z_strides = z.stride() if z is not None else (0, 0, 0)
+    D_arg = D if D is not None else dt_out
+    D_strides = (D.stride(0), D.stride(1) if D.dim() == 2 else 0) if D is not None else (0, 0)
+    grid = lambda META: (triton.cdiv(Q, META["BLOCK_SIZE_M"]) * triton.cdiv(P, META["BLOCK_SIZE_N"]), nchunks, H)  # noqa: E731
+    chunk_scan_kernel[grid](
+        CB,
+        x,
+        z_arg,
+        out,
+        dt_out,
+        dA_cumsum,
+        seq_idx,
+        C,
+        states,
+        D_arg,
+        init,
+        cu_chunk_seqlens,
+        Q,
+        P,
+        N,
+        H // G,
+        *CB.stride(),
+        *x.stride(),
+        *z_strides,
+        *out.stride(),
+        *dt_out.stride(),
+        *dA_cumsum.stride(),
+        *C.stride(),
+        *states.stride(),
+        *init_strides,
+        *D_strides,
+        HAS_D=D is not None,
+        HAS_Z=z is not None,
+        HAS_INITIAL_STATES=initial_states is not None,
+        STATES_ARE_ENTERING=bool(states_are_entering),
+        DOT_FP32_OPERANDS=DOT_FP32_OPERANDS,
+        FP32_DOT_PRECISION=FP32_DOT_PRECISION,
+        BLOCK_SIZE_DSTATE=min(triton.next_power_of_2(N), MAX_BLOCK_SIZE_DSTATE),
+    )

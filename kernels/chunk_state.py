@@ -1,0 +1,156 @@
+"""Stage 2: each chunk's own state contribution (docs/architecture.md, stage 2).
+
+``states[c, h, p, n] = sum_l x[l, h, p] * b_scaled[l, n]`` with
+``b_scaled = (B[l, g(h), n] * (exp(dA_cs[h, c, Q-1] - dA_cs[h, c, l]) * dt_out[h, c, l])).to(io dtype)``
+(the decay-times-dt scale is formed first, as vLLM does), accumulated in fp32 by ``tl.dot``. One program computes a
+(BLOCK_SIZE_M headdim x BLOCK_SIZE_N dstate) tile of one chunk and head, looping over the chunk's tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.backend import AUTOTUNE_DO_BENCH, DOT_FP32_OPERANDS, FP32_DOT_PRECISION, LOG2E
+
+# Target shape: headdim 64, dstate 128, chunk 256. BLOCK_SIZE_K >= 16 (tl.dot minimum).
+CONFIGS = [
+    triton.Config({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 32}, num_stages=3, num_warps=4),
+    triton.Config({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64}, num_stages=3, num_warps=4),
+    triton.Config({"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64}, num_stages=4, num_warps=2),
+    triton.Config({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64}, num_stages=2, num_warps=8),
+]
+
+
+@triton.jit
+def _chunk_state_kernel(
+    x_ptr,  # (T, H, P) io dtype
+    B_ptr,  # (T, G, N) io dtype
+    dt_ptr,  # (H, C, Q) fp32
+    dA_cumsum_ptr,  # (H, C, Q) fp32
+    cu_chunk_seqlens_ptr,  # (C + 1,)
+    states_ptr,  # (C, H, P, N) fp32
+    hdim,
+    dstate,
+    chunk_size,
+    nheads_per_group,
+    stride_x_token,
+    stride_x_head,
+    stride_x_hdim,
+    stride_B_token,
+    stride_B_group,
+    stride_B_dstate,
+    stride_dt_head,
+    stride_dt_chunk,
+    stride_dt_pos,
+    stride_dA_cs_head,
+    stride_dA_cs_chunk,
+    stride_dA_cs_pos,
+    stride_states_chunk,
+    stride_states_head,
+    stride_states_hdim,
+    stride_states_dstate,
+    DOT_FP32_OPERANDS: tl.constexpr,
+    FP32_DOT_PRECISION: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr,
+    BLOCK_SIZE_N: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr,
+):
+    pid_mn = tl.program_id(axis=0)
+    pid_c = tl.program_id(axis=1)
+    pid_h = tl.program_id(axis=2)
+    num_pid_n = tl.cdiv(dstate, BLOCK_SIZE_N)
+    pid_m = pid_mn // num_pid_n
+    pid_n = pid_mn % num_pid_n
+    chunk_start = tl.load(cu_chunk_seqlens_ptr + pid_c).to(tl.int64)
+    chunk_len = tl.load(cu_chunk_seqlens_ptr + pid_c + 1).to(tl.int64) - chunk_start
+    group = pid_h // nheads_per_group
+
+    x_ptr += chunk_start * stride_x_token + pid_h * stride_x_head
+    B_ptr += chunk_start * stride_B_token + group * stride_B_group
+    dt_ptr += pid_h * stride_dt_head + pid_c * stride_dt_chunk
+    dA_cumsum_ptr += pid_h * stride_dA_cs_head + pid_c * stride_dA_cs_chunk
+
+    offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    x_ptrs = x_ptr + offs_m[:, None] * stride_x_hdim + offs_k[None, :] * stride_x_token
+    B_ptrs = B_ptr + offs_k[:, None] * stride_B_token + offs_n[None, :] * stride_B_dstate
+    dt_ptrs = dt_ptr + offs_k * stride_dt_pos
+    dA_cs_ptrs = dA_cumsum_ptr + offs_k * stride_dA_cs_pos
+    # Padding positions repeat the chunk-end value, so Q - 1 is the end of short chunks too.
+    dA_cs_last = tl.load(dA_cumsum_ptr + (chunk_size - 1) * stride_dA_cs_pos)
+
+    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for k in range(0, chunk_len, BLOCK_SIZE_K):
+        k_mask = offs_k < chunk_len - k
+        x = tl.load(x_ptrs, mask=(offs_m[:, None] < hdim) & k_mask[None, :], other=0.0)
+        b = tl.load(B_ptrs, mask=k_mask[:, None] & (offs_n[None, :] < dstate), other=0.0).to(tl.float32)
+        dA_cs_k = tl.load(dA_cs_ptrs, mask=k_mask, other=0.0)
+        dt_k = tl.load(dt_ptrs, mask=k_mask, other=0.0)
+        scale = tl.math.exp2((dA_cs_last - dA_cs_k) * LOG2E) * dt_k
+        b = (b * scale[:, None]).to(x_ptr.dtype.element_ty)
+        if DOT_FP32_OPERANDS:
+            x = x.to(tl.float32)
+            b = b.to(tl.float32)
+        acc += tl.dot(x, b, input_precision=FP32_DOT_PRECISION)
+        x_ptrs += BLOCK_SIZE_K * stride_x_token
+        B_ptrs += BLOCK_SIZE_K * stride_B_token
+        dt_ptrs += BLOCK_SIZE_K * stride_dt_pos
+        dA_cs_ptrs += BLOCK_SIZE_K * stride_dA_cs_pos
+
+    states_ptrs = (
+        states_ptr
+        + pid_c.to(tl.int64) * stride_states_chunk
+        + pid_h * stride_states_head
+        + offs_m[:, None] * stride_states_hdim
+        + offs_n[None, :] * stride_states_dstate
+    )
+    tl.store(states_ptrs, acc, mask=(offs_m[:, None] < hdim) & (offs_n[None, :] < dstate))
+
+
+chunk_state_kernel = triton.autotune(
+    configs=CONFIGS, key=["hdim", "dstate", "chunk_size"], do_bench=AUTOTUNE_DO_BENCH
+)(_chunk_state_kernel)
+
+
+def chunk_state(
+    B: torch.Tensor,
+    x: torch.Tensor,
+    dt_out: torch.Tensor,
+    dA_cumsum: torch.Tensor,
+    cu_chunk_seqlens: torch.Tensor,
+) -> torch.Tensor:
+    """B (T, G, N), x (T, H, P), dt_out and dA_cumsum (H, C, Q) fp32, cu_chunk_seqlens (C + 1,)
+    -> states (C, H, P, N) fp32."""
+    T, H, P = x.shape
+    _, G, N = B.shape
+    Hd, C, Q = dt_out.shape
+    assert B.shape[0] == T and B.dtype == x.dtype, f"B: expected ({T}, G, N) {x.dtype}, found {tuple(B.shape)} {B.dtype}"
+    assert H % G == 0, f"nheads {H} must be a multiple of ngroups {G}"
+    assert Hd == H and dt_out.dtype == torch.float32, f"dt_out: expected ({H}, C, Q) fp32"
+    assert dA_cumsum.shape == dt_out.shape and dA_cumsum.dtype == torch.float32, "dA_cumsum: expected dt_out's shape, fp32"
+    assert cu_chunk_seqlens.shape == (C + 1,) and cu_chunk_seqlens.dtype in (torch.int32, torch.int64)
+    states = torch.empty(C, H, P, N, device=x.device, dtype=torch.float32)
+    grid = lambda META: (triton.cdiv(P, META["BLOCK_SIZE_M"]) * triton.cdiv(N, META["BLOCK_SIZE_N"]), C, H)  # noqa: E731
+    chunk_state_kernel[grid](
+        x,
+        B,
+        dt_out,
+        dA_cumsum,
+        cu_chunk_seqlens,
+        states,
+        P,
+        N,
+        Q,
+        H // G,
+        *x.stride(),
+        *B.stride(),
+        *dt_out.stride(),
+        *dA_cumsum.stride(),
+        *states.stride(),
+        DOT_FP32_OPERANDS=DOT_FP32_OPERANDS,
+        FP32_DOT_PRECISION=FP32_DOT_PRECISION,
+    )
+    return states
