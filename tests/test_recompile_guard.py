@@ -1,0 +1,147 @@
+"""Recompile guard and specialization keys: the guard fires on a key the warmup missed, on both backends."""
+
+from __future__ import annotations
+
+from harness.backend import configure
+
+DEVICE = configure()  # before any @triton.jit below
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from harness.guards import recompile  # noqa: E402
+from harness.guards.recompile import RecompileError, compile_events, guard_no_recompile, no_recompile  # noqa: E402,F401
+from harness.guards.specialization import (  # noqa: E402
+    MissingSpecialization,
+    assert_keys_warmed,
+    expect_warmed,
+    specialization_key,
+)
+from kernels.warmup import UnalignedPointer, pointer  # noqa: E402
+
+GPU_ONLY = pytest.mark.skipif(DEVICE != "cuda", reason="real compiles only happen on the GPU; the CPU tier "
+                              "checks specialization keys instead (tests below)")
+
+
+@triton.jit
+def _copy_scalar(src_ptr, dst_ptr, stride):
+    tl.store(dst_ptr, tl.load(src_ptr + stride))
+
+
+@triton.jit(do_not_specialize_on_alignment=["src_ptr"], do_not_specialize=["stride"])
+def _copy_scalar_unspecialized(src_ptr, dst_ptr, stride):
+    tl.store(dst_ptr, tl.load(src_ptr + stride))
+
+
+def _key(kernel, src, stride):
+    return specialization_key(kernel, (src, torch.empty(1, device=DEVICE), stride))
+
+
+def test_alignment_stride_and_dtype_each_change_the_key():
+    table = torch.zeros(8, 5, dtype=torch.int32, device=DEVICE)
+    base = _key(_copy_scalar, table[:, 4], 1)  # column 4: 16 bytes in, aligned
+    assert base.key != _key(_copy_scalar, table[:, 1], 1).key  # 4 bytes in: unaligned
+    assert base.key != _key(_copy_scalar, table[:, 4], 5).key  # stride 1 is a constexpr, 5 is not
+    assert _key(_copy_scalar, table[:, 4], 5).key != _key(_copy_scalar, table[:, 4], 32).key  # other vs 16k
+    assert base.key != _key(_copy_scalar, table[:, 4].long(), 1).key
+    readable = dict(_key(_copy_scalar, table[:, 1], 5).params)
+    assert readable["src_ptr"] == "*i32 unaligned" and readable["stride"] == "i32 other", readable
+
+
+def test_stand_ins_match_real_tensors():
+    table = torch.zeros(8, 5, dtype=torch.int64, device=DEVICE)
+    assert _key(_copy_scalar, table[:, 0], 1).key == _key(_copy_scalar, pointer(torch.int64), 1).key
+    assert _key(_copy_scalar, table[:, 1], 1).key == _key(_copy_scalar, UnalignedPointer(torch.int64), 1).key
+
+
+def test_do_not_specialize_collapses_scalar_only_classes():
+    """The mechanism behind the per-kernel decision (kernels.warmup.SCALAR_ONLY): one binary for all classes."""
+    table = torch.zeros(8, 5, dtype=torch.int32, device=DEVICE)
+    keys = {_key(_copy_scalar_unspecialized, table[:, j], s).key for j in range(5) for s in (1, 5, 32)}
+    assert len(keys) == 1, keys
+    assert len({_key(_copy_scalar, table[:, j], s).key for j in range(5) for s in (1, 5, 32)}) == 6
+
+
+def _copy(src, dst, stride):
+    _copy_scalar[(1,)](src, dst, stride)
+
+
+def test_guard_passes_on_warmed_key_and_fires_on_missing_one():
+    table = torch.arange(40, dtype=torch.float32, device=DEVICE).reshape(8, 5)
+    dst = torch.zeros(1, device=DEVICE)
+    warmed = [_key(_copy_scalar, pointer(torch.float32), 1)]
+    if DEVICE == "cuda":  # the guard's compile witnesses need the binary compiled for real
+        _copy_scalar.warmup(torch.float32, torch.float32, 1, grid=(1,))
+    with guard_no_recompile([_copy_scalar], warmed=warmed):
+        _copy(table[:, 4], dst, 1)
+    assert dst.item() == 5.0  # the guarded launch really ran (raw pointer + 1: element 5 of the table)
+    with pytest.raises(RecompileError) as err:
+        with guard_no_recompile([_copy_scalar], warmed=warmed):
+            _copy(table[:, 1], dst, 5)
+    text = str(err.value)
+    assert "_copy_scalar" in text and "src_ptr: needed *fp32 unaligned, closest warmed *fp32 aligned16" in text, text
+    assert "stride: needed i32 other, closest warmed =1" in text, text
+
+
+def test_guard_fires_when_nothing_was_launched():
+    with pytest.raises(RecompileError, match="no launch of the watched kernels"):
+        with guard_no_recompile([_copy_scalar], warmed=[]):
+            pass
+
+
+def test_interpreter_guard_requires_warmed_keys():
+    if DEVICE == "cuda":
+        pytest.skip("on the GPU the compile witnesses work without warmed keys")
+    with pytest.raises(ValueError, match="pass the warmed keys"):
+        with guard_no_recompile([_copy_scalar]):
+            pass
+
+
+def test_expect_warmed_and_assert_keys_warmed_report_missing():
+    key = _key(_copy_scalar, pointer(torch.float32), 16)
+    with pytest.raises(MissingSpecialization, match="no specialization of this kernel was warmed"):
+        assert_keys_warmed([key], [])
+    assert_keys_warmed([key], [key])
+    with pytest.raises(MissingSpecialization):
+        with expect_warmed([_copy_scalar], [key]):
+            _copy(torch.zeros(4, device=DEVICE), torch.zeros(1, device=DEVICE), 2)
+
+
+def test_compile_hook_records_and_never_decides(monkeypatch):
+    """The hook returns None itself (a truthy value skips the launch) and passes a previous hook's answer on."""
+    calls = []
+
+    def previous(**kwargs):
+        calls.append(kwargs["key"])
+        return "previous-answer"
+
+    monkeypatch.setattr(recompile, "_get_hook", lambda: previous)
+    installed = {}
+    monkeypatch.setattr(recompile, "_set_hook", lambda h: installed.__setitem__("hook", h))
+    with compile_events() as events:
+        info = type("Info", (), {"module": "m", "name": "k"})()
+        answer = installed["hook"](key="K1", repr="k[...]", fn=info, compile={}, is_manual_warmup=False,
+                                   already_compiled=False)
+    assert answer == "previous-answer" and calls == ["K1"]
+    assert events[0].kernel == "m.k" and events[0].key == "K1"
+    assert installed["hook"] is previous  # restored on exit
+    monkeypatch.setattr(recompile, "_get_hook", lambda: None)
+    with compile_events():
+        assert installed["hook"](key="K2", fn=info) is None
+
+
+@GPU_ONLY
+def test_gpu_key_matches_tritons_cache_and_compile_is_caught(no_recompile):
+    src = torch.arange(16, dtype=torch.float32, device=DEVICE)
+    dst = torch.zeros(1, device=DEVICE)
+    before = recompile.kernel_cache_keys(_copy_scalar)
+    predicted = _key(_copy_scalar, src[1:], 7)  # unaligned, other: not compiled by any test above
+    with pytest.raises(RecompileError) as err:
+        with no_recompile([_copy_scalar]):
+            _copy(src[1:], dst, 7)
+    assert dst.item() == 8.0  # the hook did not skip the launch
+    new = recompile.kernel_cache_keys(_copy_scalar) - before
+    assert [k for _, k in new] == [predicted.key], (new, predicted.key)
+    assert "compile hook" in str(err.value) and "kernel cache" in str(err.value)
