@@ -1,0 +1,34 @@
+"""Named correctness checks (DESIGN sections 4 and 7), shared by the pytest plugin, the CLI and the fuzzer.
+
+Importing this package registers every check. ``run_check`` is the one way to run one against a provider.
+"""
+
+from harness.checks.base import Check, CheckContext, CheckResult, Status
+from harness.checks.providers import DEFAULT_PROVIDER, ProviderError, load_provider, supported_paths
+from harness.checks.registry import check_names, get_check, register, selected_checks
+
+# Registration side effects, in the order items are collected.
+from harness.checks import paths as _paths  # noqa: E402,F401
+from harness.checks import storage as _storage  # noqa: E402,F401
+from harness.checks import states as _states  # noqa: E402,F401
+from harness.checks import bound as _bound  # noqa: E402,F401
+from harness.checks import kernel_exact as _kernel_exact  # noqa: E402,F401
+
+from harness.checks.runner import repro_line, run_check  # noqa: E402
+
+__all__ = [
+    "Check",
+    "CheckContext",
+    "CheckResult",
+    "DEFAULT_PROVIDER",
+    "ProviderError",
+    "Status",
+    "check_names",
+    "get_check",
+    "load_provider",
+    "register",
+    "repro_line",
+    "run_check",
+    "selected_checks",
+    "supported_paths",
+]

@@ -1,0 +1,95 @@
+"""``reference_bound``: the provider's output and final (or chunk-end) states vs the fp64 sequential reference,
+within ``harness.bounds``' derived bound (DESIGN section 4, bounded). Reports max ulp and relative error."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from harness.backend import profile_for
+from harness.checks.base import Check
+from harness.checks.calls import run_call
+from harness.checks.registry import register
+from harness.compare import Mismatch, assert_within_bound
+
+
+def _ground_truth(inputs, exit_offsets):
+    """fp64 sequential out (T,H,P), finals (Bt,H,P,N) [, chunk ends (C,H,P,N)] and the magnitude shadows."""
+    from reference import sequential, snapshot
+
+    case = inputs.case
+    o = case.options
+    initial = snapshot.gather_initial_states(inputs.state_cache, inputs.initial_state_indices,
+                                             inputs.has_initial_states)
+    common = dict(cu_seqlens=inputs.cu_seqlens, D=inputs.D, z=inputs.z, dt_bias=inputs.dt_bias,
+                  dt_softplus=o.dt_softplus, dt_limit=o.dt_limit, initial_states=initial)
+    args = (inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C)
+    truth = sequential.sequential_ssd(*args, exit_offsets=exit_offsets, **common)
+    shadows = sequential.magnitude_shadows(*args, chunk_size=case.shape.chunk_size, **common)
+    chunk_shadow = None
+    if exit_offsets is not None:
+        chunk_shadow = sequential.sequential_ssd(*args, magnitude=True, exit_offsets=exit_offsets, **common)[2]
+    return truth, shadows, chunk_shadow
+
+
+def _merge(stats: dict, what: str, measured) -> None:
+    stats[what] = measured.as_dict()
+    stats["max_ulp"] = max(stats.get("max_ulp", 0), measured.max_ulp)
+    stats["max_rel_err"] = max(stats.get("max_rel_err", 0.0), measured.max_rel_err)
+    stats["max_bound_use"] = max(stats.get("max_bound_use", 0.0), measured.max_bound_use)
+
+
+def _reference_bound(ctx) -> dict:
+    from harness import bounds
+
+    case = ctx.case
+    pristine = ctx.inputs()  # the inputs before the call (the cache still holds the initial states)
+    call = run_call(ctx, "provider")
+    mode = case.call.final_state
+    exit_offsets = pristine.cu_chunk_seqlens[1:] if mode == "checkpoint" else None
+    truth, shadows, chunk_shadow = _ground_truth(pristine, exit_offsets)
+    backend = profile_for(ctx.device)
+    terms = bounds.input_error_terms(
+        pristine.dt, pristine.A, cu_chunk_seqlens=pristine.cu_chunk_seqlens, seq_idx=pristine.seq_idx,
+        dt_bias=pristine.dt_bias, dt_softplus=case.options.dt_softplus, dt_limit=case.options.dt_limit,
+        z=pristine.z, backend=backend,
+    )
+    dims = dict(io_dtype=case.dtype.io_torch, state_dtype=case.dtype.state_torch, chunk_size=case.shape.chunk_size,
+                dstate=case.shape.dstate, backend=backend, **terms.as_kwargs())
+    stats: dict = {"backend": backend}
+    out_bound = bounds.ssd_output_bound(shadows.out, truth[0], shadows=shadows, **dims)
+    _merge(stats, "out", assert_within_bound(call.inputs.out, truth[0], out_bound,
+                                             what="out vs fp64 sequential reference"))
+    if mode == "checkpoint":
+        bound = bounds.final_state_bound(chunk_shadow, truth[2], **dims)
+        _merge(stats, "chunk_end_states", assert_within_bound(
+            call.returned, truth[2], bound, what="checkpoint chunk-end states vs fp64 sequential reference"))
+        return stats
+    final_bound = bounds.final_state_bound(shadows.final_states, truth[1], shadows=shadows, **dims)
+    if mode == "returned":
+        _merge(stats, "final_states", assert_within_bound(
+            call.returned, truth[1], final_bound, what="returned final states vs fp64 sequential reference"))
+        return stats
+    # direct: each written slot vs the sequence that owns it (a slot two sequences write has no single truth).
+    slots = [s.final_slot for s in case.sequences]
+    owners = Counter(s for s in slots if s is not None and s >= 0)
+    checked = []
+    for b, slot in enumerate(slots):
+        if slot is None or slot < 0 or owners[slot] != 1:
+            continue
+        _merge(stats, f"final_state[{b}]->slot {slot}", assert_within_bound(
+            call.inputs.state_cache[slot], truth[1][b], final_bound[b],
+            what=f"final state of sequence {b} in slot {slot} vs fp64 sequential reference"))
+        checked.append(slot)
+    stats["final_slots_checked"] = checked
+    if call.returned is not None:
+        raise Mismatch(f"direct writeback returned a tensor {tuple(call.returned.shape)}; expected None", count=-1)
+    return stats
+
+
+register(
+    Check(
+        name="reference_bound",
+        doc="out and final/chunk-end states vs the fp64 sequential reference within the derived bound",
+        run=_reference_bound,
+    )
+)

@@ -1,0 +1,104 @@
+"""Path equivalence: the indexed path and ``auto`` must give the snapshot path's bits (DESIGN sections 1, 4, 5)."""
+
+from __future__ import annotations
+
+import torch
+
+from harness.checks.base import Check
+from harness.checks.calls import Call, assert_calls_equal, run_call
+from harness.checks.registry import register
+from harness.compare import Mismatch, assert_bits_equal, assert_storage_equal, storage_bytes
+
+WORKSPACE_KWARG = "workspace_out"
+
+
+def eligibility(case) -> tuple[bool, str]:
+    """``case.indexed_eligible()`` as (eligible, reason when not)."""
+    answer = case.indexed_eligible()
+    return bool(answer), str(getattr(answer, "reason", "") or "")
+
+
+def _run_with_workspace(ctx, label: str, path: str) -> tuple[Call, torch.Tensor | None]:
+    """Call with the optional ``workspace_out={}`` extension (kernels.ssd): the dict receives ``states``, the (C,H,P,N)
+    workspace after the call (entering states on the indexed path, exiting states on the snapshot path). A provider
+    without the extension rejects the keyword when binding arguments; it is then called plainly on fresh inputs."""
+    inputs = ctx.inputs()
+    workspace: dict = {}
+    try:
+        returned = ctx.provider.ssd_prefill(**inputs.kwargs(path=path), **{WORKSPACE_KWARG: workspace})
+    except TypeError as exc:
+        if WORKSPACE_KWARG not in str(exc):
+            raise
+        inputs = ctx.inputs()
+        return Call(label, inputs, ctx.call(inputs, path=path)), None
+    return Call(label, inputs, returned), workspace.get("states")
+
+
+def _snapshot_entering_states(snapshot_exiting: torch.Tensor, initial: torch.Tensor) -> torch.Tensor:
+    """Entering state of each chunk of one sequence: the initial state, then the previous chunk's exiting state.
+
+    snapshot_exiting: (C,H,P,N); initial: (H,P,N) in the same dtype -> (C,H,P,N)."""
+    return torch.cat([initial.unsqueeze(0), snapshot_exiting[:-1]], dim=0)
+
+
+def _indexed_vs_snapshot(ctx) -> dict:
+    case = ctx.case
+    snap, snap_states = _run_with_workspace(ctx, "path=snapshot", "snapshot")
+    idx, idx_states = _run_with_workspace(ctx, "path=indexed", "indexed")
+    stats: dict = {"compared": assert_calls_equal(idx, snap)}
+    if snap_states is None or idx_states is None:
+        stats["workspace"] = f"not exposed by the provider (no {WORKSPACE_KWARG} keyword)"
+    elif snap_states.dtype != idx_states.dtype:
+        stats["workspace"] = f"not comparable: snapshot {snap_states.dtype} vs indexed {idx_states.dtype}"
+    else:
+        seq = case.sequences[0]
+        if seq.has_state:
+            initial = ctx.inputs().state_cache[seq.init_slot].to(snap_states.dtype)
+        else:
+            initial = torch.zeros_like(snap_states[0])
+        expected = _snapshot_entering_states(snap_states, initial.to(snap_states.device))
+        assert_bits_equal(idx_states, expected, what="entering-state workspace (indexed vs snapshot chunk states)")
+        stats["workspace"] = "compared"
+    return stats
+
+
+def _auto_vs_snapshot(ctx) -> dict:
+    snap = run_call(ctx, "path=snapshot", path="snapshot")
+    auto = run_call(ctx, "path=auto", path="auto")
+    stats = {"compared": assert_calls_equal(auto, snap)}
+    eligible, why = eligibility(ctx.case)
+    if not eligible:
+        inputs = ctx.inputs()
+        cache_before = storage_bytes(inputs.cache_base)
+        out_before = inputs.out.clone()
+        try:
+            ctx.call(inputs, path="indexed")
+        except ValueError as exc:
+            stats["indexed_refusal"] = str(exc)
+        else:
+            raise Mismatch(
+                f"path='indexed' on an ineligible call ({why}) returned instead of raising ValueError", count=-1
+            )
+        # A refused call must leave the cache and the output as they were.
+        assert_storage_equal(inputs.cache_base, cache_before, what="state cache after the refused indexed call")
+        assert_bits_equal(inputs.out, out_before, what="out after the refused indexed call")
+    return stats
+
+
+register(
+    Check(
+        name="indexed_vs_snapshot",
+        doc="indexed path == snapshot path: out, whole cache storage, entering-state workspace (bits)",
+        run=_indexed_vs_snapshot,
+        case_applies=eligibility,
+        needs_paths=frozenset({"snapshot", "indexed"}),
+    )
+)
+register(
+    Check(
+        name="auto_vs_snapshot",
+        doc="path=auto == path=snapshot (bits); on ineligible calls path=indexed raises ValueError and writes nothing",
+        run=_auto_vs_snapshot,
+        needs_paths=frozenset({"snapshot"}),
+    )
+)

@@ -1,0 +1,99 @@
+"""Run one check on one case and turn the outcome into a ``CheckResult`` (honouring ``expect`` and the CPU tier)."""
+
+from __future__ import annotations
+
+import shlex
+import time
+import traceback
+
+from harness.checks.base import CheckContext, CheckResult, Status
+from harness.checks.providers import DEFAULT_PROVIDER
+from harness.checks.registry import get_check
+from harness.compare import Mismatch
+
+
+def repro_line(case, check: str, provider_spec: str = DEFAULT_PROVIDER, device: str | None = None) -> str:
+    """``python -m harness repro <file> --check <check> --case <id>`` (+ provider/device when not the defaults)."""
+    parts = ["python", "-m", "harness", "repro", str(case.source), "--check", check, "--case", case.id]
+    if provider_spec and provider_spec != DEFAULT_PROVIDER:
+        parts += ["--provider", provider_spec]
+    if device:
+        parts += ["--device", device]
+    return shlex.join(parts)
+
+
+def _cpu_tier_reason(case, device: str) -> str:
+    if device != "cpu":
+        return ""
+    tiers = getattr(case, "tiers", None)
+    if tiers is not None and not getattr(tiers, "cpu", True):
+        return f"too large for the CPU interpreter tier ({case.summary()}); runs on the GPU tier"
+    return ""
+
+
+def run_check(
+    case,
+    check_name: str,
+    provider,
+    *,
+    device: str,
+    provider_spec: str = DEFAULT_PROVIDER,
+    repro_device: str | None = None,
+    context: CheckContext | None = None,
+) -> CheckResult:
+    """Run ``check_name`` on ``case`` against ``provider`` on ``device`` ("cuda" or "cpu").
+
+    ``context`` lets several checks of one case share the built inputs. Failures carry the Mismatch report, the case
+    summary and the repro line; a case with ``expect: xfail`` turns a failure into XFAILED and a pass into XPASSED
+    (strict: a stale xfail does not hide).
+    """
+    check = get_check(check_name)
+    result = CheckResult(
+        case_id=case.id,
+        check=check_name,
+        status=Status.PASSED,
+        source=str(case.source),
+        family=str(getattr(case, "family", "")),
+        seed=getattr(case, "seed", None),
+        repro=repro_line(case, check_name, provider_spec, repro_device),
+    )
+    ok, reason = check.applies(case, provider, provider_spec)
+    if not ok:
+        result.status = Status.UNSUPPORTED if reason.startswith("unsupported") else Status.SKIPPED
+        result.reason = reason
+        return result
+    tier = _cpu_tier_reason(case, device)
+    if tier:
+        result.status, result.reason = Status.SKIPPED, tier
+        return result
+
+    ctx = context or CheckContext(case, provider, device, provider_spec)
+    start = time.perf_counter()
+    failure = ""
+    try:
+        result.stats = dict(check.run(ctx) or {})
+    except Mismatch as exc:
+        result.status = Status.FAILED
+        result.stats = dict(exc.stats)
+        failure = exc.report
+    except Exception:  # noqa: BLE001 - a crashing provider is a finding, reported with its traceback
+        result.status = Status.ERROR
+        failure = traceback.format_exc()
+    result.duration = time.perf_counter() - start
+
+    if failure:
+        result.summary = failure.strip().splitlines()[-1 if result.status is Status.ERROR else 0]
+        result.message = f"{check_name} failed\n{failure.rstrip()}\ncase: {case.summary()}\nrepro: {result.repro}"
+
+    expect = getattr(case, "expect", None)
+    if expect is not None and getattr(expect, "kind", "pass") == "xfail":
+        if result.status.is_failure:
+            result.status, result.reason = Status.XFAILED, f"expected failure: {expect.reason}"
+        else:
+            result.status = Status.XPASSED
+            result.summary = f"XPASS(strict): {check_name} passed but the case expects a failure ({expect.reason})"
+            result.message = (
+                f"{result.summary}\nremove the stale xfail from {case.source}\ncase: {case.summary()}\n"
+                f"repro: {result.repro}"
+            )
+    return result

@@ -1,0 +1,406 @@
+"""pytest plugin: YAML cases become items ``<file>::<case id>::<check>`` (DESIGN section 7).
+
+Loaded by the root ``conftest.py``. Options (group "ssd-harness"): ``--device``, ``--provider``,
+``--workers-per-gpu``, ``--json-report``, ``--shard``. Under ``pytest -n auto`` on a GPU machine each xdist worker is
+pinned to one GPU round-robin (``CUDA_VISIBLE_DEVICES`` from ``gw<N>``) before CUDA initialises, with its own
+``TRITON_CACHE_DIR``; on the CPU there is one worker per core. Items carry junit properties (case id, check, seed,
+family, max ulp) through ``user_properties``, which xdist forwards to the controller.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from harness import backend
+from harness.report import ItemRecord, Report, clear_parts, merge_parts, summary_lines, write_part
+
+CASE_SUFFIXES = (".yaml", ".yml")
+GPU_LIST_ENV = "SSD_HARNESS_VISIBLE_GPUS"  # set by the controller, read by workers
+
+_device_key = pytest.StashKey[str]()
+_provider_key = pytest.StashKey[dict]()
+_records_key = pytest.StashKey[list]()
+_case_ids_key = pytest.StashKey[dict]()
+
+
+# ---------------------------------------------------------------- options
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("ssd-harness", "Mamba2 SSD correctness harness")
+    group.addoption("--device", choices=backend.DEVICES, default="auto",
+                    help="cuda, or cpu (Triton interpreter); auto = cuda when visible. Default: auto")
+    group.addoption("--provider", default=None, metavar="MODULE:ATTR",
+                    help="the ssd_prefill provider under test (default: kernels:provider)")
+    group.addoption("--workers-per-gpu", type=int, default=1, metavar="N",
+                    help="with -n auto on a GPU machine: xdist workers per GPU (default 1)")
+    group.addoption("--json-report", default=None, metavar="FILE",
+                    help="write one merged JSON report (every item's outcome, duration, mismatch summary)")
+    group.addoption("--shard", default=None, metavar="K/N",
+                    help="run only shard K of N (deterministic, balanced by expected cost)")
+
+
+# ---------------------------------------------------------------- workers and devices
+
+
+def worker_index(worker_id: str | None) -> int | None:
+    """``gw3`` -> 3; None for the controller or a plain run."""
+    m = re.fullmatch(r"gw(\d+)", worker_id or "")
+    return int(m.group(1)) if m else None
+
+
+def gpu_for_worker(worker_id: str, visible: list[str]) -> str:
+    """Round-robin: worker gw<N> gets ``visible[N % len(visible)]``."""
+    index = worker_index(worker_id)
+    if index is None or not visible:
+        raise ValueError(f"gpu_for_worker: expected a gw<N> worker id and GPUs, found {worker_id!r}, {visible}")
+    return visible[index % len(visible)]
+
+
+def _visible_gpus() -> list[str]:
+    """GPU ids this process may use, without creating a CUDA context (torch counts through NVML)."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [g.strip() for g in listed.split(",") if g.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def _pin_worker(worker_id: str) -> None:
+    """Runs in a worker before anything touches CUDA: one GPU, and a Triton cache of its own (concurrent compiles
+    of the same kernel in a shared cache race on the same file names)."""
+    gpus = [g for g in os.environ.get(GPU_LIST_ENV, "").split(",") if g]
+    if gpus:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu_for_worker(worker_id, gpus)
+    base = os.environ.get("TRITON_CACHE_DIR") or str(Path.home() / ".triton" / "cache")
+    os.environ["TRITON_CACHE_DIR"] = str(Path(base) / f"xdist-{worker_id}")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: one worker per GPU (times --workers-per-gpu) on a GPU machine, else one per CPU core."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # xdist's own override wins
+    if config.getoption("device") != "cpu" and backend.resolve_device(config.getoption("device")) == "cuda":
+        return max(1, len(_visible_gpus()) * max(1, config.getoption("workers_per_gpu")))
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    worker_id = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker_id and hasattr(config, "workerinput"):
+        _pin_worker(worker_id)
+    requested = config.getoption("device")
+    if not hasattr(config, "workerinput") and requested != "cpu":
+        # The controller lists the GPUs once; workers inherit the environment when xdist spawns them.
+        try:
+            if backend.resolve_device(requested) == "cuda":
+                os.environ[GPU_LIST_ENV] = ",".join(_visible_gpus())
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
+    try:
+        config.stash[_device_key] = backend.configure(requested)  # before any kernel module is imported
+    except (ValueError, RuntimeError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config.stash[_provider_key] = {}
+    config.stash[_records_key] = []
+    config.pluginmanager.register(_Recorder(config), "ssd-harness-recorder")
+    config.stash[_case_ids_key] = {}
+    report_path = config.getoption("json_report")
+    if report_path and not hasattr(config, "workerinput"):
+        clear_parts(report_path)
+    config.addinivalue_line("markers", "ssd_case: an item generated from a YAML case")
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    from harness.checks.providers import DEFAULT_PROVIDER
+
+    spec = config.getoption("provider") or DEFAULT_PROVIDER
+    return [f"ssd-harness: device={config.stash[_device_key]} provider={spec}"]
+
+
+# ---------------------------------------------------------------- collection
+
+
+def _explicit_paths(config: pytest.Config) -> list[Path]:
+    out = []
+    for arg in config.args:
+        path = Path(str(arg).split("::", 1)[0])
+        path = path if path.is_absolute() else Path(config.invocation_params.dir) / path
+        out.append(path.resolve())
+    return out
+
+
+def _is_case_file(file_path: Path, config: pytest.Config) -> bool:
+    """YAML under ``<rootdir>/cases``, or a YAML file / a folder of YAML named on the command line."""
+    if file_path.suffix not in CASE_SUFFIXES:
+        return False
+    resolved = file_path.resolve()
+    root = Path(config.rootpath).resolve()
+    if (root / "cases") in resolved.parents:
+        return True
+    for arg in _explicit_paths(config):
+        if arg == resolved or (arg.is_dir() and arg in resolved.parents and arg not in root.parents and arg != root):
+            return True
+    return False
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector):
+    if _is_case_file(file_path, parent.config):
+        return CaseFile.from_parent(parent, path=file_path)
+    return None
+
+
+class CaseCollectionError(Exception):
+    """A case file that cannot become items; shown as the loader's one-line message, not a traceback."""
+
+
+class CaseFile(pytest.File):
+    def collect(self):
+        from harness.cases.loader import load_case_file
+        from harness.cases.schema import CaseError
+        from harness.checks import selected_checks
+
+        try:
+            cases = load_case_file(self.path)
+        except CaseError as exc:
+            raise CaseCollectionError(str(exc)) from None
+        seen = self.config.stash[_case_ids_key]
+        for case in cases:
+            other = seen.setdefault(case.id, str(self.path))
+            if other != str(self.path):
+                raise CaseCollectionError(
+                    f"{self.path}: id: expected an id unique across files, found {case.id!r} also in {other}"
+                )
+            try:
+                checks = selected_checks(case)
+            except ValueError as exc:
+                raise CaseCollectionError(f"{self.path}: {exc}") from None
+            yield CaseNode.from_parent(self, name=case.id, case=case, checks=checks)
+
+    def repr_failure(self, excinfo, style=None):
+        if excinfo.errisinstance(CaseCollectionError):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+
+class CaseNode(pytest.Collector):
+    """One case; its children are the checks it runs. Shares built inputs among them."""
+
+    def __init__(self, *, case, checks, **kwargs):
+        super().__init__(**kwargs)
+        self.case = case
+        self.checks = checks
+        self._context = None
+
+    def collect(self):
+        for name, explicit in self.checks:
+            yield CheckItem.from_parent(self, name=name, check=name, explicit=explicit)
+
+    def context(self, provider, device: str, provider_spec: str):
+        from harness.checks import CheckContext
+
+        if self._context is None or self._context.provider is not provider:
+            self._context = CheckContext(self.case, provider, device, provider_spec)
+        return self._context
+
+    def teardown(self) -> None:
+        self._context = None  # release this case's tensors before the next case
+
+
+class CheckFailed(Exception):
+    """A check failed; its message is the full report (what differed, the case, the repro line)."""
+
+
+def _provider(config: pytest.Config):
+    from harness.checks.providers import DEFAULT_PROVIDER, load_provider
+
+    spec = config.getoption("provider") or DEFAULT_PROVIDER
+    cache = config.stash[_provider_key]
+    if spec not in cache:
+        try:
+            cache[spec] = (load_provider(spec), None)
+        except Exception as exc:  # noqa: BLE001 - every item reports why the provider is unusable
+            cache[spec] = (None, f"{type(exc).__name__}: {exc}")
+    return spec, cache[spec]
+
+
+class CheckItem(pytest.Item):
+    def __init__(self, *, check: str, explicit: bool, **kwargs):
+        super().__init__(**kwargs)
+        self.check = check
+        self.explicit = explicit
+        case = self.parent.case
+        self.add_marker("ssd_case")
+        self.user_properties += [("case_id", case.id), ("check", check), ("seed", case.seed),
+                                 ("family", case.family)]
+
+    @property
+    def case(self):
+        return self.parent.case
+
+    def runtest(self) -> None:
+        from harness.checks import Status, run_check
+
+        config = self.config
+        spec, (provider, error) = _provider(config)
+        if provider is None:
+            raise CheckFailed(f"--provider {spec} is not usable: {error}")
+        device = config.stash[_device_key]
+        requested = config.getoption("device")
+        result = run_check(
+            self.case, self.check, provider, device=device, provider_spec=spec,
+            repro_device=None if requested == "auto" else requested,
+            context=self.parent.context(provider, device, spec),
+        )
+        if result.max_ulp is not None:
+            self.user_properties.append(("max_ulp", result.max_ulp))
+        if result.summary:
+            self.user_properties.append(("mismatch", result.summary))
+        self.user_properties.append(("repro", result.repro))
+        if result.status in (Status.SKIPPED, Status.UNSUPPORTED):
+            pytest.skip(result.reason)
+        if result.status is Status.XFAILED:
+            pytest.xfail(result.reason)
+        if result.status.is_failure:
+            raise CheckFailed(result.message)
+
+    def repr_failure(self, excinfo, style=None):
+        if excinfo.errisinstance(CheckFailed):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self):
+        return self.path, None, f"{self.case.id}::{self.check}"
+
+
+# ---------------------------------------------------------------- sharding
+
+
+def _item_cost(item: pytest.Item) -> float:
+    case = getattr(item, "case", None) if isinstance(item, CheckItem) else None
+    if case is None:
+        return 1.0
+    return float(case.total_tokens * case.shape.state_elements)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    shard = config.getoption("shard")
+    if not shard:
+        return
+    from harness.sharding import parse_shard, select
+
+    try:
+        k, n = parse_shard(shard)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    keep = select([(it.nodeid, _item_cost(it)) for it in items], k, n)
+    deselected = [it for it in items if it.nodeid not in keep]
+    items[:] = [it for it in items if it.nodeid in keep]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+
+
+# ---------------------------------------------------------------- reporting
+
+
+def _props(report: pytest.TestReport) -> dict:
+    return dict(report.user_properties or ())
+
+
+def _outcome(report: pytest.TestReport) -> str:
+    if hasattr(report, "wasxfail"):
+        return "xfailed" if report.skipped else "xpassed"
+    if report.skipped:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        return "unsupported" if "unsupported:" in reason else "skipped"
+    if report.failed:
+        return "failed" if report.when == "call" else "error"
+    return "passed"
+
+
+def _reason(report: pytest.TestReport) -> str:
+    if hasattr(report, "wasxfail"):
+        return str(report.wasxfail)
+    if report.skipped and isinstance(report.longrepr, tuple):
+        return str(report.longrepr[2]).removeprefix("Skipped: ")
+    return ""
+
+
+class _Recorder:
+    """Keeps one ``ItemRecord`` per finished phase that decides an item's outcome (bound to its config)."""
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """The call phase, or setup when it did not pass, or a failing teardown."""
+        config = self.config
+        if report.when == "call" or (report.when == "setup" and not report.passed) or (
+            report.when == "teardown" and report.failed
+        ):
+            props = _props(report)
+            summary = props.get("mismatch", "")
+            if report.failed and not summary:
+                summary = str(report.longrepr).strip().splitlines()[-1] if report.longrepr else ""
+            config.stash[_records_key].append(
+                ItemRecord(
+                    nodeid=report.nodeid,
+                    outcome=_outcome(report),
+                    duration=float(report.duration),
+                    case_id=str(props.get("case_id", "")),
+                    check=str(props.get("check", "")),
+                    family=str(props.get("family", "")),
+                    source=report.location[0] if report.location else "",
+                    seed=props.get("seed"),
+                    max_ulp=props.get("max_ulp"),
+                    reason=_reason(report),
+                    summary=summary,
+                    repro=str(props.get("repro", "")),
+                    worker=os.environ.get("PYTEST_XDIST_WORKER", ""),
+                )
+            )
+
+
+def _merged_records(config: pytest.Config) -> list[ItemRecord]:
+    """Later records of a nodeid replace earlier ones (a failing teardown after a passing call)."""
+    by_id: dict[str, ItemRecord] = {}
+    for rec in config.stash[_records_key]:
+        prior = by_id.get(rec.nodeid)
+        if prior is None or rec.outcome == "error" or prior.outcome == "passed":
+            by_id[rec.nodeid] = rec
+    return list(by_id.values())
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    config = session.config
+    path = config.getoption("json_report")
+    if not path:
+        return
+    meta = {"device": config.stash[_device_key], "provider": config.getoption("provider") or "kernels:provider"}
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if hasattr(config, "workerinput") and worker:
+        write_part(path, worker, Report(items=_merged_records(config), meta={**meta, "worker": worker}))
+        return
+    if config.pluginmanager.getplugin("dsession") is None:
+        write_part(path, "main", Report(items=_merged_records(config), meta={**meta, "worker": "main"}))
+    merge_parts(path, meta=meta)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    records = [r for r in _merged_records(config) if r.check]
+    if not records:
+        return
+    terminalreporter.section("ssd-harness summary")
+    for line in summary_lines(records):
+        terminalreporter.write_line(line)
+    path = config.getoption("json_report")
+    if path and not hasattr(config, "workerinput"):
+        terminalreporter.write_line(f"json report: {path}")

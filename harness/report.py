@@ -1,0 +1,150 @@
+"""The run report: one record per ``<file>::<case id>::<check>`` item, merged across xdist workers, as JSON, plus
+the short terminal summary that groups failures by check and by case family.
+
+Each xdist worker writes its records to ``<report>.parts/<worker>.json``; the controller merges the parts when the
+session ends (``merge_parts``) and writes one file. The CLI writes the same model directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+FAILURE_OUTCOMES = ("failed", "error", "xpassed")
+REPORT_SCHEMA = "ssd-harness-report/1"
+
+
+@dataclass
+class ItemRecord:
+    """One item's outcome. ``outcome``: passed | failed | error | skipped | unsupported | xfailed | xpassed."""
+
+    nodeid: str
+    outcome: str
+    duration: float = 0.0
+    case_id: str = ""
+    check: str = ""
+    family: str = ""
+    source: str = ""
+    seed: int | None = None
+    max_ulp: int | None = None
+    reason: str = ""  # why skipped / unsupported / xfailed
+    summary: str = ""  # what differed, one line
+    repro: str = ""
+    worker: str = ""
+
+    @property
+    def is_failure(self) -> bool:
+        return self.outcome in FAILURE_OUTCOMES
+
+
+@dataclass
+class Report:
+    items: list[ItemRecord] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+
+    def counts(self) -> dict[str, int]:
+        return dict(sorted(Counter(r.outcome for r in self.items).items()))
+
+    @property
+    def failures(self) -> list[ItemRecord]:
+        return [r for r in self.items if r.is_failure]
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": REPORT_SCHEMA,
+            "meta": self.meta,
+            "counts": self.counts(),
+            "items": [asdict(r) for r in sorted(self.items, key=lambda r: r.nodeid)],
+        }
+
+    def write(self, path: str | os.PathLike) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n")
+        tmp.replace(path)  # readers never see half a report
+        return path
+
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> "Report":
+        data = json.loads(Path(path).read_text())
+        if data.get("schema") != REPORT_SCHEMA:
+            raise ValueError(f"{path}: schema: expected {REPORT_SCHEMA}, found {data.get('schema')!r}")
+        return cls(items=[ItemRecord(**r) for r in data["items"]], meta=dict(data.get("meta", {})))
+
+
+def parts_dir(report_path: str | os.PathLike) -> Path:
+    return Path(str(report_path) + ".parts")
+
+
+def write_part(report_path: str | os.PathLike, worker: str, report: Report) -> Path:
+    """A worker's share of the report, merged by the controller at the end."""
+    return report.write(parts_dir(report_path) / f"{worker}.json")
+
+
+def merge_reports(reports: list[Report], meta: dict | None = None) -> Report:
+    """One report from several; an item reported twice (a worker restarted by xdist) keeps its last record."""
+    by_id: dict[str, ItemRecord] = {}
+    merged_meta: dict = {"workers": []}
+    for rep in reports:
+        merged_meta["workers"].append(rep.meta.get("worker", ""))
+        for rec in rep.items:
+            by_id[rec.nodeid] = rec
+        for key, value in rep.meta.items():
+            if key != "worker":
+                merged_meta.setdefault(key, value)
+    merged_meta["workers"] = sorted(w for w in merged_meta["workers"] if w)
+    merged_meta.update(meta or {})
+    return Report(items=list(by_id.values()), meta=merged_meta)
+
+
+def merge_parts(report_path: str | os.PathLike, meta: dict | None = None, remove: bool = True) -> Report:
+    """Merge every ``<report>.parts/*.json`` into ``<report>``; returns the merged report."""
+    folder = parts_dir(report_path)
+    part_files = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    merged = merge_reports([Report.read(p) for p in part_files], meta)
+    merged.write(report_path)
+    if remove:
+        for p in part_files:
+            p.unlink()
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+    return merged
+
+
+def clear_parts(report_path: str | os.PathLike) -> None:
+    """Stale parts from an earlier run must not leak into this one (called before workers start)."""
+    folder = parts_dir(report_path)
+    if folder.is_dir():
+        for p in folder.glob("*.json"):
+            p.unlink()
+
+
+def failure_groups(records: list[ItemRecord]) -> tuple[dict[str, list[ItemRecord]], dict[str, list[ItemRecord]]]:
+    by_check: dict[str, list[ItemRecord]] = defaultdict(list)
+    by_family: dict[str, list[ItemRecord]] = defaultdict(list)
+    for r in records:
+        if r.is_failure:
+            by_check[r.check or "?"].append(r)
+            by_family[r.family or "?"].append(r)
+    return dict(by_check), dict(by_family)
+
+
+def summary_lines(records: list[ItemRecord], max_cases: int = 4) -> list[str]:
+    """Short summary: outcome counts, then failures grouped by check and by family (a few case ids each)."""
+    counts = Counter(r.outcome for r in records)
+    lines = ["outcomes: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))]
+    by_check, by_family = failure_groups(records)
+    if not by_check:
+        lines.append("no failures")
+        return lines
+    for title, groups in (("failures by check", by_check), ("failures by case family", by_family)):
+        lines.append(f"{title}:")
+        for key, recs in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            ids = sorted({r.case_id for r in recs})
+            more = f" (+{len(ids) - max_cases} more)" if len(ids) > max_cases else ""
+            lines.append(f"  {key:<24} {len(recs):>4}  {', '.join(ids[:max_cases])}{more}")
+    return lines
