@@ -1,0 +1,228 @@
+"""``ssd_prefill``: the five SSD stages composed, with the snapshot / indexed dispatch (DESIGN section 5).
+
+Snapshot path: copy the initial states out of the cache first (fused Triton gather on CUDA, the PyTorch
+``torch.where`` snapshot elsewhere), then state passing writes the exiting state of every chunk into the workspace and,
+in direct mode, the final states into the cache. Chunk scan reads the dense copy, so a final slot that is also an
+initial slot is safe to overwrite.
+
+Indexed path (one sequence, direct writeback, no intermediate states, cache dtype == workspace dtype): no copy.
+State passing reads the initial state from the cache by slot index and stores each chunk's *entering* state into the
+workspace; chunk scan reads only the workspace (``states_are_entering=True``), never the cache after the writeback.
+Bit-identical to the snapshot path.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from kernels.bmm_chunk import bmm_chunk
+from kernels.chunk_cumsum import chunk_cumsum
+from kernels.chunk_scan import chunk_scan
+from kernels.chunk_state import chunk_state
+from kernels.gather import gather_initial_states
+from kernels.state_passing import state_passing
+from kernels.state_passing_indexed import state_passing_indexed
+from reference import snapshot as torch_snapshot
+
+PATHS = ("snapshot", "indexed", "auto")
+GATHERS = ("auto", "fused", "torch")
+
+
+@dataclass(frozen=True)
+class CallShape:
+    """What the path choice depends on."""
+
+    batch: int
+    direct: bool  # final_state_indices given: write final states into the cache
+    intermediate: bool  # return_intermediate_states: checkpoint mode
+    cache_dtype: torch.dtype
+    state_dtype: torch.dtype
+    on_cuda: bool
+
+    @property
+    def mode(self) -> str:
+        return "checkpoint" if self.intermediate else ("direct" if self.direct else "returned")
+
+
+def indexed_ineligibility(call: CallShape) -> str | None:
+    """Why the indexed path cannot run this call, or None when it can."""
+    if call.batch != 1:
+        return f"the indexed path needs exactly one sequence, this call has {call.batch}"
+    if call.intermediate:
+        return "the indexed path cannot return intermediate states (return_intermediate_states=True, checkpoint mode)"
+    if not call.direct:
+        return "the indexed path needs direct final-state writeback (final_state_indices), this call returns them"
+    if call.cache_dtype != call.state_dtype:
+        return (f"the indexed path needs the cache dtype ({call.cache_dtype}) to equal the state workspace dtype "
+                f"({call.state_dtype})")
+    return None
+
+
+def choose_path(path: str, call: CallShape) -> str:
+    """``snapshot`` or ``indexed``. An explicit ``indexed`` on an ineligible call raises ValueError naming the reason;
+    ``auto`` takes indexed only on CUDA (the interpreter may run it when asked for explicitly)."""
+    if path not in PATHS:
+        raise ValueError(f"path: expected one of {', '.join(PATHS)}, found {path!r}")
+    reason = indexed_ineligibility(call)
+    if path == "indexed":
+        if reason is not None:
+            raise ValueError(f"path='indexed': {reason}")
+        return "indexed"
+    if path == "auto" and reason is None and call.on_cuda:
+        return "indexed"
+    return "snapshot"
+
+
+def choose_gather(gather: str, on_cuda: bool) -> str:
+    """``fused`` (Triton kernel) or ``torch`` (reference.snapshot); ``auto`` is fused on CUDA only."""
+    if gather not in GATHERS:
+        raise ValueError(f"gather: expected one of {', '.join(GATHERS)}, found {gather!r}")
+    if gather == "auto":
+        return "fused" if on_cuda else "torch"
+    return gather
+
+
+def ssd_prefill(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    *,
+    chunk_size: int,
+    cu_seqlens: torch.Tensor,
+    cu_chunk_seqlens: torch.Tensor,
+    last_chunk_indices: torch.Tensor,
+    seq_idx: torch.Tensor,
+    out: torch.Tensor,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+    dt_limit: tuple[float, float] = (0.0, math.inf),
+    state_cache: torch.Tensor,
+    initial_state_indices: torch.Tensor,
+    has_initial_states: torch.Tensor,
+    final_state_indices: torch.Tensor | None = None,
+    return_intermediate_states: bool = False,
+    path: str = "auto",
+    state_dtype: torch.dtype | None = None,
+    gather: str = "auto",
+    workspace_out: dict | None = None,
+) -> torch.Tensor | None:
+    """Mamba2 SSD prefill over packed varlen sequences, writing ``out`` (T, H, P) in place.
+
+    x (T, H, P), dt (T, H), A (H,) fp32, B, C (T, G, N), z (T, H, P) or None, D (H,) / (H, P) or None;
+    metadata as ``harness.varlen.VarlenMetadata.tensors()``; state_cache (slots, H, P, N) (padded stride(0) and a
+    storage offset allowed); initial_state_indices (Bt,) int32/int64, has_initial_states (Bt,) bool/int,
+    final_state_indices (Bt,) or None, each possibly a strided view (negative final slot: write nothing).
+
+    Modes: ``final_state_indices`` given -> direct writeback, returns None; None -> returns (Bt, H, P, N) final
+    states in the cache dtype; ``return_intermediate_states`` -> checkpoint: returns (C, H, P, N) chunk-end states in
+    the workspace dtype and writes nothing into the cache.
+
+    Extensions beyond DESIGN section 5 (defaults keep its semantics): ``state_dtype`` is the workspace dtype (vLLM's
+    name; default the cache dtype); ``gather`` picks the snapshot copy (``fused``/``torch``; ``auto``: fused on
+    CUDA); ``workspace_out``, a dict, receives the chosen ``path``, ``gather`` and the intermediates
+    (``states``: the (C, H, P, N) workspace, exiting states on the snapshot path and entering states on the indexed
+    path; ``chunk_states``, ``dA_cumsum``, ``dt_out``, ``initial_states``) for tests.
+    """
+    T, H, P = x.shape
+    N = B.shape[-1]
+    batch = initial_state_indices.shape[0]
+    assert state_cache.dim() == 4 and tuple(state_cache.shape[1:]) == (H, P, N), (
+        f"state_cache: expected (slots, {H}, {P}, {N}), found {tuple(state_cache.shape)}")
+    assert tuple(has_initial_states.shape) == (batch,), (
+        f"has_initial_states: expected ({batch},), found {tuple(has_initial_states.shape)}")
+    assert final_state_indices is None or tuple(final_state_indices.shape) == (batch,), (
+        f"final_state_indices: expected ({batch},), found {tuple(final_state_indices.shape)}")
+    assert tuple(last_chunk_indices.shape) == (batch,), (
+        f"last_chunk_indices: expected ({batch},), found {tuple(last_chunk_indices.shape)}")
+    assert tuple(out.shape) == (T, H, P), f"out: expected ({T}, {H}, {P}), found {tuple(out.shape)}"
+    ws_dtype = state_cache.dtype if state_dtype is None else state_dtype
+    call = CallShape(
+        batch=batch,
+        direct=final_state_indices is not None,
+        intermediate=bool(return_intermediate_states),
+        cache_dtype=state_cache.dtype,
+        state_dtype=ws_dtype,
+        on_cuda=x.is_cuda,
+    )
+    chosen = choose_path(path, call)
+    copy = choose_gather(gather, call.on_cuda) if chosen == "snapshot" else None
+
+    dA_cumsum, dt_out = chunk_cumsum(
+        dt, A, chunk_size, cu_chunk_seqlens, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit
+    )
+    chunk_states = chunk_state(B, x, dt_out, dA_cumsum, cu_chunk_seqlens)
+    CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens)
+    nchunks = chunk_states.shape[0]
+
+    if chosen == "indexed":
+        initial_states = None
+        workspace = torch.empty((nchunks, H, P, N), dtype=ws_dtype, device=x.device)
+        state_passing_indexed(
+            chunk_states,
+            dA_cumsum,
+            state_cache=state_cache,
+            init_slot_index=initial_state_indices[:1],
+            has_initial_state=has_initial_states[:1],
+            final_slot_index=final_state_indices[:1],
+            out=workspace,
+        )
+        result = None
+    else:
+        if copy == "fused":
+            initial_states = gather_initial_states(state_cache, initial_state_indices, has_initial_states)
+        else:
+            initial_states = torch_snapshot.gather_initial_states(
+                state_cache, initial_state_indices, has_initial_states
+            )
+        result = None
+        if call.mode == "direct":
+            writeback = dict(
+                state_cache=state_cache, final_state_indices=final_state_indices, last_chunk_indices=last_chunk_indices
+            )
+        elif call.mode == "returned":
+            # The kernel's own writeback into a dense tensor: the same single fp32 -> cache dtype rounding as a
+            # direct writeback, whatever the workspace dtype.
+            result = torch.empty((batch, H, P, N), dtype=state_cache.dtype, device=x.device)
+            identity = torch.arange(batch, dtype=torch.int64, device=x.device)
+            writeback = dict(state_cache=result, final_state_indices=identity, last_chunk_indices=last_chunk_indices)
+        else:
+            writeback = {}
+        workspace = state_passing(
+            chunk_states, dA_cumsum, seq_idx, initial_states=initial_states, out_dtype=ws_dtype, **writeback
+        )
+        if call.mode == "checkpoint":
+            result = workspace
+
+    chunk_scan(
+        CB,
+        x,
+        dt_out,
+        dA_cumsum,
+        C,
+        workspace,
+        cu_chunk_seqlens,
+        seq_idx,
+        out=out,
+        D=D,
+        z=z,
+        initial_states=initial_states,
+        states_are_entering=chosen == "indexed",
+    )
+    if workspace_out is not None:
+        workspace_out.update(
+            path=chosen,
+            gather=copy,
+            states=workspace,
+            chunk_states=chunk_states,
+            dA_cumsum=dA_cumsum,
+            dt_out=dt_out,
+            initial_states=initial_states,
+        )
+    return result
