@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One call on the GPU runner does everything (device time is scarce): environment, the test suite on CUDA,
+# the case corpus, the bench. Usage: scripts/gpu_run.sh [STEP...] with steps env, tests, cases, bench
+# (default: all). Full logs go under $OUT (the device tool brings them back); a short table is printed last.
+set -uo pipefail
+OUT=${OUT:-$(mktemp -d)}
+export PYTHONUNBUFFERED=1
+PY=${PY:-python3}
+WORKERS=${WORKERS:-8}
+steps=${*:-env tests cases bench}
+summary=()
+
+run_step() {  # name, command...: run, tee the log, record wall time and exit status
+  local name=$1; shift
+  local t0=$(date +%s.%N)
+  "$@" 2>&1 | tee "$OUT/$name.log"
+  local rc=${PIPESTATUS[0]}
+  local dt=$(echo "$(date +%s.%N) - $t0" | bc)
+  summary+=("$(printf '%-12s rc=%-3s %8.1fs  %s' "$name" "$rc" "$dt" "$(tail -n 1 "$OUT/$name.log" | cut -c1-110)")")
+}
+
+for step in $steps; do
+  case $step in
+    env)
+      run_step env bash -c "nvidia-smi -L; $PY -c 'import torch, triton, numpy, sys; print(sys.version.split()[0], torch.__version__, triton.__version__, numpy.__version__, torch.cuda.get_device_name(), torch.cuda.device_count())'; git rev-parse --short HEAD 2>/dev/null || true" ;;
+    tests)
+      export TRITON_CACHE_DIR=$(mktemp -d)  # cold compile cache
+      run_step tests $PY -m pytest tests -q -n "$WORKERS" --workers-per-gpu "$WORKERS" --device cuda -p no:cacheprovider \
+        --junitxml "$OUT/tests-junit.xml" --durations 15 ;;
+    cases)
+      export TRITON_CACHE_DIR=$(mktemp -d)
+      run_step cases $PY -m pytest cases -q -n "$WORKERS" --workers-per-gpu "$WORKERS" --device cuda -p no:cacheprovider \
+        --json-report "$OUT/cases-report.json" --junitxml "$OUT/cases-junit.xml" ;;
+    cases-warm)
+      run_step cases-warm $PY -m pytest cases -q -n "$WORKERS" --workers-per-gpu "$WORKERS" --device cuda -p no:cacheprovider ;;
+    bench)
+      run_step bench $PY -m harness bench --json "$OUT/bench.json" ;;
+    *)
+      echo "unknown step $step" >&2; exit 2 ;;
+  esac
+done
+echo "==== summary"
+printf '%s\n' "${summary[@]}"
