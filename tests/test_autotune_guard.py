@@ -133,3 +133,111 @@ def test_guard_refuses_to_pass_when_nothing_was_tuned():
     x = torch.zeros(4, device=DEVICE)
     with pytest.raises(DestructiveAutotuning, match="checked nothing"):
         check_autotune_safe(lambda t: None, [_scaled_copy], args=(x,))
+
+
+# ---- the project's kernels --------------------------------------------------------------------------------------
+
+from harness.varlen import build_varlen_metadata  # noqa: E402
+from kernels import bmm_chunk, chunk_scan, chunk_state, ssd  # noqa: E402
+from kernels import state_passing as sp  # noqa: E402
+from kernels import state_passing_indexed as spi  # noqa: E402
+
+SNAPSHOT_TUNED = [sp._state_passing_kernel, chunk_state.chunk_state_kernel, bmm_chunk.bmm_chunk_kernel,
+                  chunk_scan.chunk_scan_kernel]
+H, P, N, G, Q = 2, 4, 8, 1, 8
+
+
+def _ssd_inputs(contexts, tokens, slots=4, seed=0, state_dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    meta = build_varlen_metadata(contexts, tokens, Q)
+    T = meta.total_tokens
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    tensors = dict(x=r(T, H, P), dt=r(T, H) * 0.5, A=-torch.rand(H, generator=g) - 0.5, B=r(T, G, N), C=r(T, G, N))
+    cache = r(slots, H, P, N).to(state_dtype)
+    kw = dict(chunk_size=Q, **meta.tensors(), out=torch.empty(T, H, P), state_cache=cache, dt_softplus=True)
+    return {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in {**tensors, **kw}.items()}
+
+
+def _call_ssd(inputs, *, init, final, path):
+    kw = dict(inputs)
+    x, dt, A, B, C = (kw.pop(k) for k in ("x", "dt", "A", "B", "C"))
+    batch = len(init)
+    return ssd.ssd_prefill(
+        x, dt, A, B, C, **kw,
+        initial_state_indices=torch.tensor(init, dtype=torch.int32, device=DEVICE),
+        has_initial_states=torch.ones(batch, dtype=torch.bool, device=DEVICE),
+        final_state_indices=torch.tensor(final, dtype=torch.int32, device=DEVICE), path=path)
+
+
+def test_snapshot_state_passing_with_direct_writeback_is_safe():
+    g = torch.Generator().manual_seed(1)
+    C_, slots = 5, 4
+    states = torch.randn(C_, H, P, N, generator=g).to(DEVICE)
+    dA = (-torch.rand(H, C_, Q, generator=g)).to(DEVICE)
+    seq_idx = torch.tensor([0, 0, 1, 1, 1], dtype=torch.int32, device=DEVICE)
+    cache = torch.randn(slots, H, P, N, generator=g).to(DEVICE)
+    init = cache[torch.tensor([2, 2])].clone()  # the snapshot of slot 2, which is also a final slot below
+    call = functools.partial(sp.state_passing, states, dA, seq_idx, initial_states=init, out_dtype=torch.float32,
+                             state_cache=cache, final_state_indices=torch.tensor([2, 0], device=DEVICE),
+                             last_chunk_indices=torch.tensor([1, 4], device=DEVICE))
+    report = check_autotune_safe(call, [sp._state_passing_kernel])
+    assert report.trials == len(sp.CONFIGS)
+
+
+_indexed_autotuned = triton.autotune(configs=[triton.Config({"BLOCK_SIZE": 16}), triton.Config({"BLOCK_SIZE": 32})],
+                                     key=["dim"])(spi._state_passing_indexed_kernel)
+
+
+def _indexed_with_autotuner(states, dA, cache, init_slot, has, final_slot, out):
+    """The indexed launcher's argument list, but through a multi-config autotuner (what the project must not do)."""
+    C_, H_, P_, N_ = states.shape
+    dim = P_ * N_
+    _indexed_autotuned[lambda meta: (triton.cdiv(dim, meta["BLOCK_SIZE"]), H_)](
+        states, out, dA, cache, init_slot, has.view(torch.uint8), final_slot,
+        dim, C_, dA.shape[2], states.stride(0), states.stride(1), out.stride(0), out.stride(1),
+        dA.stride(0), dA.stride(1), dA.stride(2), cache.stride(0), cache.stride(1))
+
+
+def _indexed_inputs(seed=2):
+    g = torch.Generator().manual_seed(seed)
+    states = torch.randn(3, H, P, N, generator=g).to(DEVICE)
+    dA = (-torch.rand(H, 3, Q, generator=g)).to(DEVICE)
+    cache = torch.randn(4, H, P, N, generator=g).to(DEVICE)
+    return states, dA, cache, torch.ones(1, dtype=torch.bool, device=DEVICE), torch.empty_like(states)
+
+
+def test_indexed_state_passing_under_an_autotuner_is_flagged_when_slots_alias():
+    states, dA, cache, has, out = _indexed_inputs()
+    same = torch.tensor([1], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(DestructiveAutotuning, match="_state_passing_indexed_kernel") as err:
+        check_autotune_safe(_indexed_with_autotuner, [_indexed_autotuned],
+                            args=(states, dA, cache, same, has, same, out))
+    assert "BLOCK_SIZE: 16" in str(err.value)
+    # distinct slots: the same autotuned kernel is harmless, so the guard is not just flagging every autotuner
+    states, dA, cache, has, out = _indexed_inputs()
+    check_autotune_safe(_indexed_with_autotuner, [_indexed_autotuned],
+                        args=(states, dA, cache, torch.tensor([1], device=DEVICE), has,
+                              torch.tensor([3], device=DEVICE), out))
+
+
+def test_ssd_snapshot_path_autotuned_stages_are_safe():
+    inputs = _ssd_inputs([3, 0], [13, 9])
+    call = functools.partial(_call_ssd, inputs, init=[1, 1], final=[1, 2], path="snapshot")
+    report = check_autotune_safe(call, SNAPSHOT_TUNED, args=())
+    assert len(report.chosen) == len(SNAPSHOT_TUNED)
+
+
+def test_issue4_fresh_tuning_indexed_first_with_aliased_slot_equals_snapshot():
+    """Issue 4: in a fresh autotune state, the indexed path runs first with init slot == final slot and must give
+    the snapshot path's bits (output and every byte of the cache)."""
+    from harness.compare import assert_bits_equal, assert_storage_equal, storage_bytes
+
+    snap_in = _ssd_inputs([5], [19], seed=3)
+    idx_in = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in snap_in.items()}
+    with fresh_autotune_state(SNAPSHOT_TUNED):
+        _call_ssd(idx_in, init=[2], final=[2], path="indexed")
+    with fresh_autotune_state(SNAPSHOT_TUNED):
+        _call_ssd(snap_in, init=[2], final=[2], path="snapshot")
+    assert_bits_equal(idx_in["out"], snap_in["out"], what="output, indexed first vs snapshot")
+    assert_storage_equal(idx_in["state_cache"], storage_bytes(snap_in["state_cache"]), what="state cache",
+                         element=snap_in["state_cache"].dtype)
