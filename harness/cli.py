@@ -1,0 +1,325 @@
+"""``python -m harness``: run, repro, validate, generate, fuzz and bench (each with ``--help``).
+
+The same ``harness.checks.run_check`` serves this CLI and the pytest plugin. Exit status: 0 when everything passed,
+1 on any failure (including a strict XPASS), 2 when the command could not run (bad case file, unusable provider).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from harness import backend
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CASES = REPO_ROOT / "cases"
+EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
+TABLE_COLUMNS = ("passed", "failed", "error", "xpassed", "xfailed", "skipped", "unsupported")
+
+
+class Unusable(Exception):
+    """The command cannot run at all (exit 2); the message says why."""
+
+
+def _add_target_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", choices=backend.DEVICES, default="auto",
+                   help="cuda, or cpu (Triton interpreter); auto = cuda when visible (default)")
+    p.add_argument("--provider", default=None, metavar="MODULE:ATTR",
+                   help="the ssd_prefill provider under test (default: kernels:provider)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run the checks of YAML cases; non-zero exit on any failure",
+                         description="Run every applicable check of every case (default: cases/).")
+    run.add_argument("paths", nargs="*", type=Path, help="case files or folders (default: cases/)")
+    _add_target_options(run)
+    run.add_argument("--check", action="append", default=None, metavar="NAME",
+                     help="only this check (repeatable)")
+    run.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the JSON report here")
+    run.add_argument("--quiet", action="store_true", help="no per-item progress lines")
+
+    repro = sub.add_parser("repro", help="run one case file (one case / check) and print the full report",
+                           description="Re-run a failing item and print what differed in full.")
+    repro.add_argument("file", type=Path)
+    repro.add_argument("--case", default=None, metavar="ID", help="case id (default: every case in the file)")
+    repro.add_argument("--check", action="append", default=None, metavar="NAME",
+                       help="check name (repeatable; default: the case's checks)")
+    _add_target_options(repro)
+
+    validate = sub.add_parser("validate", help="load case files and report every error (exit 1 on any)",
+                              description="Validate case files: schema, combinations, unique ids, check names.")
+    validate.add_argument("paths", nargs="+", type=Path)
+
+    generate = sub.add_parser("generate", help="write the generated case corpus",
+                              description="Generate the case corpus (harness.cases.generate.generate_corpus).")
+    generate.add_argument("--out", type=Path, required=True, metavar="DIR")
+
+    fuzz = sub.add_parser("fuzz", help="Hypothesis search for failing cases; writes a regression YAML",
+                          description="Search small valid cases for a failing check; a failure is shrunk and "
+                                      "written to DIR as a YAML case that reproduces it.")
+    fuzz.add_argument("--budget", type=int, required=True, metavar="N", help="examples to try")
+    fuzz.add_argument("--out", type=Path, required=True, metavar="DIR")
+    fuzz.add_argument("--seed", type=int, default=0, help="Hypothesis seed (default 0: reproducible searches)")
+    fuzz.add_argument("--check", action="append", default=None, metavar="NAME", help="only this check (repeatable)")
+    _add_target_options(fuzz)
+
+    sub.add_parser("bench", help="benchmarks (harness.bench)", add_help=False,
+                   description="Dispatches to harness.bench.main(argv).")
+    return parser
+
+
+# ---------------------------------------------------------------- shared steps
+
+
+def _target(args) -> tuple[str, object, str]:
+    """Configure the backend (before kernels are imported), then load the provider."""
+    from harness.checks.providers import DEFAULT_PROVIDER, ProviderError, load_provider
+
+    try:
+        device = backend.configure(args.device)
+    except (ValueError, RuntimeError) as exc:
+        raise Unusable(str(exc)) from None
+    spec = args.provider or DEFAULT_PROVIDER
+    try:
+        provider = load_provider(spec)
+    except ProviderError as exc:
+        raise Unusable(str(exc)) from None
+    return device, provider, spec
+
+
+def _load(paths: list[Path]):
+    from harness.cases.loader import load_cases
+    from harness.cases.schema import CaseError
+
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise Unusable(f"no such file or folder: {', '.join(missing)}")
+    try:
+        cases = load_cases(paths)
+    except CaseError as exc:
+        raise Unusable(str(exc)) from None
+    if not cases:
+        raise Unusable(f"no cases found under {', '.join(map(str, paths))} (nothing run is not a pass)")
+    return cases
+
+
+def _plan(cases, only: list[str] | None) -> list[tuple[object, str]]:
+    from harness.checks import check_names, selected_checks
+
+    if only:
+        unknown = sorted(set(only) - set(check_names()))
+        if unknown:
+            raise Unusable(f"--check: unknown {unknown}; known: {', '.join(check_names())}")
+    plan = []
+    for case in cases:
+        try:
+            names = [n for n, _ in selected_checks(case)]
+        except ValueError as exc:
+            raise Unusable(f"{case.source}: {exc}") from None
+        plan += [(case, n) for n in names if not only or n in only]
+    return plan
+
+
+def _record(result, nodeid: str):
+    from harness.report import ItemRecord
+
+    return ItemRecord(
+        nodeid=nodeid, outcome=result.status.value, duration=result.duration, case_id=result.case_id,
+        check=result.check, family=result.family, source=result.source, seed=result.seed,
+        max_ulp=result.max_ulp, reason=result.reason, summary=result.summary, repro=result.repro,
+    )
+
+
+def _table(records) -> list[str]:
+    by_check: dict[str, Counter] = defaultdict(Counter)
+    for r in records:
+        by_check[r.check][r.outcome] += 1
+    width = max([len("check")] + [len(c) for c in by_check])
+    head = f"{'check':<{width}}  " + " ".join(f"{c:>11}" for c in TABLE_COLUMNS)
+    lines = [head, "-" * len(head)]
+    total: Counter = Counter()
+    for check in sorted(by_check):
+        total.update(by_check[check])
+        lines.append(f"{check:<{width}}  " + " ".join(f"{by_check[check][c]:>11}" for c in TABLE_COLUMNS))
+    lines.append(f"{'total':<{width}}  " + " ".join(f"{total[c]:>11}" for c in TABLE_COLUMNS))
+    return lines
+
+
+def _context_for(case, provider, device, spec, cache: dict):
+    """One CheckContext per case, so the checks of a case share its built inputs."""
+    from harness.checks import CheckContext
+
+    if cache.get("case") is not case:
+        cache.clear()
+        cache["case"], cache["ctx"] = case, CheckContext(case, provider, device, spec)
+    return cache["ctx"]
+
+
+# ---------------------------------------------------------------- commands
+
+
+def cmd_run(args) -> int:
+    from harness.checks import run_check
+    from harness.report import Report, summary_lines
+
+    device, provider, spec = _target(args)
+    cases = _load(args.paths or [DEFAULT_CASES])
+    plan = _plan(cases, args.check)
+    repro_device = None if args.device == "auto" else args.device
+    print(f"ssd-harness run: {len(cases)} cases, {len(plan)} items, device={device}, provider={spec}", flush=True)
+    records, failures, contexts = [], 0, {}
+    for i, (case, check) in enumerate(plan, 1):
+        result = run_check(case, check, provider, device=device, provider_spec=spec, repro_device=repro_device,
+                           context=_context_for(case, provider, device, spec, contexts))
+        records.append(_record(result, f"{case.source}::{case.id}::{check}"))
+        failures += result.status.is_failure
+        if not args.quiet or result.status.is_failure:
+            note = result.summary or result.reason
+            print(f"[{i}/{len(plan)}] {result.status.value.upper():<11} {case.id}::{check} "
+                  f"({result.duration:.2f}s) failures so far: {failures}" + (f"\n    {note}" if note else ""),
+                  flush=True)
+        if result.status.is_failure:
+            print("    repro: " + result.repro, flush=True)
+    print()
+    print("\n".join(_table(records)))
+    print("\n".join(summary_lines(records)))
+    if args.json:
+        Report(items=records, meta={"device": device, "provider": spec, "command": "run"}).write(args.json)
+        print(f"json report: {args.json}")
+    return EXIT_FAILED if failures else EXIT_OK
+
+
+def cmd_repro(args) -> int:
+    from harness.cases.loader import load_case_file
+    from harness.cases.schema import CaseError
+    from harness.checks import run_check, selected_checks
+
+    if not args.file.is_file():
+        raise Unusable(f"no such case file: {args.file}")
+    try:
+        cases = load_case_file(args.file)
+    except CaseError as exc:
+        raise Unusable(str(exc)) from None
+    if args.case:
+        cases = [c for c in cases if c.id == args.case]
+        if not cases:
+            raise Unusable(f"{args.file}: no case with id {args.case!r}")
+    device, provider, spec = _target(args)
+    repro_device = None if args.device == "auto" else args.device
+    failed = 0
+    contexts: dict = {}
+    for case in cases:
+        names = args.check or [n for n, _ in selected_checks(case)]
+        print(case.summary())
+        for check in names:
+            try:
+                result = run_check(case, check, provider, device=device, provider_spec=spec,
+                                   repro_device=repro_device,
+                                   context=_context_for(case, provider, device, spec, contexts))
+            except KeyError as exc:
+                raise Unusable(str(exc.args[0])) from None
+            failed += result.status.is_failure
+            print(f"{result.status.value.upper()}: {case.id}::{check} ({result.duration:.2f}s)")
+            if result.reason:
+                print(f"  reason: {result.reason}")
+            if result.message:
+                print(result.message)
+            for key, value in result.stats.items():
+                print(f"  {key}: {value}")
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def cmd_validate(args) -> int:
+    from harness.cases.loader import case_files, load_case_file, load_cases
+    from harness.cases.schema import CaseError
+    from harness.checks import selected_checks
+
+    missing = [str(p) for p in args.paths if not p.exists()]
+    errors = [f"no such file or folder: {m}" for m in missing]
+    files = case_files([p for p in args.paths if p.exists()])
+    count = 0
+    for f in files:
+        try:
+            cases = load_case_file(f)
+        except CaseError as exc:
+            errors.append(str(exc))
+            continue
+        count += len(cases)
+        for case in cases:
+            try:
+                selected_checks(case)
+            except ValueError as exc:
+                errors.append(f"{f}: {exc}")
+    if not errors:
+        try:
+            load_cases(files)  # ids unique across files
+        except CaseError as exc:
+            errors.append(str(exc))
+    for e in errors:
+        print(e)
+    if errors:
+        print(f"{len(errors)} error(s) in {len(files)} file(s)")
+        return EXIT_FAILED
+    print(f"ok: {count} cases in {len(files)} files")
+    return EXIT_OK
+
+
+def cmd_generate(args) -> int:
+    try:
+        from harness.cases.generate import generate_corpus
+    except ImportError as exc:
+        raise Unusable(f"generate: harness.cases.generate is not available ({exc})") from None
+    written = generate_corpus(args.out)
+    if written is not None:
+        print(f"generated: {written}")
+    return EXIT_OK
+
+
+def cmd_fuzz(args) -> int:
+    from harness.fuzz import fuzz
+
+    if args.budget < 1:
+        raise Unusable(f"--budget: expected an integer >= 1, found {args.budget}")
+    device, provider, spec = _target(args)
+    start = time.perf_counter()
+    found = fuzz(provider, budget=args.budget, out_dir=args.out, device=device, provider_spec=spec,
+                 checks=args.check, seed=args.seed)
+    took = time.perf_counter() - start
+    if found is None:
+        print(f"fuzz: no failure in {args.budget} examples ({took:.1f}s), provider={spec}, device={device}")
+        return EXIT_OK
+    print(f"fuzz: {found.check} failed; shrunk case written to {found.path} ({took:.1f}s)")
+    print(found.summary)
+    print(f"repro: {found.repro}")
+    return EXIT_FAILED
+
+
+def cmd_bench(argv: list[str]) -> int:
+    try:
+        from harness import bench
+    except ImportError as exc:
+        print(f"bench: harness.bench is not available ({exc}); harness/bench.py provides main(argv)",
+              file=sys.stderr)
+        return EXIT_UNUSABLE
+    return int(bench.main(argv) or 0)
+
+
+COMMANDS = {"run": cmd_run, "repro": cmd_repro, "validate": cmd_validate, "generate": cmd_generate, "fuzz": cmd_fuzz}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "bench":
+        return cmd_bench(argv[1:])  # bench owns its own options (and --help)
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except Unusable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE

@@ -1,0 +1,172 @@
+"""Deliberately broken providers: each wraps a working provider and breaks one rule the harness must catch.
+
+Use as ``--provider tests.broken_providers:<name>``. The wrapped provider is ``kernels:provider`` (our kernels), or
+``reference:provider`` when ``SSD_BROKEN_BASE`` says so; it is loaded on first use, after the harness has chosen the
+device. ``TINY_CASES`` is a small case file (interpreter-sized) on which every breakage shows.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from harness.compare import int_view
+
+BASE_ENV = "SSD_BROKEN_BASE"
+
+TINY_CASES = """\
+schema: ssd-case/1
+cases:
+  - id: tiny-direct
+    description: one sequence continuing from a real state, direct writeback into another slot
+    seed: 11
+    shape: {nheads: 2, headdim: 4, dstate: 16, ngroups: 1, chunk_size: 16}
+    dtype: {io: float32, state: float32}
+    options: {D: per_head, z: true, dt_bias: true, dt_softplus: true}
+    sequences:
+      - {context: 5, tokens: 20, init_slot: 1, has_state: true, final_slot: 2}
+    cache: {slots: 4, row_pad: 3, offset: 2, fill: nan}
+    indices: {layout: contiguous, dtype: int32}
+    call: {final_state: direct, path: auto}
+  - id: tiny-batch
+    description: two sequences, the first masked over a NaN slot, crossed slots
+    seed: 12
+    shape: {nheads: 2, headdim: 4, dstate: 16, ngroups: 2, chunk_size: 16}
+    dtype: {io: float32, state: float32}
+    sequences:
+      - {context: 0, tokens: 10, init_slot: 0, has_state: false, final_slot: 1}
+      - {context: 17, tokens: 20, init_slot: 1, has_state: true, final_slot: 0}
+    cache: {slots: 3, row_pad: 2, offset: 1}
+    call: {final_state: direct, path: auto}
+"""
+
+
+def _base():
+    from harness.checks.providers import load_provider
+
+    return load_provider(os.environ.get(BASE_ENV) or "kernels:provider")
+
+
+def _nudge(t: torch.Tensor, flat_index: int, ulps: int) -> None:
+    """Move one element of ``t`` by ``ulps`` units in the last place, in place."""
+    bits = int_view(t.view(-1)[flat_index : flat_index + 1])
+    t.view(-1)[flat_index : flat_index + 1].copy_((bits + ulps).view(t.dtype))
+
+
+class _Broken:
+    """Delegates to the base provider; subclasses override ``call``."""
+
+    breakage = ""
+
+    def __init__(self):
+        self._inner = None
+
+    @property
+    def inner(self):
+        if self._inner is None:
+            self._inner = _base()
+        return self._inner
+
+    @property
+    def name(self) -> str:
+        return f"broken-{type(self).__name__}"
+
+    @property
+    def supported_paths(self):
+        return getattr(self.inner, "supported_paths", frozenset({"snapshot", "indexed"}))
+
+    def ssd_prefill(self, *args, **kwargs):
+        kwargs.pop("workspace_out", None)  # broken providers expose no workspace
+        return self.call(*args, **kwargs)
+
+    def call(self, *args, **kwargs):
+        return self.inner.ssd_prefill(*args, **kwargs)
+
+
+class WrongSlot(_Broken):
+    breakage = "writes each final state one slot past the one it was given"
+
+    def call(self, *args, final_state_indices=None, state_cache, **kwargs):
+        if final_state_indices is not None:
+            slots = state_cache.shape[0]
+            shifted = torch.where(final_state_indices >= 0, (final_state_indices + 1) % slots, final_state_indices)
+            final_state_indices = shifted.to(final_state_indices.dtype)
+        return self.inner.ssd_prefill(*args, final_state_indices=final_state_indices, state_cache=state_cache, **kwargs)
+
+
+class IgnoresInitialState(_Broken):
+    breakage = "treats every sequence as starting from a zero state"
+
+    def call(self, *args, has_initial_states, **kwargs):
+        return self.inner.ssd_prefill(*args, has_initial_states=torch.zeros_like(has_initial_states), **kwargs)
+
+
+class LastRowUnwritten(_Broken):
+    breakage = "leaves the last output row as it found it"
+
+    def call(self, *args, out, **kwargs):
+        saved = out[-1].clone()
+        result = self.inner.ssd_prefill(*args, out=out, **kwargs)
+        out[-1].copy_(saved)
+        return result
+
+
+class MutatesInput(_Broken):
+    breakage = "scribbles on x after computing"
+
+    def call(self, x, *args, **kwargs):
+        result = self.inner.ssd_prefill(x, *args, **kwargs)
+        x.view(-1)[0] += 1
+        return result
+
+
+class OneUlpIndexed(_Broken):
+    breakage = "the indexed path's output differs from the snapshot path's by one ulp in one element"
+
+    supported_paths = frozenset({"snapshot", "indexed"})
+
+    def call(self, *args, path="auto", out, **kwargs):
+        base_path = path
+        if path == "indexed" and "indexed" not in getattr(self.inner, "supported_paths", {"indexed"}):
+            base_path = "snapshot"  # a base without the indexed path: emulate it (eligibility is checked below)
+            if kwargs.get("final_state_indices") is None or kwargs["has_initial_states"].shape[0] != 1 or kwargs.get(
+                "return_intermediate_states"
+            ):
+                raise ValueError("path='indexed': needs one sequence with direct writeback")
+        result = self.inner.ssd_prefill(*args, path=base_path, out=out, **kwargs)
+        if path == "indexed":
+            _nudge(out, out.numel() // 2, 1)
+        return result
+
+
+class Nondeterministic(_Broken):
+    breakage = "each call's output differs from the previous call's in one element"
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def call(self, *args, out, **kwargs):
+        result = self.inner.ssd_prefill(*args, out=out, **kwargs)
+        self.calls += 1
+        _nudge(out, 0, self.calls)
+        return result
+
+
+wrong_slot = WrongSlot()
+ignores_initial_state = IgnoresInitialState()
+last_row_unwritten = LastRowUnwritten()
+mutates_input = MutatesInput()
+one_ulp_indexed = OneUlpIndexed()
+nondeterministic = Nondeterministic()
+
+# provider attribute -> (the check that must catch it, a case of TINY_CASES that shows it)
+CAUGHT_BY = {
+    "wrong_slot": ("untouched_storage", "tiny-direct"),
+    "ignores_initial_state": ("reference_bound", "tiny-direct"),
+    "last_row_unwritten": ("reference_bound", "tiny-batch"),
+    "mutates_input": ("readonly_inputs", "tiny-batch"),
+    "one_ulp_indexed": ("indexed_vs_snapshot", "tiny-direct"),
+    "nondeterministic": ("determinism", "tiny-direct"),
+}
