@@ -275,9 +275,8 @@ def cmd_generate(args) -> int:
         from harness.cases.generate import generate_corpus
     except ImportError as exc:
         raise Unusable(f"generate: harness.cases.generate is not available ({exc})") from None
-    written = generate_corpus(args.out)
-    if written is not None:
-        print(f"generated: {written}")
+    written = list(generate_corpus(args.out) or [])
+    print(f"generated: {len(written)} files under {args.out}")
     return EXIT_OK
 
 

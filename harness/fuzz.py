@@ -1,0 +1,180 @@
+"""Hypothesis search for failing cases (``python -m harness fuzz --budget N --out cases/regressions``).
+
+``cases()`` draws small, valid cases over the ``ssd-case/1`` schema (every combination the loader accepts is
+reachable; none it rejects is drawn). ``fuzz`` runs the applicable checks against a provider, lets Hypothesis shrink
+the first failure (keeping the check that failed fixed, so the shrunk case shows the same failure) and writes it as a
+YAML case (``expect: pass``, ``checks: [<the failing check>]``) through ``harness.cases.loader.dump_case``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from hypothesis import HealthCheck, find, settings
+from hypothesis import strategies as st
+from hypothesis.errors import NoSuchExample
+
+from harness.cases.model import (
+    IO_DTYPES,
+    STATE_DTYPES,
+    CacheSpec,
+    CallSpec,
+    Case,
+    Dtypes,
+    Expect,
+    IndicesSpec,
+    InputKnobs,
+    Options,
+    SequenceSpec,
+    Shape,
+    Tiers,
+    default_cpu_tier,
+    default_family,
+)
+
+FAMILY = "fuzz"
+MAX_SEQUENCES = 3
+MAX_TOKENS = 40  # per sequence: the interpreter is slow
+
+
+@st.composite
+def cases(draw, max_sequences: int = MAX_SEQUENCES) -> Case:
+    """A small valid case (shapes within the interpreter tier). ``id`` is a placeholder until a failure is written."""
+    ngroups = draw(st.sampled_from([1, 2]))
+    shape = Shape(
+        nheads=ngroups * draw(st.integers(1, 2)),
+        headdim=draw(st.sampled_from([2, 4, 8])),
+        dstate=16,
+        ngroups=ngroups,
+        chunk_size=draw(st.sampled_from([16, 32, 64])),
+    )
+    dtype = Dtypes(io=draw(st.sampled_from(IO_DTYPES)), state=draw(st.sampled_from(STATE_DTYPES)))
+    options = Options(
+        D=draw(st.sampled_from(["none", "per_head", "per_channel"])),
+        z=draw(st.booleans()),
+        dt_bias=draw(st.booleans()),
+        dt_softplus=draw(st.booleans()),
+        dt_limit=draw(st.sampled_from([(0.0, math.inf), (0.001, 0.1)])),
+    )
+    final_state = draw(st.sampled_from(["direct", "returned", "checkpoint"]))
+    batch = draw(st.integers(1, max_sequences))
+    slots = batch + draw(st.integers(0, 2))
+    direct = final_state == "direct"
+    finals = draw(st.permutations(range(slots)))[:batch] if direct else [None] * batch
+    sequences, slot_state = [], {}
+    for b in range(batch):
+        init = draw(st.integers(0, slots - 1))
+        # A slot is either masked (NaN) or stateful for every sequence that reads it.
+        has_state = slot_state.setdefault(init, draw(st.booleans()))
+        final = finals[b]
+        if direct and draw(st.integers(0, 5)) == 0:
+            final = -1  # a padded sequence: nothing written
+        sequences.append(SequenceSpec(
+            context=draw(st.integers(0, 150)), tokens=draw(st.integers(1, MAX_TOKENS)),
+            init_slot=init, has_state=has_state, final_slot=final,
+        ))
+    sequences = tuple(sequences)
+    cache = CacheSpec(
+        slots=slots, row_pad=draw(st.integers(0, 5)), offset=draw(st.integers(0, 5)),
+        fill=draw(st.sampled_from(["nan", 0.5])),
+    )
+    index_dtype = draw(st.sampled_from(["int32", "int64"]))
+    if draw(st.booleans()):
+        columns = draw(st.integers(2, 5))
+        init_column, final_column = draw(st.permutations(range(columns)))[:2]
+        indices = IndicesSpec(layout="block_table", dtype=index_dtype, columns=columns, init_column=init_column,
+                              final_column=final_column if direct else None, rows_before=draw(st.integers(0, 3)))
+    else:
+        indices = IndicesSpec(layout="contiguous", dtype=index_dtype)
+    eligible = direct and batch == 1
+    path = draw(st.sampled_from(["auto", "snapshot", "indexed"] if eligible else ["auto", "snapshot"]))
+    case_id = "fuzz-candidate"
+    return Case(
+        id=case_id, description="", seed=draw(st.integers(0, 2**16)), shape=shape, dtype=dtype, options=options,
+        sequences=sequences, cache=cache, indices=indices, call=CallSpec(final_state=final_state, path=path),
+        checks=("all",), expect=Expect("pass"), inputs=InputKnobs(), tiers=Tiers(cpu=default_cpu_tier(shape, sequences)),
+        family=default_family(case_id),
+    )
+
+
+@dataclass
+class Finding:
+    """A shrunk failure written to ``path``."""
+
+    path: Path
+    case_id: str
+    check: str
+    summary: str
+    repro: str
+
+
+class _Search:
+    """The predicate Hypothesis minimises: "some check fails", narrowed to the first failing check once seen."""
+
+    def __init__(self, provider, device: str, provider_spec: str, checks: list[str] | None):
+        self.provider, self.device, self.spec, self.only = provider, device, provider_spec, checks
+        self.target: str | None = None
+        self.last_summary = ""
+
+    def fails(self, case: Case) -> bool:
+        from harness.checks import CheckContext, run_check, selected_checks
+
+        names = [n for n, _ in selected_checks(case) if not self.only or n in self.only]
+        if self.target is not None:
+            names = [n for n in names if n == self.target]
+        ctx = CheckContext(case, self.provider, self.device, self.spec)
+        for name in names:
+            result = run_check(case, name, self.provider, device=self.device, provider_spec=self.spec, context=ctx)
+            if result.status.is_failure:
+                self.target = name
+                self.last_summary = result.summary
+                return True
+        return False
+
+
+def _named(case: Case, check: str, provider_spec: str, device: str, summary: str) -> Case:
+    body = f"{case.shape}{case.dtype}{case.options}{case.sequences}{case.cache}{case.indices}{case.call}{case.seed}"
+    digest = hashlib.sha1(f"{check}|{body}".encode()).hexdigest()[:8]
+    case_id = f"{FAMILY}-{check.replace('_', '-')}-{digest}"
+    description = (f"found by python -m harness fuzz against {provider_spec} on {device}: {check} failed "
+                   f"({summary.strip()[:200]})")
+    return replace(case, id=case_id, family=default_family(case_id), description=description, checks=(check,),
+                   expect=Expect("pass"))
+
+
+def write_finding(case: Case, out_dir: Path) -> Path:
+    """Write ``case`` as ``<out_dir>/<id>.yaml`` and check it loads back to the same case."""
+    from harness.cases.loader import dump_case, load_case_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{case.id}.yaml"
+    path.write_text(dump_case(case))
+    loaded = load_case_file(path)
+    if loaded != [case]:
+        raise RuntimeError(f"{path}: the written case does not load back to the case that failed")
+    return path
+
+
+def fuzz(provider, *, budget: int, out_dir: Path, device: str, provider_spec: str,
+         checks: list[str] | None = None, seed: int = 0) -> Finding | None:
+    """Try ``budget`` cases; on a failure shrink it, write it to ``out_dir`` and return the finding."""
+    from harness.checks import repro_line
+
+    search = _Search(provider, device, provider_spec, checks)
+    config = settings(max_examples=budget, database=None, deadline=None,
+                      suppress_health_check=list(HealthCheck))
+    try:
+        minimal = find(cases(), search.fails, settings=config, random=random.Random(seed))
+    except NoSuchExample:
+        return None
+    check = search.target
+    search.fails(minimal)  # the summary of the minimal case itself (Hypothesis tried others after it)
+    named = _named(minimal, check, provider_spec, device, search.last_summary)
+    path = write_finding(named, Path(out_dir))
+    named = replace(named, source=path)
+    return Finding(path=path, case_id=named.id, check=check, summary=search.last_summary,
+                   repro=repro_line(named, check, provider_spec, device))
