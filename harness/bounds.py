@@ -59,11 +59,12 @@ DIV_ULPS = {"cuda": 2.0, "interpreter": 0.5}
 def unit_roundoff(dtype: torch.dtype, backend: str = "cuda") -> float:
     """Largest relative error of one rounding to ``dtype``: u for round-to-nearest; under the interpreter fp32 ->
     bf16 truncates (DESIGN section 8), which can lose a whole ulp: 2u."""
+    _check_backend(backend)
     try:
         u = UNIT_ROUNDOFF[dtype]
     except KeyError:
         raise ValueError(f"unit_roundoff: no rounding model for {dtype}") from None
-    return 2 * u if dtype == torch.bfloat16 and _check_backend(backend) == "interpreter" else u
+    return 2 * u if dtype == torch.bfloat16 and backend == "interpreter" else u
 
 
 def gamma(n: int, u: float) -> float:

@@ -1,0 +1,113 @@
+"""harness.bounds: the rounding model's constants, and the per-stage bounds shown to hold between two different
+arithmetic (the interpreter and cuda profiles, run on CPU tensors) and to fail for a realistic bug."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness import bounds
+from harness.compare import Mismatch, assert_within_bound
+from reference import chunked
+from reference.random_inputs import make_inputs
+
+
+def test_unit_roundoff_and_gamma():
+    assert bounds.unit_roundoff(torch.float32) == 2.0**-24
+    assert bounds.unit_roundoff(torch.float16, "interpreter") == 2.0**-11
+    assert bounds.unit_roundoff(torch.bfloat16, "cuda") == 2.0**-8
+    assert bounds.unit_roundoff(torch.bfloat16, "interpreter") == 2.0**-7  # truncating cast
+    assert bounds.gamma(4, 2.0**-8) == pytest.approx(4 * 2.0**-8 / (1 - 4 * 2.0**-8), rel=0, abs=0)
+    with pytest.raises(ValueError, match="first-order"):
+        bounds.gamma(300, 2.0**-8)
+    with pytest.raises(ValueError, match="backend"):
+        bounds.unit_roundoff(torch.float32, "rocm")
+    with pytest.raises(ValueError, match="rounding model"):
+        bounds.unit_roundoff(torch.float64)
+
+
+def test_tf32_counted_only_for_fp32_operands_on_cuda():
+    k = 64
+    assert bounds.dot_rel_err(k, torch.float32, "cuda") == bounds.gamma(k, 2.0**-24) + 2 * 2.0**-11
+    assert bounds.dot_rel_err(k, torch.bfloat16, "cuda") == bounds.gamma(k, 2.0**-24)
+    assert bounds.dot_rel_err(k, torch.float32, "interpreter") == bounds.gamma(k, 2.0**-24)
+
+
+def test_output_bound_grows_with_chunk_decay_and_io_precision():
+    shadow, ref = torch.ones(2, 3, 4, dtype=torch.float64), torch.ones(2, 3, 4, dtype=torch.float64)
+    kw = dict(state_dtype=torch.float32, chunk_size=64, dstate=16, backend="interpreter")
+    small = bounds.ssd_output_bound(shadow, ref, io_dtype=torch.float32, dA_magnitude=1.0, **kw)
+    large = bounds.ssd_output_bound(shadow, ref, io_dtype=torch.float32, dA_magnitude=torch.tensor([1.0, 50, 1]), **kw)
+    bf16 = bounds.ssd_output_bound(shadow, ref, io_dtype=torch.bfloat16, dA_magnitude=1.0, **kw)
+    assert (large[:, 1] > small[:, 1]).all() and torch.equal(large[:, 0], small[:, 0])
+    assert (bf16 > 100 * small).all()
+
+
+def _stage_inputs(io):
+    inp = make_inputs(contexts=[5, 0], tokens=[90, 40], chunk_size=32, nheads=3, headdim=20, dstate=16, ngroups=1,
+                      io_dtype=io, state_dtype=torch.float32, seed=11)
+    return inp, inp.meta.tensors()
+
+
+@pytest.mark.parametrize("io", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+def test_stage_bounds_hold_across_arithmetic_profiles(io, record_property):
+    """Twin stages run under the interpreter and the cuda profiles (different exp, FMA, cast rounding and cumsum
+    order) agree within the per-stage bounds fed identical inputs."""
+    inp, m = _stage_inputs(io)
+    cu, q = m["cu_chunk_seqlens"], inp.meta.chunk_size
+    runs = {}
+    for prof in ("interpreter", "cuda"):
+        dA, dt_out = chunked.chunk_cumsum(inp.dt, inp.A, q, cu, dt_bias=inp.dt_bias, dt_softplus=True, profile=prof)
+        runs[prof] = (dA, dt_out)
+    dA, dt_out = runs["interpreter"]
+    terms = bounds.input_error_terms(inp.dt, inp.A, cu_chunk_seqlens=cu, seq_idx=m["seq_idx"], dt_bias=inp.dt_bias,
+                                     dt_softplus=True, backend="cuda")
+    abs_cumsum = torch.cumsum((dt_out.double() * inp.A.double()[:, None, None]).abs(), -1)
+    uses = {}
+    uses["cumsum"] = assert_within_bound(runs["cuda"][0], dA, bounds.chunk_cumsum_bound(
+        abs_cumsum, chunk_size=q, backend="cuda", dt_rel_err=terms.dt_rel_err), what="dA_cumsum").max_bound_use
+    # Downstream stages: identical inputs (the interpreter's cumsum) into both profiles.
+    st_i = chunked.chunk_state(inp.B, inp.x, dt_out, dA, cu, profile="interpreter")
+    st_c = chunked.chunk_state(inp.B, inp.x, dt_out, dA, cu, profile="cuda")
+    abs_st = chunked.chunk_state(inp.B.abs(), inp.x.abs(), dt_out, dA, cu, profile="interpreter")
+    # backend="interpreter": its bf16 rounding model (truncation, 2u) is the looser of the two sides compared here.
+    state_bound = bounds.chunk_state_bound(abs_st, io_dtype=io, chunk_size=q, backend="interpreter")
+    uses["chunk_state"] = assert_within_bound(st_c, st_i, state_bound, what="chunk states").max_bound_use
+    cb = chunked.bmm_chunk(inp.C, inp.B, q, cu)
+    cb_rev = chunked.bmm_chunk(inp.C.flip(-1), inp.B.flip(-1), q, cu)  # another accumulation order
+    abs_cb = chunked.bmm_chunk(inp.C.abs(), inp.B.abs(), q, cu)
+    uses["bmm"] = assert_within_bound(cb_rev, cb, bounds.bmm_chunk_bound(
+        abs_cb, io_dtype=io, dstate=16, backend="interpreter"), what="CB").max_bound_use
+    passed = chunked.state_passing(st_i, dA, m["seq_idx"], initial_states=inp.initial_states, profile="interpreter")
+    outs = {}
+    for prof in ("interpreter", "cuda"):
+        outs[prof] = torch.empty_like(inp.x)
+        chunked.chunk_scan(cb, inp.x, dt_out, dA, inp.C, passed.exiting, cu, m["seq_idx"], out=outs[prof], D=inp.D,
+                           z=inp.z, initial_states=inp.initial_states, profile=prof)
+    abs_acc = chunked.chunk_scan_magnitude(cb, inp.x, dt_out, dA, inp.C, passed.exiting, cu, m["seq_idx"], D=inp.D,
+                                           z=inp.z, initial_states=inp.initial_states)
+    gate = bounds.input_error_terms(inp.dt, inp.A, cu_chunk_seqlens=cu, seq_idx=m["seq_idx"], z=inp.z,
+                                    backend="cuda").gate_rel_err
+    scan_bound = bounds.chunk_scan_bound(abs_acc, outs["interpreter"], io_dtype=io, chunk_size=q, dstate=16,
+                                         backend="interpreter", gate_rel_err=gate)
+    uses["chunk_scan"] = assert_within_bound(outs["cuda"], outs["interpreter"], scan_bound,
+                                             what="chunk scan").max_bound_use
+    record_property("bound_use", uses)
+    print({k: f"{v:.3g}" for k, v in uses.items()})
+
+    # Negative controls: realistic bugs exceed the same bounds.
+    with pytest.raises(Mismatch):  # cumsum missing the first token of every chunk
+        assert_within_bound(dA - dA[:, :, :1], dA, bounds.chunk_cumsum_bound(
+            abs_cumsum, chunk_size=q, backend="cuda", dt_rel_err=terms.dt_rel_err))
+    with pytest.raises(Mismatch):  # chunk state without the within-chunk decay
+        flat = torch.zeros_like(dA) + dA[:, :, -1:]
+        wrong = chunked.chunk_state(inp.B, inp.x, dt_out, flat, cu, profile="interpreter")
+        assert_within_bound(wrong, st_i, state_bound)
+    with pytest.raises(Mismatch):  # CB transposed (B . C instead of C . B)
+        assert_within_bound(cb.transpose(-1, -2), cb, bounds.bmm_chunk_bound(
+            abs_cb, io_dtype=io, dstate=16, backend="interpreter"))
+    with pytest.raises(Mismatch):  # chunk scan reading the exiting state of its own chunk
+        wrong_out = torch.empty_like(inp.x)
+        chunked.chunk_scan(cb, inp.x, dt_out, dA, inp.C, passed.exiting, cu, m["seq_idx"], out=wrong_out, D=inp.D,
+                           z=inp.z, initial_states=inp.initial_states, states_are_entering=True, profile="cuda")
+        assert_within_bound(wrong_out, outs["interpreter"], scan_bound)
