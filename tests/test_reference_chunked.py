@@ -3,8 +3,6 @@ bound of harness.bounds; and the negative controls showing each comparison can f
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
