@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+import triton.language as tl
+
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 # The interpreter cannot multiply bf16 operands in tl.dot: kernels cast both (already io-rounded) operands to fp32
@@ -27,7 +29,8 @@ FP32_DOT_PRECISION = "tf32"
 USE_LIBDEVICE = not INTERPRET
 
 # exp(x) is computed as exp2(x * LOG2E): on CUDA tl.math.exp2 equals torch.exp2 bit for bit (DESIGN section 8).
-LOG2E = 1.4426950408889634
+# A tl.constexpr: the GPU compiler refuses plain Python globals inside @jit code (the interpreter does not).
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 def _interpreter_do_bench(kernel_call, quantiles=(0.5, 0.2, 0.8)):
