@@ -264,12 +264,13 @@ def expected_text(node: dict) -> str:
         lo, hi = node.get("minItems"), node.get("maxItems")
         what = expected_text(node["items"]) if "items" in node else "items"
         if lo is not None and lo == hi:
-            return f"a list of {lo} items ({what})"
+            return f"a list of {lo} items, each {what}"
         if lo:
-            return f"a list of at least {lo} item{'s' if lo != 1 else ''} ({what})"
-        return f"a list ({what})"
+            return f"a list of at least {lo} item{'s' if lo != 1 else ''}, each {what}"
+        return f"a list, each item {what}"
     if kind == "object":
-        return "a mapping"
+        required = node.get("required")
+        return f"a mapping with {', '.join(required)}" if required else "a mapping"
     raise ValueError(f"schema node without a type: {node}")
 
 
