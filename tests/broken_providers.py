@@ -39,13 +39,23 @@ cases:
       - {context: 17, tokens: 20, init_slot: 1, has_state: true, final_slot: 0}
     cache: {slots: 3, row_pad: 2, offset: 1}
     call: {final_state: direct, path: auto}
+  - id: tiny-returned
+    description: two sequences returning fp16 final states (nothing written)
+    seed: 13
+    shape: {nheads: 2, headdim: 4, dstate: 16, ngroups: 1, chunk_size: 16}
+    dtype: {io: float32, state: float16}
+    sequences:
+      - {context: 3, tokens: 9, init_slot: 0, has_state: true}
+      - {context: 0, tokens: 12, init_slot: 1, has_state: false}
+    cache: {slots: 2}
+    call: {final_state: returned, path: auto}
 """
 
 
-def _base():
+def _base(spec: str | None = None):
     from harness.checks.providers import load_provider
 
-    return load_provider(os.environ.get(BASE_ENV) or "kernels:provider")
+    return load_provider(spec or os.environ.get(BASE_ENV) or "kernels:provider")
 
 
 def _nudge(t: torch.Tensor, flat_index: int, ulps: int) -> None:
@@ -59,13 +69,14 @@ class _Broken:
 
     breakage = ""
 
-    def __init__(self):
+    def __init__(self, base: str | None = None):
+        self.base = base  # provider spec to wrap; None: $SSD_BROKEN_BASE or kernels:provider
         self._inner = None
 
     @property
     def inner(self):
         if self._inner is None:
-            self._inner = _base()
+            self._inner = _base(self.base)
         return self._inner
 
     @property
@@ -143,8 +154,8 @@ class OneUlpIndexed(_Broken):
 class Nondeterministic(_Broken):
     breakage = "each call's output differs from the previous call's in one element"
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, base: str | None = None):
+        super().__init__(base)
         self.calls = 0
 
     def call(self, *args, out, **kwargs):
@@ -154,12 +165,37 @@ class Nondeterministic(_Broken):
         return result
 
 
+class ReadsMaskedSlot(_Broken):
+    breakage = "reads the slot of a masked sequence (NaN) as if it held a state"
+
+    def call(self, *args, has_initial_states, **kwargs):
+        return self.inner.ssd_prefill(*args, has_initial_states=torch.ones_like(has_initial_states), **kwargs)
+
+
+class AcceptsIneligibleIndexed(_Broken):
+    breakage = "silently runs the snapshot path when asked for an ineligible indexed call"
+
+    def call(self, *args, path="auto", **kwargs):
+        return self.inner.ssd_prefill(*args, path="snapshot" if path == "indexed" else path, **kwargs)
+
+
+class ReturnsWrongDtype(_Broken):
+    breakage = "returns final states in fp32 instead of the cache dtype"
+
+    def call(self, *args, **kwargs):
+        result = self.inner.ssd_prefill(*args, **kwargs)
+        return None if result is None else result.float()
+
+
 wrong_slot = WrongSlot()
 ignores_initial_state = IgnoresInitialState()
 last_row_unwritten = LastRowUnwritten()
 mutates_input = MutatesInput()
 one_ulp_indexed = OneUlpIndexed()
 nondeterministic = Nondeterministic()
+reads_masked_slot = ReadsMaskedSlot()
+accepts_ineligible_indexed = AcceptsIneligibleIndexed()
+returns_wrong_dtype = ReturnsWrongDtype()
 
 # provider attribute -> (the check that must catch it, a case of TINY_CASES that shows it)
 CAUGHT_BY = {
@@ -169,4 +205,8 @@ CAUGHT_BY = {
     "mutates_input": ("readonly_inputs", "tiny-batch"),
     "one_ulp_indexed": ("indexed_vs_snapshot", "tiny-direct"),
     "nondeterministic": ("determinism", "tiny-direct"),
+    "reads_masked_slot": ("masked_state", "tiny-batch"),
+    "accepts_ineligible_indexed": ("auto_vs_snapshot", "tiny-batch"),
+    "returns_wrong_dtype": ("returned_shapes", "tiny-returned"),
 }
+BROKEN = {name: globals()[name] for name in CAUGHT_BY}

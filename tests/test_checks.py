@@ -1,0 +1,203 @@
+"""The checks registry: every check passes on working providers and catches the breakage it exists for.
+
+Runs in-process on the session's device (the Triton interpreter on CPU). Each broken provider of
+``tests.broken_providers`` must make its check fail with a report that names what differed, the case and the repro.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from harness import backend
+from harness.cases.loader import load_case_file
+from harness.cases.model import Expect, Tiers
+from harness.checks import (
+    Status,
+    check_names,
+    get_check,
+    load_provider,
+    run_check,
+    selected_checks,
+)
+from harness.compare import int_view
+from tests import broken_providers as bp
+
+EXPECTED_CHECKS = {
+    "indexed_vs_snapshot", "auto_vs_snapshot", "untouched_storage", "masked_state", "readonly_inputs",
+    "returned_shapes", "determinism", "reference_bound", "state_passing_exact", "gather_exact",
+}
+
+
+@pytest.fixture(scope="module")
+def device() -> str:
+    return "cpu" if backend.interpreting() else "cuda"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> dict:
+    path = tmp_path_factory.mktemp("cases") / "tiny.yaml"
+    path.write_text(bp.TINY_CASES)
+    return {c.id: c for c in load_case_file(path)}
+
+
+@pytest.fixture(scope="module")
+def kernels_provider():
+    return load_provider("kernels:provider")
+
+
+@pytest.fixture(scope="module")
+def reference_provider():
+    return load_provider("reference:provider")
+
+
+def test_registry_holds_every_design_check():
+    assert set(check_names()) == EXPECTED_CHECKS
+
+
+@pytest.mark.parametrize("case_id", ["tiny-direct", "tiny-batch", "tiny-returned"])
+def test_kernels_pass_every_applicable_check(tiny, kernels_provider, device, case_id):
+    case = tiny[case_id]
+    for name, _ in selected_checks(case):
+        result = run_check(case, name, kernels_provider, device=device)
+        assert result.status is Status.PASSED, result.message or result.reason
+
+
+def test_indexed_workspace_is_compared(tiny, kernels_provider, device):
+    result = run_check(tiny["tiny-direct"], "indexed_vs_snapshot", kernels_provider, device=device)
+    assert result.status is Status.PASSED and result.stats["workspace"] == "compared", result.stats
+
+
+@pytest.mark.parametrize("provider_name", sorted(bp.CAUGHT_BY))
+def test_broken_provider_is_caught(tiny, device, provider_name):
+    check, case_id = bp.CAUGHT_BY[provider_name]
+    broken = type(bp.BROKEN[provider_name])()  # a fresh instance (call counters start at zero)
+    result = run_check(tiny[case_id], check, broken, device=device,
+                       provider_spec=f"tests.broken_providers:{provider_name}")
+    assert result.status is Status.FAILED, f"{broken.breakage}: {check} gave {result.status} {result.reason}"
+    assert result.summary and result.summary in result.message
+    assert tiny[case_id].summary() in result.message
+    assert (f"repro: python -m harness repro {tiny[case_id].source} --check {check} --case {case_id} "
+            f"--provider tests.broken_providers:{provider_name}") in result.message
+
+
+class _LyingWorkspace:
+    """Indexed path right, but the entering-state workspace it reports is off by one ulp in one element."""
+
+    name = "lying-workspace"
+    supported_paths = frozenset({"snapshot", "indexed"})
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def ssd_prefill(self, *args, workspace_out=None, **kwargs):
+        result = self.inner.ssd_prefill(*args, workspace_out=workspace_out, **kwargs)
+        if workspace_out is not None and workspace_out.get("path") == "indexed":
+            states = workspace_out["states"]
+            flat = states.view(-1)[5:6]
+            flat.copy_((int_view(flat) + 1).view(states.dtype))
+        return result
+
+
+def test_indexed_workspace_mismatch_is_caught(tiny, kernels_provider, device):
+    result = run_check(tiny["tiny-direct"], "indexed_vs_snapshot", _LyingWorkspace(kernels_provider), device=device)
+    assert result.status is Status.FAILED and "entering-state workspace" in result.summary, result.message
+
+
+def test_gather_exact_catches_a_gather_that_ignores_the_mask(tiny, kernels_provider, device, monkeypatch):
+    import kernels.gather
+
+    def unmasked(state_cache, idx, has):
+        return state_cache[idx.long()].clone()
+
+    monkeypatch.setattr(kernels.gather, "gather_initial_states", unmasked)
+    result = run_check(tiny["tiny-batch"], "gather_exact", kernels_provider, device=device)
+    assert result.status is Status.FAILED and "fused gather" in result.summary, result.message
+
+
+def test_state_passing_exact_catches_one_flipped_bit(tiny, kernels_provider, device, monkeypatch):
+    import kernels.state_passing
+
+    real = kernels.state_passing.state_passing
+
+    def off_by_one_bit(*args, **kwargs):
+        out = real(*args, **kwargs)
+        out.view(-1)[3:4].copy_((int_view(out.view(-1)[3:4]) ^ 1).view(out.dtype))
+        return out
+
+    monkeypatch.setattr(kernels.state_passing, "state_passing", off_by_one_bit)
+    result = run_check(tiny["tiny-batch"], "state_passing_exact", kernels_provider, device=device)
+    assert result.status is Status.FAILED and "exiting states" in result.summary, result.message
+
+
+def test_missing_path_is_unsupported_never_passed(tiny, reference_provider, device):
+    result = run_check(tiny["tiny-direct"], "indexed_vs_snapshot", reference_provider, device=device,
+                       provider_spec="reference:provider")
+    assert result.status is Status.UNSUPPORTED
+    assert "lacks the indexed path" in result.reason
+
+
+def test_kernel_level_checks_are_unsupported_for_other_providers(tiny, reference_provider, device):
+    result = run_check(tiny["tiny-direct"], "gather_exact", reference_provider, device=device,
+                       provider_spec="reference:provider")
+    assert result.status is Status.UNSUPPORTED and "not kernels:provider" in result.reason
+
+
+def test_xfail_is_honoured_and_a_stale_xfail_is_a_strict_xpass(tiny, device):
+    case = replace(tiny["tiny-batch"], expect=Expect("xfail", "issue 7: readonly inputs clobbered"))
+    caught = run_check(case, "readonly_inputs", bp.MutatesInput(), device=device)
+    assert caught.status is Status.XFAILED and "issue 7" in caught.reason
+    stale = run_check(case, "readonly_inputs", load_provider("kernels:provider"), device=device)
+    assert stale.status is Status.XPASSED and stale.status.is_failure
+    assert "XPASS(strict)" in stale.message and "repro:" in stale.message
+
+
+def test_provider_crash_is_an_error_with_traceback(tiny, device):
+    class Crashes:
+        name = "crashes"
+
+        def ssd_prefill(self, *args, **kwargs):
+            raise RuntimeError("kernel launch failed")
+
+    result = run_check(tiny["tiny-direct"], "determinism", Crashes(), device=device)
+    assert result.status is Status.ERROR and result.status.is_failure
+    assert "kernel launch failed" in result.summary and "Traceback" in result.message
+
+
+def test_cpu_tier_skip_carries_a_reason(tiny, kernels_provider):
+    big = replace(tiny["tiny-direct"], tiers=Tiers(cpu=False))
+    result = run_check(big, "determinism", kernels_provider, device="cpu")
+    assert result.status is Status.SKIPPED and "interpreter tier" in result.reason
+
+
+def test_all_expands_to_case_applicable_checks_and_explicit_names_are_kept(tiny):
+    direct = [n for n, _ in selected_checks(tiny["tiny-direct"])]
+    assert "masked_state" not in direct and "indexed_vs_snapshot" in direct  # no masked sequence; eligible
+    batch = [n for n, _ in selected_checks(tiny["tiny-batch"])]
+    assert "masked_state" in batch and "indexed_vs_snapshot" not in batch
+    explicit = replace(tiny["tiny-direct"], checks=("masked_state",))
+    assert selected_checks(explicit) == [("masked_state", True)]
+    ok, reason = get_check("masked_state").applies(explicit, load_provider("reference:provider"))
+    assert not ok and "has_state: true" in reason
+    with pytest.raises(ValueError, match="unknown"):
+        selected_checks(replace(tiny["tiny-direct"], checks=("no_such_check",)))
+
+
+def test_untouched_storage_sees_a_byte_before_the_offset(tiny, kernels_provider, device):
+    class WritesBeforeOffset:
+        name = "writes-before-offset"
+        supported_paths = kernels_provider.supported_paths
+
+        def ssd_prefill(self, *args, state_cache, **kwargs):
+            result = kernels_provider.ssd_prefill(*args, state_cache=state_cache, **kwargs)
+            base = torch.empty(0, dtype=state_cache.dtype, device=state_cache.device).set_(
+                state_cache.untyped_storage())
+            base[0] = 0.0  # storage element 0 lies before the cache's storage offset
+            return result
+
+    case = tiny["tiny-direct"]
+    assert case.cache.offset > 0
+    result = run_check(case, "untouched_storage", WritesBeforeOffset(), device=device)
+    assert result.status is Status.FAILED and "at (0,)" in result.message, result.message
