@@ -17,7 +17,9 @@ BLOCK_SIZE = 1024
 MASK_DTYPES = (torch.bool, torch.uint8, torch.int8) + INDEX_DTYPES
 
 
-@triton.jit
+# The index and mask are read one element per program: specializing on their alignment or stride class would only
+# multiply binaries (block-table column views come in every class). Mirrors kernels.warmup.SCALAR_ONLY.
+@triton.jit(do_not_specialize=["stride_idx", "stride_has"], do_not_specialize_on_alignment=["idx_ptr", "has_ptr"])
 def _gather_initial_states_kernel(
     cache_ptr,  # (slots, H*P*N)
     idx_ptr,  # (Bt,) int32/int64

@@ -142,6 +142,7 @@ def ssd_prefill(
     assert tuple(last_chunk_indices.shape) == (batch,), (
         f"last_chunk_indices: expected ({batch},), found {tuple(last_chunk_indices.shape)}")
     assert tuple(out.shape) == (T, H, P), f"out: expected ({T}, {H}, {P}), found {tuple(out.shape)}"
+    assert tuple(cu_seqlens.shape) == (batch + 1,), f"cu_seqlens: expected ({batch + 1},), found {tuple(cu_seqlens.shape)}"
     ws_dtype = state_cache.dtype if state_dtype is None else state_dtype
     call = CallShape(
         batch=batch,

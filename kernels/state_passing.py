@@ -36,7 +36,10 @@ def arithmetic_profile() -> str:
 # Under the interpreter the do_bench stand-in runs each trial once (so trial launches really happen) and keeps
 # the first config; on the GPU Triton's benchmarker picks.
 @triton.autotune(configs=CONFIGS, key=["dim"], do_bench=AUTOTUNE_DO_BENCH)
-@triton.jit
+# Metadata and index tensors are read one scalar at a time: specializing on their alignment or stride class only
+# multiplies binaries. Mirrors kernels.warmup.SCALAR_ONLY.
+@triton.jit(do_not_specialize=["nchunks", "stride_seq_idx", "stride_final_idx", "stride_last_chunk"],
+            do_not_specialize_on_alignment=["seq_idx_ptr", "final_idx_ptr", "last_chunk_ptr"])
 def _state_passing_kernel(
     states_ptr,  # (C, H, P*N) fp32
     out_ptr,  # (C, H, P*N) out dtype

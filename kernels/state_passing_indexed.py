@@ -28,7 +28,10 @@ _LOG2E = tl.constexpr(LOG2E)
 BLOCK_SIZE = 512
 
 
-@triton.jit
+# Slot indices and the mask are single scalars, nchunks a loop bound: specializing on them only multiplies
+# binaries. Mirrors kernels.warmup.SCALAR_ONLY.
+@triton.jit(do_not_specialize=["nchunks"],
+            do_not_specialize_on_alignment=["init_slot_ptr", "has_init_ptr", "final_slot_ptr"])
 def _state_passing_indexed_kernel(
     states_ptr,  # (C, H, P*N) fp32
     out_ptr,  # (C, H, P*N) cache dtype: entering states
