@@ -1,0 +1,126 @@
+"""``python -m harness``: exit status, progress and repro lines, each subcommand's --help, validate and bench.
+
+Subprocess tests run the real CLI (``--device cpu``, tiny cases); each broken provider must give a non-zero exit
+with the repro line, and the working provider a zero exit on the same case and check.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import cli
+from tests import broken_providers as bp
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def harness(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, env=full_env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def tiny_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("cli") / "tiny.yaml"
+    path.write_text(bp.TINY_CASES)
+    return path
+
+
+def _one_case_file(tmp_path: Path, case_id: str) -> Path:
+    """A file holding only ``case_id`` of TINY_CASES (run takes paths, so narrow by file)."""
+    import yaml
+
+    data = yaml.safe_load(bp.TINY_CASES)
+    data["cases"] = [c for c in data["cases"] if c["id"] == case_id]
+    path = tmp_path / f"{case_id}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize("provider_name", sorted(bp.CAUGHT_BY))
+def test_run_exits_nonzero_with_repro_for_each_broken_provider(tmp_path, provider_name):
+    check, case_id = bp.CAUGHT_BY[provider_name]
+    path = _one_case_file(tmp_path, case_id)
+    spec = f"tests.broken_providers:{provider_name}"
+    proc = harness("run", str(path), "--device", "cpu", "--provider", spec, "--check", check)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"FAILED      {case_id}::{check}" in proc.stdout
+    assert f"repro: python -m harness repro {path} --check {check} --case {case_id} --provider {spec}" in proc.stdout
+    assert "failures so far: 1" in proc.stdout
+
+
+def test_run_exits_zero_when_all_pass_and_writes_json(tmp_path):
+    path = _one_case_file(tmp_path, "tiny-batch")
+    report = tmp_path / "report.json"
+    proc = harness("run", str(path), "--device", "cpu", "--check", "determinism", "--check", "masked_state",
+                   "--json", str(report))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "outcomes: 2 passed" in proc.stdout and "determinism" in proc.stdout
+    from harness.report import Report
+
+    assert sorted((r.check, r.outcome) for r in Report.read(report).items) == [
+        ("determinism", "passed"), ("masked_state", "passed")]
+
+
+def test_repro_prints_the_full_report(tiny_file):
+    proc = harness("repro", str(tiny_file), "--case", "tiny-direct", "--check", "untouched_storage",
+                   "--device", "cpu", "--provider", "tests.broken_providers:wrong_slot")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FAILED: tiny-direct::untouched_storage" in proc.stdout
+    assert "elements differ in bits" in proc.stdout and "at (" in proc.stdout and "ulp" in proc.stdout
+    assert "case: tiny-direct: H2 P4 N16" in proc.stdout
+
+
+def test_validate_reports_file_key_path_expected_found(tmp_path, tiny_file):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(bp.TINY_CASES.replace("headdim: 4, dstate: 16, ngroups: 2", "headdim: 4, dstate: 16, ngroups: 3"))
+    proc = harness("validate", str(tmp_path))
+    assert proc.returncode == 1
+    assert f"{bad}: cases[1].shape.ngroups: expected a divisor of nheads (2), found 3" in proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr
+    good = harness("validate", str(tiny_file))
+    assert good.returncode == 0 and "ok: 3 cases in 1 files" in good.stdout
+
+
+def test_unusable_inputs_exit_2_with_the_reason(tmp_path):
+    empty = harness("run", str(tmp_path), "--device", "cpu")
+    assert empty.returncode == 2 and "no cases found" in empty.stderr
+    bad_provider = harness("run", str(tmp_path), "--device", "cpu", "--provider", "no_such_module:provider")
+    assert bad_provider.returncode == 2 and "cannot import 'no_such_module'" in bad_provider.stderr
+
+
+@pytest.mark.parametrize("command", ["run", "repro", "validate", "generate", "fuzz"])
+def test_every_subcommand_has_help(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([command, "--help"])
+    assert exit_info.value.code == 0
+    assert "usage: python -m harness " + command in capsys.readouterr().out
+
+
+def test_bench_missing_is_reported_cleanly(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "harness.bench", None)  # import of harness.bench now raises ImportError
+    assert cli.main(["bench"]) == 2
+    assert "harness.bench is not available" in capsys.readouterr().err
+
+
+def test_bench_dispatches_its_arguments(monkeypatch):
+    import types
+
+    seen = {}
+    fake = types.SimpleNamespace(main=lambda argv: seen.setdefault("argv", argv) and 0)
+    monkeypatch.setitem(sys.modules, "harness.bench", fake)
+    monkeypatch.setattr("harness.bench", fake, raising=False)
+    assert cli.main(["bench", "--shape", "small"]) == 0
+    assert seen["argv"] == ["--shape", "small"]
+
+
+def test_generate_writes_a_corpus_that_validates(tmp_path):
+    proc = harness("generate", "--out", str(tmp_path / "corpus"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert harness("validate", str(tmp_path / "corpus")).returncode == 0
