@@ -9,7 +9,10 @@ a fresh process then differs from every later call. The guard:
    together, so a cache and a view into it stay consistent);
 2. clears the autotuners' in-memory caches with the disk autotune cache off, so the call really tunes;
 3. runs the call (trials run; under the interpreter through a deterministic ``do_bench`` stand-in, since there is
-   no GPU benchmarker there);
+   no GPU benchmarker there). Every tuner's benchmarker is wrapped by a ``TrialCount`` that counts the configs
+   benchmarked and every trial launch (each ``kernel_call`` the benchmarker makes): on the GPU that is Triton's
+   ``do_bench`` (one warmup call, five estimate calls, then as many warmup and timed repetitions as fit in 25 and
+   100 ms), under the interpreter the stand-in; the count is the same mechanism on both;
 4. saves what the tuned call left, restores the snapshot and runs the call again with the chosen configs cached (a
    replay; any tuning during it is an error);
 5. compares every storage byte for byte, reporting the autotuned kernels with their chosen configs.
@@ -33,7 +36,35 @@ from harness.guards.specialization import kernel_name
 
 
 class DestructiveAutotuning(AssertionError):
-    """Tuning trials changed what the call leaves in memory."""
+    """Tuning trials changed what the call leaves in memory. ``report`` (an ``AutotuneReport``) holds what was
+    tuned and counted, when the call got that far."""
+
+    def __init__(self, message: str, report: "AutotuneReport | None" = None):
+        super().__init__(message)
+        self.report = report
+
+
+class TrialCount:
+    """Wraps autotuner benchmarkers: counts configs benchmarked (``configs``, one per benchmarker call) and trial
+    launches (``launches``, one per ``kernel_call`` the benchmarker makes). Backend-independent: the autotuner
+    hands every trial to ``self.do_bench(kernel_call, quantiles=...)`` (``Autotuner._bench``), whichever
+    benchmarker that is."""
+
+    def __init__(self):
+        self.configs = 0
+        self.launches = 0
+
+    def wrap(self, bench: Callable) -> Callable:
+        def counted(kernel_call, *args, **kwargs):
+            self.configs += 1
+
+            def call():
+                self.launches += 1
+                return kernel_call()
+
+            return bench(call, *args, **kwargs)
+
+        return counted
 
 
 class FakeBench:
@@ -152,8 +183,9 @@ class StorageSnapshot:
 @dataclass
 class AutotuneReport:
     chosen: dict[str, list[str]] = field(default_factory=dict)  # kernel -> chosen config per tuning key
-    trials: int = 0  # trial launches counted by the FakeBench (0 with a real benchmarker)
+    trials: int = 0  # trial launches (every kernel_call of every benchmarker, GPU or stand-in)
     storages: int = 0
+    configs_benchmarked: int = 0  # benchmarker calls: one per (tuning key, config) tried
 
 
 def _describe_choices(tuners: list[Any]) -> dict[str, list[str]]:
@@ -184,19 +216,23 @@ def check_autotune_safe(
     named = [(f"tensor{i} {tuple(t.shape)} {t.dtype}", t) for i, t in enumerate(found)]
     snap = StorageSnapshot.take(named)
     bench = do_bench if do_bench is not None else (FakeBench() if knobs.runtime.interpret else None)
+    count = TrialCount()
     with fresh_autotune_state(kernels, bench) as tuners:
+        for t in tuners:
+            # t.do_bench: the stand-in just installed, else the tuner's own (its do_bench= or the GPU benchmarker)
+            t.__dict__["do_bench"] = count.wrap(t.do_bench)
         call(*args, **kwargs)
         chosen = _describe_choices(tuners)
-        if not any(chosen.values()):
+        report = AutotuneReport(chosen, count.launches, len(snap.tensors), count.configs)
+        if not any(chosen.values()) or count.launches == 0:
             raise DestructiveAutotuning(
                 "no autotuner tuned during the call (single-config kernels or none launched): the guard checked "
-                f"nothing; watched: {sorted(chosen)}")
+                f"nothing; watched: {sorted(chosen)}", report)
         tuned = snap.current()
         snap.restore()
         for t in tuners:
             t.__dict__["do_bench"] = _no_tuning
         call(*args, **kwargs)
-    report = AutotuneReport(chosen, getattr(bench, "calls", 0), len(snap.tensors))
     failures = []
     for t, name, after_tuning in zip(snap.tensors, snap.names, tuned):
         try:
@@ -211,6 +247,6 @@ def check_autotune_safe(
         configs = "\n".join(f"  {k}: " + "; ".join(v) for k, v in chosen.items())
         raise DestructiveAutotuning(
             "autotuning trials changed memory: replaying the chosen config(s) once from the snapshot differs from "
-            f"what the tuned call left ({report.trials} trial launches)\nchosen configs:\n{configs}\n"
-            + "\n".join(failures))
+            f"what the tuned call left ({report.trials} trial launches over {report.configs_benchmarked} "
+            f"config benchmarks)\nchosen configs:\n{configs}\n" + "\n".join(failures), report)
     return report
