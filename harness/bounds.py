@@ -1,7 +1,7 @@
 """Derived error bounds for the SSD prefill path: first-order rounding analysis, never a tuned constant.
 
-Model. Every rounding to a format with unit roundoff u (2^-24 fp32, 2^-8 bf16, 2^-11 fp16 and tf32; twice that for
-the interpreter's truncating fp32 -> bf16 cast) perturbs the rounded value v by at most u |v| (plus, below
+Model. Every rounding to a format with unit roundoff u (2^-24 fp32, 2^-8 bf16, 2^-11 fp16; twice that for a
+truncating rounding: the interpreter's fp32 -> bf16 cast, CUDA's tf32 dot operands and MMA accumulation) perturbs the rounded value v by at most u |v| (plus, below
 the format's normal range, half its smallest subnormal eta). A sum of K terms in fp32, in any order, is off by at
 most gamma_K(u) = K u / (1 - K u) times the sum of |terms|. Unrolled, the SSD output is a sum of products (one per
 input token s and output token t), each product a chain of factors that were each computed with a small relative
@@ -21,7 +21,15 @@ head, i.e. the sum of |dt A| over a chunk; Q = chunk_size, N = dstate, K = most 
   cumsum  each dA_cumsum value is off by (gamma_Q + e_dt + u) S  (dA = dt A rounding, any summation order).
   exp     exp(cs_t - cs_s): 2 (gamma_Q + e_dt + u) S (two cumsum values) + u S (subtraction) + 2u S (LOG2E in fp32
           and the LOG2E * arg product) + EXP_ULPS u  =: e_exp.
-  dots    gamma_K(u) for K accumulated products; fp32 operands on CUDA are rounded to tf32 (2 u_tf32 per product).
+  dots    ``dot_rel_err``. Interpreter: numpy's fp32 matmul, gamma_K(u) for K products in any order. CUDA (tensor
+          cores, Triton's ``tl.dot``): fp32 operands enter the MMA as tf32 by *truncation* (the tensor core ignores
+          the low 13 of the 23 fraction bits; measured on the H200, docs/gpu-runs.md run 1), so each operand is off
+          by less than one tf32 ulp: u_tf32 = 2^-10 (not 2^-11 as for round to nearest), (1+u_tf32)^2 - 1 per
+          product; io-dtype (bf16/fp16) operands are exact. The MMA adds blocks of at least 4 exact products to the
+          accumulator, aligning them to the largest exponent and truncating (Fasi, Higham, Mikaitis, Pranesh,
+          "Numerical behavior of NVIDIA tensor cores", PeerJ CS 2021): a block of b products loses < 2u of the
+          largest operand per addend plus 2u of the result, so a K-product dot is within gamma_R(2u),
+          R = ceil(K/4) * 5 roundings, of the sum of |products|.
   gate    z sigmoid(z) = z / (1 + exp(-z)): e_gate from inputs, plus u for ``acc *= gate``.
 Paths (each a sum of the above):
   intra-chunk  CB dot over N, * exp (e_exp + u), * dt (e_dt + u), round to io (u_io), dot over Q, 2 adds, gate.
@@ -45,7 +53,14 @@ import torch
 
 F64 = torch.float64
 U32 = 2.0**-24
-U_TF32 = 2.0**-11
+# tf32 has 10 fraction bits. The tensor core reads an fp32 register as tf32 by dropping the low 13 fraction bits
+# (truncation toward zero): the relative error is below one tf32 ulp, 2^-10 (round to nearest would be 2^-11).
+U_TF32_TRUNCATED = 2.0**-10
+# Tensor-core accumulation truncates too: each rounding loses less than one fp32 ulp, a relative 2u.
+U_MMA_ACCUMULATE = 2 * U32
+# Fewest products the MMA adds to the accumulator in one aligned step (4 on every generation Fasi et al. measured;
+# more per step means fewer roundings, so the smallest is the conservative choice).
+MMA_MIN_BLOCK = 4
 UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 SMALLEST_SUBNORMAL = {torch.float32: 2.0**-149, torch.bfloat16: 2.0**-133, torch.float16: 2.0**-24}
 BACKENDS = ("cuda", "interpreter")
@@ -85,10 +100,35 @@ def _exp_arg_error(arg_abs: torch.Tensor | float) -> torch.Tensor | float:
     return 2 * U32 * arg_abs
 
 
+def dot_operand_unit(operand_dtype: torch.dtype, backend: str) -> float:
+    """Relative error of one ``tl.dot`` operand as the multiplier sees it: tf32 truncation for fp32 operands on
+    CUDA; 0 for io-dtype operands (exact) and under the interpreter (numpy multiplies in fp32)."""
+    if _check_backend(backend) == "cuda" and operand_dtype == torch.float32:
+        return U_TF32_TRUNCATED
+    return 0.0
+
+
+def mma_roundings(k: int) -> int:
+    """Roundings a tensor-core dot of k products can apply to one product: ceil(k / block) aligned steps of at most
+    ``MMA_MIN_BLOCK`` + 1 truncations each (the block's addends and the result)."""
+    return -(-k // MMA_MIN_BLOCK) * (MMA_MIN_BLOCK + 1)
+
+
 def dot_rel_err(k: int, operand_dtype: torch.dtype, backend: str) -> float:
-    """Relative error (vs sum of |products|) of an fp32-accumulated dot of k products."""
-    tf32 = 2 * U_TF32 if _check_backend(backend) == "cuda" and operand_dtype == torch.float32 else 0.0
-    return gamma(k, U32) + tf32
+    """Relative error (vs the exact sum of |products| of the unrounded operands) of an fp32-accumulated dot of k
+    products computed by ``tl.dot`` on ``backend``. CUDA: operand truncation v per operand, (1+v)^2 - 1 per product,
+    then the MMA's truncating accumulation gamma_R(2u) on the (1+v)^2-larger products. Interpreter: gamma_k(u)."""
+    if _check_backend(backend) == "interpreter":
+        return gamma(k, U32)
+    v = dot_operand_unit(operand_dtype, backend)
+    products = (1 + v) ** 2 - 1
+    return products + gamma(mma_roundings(k), U_MMA_ACCUMULATE) * (1 + v) ** 2
+
+
+def reference_dot_rel_err(k: int) -> float:
+    """The PyTorch twin's dot (``torch.bmm`` in fp32, IEEE round to nearest on CPU and on CUDA with TF32 off, the
+    PyTorch default): gamma_k(u) in any summation order."""
+    return gamma(k, U32)
 
 
 @dataclass(frozen=True)
@@ -218,9 +258,15 @@ def final_state_bound(shadow_final, ref_final, *, io_dtype, state_dtype, chunk_s
 
 
 # Per-stage bounds: a kernel stage vs its reference twin fed identical inputs. Both sides make the same roundings
-# except (a) accumulation order (gamma_K on each side, so 2 gamma_K), (b) exp/softplus implementations where the
-# profile is not bit-exact, and (c) a tiny pre-rounding difference that flips an io-dtype rounding by one ulp
-# (2 u_io of the rounded value).
+# except (a) the dots: the kernel's ``tl.dot`` (dot_rel_err: tf32 truncation and MMA accumulation on CUDA) against
+# the twin's fp32 ``torch.bmm`` (reference_dot_rel_err), each measured from the exact sum of |products|, (b)
+# exp/softplus implementations where the profile is not bit-exact, and (c) a tiny pre-rounding difference that flips
+# an io-dtype rounding by one ulp (2 u_io of the rounded value). ``backend`` is where the kernel ran.
+
+
+def _stage_dot_err(k: int, io_dtype, backend: str) -> float:
+    """Kernel dot vs twin dot of the same k products: both errors, each against the exact sum."""
+    return dot_rel_err(k, io_dtype, backend) + reference_dot_rel_err(k)
 
 
 def chunk_cumsum_bound(dA_abs_cumsum, *, chunk_size, backend, dt_rel_err=0.0) -> torch.Tensor:
@@ -232,21 +278,24 @@ def chunk_cumsum_bound(dA_abs_cumsum, *, chunk_size, backend, dt_rel_err=0.0) ->
 
 def chunk_state_bound(abs_states, *, io_dtype, chunk_size, backend) -> torch.Tensor:
     """(C,H,P,N) bound on |states - twin|: abs_states = the twin run on |B|, |x| (sum_l |x| |b_scaled|)."""
-    r = 2 * dot_rel_err(chunk_size, io_dtype, backend) + 2 * unit_roundoff(io_dtype, backend) + 2 * 2 * U32
+    r = _stage_dot_err(chunk_size, io_dtype, backend) + 2 * unit_roundoff(io_dtype, backend) + 2 * 2 * U32
     return r * abs_states.detach().cpu().to(F64)
 
 
 def bmm_chunk_bound(abs_cb, *, io_dtype, dstate, backend) -> torch.Tensor:
-    """(C,G,Q,Q) bound on |CB - twin|: abs_cb = the twin run on |C|, |B|."""
-    return 2 * dot_rel_err(dstate, io_dtype, backend) * abs_cb.detach().cpu().to(F64)
+    """(C,G,Q,Q) bound on |CB - twin|: abs_cb = sum_n |C[l,n]| |B[s,n]| in fp64
+    (``reference.chunked.bmm_chunk_magnitude``; 0 outside each chunk, so padding must match exactly)."""
+    if abs_cb.dtype != F64:
+        raise ValueError(f"bmm_chunk_bound: abs_cb must be the fp64 magnitude sum, found {abs_cb.dtype}")
+    return _stage_dot_err(dstate, io_dtype, backend) * abs_cb.detach().cpu()
 
 
 def chunk_scan_bound(abs_acc, ref_out, *, io_dtype, chunk_size, dstate, backend, gate_rel_err=0.0) -> torch.Tensor:
     """(T,H,P) bound on |out - twin|: abs_acc = reference.chunked.chunk_scan_magnitude on the same inputs,
-    ref_out the twin's output. Differences: dot orders, cb_scaled and state-cast rounding flips, the gate's exp,
-    and a one-ulp flip of the final rounding."""
+    ref_out the twin's output. Differences: dot orders and operands, cb_scaled and state-cast rounding flips, the
+    gate's exp, and a one-ulp flip of the final rounding."""
     u_io = unit_roundoff(io_dtype, backend)
-    pre = (2 * dot_rel_err(chunk_size, io_dtype, backend) + 2 * dot_rel_err(dstate, io_dtype, backend)
+    pre = (_stage_dot_err(chunk_size, io_dtype, backend) + _stage_dot_err(dstate, io_dtype, backend)
            + 2 * 2 * u_io + 2 * gamma(2, U32) + 2 * gate_rel_err)
     ref = ref_out.detach().cpu().to(F64).abs()
     eta = SMALLEST_SUBNORMAL[io_dtype]

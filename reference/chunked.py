@@ -122,6 +122,21 @@ def bmm_chunk(C, B, chunk_size, cu_chunk_seqlens):
     return cb
 
 
+def bmm_chunk_magnitude(C, B, chunk_size, cu_chunk_seqlens) -> torch.Tensor:
+    """C, B (T,G,N) -> (nchunks,G,Q,Q) fp64 on the CPU: sum_n |C[t0+l,g,n]| |B[t0+s,g,n]| inside each chunk, 0
+    outside; computed in fp64 so the magnitude that ``harness.bounds.bmm_chunk_bound`` multiplies is not itself
+    rounded down by fp32 arithmetic (products of io-dtype values are exact in fp64; the fp64 sum's relative error,
+    gamma_N(2^-53), is 2^-29 times smaller than the fp32 errors it scales)."""
+    f64 = torch.float64
+    chunks = _chunks(cu_chunk_seqlens)
+    mag = torch.zeros(len(chunks), C.shape[1], chunk_size, chunk_size, dtype=f64)
+    for c, (s, e) in enumerate(chunks):
+        cc = C[s:e].detach().cpu().to(f64).abs().permute(1, 0, 2)  # (G, L, N)
+        bb = B[s:e].detach().cpu().to(f64).abs().permute(1, 2, 0)  # (G, N, L)
+        mag[c, :, : e - s, : e - s] = torch.bmm(cc, bb)
+    return mag
+
+
 def _previous_states(states, seq_idx, initial_states, states_are_entering, H, P, N, device):
     seqs = _ints(seq_idx)
     prev = []
