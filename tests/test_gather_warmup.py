@@ -76,26 +76,36 @@ assert len({c.id for c in CASES}) == len(CASES) >= 18
 
 
 def build(case: ColumnCase, seed: int = 0):
-    """(state_cache, indices, mask, expected) for one case; masked rows point at a NaN-filled slot."""
+    """(state_cache, indices, mask, expected) for one case; masked rows point at a NaN-filled slot.
+
+    Whole storages are moved to the device and the views taken there: ``view.to("cuda")`` of a column or padded
+    view makes a contiguous, aligned copy, which would hide every class these cases exist for."""
     g = torch.Generator().manual_seed(seed)
     H, P, N = SHAPE.nheads, SHAPE.headdim, SHAPE.dstate
     slots, row = 6, H * P * N
     flat = torch.randn(case.cache_offset + slots * (row + case.row_pad), generator=g).to(case.state_dtype)
-    cache = flat.as_strided((slots, H, P, N), (row + case.row_pad, P * N, N, 1), case.cache_offset)
+    cache_layout = ((slots, H, P, N), (row + case.row_pad, P * N, N, 1), case.cache_offset)
+    cache = flat.as_strided(*cache_layout)
     cache[slots - 1] = float("nan")
     rows = case.rows_before + case.batch
     table = torch.randint(0, slots - 1, (rows, case.columns), generator=g, dtype=torch.int64).to(case.index_dtype)
     mask_vals = torch.arange(case.batch) % 3 != 1  # some rows masked off
-    if case.mask_columns:
-        mask_table = torch.zeros(rows, case.mask_columns, dtype=torch.bool)
-        mask_table[case.rows_before:, case.mask_column] = mask_vals
-        mask = mask_table[case.rows_before:, case.mask_column]
-    else:
-        mask = mask_vals.clone()
+    mask_table = torch.zeros(rows, max(case.mask_columns, 1), dtype=torch.bool)
+    mask_table[case.rows_before:, case.mask_column] = mask_vals
+    table[case.rows_before:, case.idx_column][~mask_vals] = slots - 1
     idx = table[case.rows_before:, case.idx_column]
-    idx[~mask] = slots - 1
+    mask = mask_table[case.rows_before:, case.mask_column] if case.mask_columns else mask_vals.clone()
     expected = torch.where(mask[:, None, None, None], cache[idx.long()], torch.zeros((), dtype=case.state_dtype))
-    return cache.to(DEVICE), idx.to(DEVICE), mask.to(DEVICE), expected
+
+    def on_device(view: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+        moved = base.to(DEVICE)
+        return moved.as_strided(view.shape, view.stride(), view.storage_offset())
+
+    dev_mask = on_device(mask, mask_table) if case.mask_columns else mask.to(DEVICE)
+    dev = on_device(cache, flat), on_device(idx, table), dev_mask
+    for got, want in zip(dev, (cache, idx, mask)):
+        assert got.stride() == want.stride() and got.data_ptr() % 16 == want.data_ptr() % 16, (got, want)
+    return (*dev, expected)
 
 
 def _stride1_only():
