@@ -11,7 +11,7 @@ import yaml
 
 from harness.cases import CaseError, dump_case, load_case_file, load_cases
 from harness.cases.loader import _StrictLoader, case_files
-from harness.cases.model import Expect, InputKnobs, Tiers
+from harness.cases.model import Expect, InputKnobs, Tiers, count_chunks
 from harness.cases.schema import SCHEMA, SCHEMA_FILE, schema_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,6 +165,11 @@ def test_round_trip_of_every_corpus_case(tmp_path):
     for i, case in enumerate(cases):
         (back,) = load_case_file(_write(tmp_path, f"c{i}.yaml", dump_case(case)))
         assert back == case, case.id
+
+
+def test_chunk_count_of_the_tier_rule_matches_the_metadata():
+    for case in load_cases([CASE_DIRS[0]]):
+        assert count_chunks(case.shape.chunk_size, case.sequences) == case.metadata().nchunks, case.id
 
 
 def test_duplicate_id_across_files_names_both_files(tmp_path):

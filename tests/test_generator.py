@@ -68,6 +68,8 @@ def test_corpus_size_and_tiers(cases):
     assert 40 <= len(cpu) <= 80
     for c in cpu:  # the interpreter tier holds only small cases
         assert c.total_tokens <= 140 and c.shape.state_elements <= 8192, c.id
+        assert c.metadata().nchunks * c.shape.nheads <= 12, c.id
+    assert all(c.tiers.cpu for c in cases if c.family == "index_layouts")  # gather layouts run on both tiers
     assert len({c.id for c in cases}) == len(cases)
     assert set(Counter(c.family for c in cases)) == {"direct", "multi", "fallback", "index_layouts", "serving"}
 

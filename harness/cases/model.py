@@ -40,6 +40,8 @@ SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "int32"
 CPU_MAX_TOKENS = 140  # admits 2 * 64 + 5: a partial, a full and a partial chunk
 CPU_MAX_STATE_ELEMENTS = 8192  # nheads * headdim * dstate
 CPU_MAX_CHUNK = 128
+# Per-chunk kernels run one interpreted program per (chunk, head, block): bound chunks x heads.
+CPU_MAX_CHUNK_HEADS = 12
 
 
 @dataclass(frozen=True)
@@ -165,12 +167,23 @@ def default_family(case_id: str) -> str:
     return case_id.split("-", 1)[0]
 
 
+def count_chunks(chunk_size: int, sequences: tuple[SequenceSpec, ...]) -> int:
+    """Chunks of the batch (DESIGN section 3), without validating: a partial first chunk up to the next boundary."""
+    total = 0
+    for s in sequences:
+        first = min(chunk_size - s.context % chunk_size, s.tokens)
+        total += 1 + -(-(s.tokens - first) // chunk_size)
+    return total
+
+
 def default_cpu_tier(shape: Shape, sequences: tuple[SequenceSpec, ...]) -> bool:
-    """Small enough for the interpreter: few tokens, small slots, chunks of at most CPU_MAX_CHUNK."""
+    """Small enough for the interpreter tier (a few seconds per check on one core): few tokens, small slots,
+    chunks of at most CPU_MAX_CHUNK, and few (chunk, head) programs."""
     return (
         sum(s.tokens for s in sequences) <= CPU_MAX_TOKENS
         and shape.state_elements <= CPU_MAX_STATE_ELEMENTS
         and shape.chunk_size <= CPU_MAX_CHUNK
+        and count_chunks(shape.chunk_size, sequences) * shape.nheads <= CPU_MAX_CHUNK_HEADS
     )
 
 
