@@ -1,0 +1,173 @@
+"""The pytest plugin: items per case and check, collection errors, skips with reasons, xfail/XPASS, xdist pinning,
+junit properties and the merged JSON report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from harness import pytest_plugin as plugin
+from harness.report import ItemRecord, Report, merge_reports, summary_lines
+from tests import broken_providers as bp
+
+pytest_plugins = ["pytester"]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _providers_imported_outside():
+    """pytester restores sys.modules after each in-process run; importing the providers (and Triton) here keeps
+    them in the snapshot, so inner runs do not re-import Triton's native modules (which cannot be loaded twice)."""
+    from harness.checks import load_provider
+
+    load_provider("kernels:provider")
+    load_provider("reference:provider")
+
+
+@pytest.fixture
+def tiny(pytester) -> Path:
+    return pytester.makefile(".yaml", tiny=bp.TINY_CASES)
+
+
+def run_inner(pytester, *args):
+    """An in-process pytest session with the plugin, on the interpreter."""
+    return pytester.runpytest_inprocess("-p", "harness.pytest_plugin", "--device", "cpu", "-p", "no:cacheprovider",
+                                        "-rsx", *args)
+
+
+@pytest.mark.parametrize("provider_name", sorted(bp.CAUGHT_BY))
+def test_pytest_items_catch_each_broken_provider(pytester, tiny, provider_name):
+    check, case_id = bp.CAUGHT_BY[provider_name]
+    result = run_inner(pytester, str(tiny), "--provider", f"tests.broken_providers:{provider_name}",
+                       "-k", f"{case_id} and {check}")
+    assert result.ret == 1
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        f"*{case_id}::{check}*",
+        f"repro: python -m harness repro {tiny} --check {check} --case {case_id} "
+        f"--provider tests.broken_providers:{provider_name} --device cpu",
+    ])
+
+
+def test_items_are_file_case_check_and_unsupported_paths_skip_with_reason(pytester, tiny):
+    result = run_inner(pytester, str(tiny), "--provider", "reference:provider", "-k", "tiny-direct and indexed")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*unsupported: provider 'reference' lacks the indexed path*"])
+    collected = run_inner(pytester, str(tiny), "--collect-only", "-q")
+    collected.stdout.fnmatch_lines(["tiny.yaml::tiny-direct::indexed_vs_snapshot", "tiny.yaml::tiny-batch::masked_state"])
+
+
+def test_malformed_yaml_is_a_collection_error_naming_file_key_expected_found(pytester):
+    bad = pytester.makefile(".yaml", bad=bp.TINY_CASES.replace("chunk_size: 16}", "chunk_size: 24}", 1))
+    result = run_inner(pytester, str(bad))
+    assert result.ret == 2
+    assert f"{bad}: cases[0].shape.chunk_size: expected a power of two >= 16, found 24" in result.stdout.lines
+    assert "Traceback" not in result.stdout.str()
+
+
+def test_duplicate_ids_across_files_name_both_files(pytester):
+    first = pytester.makefile(".yaml", first=bp.TINY_CASES)
+    second = pytester.makefile(".yaml", second=bp.TINY_CASES)
+    result = run_inner(pytester, str(first), str(second), "--collect-only")
+    assert result.ret == 2
+    result.stdout.fnmatch_lines([f"{second}: id: expected an id unique across files, found 'tiny-direct' also in {first}"])
+
+
+def test_case_too_large_for_the_interpreter_is_skipped_with_reason(pytester):
+    big = bp.TINY_CASES.replace("call: {final_state: direct, path: auto}\n  - id: tiny-batch",
+                                "call: {final_state: direct, path: auto}\n    tiers: {cpu: false}\n  - id: tiny-batch")
+    path = pytester.makefile(".yaml", big=big)
+    result = run_inner(pytester, str(path), "-k", "tiny-direct and determinism")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*too large for the CPU interpreter tier*"])
+
+
+def test_xfail_is_honoured_and_stale_xfail_fails_strictly(pytester):
+    xfail = bp.TINY_CASES.replace("    call: {final_state: direct, path: auto}\n  - id: tiny-batch",
+                                  "    call: {final_state: direct, path: auto}\n"
+                                  "    expect: {xfail: 'issue 7: final slot written one off'}\n  - id: tiny-batch")
+    path = pytester.makefile(".yaml", xf=xfail)
+    caught = run_inner(pytester, str(path), "--provider", "tests.broken_providers:wrong_slot",
+                       "-k", "tiny-direct and untouched")
+    caught.assert_outcomes(xfailed=1)
+    stale = run_inner(pytester, str(path), "-k", "tiny-direct and determinism")
+    stale.assert_outcomes(failed=1)
+    stale.stdout.fnmatch_lines(["*XPASS(strict): determinism passed but the case expects a failure*"])
+
+
+def test_xdist_junit_properties_and_merged_json_report(tmp_path):
+    cases = tmp_path / "tiny.yaml"
+    cases.write_text(bp.TINY_CASES)
+    junit, report = tmp_path / "junit.xml", tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", str(cases), "--device", "cpu", "-n", "2",
+         "-p", "no:cacheprovider", "-k", "determinism or reference_bound", "--junitxml", str(junit),
+         "--json-report", str(report), "--provider", "reference:provider"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ssd-harness summary" in proc.stdout and "no failures" in proc.stdout
+    data = json.loads(report.read_text())
+    assert data["meta"]["workers"] == ["gw0", "gw1"]
+    assert sorted(i["nodeid"].split("::", 1)[1] for i in data["items"]) == sorted(
+        f"{c}::{k}" for c in ("tiny-batch", "tiny-direct", "tiny-returned") for k in ("determinism", "reference_bound"))
+    assert all(i["outcome"] == "passed" and i["duration"] > 0 for i in data["items"])
+    assert not (tmp_path / "report.json.parts").exists() or not any((tmp_path / "report.json.parts").iterdir())
+    cases_xml = ET.parse(junit).getroot().iter("testcase")
+    props = [{p.get("name"): p.get("value") for p in tc.iter("property")} for tc in cases_xml]
+    assert len(props) == 6 and all({"case_id", "check", "seed", "family"} <= set(p) for p in props)
+    assert all("max_ulp" in p for p in props if p["check"] == "reference_bound")
+
+
+def test_shards_cover_every_item_once(pytester, tiny):
+    def ids(*extra):
+        out = run_inner(pytester, str(tiny), "--collect-only", "-q", *extra).stdout.lines
+        return {line for line in out if "::" in line}
+
+    everything = ids()
+    first, second = ids("--shard", "1/2"), ids("--shard", "2/2")
+    assert first and second and not first & second and first | second == everything
+
+
+def test_workers_are_pinned_to_gpus_round_robin(monkeypatch, tmp_path):
+    assert [plugin.gpu_for_worker(f"gw{i}", ["0", "1"]) for i in range(5)] == ["0", "1", "0", "1", "0"]
+    assert plugin.gpu_for_worker("gw3", ["4", "6", "7"]) == "4"
+    with pytest.raises(ValueError):
+        plugin.gpu_for_worker("master", ["0"])
+    monkeypatch.setenv(plugin.GPU_LIST_ENV, "2,3")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    plugin._pin_worker("gw1")
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "3"
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "xdist-gw1")
+
+
+def test_auto_workers_on_cpu_is_one_per_core(pytestconfig, monkeypatch):
+    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
+
+    class Config:
+        def getoption(self, name):
+            return {"device": "cpu", "workers_per_gpu": 3}[name]
+
+    assert plugin.pytest_xdist_auto_num_workers(Config()) == len(os.sched_getaffinity(0))
+
+
+def test_report_merge_and_summary_group_failures():
+    a = Report([ItemRecord("f::c1::determinism", "failed", case_id="c1", check="determinism", family="single"),
+                ItemRecord("f::c2::determinism", "passed", case_id="c2", check="determinism", family="multi")],
+               meta={"worker": "gw0"})
+    b = Report([ItemRecord("f::c2::determinism", "xpassed", case_id="c2", check="determinism", family="multi"),
+                ItemRecord("f::c3::masked_state", "skipped", case_id="c3", check="masked_state", reason="why")],
+               meta={"worker": "gw1"})
+    merged = merge_reports([a, b])
+    assert merged.meta["workers"] == ["gw0", "gw1"]
+    assert merged.counts() == {"failed": 1, "skipped": 1, "xpassed": 1}
+    text = "\n".join(summary_lines(merged.items))
+    assert "failures by check:\n  determinism                 2  c1, c2" in text
+    assert "failures by case family:" in text and "single" in text and "multi" in text
