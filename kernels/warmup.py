@@ -22,6 +22,7 @@ deduplicates by key, so a kernel that stops specializing an argument simply comp
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -38,6 +39,9 @@ INT_ONE, INT_MULTIPLE_OF_16, INT_OTHER = 1, 16, 3
 INDEX_STRIDES = (INT_ONE, INT_MULTIPLE_OF_16, INT_OTHER)  # contiguous, block table with 16k / other columns
 COUNT_CLASSES = (INT_ONE, INT_MULTIPLE_OF_16, INT_OTHER)  # batch, nchunks
 ROW_PADS = (0, 1)  # padded state-cache row: H*P*N + pad keeps or breaks the multiple-of-16 class
+# nchunks / batch / pad values tried for a count that enters ints as a*n + b: 1..16 cover every residue mod 16 and
+# 17 is "== 1 mod 16 but not 1"; ``representatives`` keeps one value per distinct tuple of classes.
+COUNT_CANDIDATES = tuple(range(1, 18))
 ALIGNMENTS = (True, False)
 
 # Arguments each kernel reads only as scalars (one element per program): alignment (and for strides, value)
@@ -100,6 +104,16 @@ class WarmupRequest:
     index_strides: tuple[int, ...] = INDEX_STRIDES  # restrict to (1,) for a stride-1-only warmup
     index_alignments: tuple[bool, ...] = ALIGNMENTS
     mask_dtypes: tuple[torch.dtype, ...] = (torch.bool,)
+    # What ssd_prefill may be called with. Defaults: everything the case schema allows (the GPU suite); a server
+    # that knows its model's options narrows them. Metadata tensors are int32 as vLLM and the case builder make them.
+    metadata_dtypes: tuple[torch.dtype, ...] = (torch.int32,)
+    d_kinds: tuple[str, ...] = ("none", "per_head", "per_channel")
+    z_options: tuple[bool, ...] = (False, True)
+    dt_bias_options: tuple[bool, ...] = (False, True)
+    softplus_options: tuple[bool, ...] = (False, True)
+    dt_limit_options: tuple[bool, ...] = (False, True)  # True: a limit other than (0, inf)
+    paths: tuple[str, ...] = ("snapshot", "indexed")
+    modes: tuple[str, ...] = ("direct", "returned", "checkpoint")
 
 
 @dataclass(frozen=True)
@@ -274,3 +288,311 @@ def _state_passing_indexed_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
             stride_cache_slot=s.nheads * dim + pad, stride_cache_head=dim,
             BLOCK_SIZE=spi.BLOCK_SIZE,
         ), why=f"{state} cache, {idx_dtype} slots, {nchunks} chunks")
+
+
+# ---- class derivation ---------------------------------------------------------------------------------------------
+# The enumeration is pruned by what each kernel specializes (its ``do_not_specialize`` /
+# ``do_not_specialize_on_alignment`` lists, read from the jit object), so the registry is right before and after
+# the decorator changes and enumerates fewer combinations after them; the final word is always the key dedup.
+
+
+def int_class(v: int) -> str:
+    """Triton's value class of a specialized int (below 2**31; larger values are i64 and not produced here)."""
+    return "=1" if v == 1 else ("16k" if v % 16 == 0 else "other")
+
+
+def representatives(*fns: Callable[[int], int], candidates: Iterable[int] = COUNT_CANDIDATES) -> list[int]:
+    """One count per distinct tuple of ``int_class(f(n))``: the counts whose derived ints differ in class."""
+    seen: dict[tuple, int] = {}
+    for n in candidates:
+        seen.setdefault(tuple(int_class(f(n)) for f in fns), n)
+    return list(seen.values())
+
+
+def _param(kernel: Any, name: str):
+    from harness.guards.specialization import _gpu_view
+
+    for p in _gpu_view(kernel).params:
+        if p.name == name:
+            return p
+    raise KeyError(f"{kernel_name(kernel)} has no parameter {name!r}")
+
+
+def alignments(kernel: Any, name: str, wanted: Iterable[bool]) -> tuple[bool, ...]:
+    """Pointer alignments worth enumerating for ``name``: one when the kernel ignores its alignment."""
+    p = _param(kernel, name)
+    return (True,) if p.do_not_specialize or p.do_not_specialize_on_alignment else tuple(wanted)
+
+
+def int_values(kernel: Any, name: str, values: Iterable[int]) -> tuple[int, ...]:
+    """Values worth enumerating for int ``name``: one when not specialized at all; ``=1`` vs not when only the
+    multiple-of-16 class is switched off (``do_not_specialize_on_alignment`` also governs ints)."""
+    values = tuple(values)
+    p = _param(kernel, name)
+    if p.do_not_specialize:
+        return values[:1]
+    if p.do_not_specialize_on_alignment:
+        return tuple({(v == 1): v for v in reversed(values)}.values())
+    return values
+
+
+def _strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """Contiguous strides of a fresh tensor."""
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return tuple(reversed(out))
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def _index_views(kernel: Any, ptr: str, stride: str, req: WarmupRequest) -> Iterator[tuple[Any, int]]:
+    """(pointer stand-in, stride) of a user index tensor: contiguous or a block-table column, any dtype."""
+    for dtype, aligned, st in itertools.product(req.index_dtypes, alignments(kernel, ptr, req.index_alignments),
+                                                int_values(kernel, stride, req.index_strides)):
+        yield pointer(dtype, aligned), st
+
+
+# ---- the five SSD stages ------------------------------------------------------------------------------------------
+# Inputs x, dt, B, C, z, D, dt_bias, A and out are fresh contiguous tensors (aligned, strides from the shape), as
+# the case builder and vLLM's packed varlen layout give them; workspaces are allocated by the launchers. What varies
+# per call: nchunks (in the (H, C, Q) strides), batch, index views, the cache's row pad and offset, and the flags.
+
+
+@register("chunk_cumsum")
+def _chunk_cumsum_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
+    from kernels import chunk_cumsum as cc
+    from kernels.backend import USE_LIBDEVICE
+
+    k = cc._chunk_cumsum_kernel
+    s = req.shape
+    H, Q = s.nheads, s.chunk_size
+    for meta, bias, softplus, limit, nchunks in itertools.product(
+            req.metadata_dtypes, req.dt_bias_options, req.softplus_options, req.dt_limit_options,
+            representatives(lambda c: c * Q)):
+        ws = _strides((H, nchunks, Q))
+        yield WarmupSpec(k, dict(
+            dt_ptr=pointer(torch.float32), A_ptr=pointer(torch.float32), dt_bias_ptr=pointer(torch.float32),
+            cu_chunk_seqlens_ptr=pointer(meta), dt_out_ptr=pointer(torch.float32),
+            dA_cumsum_ptr=pointer(torch.float32), nheads=H, chunk_size=Q,
+            dt_min=0.0 if not limit else 0.001, dt_max=float("inf") if not limit else 0.1,
+            stride_dt_token=H, stride_dt_head=1, stride_A_head=1, stride_dt_bias_head=1 if bias else 0,
+            stride_dt_out_head=ws[0], stride_dt_out_chunk=ws[1], stride_dt_out_pos=ws[2],
+            stride_dA_cs_head=ws[0], stride_dA_cs_chunk=ws[1], stride_dA_cs_pos=ws[2],
+            HAS_DT_BIAS=bias, DT_SOFTPLUS=softplus, HAS_DT_LIMIT=limit, LOG1P_LIBDEVICE=USE_LIBDEVICE,
+            BLOCK_SIZE_H=cc.BLOCK_SIZE_H, BLOCK_SIZE_CHUNK=_next_pow2(Q),
+        ), why=f"bias={bias} softplus={softplus} limit={limit} nchunks~{nchunks}")
+
+
+@register("chunk_state")
+def _chunk_state_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
+    from kernels import chunk_state as cs
+    from kernels.backend import DOT_FP32_OPERANDS, FP32_DOT_PRECISION
+
+    s = req.shape
+    H, P, N, G, Q = s.nheads, s.headdim, s.dstate, s.ngroups, s.chunk_size
+    for io, meta, nchunks in itertools.product(req.io_dtypes, req.metadata_dtypes, representatives(lambda c: c * Q)):
+        ws = _strides((H, nchunks, Q))
+        x, b, st = _strides((1, H, P)), _strides((1, G, N)), _strides((nchunks, H, P, N))
+        yield WarmupSpec(cs.chunk_state_kernel, dict(
+            x_ptr=pointer(io), B_ptr=pointer(io), dt_ptr=pointer(torch.float32), dA_cumsum_ptr=pointer(torch.float32),
+            cu_chunk_seqlens_ptr=pointer(meta), states_ptr=pointer(torch.float32),
+            hdim=P, dstate=N, chunk_size=Q, nheads_per_group=H // G,
+            stride_x_token=x[0], stride_x_head=x[1], stride_x_hdim=x[2],
+            stride_B_token=b[0], stride_B_group=b[1], stride_B_dstate=b[2],
+            stride_dt_head=ws[0], stride_dt_chunk=ws[1], stride_dt_pos=ws[2],
+            stride_dA_cs_head=ws[0], stride_dA_cs_chunk=ws[1], stride_dA_cs_pos=ws[2],
+            stride_states_chunk=st[0], stride_states_head=st[1], stride_states_hdim=st[2],
+            stride_states_dstate=st[3],
+            DOT_FP32_OPERANDS=DOT_FP32_OPERANDS, FP32_DOT_PRECISION=FP32_DOT_PRECISION,
+        ), why=f"{io} nchunks~{nchunks}")
+
+
+@register("bmm_chunk")
+def _bmm_chunk_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
+    from kernels import bmm_chunk as bc
+    from kernels.backend import DOT_FP32_OPERANDS, FP32_DOT_PRECISION
+
+    s = req.shape
+    N, G, Q = s.dstate, s.ngroups, s.chunk_size
+    for io, meta in itertools.product(req.io_dtypes, req.metadata_dtypes):
+        cb, b = _strides((1, G, Q, Q)), _strides((1, G, N))  # (C, G, Q, Q): stride(0) does not depend on C
+        yield WarmupSpec(bc.bmm_chunk_kernel, dict(
+            C_ptr=pointer(io), B_ptr=pointer(io), cu_chunk_seqlens_ptr=pointer(meta), CB_ptr=pointer(torch.float32),
+            dstate=N, chunk_size=Q,
+            stride_C_token=b[0], stride_C_group=b[1], stride_C_dstate=b[2],
+            stride_B_token=b[0], stride_B_group=b[1], stride_B_dstate=b[2],
+            stride_CB_chunk=cb[0], stride_CB_group=cb[1], stride_CB_m=cb[2], stride_CB_n=cb[3],
+            DOT_FP32_OPERANDS=DOT_FP32_OPERANDS, FP32_DOT_PRECISION=FP32_DOT_PRECISION,
+        ), why=f"{io}")
+
+
+@register("chunk_scan")
+def _chunk_scan_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
+    from kernels import chunk_scan as csc
+    from kernels.backend import DOT_FP32_OPERANDS, FP32_DOT_PRECISION
+
+    s = req.shape
+    H, P, N, G, Q = s.nheads, s.headdim, s.dstate, s.ngroups, s.chunk_size
+    for io, state, meta, d_kind, has_z, path, nchunks in itertools.product(
+            req.io_dtypes, req.state_dtypes, req.metadata_dtypes, req.d_kinds, req.z_options, req.paths,
+            representatives(lambda c: c * Q)):
+        ws = _strides((H, nchunks, Q))
+        cb, x, c = _strides((1, G, Q, Q)), _strides((1, H, P)), _strides((1, G, N))
+        st = _strides((1, H, P, N))
+        snapshot = path == "snapshot"  # dense initial states (gathered, fresh); indexed: entering states only
+        init = st if snapshot else (0, 0, 0, 0)
+        d = {"none": (0, 0), "per_head": (1, 0), "per_channel": (P, 1)}[d_kind]
+        yield WarmupSpec(csc.chunk_scan_kernel, dict(
+            CB_ptr=pointer(torch.float32), x_ptr=pointer(io), z_ptr=pointer(io), out_ptr=pointer(io),
+            dt_ptr=pointer(torch.float32), dA_cumsum_ptr=pointer(torch.float32), seq_idx_ptr=pointer(meta),
+            C_ptr=pointer(io), states_ptr=pointer(state),
+            D_ptr=pointer(torch.float32), initial_states_ptr=pointer(state), cu_chunk_seqlens_ptr=pointer(meta),
+            chunk_size=Q, hdim=P, dstate=N, nheads_per_group=H // G,
+            stride_CB_chunk=cb[0], stride_CB_group=cb[1], stride_CB_m=cb[2], stride_CB_k=cb[3],
+            stride_x_token=x[0], stride_x_head=x[1], stride_x_hdim=x[2],
+            **dict(zip(("stride_z_token", "stride_z_head", "stride_z_hdim"), x if has_z else (0, 0, 0))),
+            stride_out_token=x[0], stride_out_head=x[1], stride_out_hdim=x[2],
+            stride_dt_head=ws[0], stride_dt_chunk=ws[1], stride_dt_pos=ws[2],
+            stride_dA_cs_head=ws[0], stride_dA_cs_chunk=ws[1], stride_dA_cs_pos=ws[2],
+            stride_C_token=c[0], stride_C_group=c[1], stride_C_dstate=c[2],
+            stride_states_chunk=st[0], stride_states_head=st[1], stride_states_hdim=st[2],
+            stride_states_dstate=st[3],
+            stride_init_batch=init[0], stride_init_head=init[1], stride_init_hdim=init[2],
+            stride_init_dstate=init[3],
+            stride_D_head=d[0], stride_D_hdim=d[1],
+            HAS_D=d_kind != "none", HAS_Z=has_z, HAS_INITIAL_STATES=snapshot, STATES_ARE_ENTERING=not snapshot,
+            DOT_FP32_OPERANDS=DOT_FP32_OPERANDS, FP32_DOT_PRECISION=FP32_DOT_PRECISION,
+            BLOCK_SIZE_DSTATE=min(_next_pow2(N), csc.MAX_BLOCK_SIZE_DSTATE),
+        ), why=f"{io} io, {state} states, D {d_kind}, z={has_z}, {path}, nchunks~{nchunks}")
+
+
+@register("state_passing")
+def _state_passing_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
+    """Snapshot path only (the indexed path has its own kernel). ssd_prefill always passes the dense initial
+    states (zeros where masked), so HAS_INIT is True; the writeback target depends on the mode."""
+    from kernels import state_passing as sp
+
+    k = sp._state_passing_kernel
+    if "snapshot" not in req.paths:
+        return
+    s = req.shape
+    H, P, N, Q = s.nheads, s.headdim, s.dstate, s.chunk_size
+    dim, row = P * N, H * P * N
+    counts = representatives(lambda c: c * Q, lambda c: c)
+    for state, meta, mode, nchunks in itertools.product(req.state_dtypes, req.metadata_dtypes, req.modes,
+                                                        int_values(k, "nchunks", counts)):
+        ws = _strides((H, nchunks, Q))
+        if mode == "direct":  # the user's cache and final slots
+            targets = ((pointer(state, cache_aligned), row + pad, final, final_stride)
+                       for cache_aligned in ALIGNMENTS for pad in representatives(lambda p: row + p, candidates=range(17))
+                       for final, final_stride in _index_views(k, "final_idx_ptr", "stride_final_idx", req))
+        elif mode == "returned":  # a fresh (Bt, H, P, N) result and an int64 arange of slots
+            targets = [(pointer(state), row, pointer(torch.int64), 1)]
+        else:  # checkpoint: nothing written; placeholders are the workspace and seq_idx
+            targets = [(pointer(state), row, pointer(meta), 1)]
+        for cache, cache_stride, final, final_stride in targets:
+            yield WarmupSpec(k, dict(
+                states_ptr=pointer(torch.float32), out_ptr=pointer(state), dA_cs_ptr=pointer(torch.float32),
+                init_ptr=pointer(state), seq_idx_ptr=pointer(meta), cache_ptr=cache, final_idx_ptr=final,
+                last_chunk_ptr=pointer(meta),
+                dim=dim, nchunks=nchunks, chunk_size=Q,
+                stride_states_chunk=row, stride_states_head=dim, stride_out_chunk=row, stride_out_head=dim,
+                stride_dA_head=ws[0], stride_dA_chunk=ws[1], stride_dA_q=ws[2],
+                stride_init_batch=row, stride_init_head=dim, stride_seq_idx=1,
+                stride_cache_slot=cache_stride, stride_cache_head=dim,
+                stride_final_idx=final_stride, stride_last_chunk=1,
+                HAS_INIT=True, WRITE_CACHE=mode != "checkpoint",
+            ), why=f"{state} {mode}, nchunks~{nchunks}")
+
+
+# ---- entry point (``python -m harness warmup``) ---------------------------------------------------------------------
+
+
+def requests_from_cases(cases: Iterable[Any]) -> list[tuple[ModelShape, tuple, tuple, dict]]:
+    """(shape, io dtypes, state dtypes, request options) per distinct (shape, dtypes, D/z/dt_bias/softplus/dt_limit)
+    of ``cases`` (harness.cases.model.Case). Paths, modes and index classes stay complete: a check may call a case
+    on either path and in a mode other than its own, but never with other options or dtypes."""
+    groups: dict[tuple, None] = {}
+    for c in cases:
+        sh, o = c.shape, c.options
+        shape = ModelShape(sh.nheads, sh.headdim, sh.dstate, sh.ngroups, sh.chunk_size)
+        has_limit = tuple(o.dt_limit) != (0.0, math.inf)
+        groups[(shape, c.dtype.io_torch, c.dtype.state_torch, o.D, o.z, o.dt_bias, o.dt_softplus, has_limit)] = None
+    return [(shape, (io,), (state,), dict(d_kinds=(d,), z_options=(z,), dt_bias_options=(bias,),
+                                          softplus_options=(softplus,), dt_limit_options=(limit,)))
+            for shape, io, state, d, z, bias, softplus, limit in groups]
+
+
+def warmup_all(device: str, requests: Iterable[tuple], **request: Any) -> WarmupReport:
+    """One warmup per (shape, io dtypes, state dtypes[, request options]); keys merged (the same class compiled for two shapes is one
+    binary: shapes enter keys only through their int classes and the block-size constexprs)."""
+    start = time.perf_counter()
+    keys: dict[tuple[str, str], SpecKey] = {}
+    compiled = enumerated = 0
+    for shape, io, state, *options in requests:
+        r = warmup(device, shape, io, state, **{**(options[0] if options else {}), **request})
+        compiled += r.compiled
+        enumerated += r.enumerated
+        for k in r.keys:
+            keys.setdefault((k.kernel, k.key), k)
+    per_kernel: dict[str, int] = {}
+    for kernel, _ in keys:
+        per_kernel[kernel] = per_kernel.get(kernel, 0) + 1
+    return WarmupReport(list(keys.values()), compiled, time.perf_counter() - start, per_kernel, enumerated)
+
+
+_DTYPE_NAMES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m harness warmup``: compile (GPU) or key (interpreter) every specialization the SSD path needs for
+    the shapes of a case corpus (or one ``--shape``), print the time and the number of specializations.
+
+    The backend is the one the kernels were imported for (``harness.backend.configure`` runs before); ``--device``
+    only checks it. Exit status 0; 2 on bad arguments.
+    """
+    import argparse
+
+    from triton import knobs
+
+    parser = argparse.ArgumentParser(prog="python -m harness warmup", description=main.__doc__.split("\n\n")[0])
+    parser.add_argument("paths", nargs="*", default=["cases"], help="case files or directories (default: cases)")
+    parser.add_argument("--shape", help="one model shape instead of the cases: nheads,headdim,dstate,ngroups,chunk")
+    parser.add_argument("--io", nargs="+", choices=sorted(_DTYPE_NAMES), help="io dtypes (with --shape)")
+    parser.add_argument("--state", nargs="+", choices=sorted(_DTYPE_NAMES), help="state dtypes (with --shape)")
+    parser.add_argument("--kernels", nargs="+", choices=registered(), help="registrations to warm (default all)")
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    parser.add_argument("--verbose", action="store_true", help="list every specialization")
+    args = parser.parse_args(argv)
+
+    device = "cpu" if knobs.runtime.interpret else "cuda"
+    if args.device not in ("auto", device):
+        parser.error(f"--device {args.device}: kernels were imported for {device} (set it before importing kernels)")
+    if args.shape:
+        try:
+            shape = ModelShape(*(int(v) for v in args.shape.split(",")))
+        except (TypeError, ValueError):
+            parser.error(f"--shape: expected nheads,headdim,dstate,ngroups,chunk_size; found {args.shape!r}")
+        io = tuple(_DTYPE_NAMES[d] for d in (args.io or _DTYPE_NAMES))
+        state = tuple(_DTYPE_NAMES[d] for d in (args.state or _DTYPE_NAMES))
+        requests = [(shape, io, state)]
+    else:
+        from harness.cases.loader import load_cases
+
+        requests = requests_from_cases(load_cases(args.paths))
+        if not requests:
+            parser.error(f"no cases under {args.paths}")
+    report = warmup_all(device, requests, kernels=args.kernels)
+    shapes = len({r[0] for r in requests})
+    print(f"{report.summary()} over {shapes} model shape(s), {len(requests)} option set(s) on {device}")
+    if device == "cpu":
+        print("(interpreter: nothing compiles; the keys are what the GPU would compile, and what the CPU guard "
+              "compares launches against)")
+    if args.verbose:
+        for k in report.keys:
+            print("  " + k.describe())
+    return 0
