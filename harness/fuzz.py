@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
 from harness.cases.model import (
+    CPU_MAX_CHUNK_HEADS,
     IO_DTYPES,
     STATE_DTYPES,
     CacheSpec,
@@ -35,6 +36,7 @@ from harness.cases.model import (
     default_cpu_tier,
     default_family,
 )
+from harness.varlen import build_varlen_metadata
 
 FAMILY = "fuzz"
 MAX_SEQUENCES = 3
@@ -61,22 +63,21 @@ def cases(draw, max_sequences: int = MAX_SEQUENCES) -> Case:
         dt_limit=draw(st.sampled_from([(0.0, math.inf), (0.001, 0.1)])),
     )
     final_state = draw(st.sampled_from(["direct", "returned", "checkpoint"]))
-    batch = draw(st.integers(1, max_sequences))
-    slots = batch + draw(st.integers(0, 2))
     direct = final_state == "direct"
+    lengths = _sequence_lengths(draw, shape, max_sequences)
+    batch = len(lengths)
+    slots = batch + draw(st.integers(0, 2))
     finals = draw(st.permutations(range(slots)))[:batch] if direct else [None] * batch
     sequences, slot_state = [], {}
-    for b in range(batch):
+    for b, (context, tokens) in enumerate(lengths):
         init = draw(st.integers(0, slots - 1))
         # A slot is either masked (NaN) or stateful for every sequence that reads it.
         has_state = slot_state.setdefault(init, draw(st.booleans()))
         final = finals[b]
         if direct and draw(st.integers(0, 5)) == 0:
             final = -1  # a padded sequence: nothing written
-        sequences.append(SequenceSpec(
-            context=draw(st.integers(0, 150)), tokens=draw(st.integers(1, MAX_TOKENS)),
-            init_slot=init, has_state=has_state, final_slot=final,
-        ))
+        sequences.append(SequenceSpec(context=context, tokens=tokens, init_slot=init, has_state=has_state,
+                                      final_slot=final))
     sequences = tuple(sequences)
     cache = CacheSpec(
         slots=slots, row_pad=draw(st.integers(0, 5)), offset=draw(st.integers(0, 5)),
@@ -99,6 +100,23 @@ def cases(draw, max_sequences: int = MAX_SEQUENCES) -> Case:
         checks=("all",), expect=Expect("pass"), inputs=InputKnobs(), tiers=Tiers(cpu=default_cpu_tier(shape, sequences)),
         family=default_family(case_id),
     )
+
+
+def _sequence_lengths(draw, shape: Shape, max_sequences: int) -> list[tuple[int, int]]:
+    """(context, tokens) per sequence, within the interpreter tier's budget of chunks x heads."""
+    budget = CPU_MAX_CHUNK_HEADS // shape.nheads  # chunks left for the whole batch
+    q = shape.chunk_size
+    lengths = []
+    for _ in range(draw(st.integers(1, max_sequences))):
+        if budget < 1:
+            break
+        context = draw(st.integers(0, 150))
+        room = q - context % q
+        fits = room + (budget - 1) * q  # most tokens that stay within the remaining chunks
+        tokens = min(draw(st.integers(1, MAX_TOKENS)), fits)
+        budget -= len(build_varlen_metadata([context], [tokens], q).seq_idx)
+        lengths.append((context, tokens))
+    return lengths
 
 
 @dataclass
