@@ -482,9 +482,12 @@ def _state_passing_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
     s = req.shape
     H, P, N, Q = s.nheads, s.headdim, s.dstate, s.chunk_size
     dim, row = P * N, H * P * N
-    counts = representatives(lambda c: c * Q, lambda c: c)
-    for state, meta, mode, nchunks in itertools.product(req.state_dtypes, req.metadata_dtypes, req.modes,
-                                                        int_values(k, "nchunks", counts)):
+    # nchunks is an argument (its own class, unless the kernel does not specialize it) and a factor of the dA strides
+    # (always specialized): prune only by the classes of both.
+    nchunks_param = _param(k, "nchunks")
+    own = (lambda c: 0) if nchunks_param.do_not_specialize else (lambda c: c)
+    counts = representatives(lambda c: c * Q, own)
+    for state, meta, mode, nchunks in itertools.product(req.state_dtypes, req.metadata_dtypes, req.modes, counts):
         ws = _strides((H, nchunks, Q))
         if mode == "direct":  # the user's cache and final slots
             targets = ((pointer(state, cache_aligned), row + pad, final, final_stride)

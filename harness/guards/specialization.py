@@ -93,13 +93,17 @@ def _options_as_run_sees_them(view: JITFunction, kwargs: dict) -> dict:
     return kwargs
 
 
-def readable_class(spec: tuple) -> str:
-    """('*i32', 'D') -> '*i32 aligned16'; ('i64', '') -> 'i64 other'; ('constexpr', 1) -> '=1'."""
+def readable_class(spec: tuple, alignment_specialized: bool = True) -> str:
+    """('*i32', 'D') -> '*i32 aligned16'; ('i64', '') -> 'i64 other'; ('constexpr', 1) -> '=1'. With
+    ``alignment_specialized=False`` (the parameter is in ``do_not_specialize_on_alignment``) an empty attribute
+    means "not looked at", not "unaligned"/"other"."""
     ty, attr = spec[0], spec[1] if len(spec) > 1 else None
     if ty == "constexpr":
         return f"={attr!r}"
     if attr is None:
         return f"{ty} (not specialized)"
+    if not alignment_specialized:
+        return f"{ty} (alignment not specialized)"
     if isinstance(ty, str) and ty.startswith("*"):
         return f"{ty} {'aligned16' if 'D' in attr else 'unaligned'}"
     return f"{ty} {'multiple of 16' if 'D' in attr else 'other'}"
@@ -116,7 +120,8 @@ def specialization_key(kernel: Any, args: tuple = (), kwargs: dict | None = None
     kwargs = {k: MockTensor.wrap_dtype(v) for k, v in (kwargs or {}).items()}
     _, specialization, options = binder(*args, **_options_as_run_sees_them(view, kwargs))
     key = str(specialization) + str(options)
-    params = tuple((p.name, readable_class(s)) for p, s in zip(view.params, specialization))
+    params = tuple((p.name, readable_class(s, not p.do_not_specialize_on_alignment))
+                   for p, s in zip(view.params, specialization))
     opts = tuple((k, repr(v)) for k, v in options.items())
     return SpecKey(kernel_name(kernel), key, params + opts)
 

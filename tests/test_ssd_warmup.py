@@ -1,0 +1,195 @@
+"""Warmup registry over the whole SSD path (issue 6): every key a real ``ssd_prefill`` call launches is in the
+startup warmup, for every registered kernel; removing a kernel's keys, or narrowing a class, makes the guard fire.
+
+CPU: launch keys are compared against the warmed keys (nothing compiles). GPU: the same guard also watches real
+compiles, after a warmup that compiled everything.
+"""
+
+from __future__ import annotations
+
+from harness.backend import configure
+
+DEVICE = configure()
+
+import math  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from harness.guards.recompile import RecompileError, guard_no_recompile  # noqa: E402
+from harness.guards.specialization import (  # noqa: E402
+    MissingSpecialization,
+    assert_keys_warmed,
+    kernel_name,
+    recording_launches,
+)
+from harness.varlen import build_varlen_metadata  # noqa: E402
+from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, gather, ssd  # noqa: E402
+from kernels import state_passing as sp  # noqa: E402
+from kernels import state_passing_indexed as spi  # noqa: E402
+from kernels.warmup import (  # noqa: E402
+    ModelShape,
+    int_values,
+    main,
+    registered,
+    representatives,
+    warmup,
+)
+
+SHAPE = ModelShape(nheads=2, headdim=4, dstate=8, ngroups=1, chunk_size=8)  # Q < 16: nchunks enters the classes
+H, P, N, G, Q = SHAPE.nheads, SHAPE.headdim, SHAPE.dstate, SHAPE.ngroups, SHAPE.chunk_size
+ALL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+KERNELS = {
+    "gather": gather._gather_initial_states_kernel,
+    "state_passing_indexed": spi._state_passing_indexed_kernel,
+    "chunk_cumsum": chunk_cumsum._chunk_cumsum_kernel,
+    "chunk_state": chunk_state.chunk_state_kernel,
+    "bmm_chunk": bmm_chunk.bmm_chunk_kernel,
+    "chunk_scan": chunk_scan.chunk_scan_kernel,
+    "state_passing": sp._state_passing_kernel,
+}
+
+
+def _call(*, io=torch.float32, state=torch.float32, contexts=(3,), tokens=(13,), D="none", z=False, bias=False,
+          softplus=False, limit=False, mode="direct", path="snapshot", table=None, row_pad=0, offset=0, seed=0):
+    """One ssd_prefill call on a padded/offset cache; ``table=(columns, column, rows_before)`` takes the index
+    tensors as int64 block-table columns (strided, possibly unaligned views)."""
+    g = torch.Generator().manual_seed(seed)
+    meta = build_varlen_metadata(list(contexts), list(tokens), Q)
+    T, batch = meta.total_tokens, len(contexts)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    slots, row = 4, H * P * N
+    flat = r(offset + slots * (row + row_pad)).to(state).to(DEVICE)
+    cache = flat.as_strided((slots, H, P, N), (row + row_pad, P * N, N, 1), offset)
+    if table is None:
+        init = torch.arange(batch, dtype=torch.int32, device=DEVICE)
+        final = init.flip(0).clone()
+    else:
+        columns, column, rows_before = table
+        bt = torch.zeros(rows_before + batch, columns, dtype=torch.int64, device=DEVICE)
+        bt[rows_before:, column] = torch.arange(batch)
+        bt[rows_before:, (column + 1) % columns] = torch.arange(batch).flip(0)
+        init, final = bt[rows_before:, column], bt[rows_before:, (column + 1) % columns]
+    kw = dict(
+        chunk_size=Q, **meta.tensors(DEVICE), out=torch.empty(T, H, P, dtype=io, device=DEVICE),
+        D={"none": None, "per_head": r(H), "per_channel": r(H, P)}[D], z=r(T, H, P).to(io) if z else None,
+        dt_bias=r(H) if bias else None, dt_softplus=softplus, dt_limit=(0.01, 0.5) if limit else (0.0, math.inf),
+        state_cache=cache, initial_state_indices=init, has_initial_states=torch.ones(batch, dtype=torch.bool),
+        final_state_indices=final if mode == "direct" else None, return_intermediate_states=mode == "checkpoint",
+        path=path, gather="fused")
+    kw = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) and v.device != cache.device else v for k, v in kw.items()}
+    args = [t.to(io).to(DEVICE) for t in (r(T, H, P), r(T, H) * 0.3 + 0.5)]
+    x, dt = args[0], args[1].float()
+    A = (-torch.rand(H, generator=g) - 0.5).to(DEVICE)
+    B, C = (r(T, G, N).to(io).to(DEVICE) for _ in range(2))
+    return lambda: ssd.ssd_prefill(x, dt, A, B, C, **kw)
+
+
+# Together these launch every registered kernel, both paths, all three modes, every D kind, both nchunks parities
+# (Q = 8: the (H, C, Q) strides are 16k or not), block-table columns and an unaligned padded cache.
+CALLS = {
+    "snapshot-direct-fp16-bf16state-Dchan-z-bias-softplus-limit-table": dict(
+        io=torch.float16, state=torch.bfloat16, contexts=(3, 0), tokens=(13, 9), D="per_channel", z=True, bias=True,
+        softplus=True, limit=True, table=(5, 1, 1), row_pad=3, offset=1),
+    "indexed-direct-fp32-Dhead": dict(contexts=(5,), tokens=(19,), D="per_head", path="indexed"),
+    "snapshot-returned-bf16-fp16state": dict(io=torch.bfloat16, state=torch.float16, contexts=(0,), tokens=(8,)),
+    "snapshot-checkpoint-fp32": dict(contexts=(2, 4), tokens=(7, 12), mode="checkpoint", softplus=True),
+}
+
+
+@pytest.fixture(scope="module")
+def full_warmup():
+    report = warmup(DEVICE, SHAPE, ALL_DTYPES, ALL_DTYPES)
+    print(report.summary())
+    assert set(registered()) == set(KERNELS), registered()  # a new registration must be added to this test
+    return report
+
+
+@pytest.fixture(scope="module")
+def launched():
+    """The keys every CALLS entry launches, per kernel (recorded once; trial launches of autotuners included)."""
+    seen = []
+    with recording_launches(list(KERNELS.values())) as keys:
+        for call in CALLS.values():
+            _call(**call)()
+    seen.extend(keys)
+    return seen
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_real_call_compiles_nothing_after_the_warmup(name, full_warmup):
+    with guard_no_recompile(list(KERNELS.values()), warmed=full_warmup.keys):
+        _call(**CALLS[name])()
+
+
+@pytest.mark.parametrize("registration", list(KERNELS))
+def test_every_registered_kernel_is_launched_and_warmed(registration, full_warmup, launched):
+    """Per kernel: the real calls launch it, all its keys are warmed; dropping its keys (negative control) fires
+    and names it."""
+    name = kernel_name(KERNELS[registration])
+    mine = [k for k in launched if k.kernel == name]
+    assert mine, f"no CALLS entry launches {name}"
+    assert_keys_warmed(mine, full_warmup.keys)
+    without = [k for k in full_warmup.keys if k.kernel != name]
+    with pytest.raises(MissingSpecialization, match=f"kernel {name}: specialization not warmed up"):
+        assert_keys_warmed(launched, without)
+
+
+def test_narrow_dtype_warmup_fires_on_the_dot_stages():
+    """Negative control: warm fp32 io only, call with fp16 io: the io-typed stages would compile."""
+    narrow = warmup(DEVICE, SHAPE, [torch.float32], ALL_DTYPES)
+    with pytest.raises(RecompileError) as err:
+        with guard_no_recompile(list(KERNELS.values()), warmed=narrow.keys):
+            _call(io=torch.float16)()
+    text = str(err.value)
+    for k in (chunk_state.chunk_state_kernel, bmm_chunk.bmm_chunk_kernel, chunk_scan.chunk_scan_kernel):
+        assert f"kernel {kernel_name(k)}: specialization not warmed up" in text, text
+    assert "x_ptr: needed *fp16 aligned16, closest warmed *fp32 aligned16" in text, text
+
+
+def test_narrow_d_kind_warmup_fires_on_chunk_scan():
+    """Negative control: per-head D warmed, per-channel D called: only the D strides' classes differ."""
+    narrow = warmup(DEVICE, SHAPE, ALL_DTYPES, ALL_DTYPES, d_kinds=("none", "per_head"))
+    if {k.key for k in narrow.keys} == {k.key for k in warmup(DEVICE, SHAPE, ALL_DTYPES, ALL_DTYPES).keys}:
+        pytest.skip("chunk_scan no longer specializes the D strides: per-head and per-channel share a binary")
+    with pytest.raises(RecompileError) as err:
+        with guard_no_recompile([chunk_scan.chunk_scan_kernel], warmed=narrow.keys):
+            _call(D="per_channel")()
+    assert "stride_D_hdim: needed =1, closest warmed" in str(err.value), str(err.value)
+
+
+def test_nchunks_parity_is_a_class_when_chunks_are_short(full_warmup):
+    """Q = 8: the (H, C, Q) strides C*Q are a multiple of 16 only for even C, so odd and even nchunks launch
+    different keys, and the warmup holds both."""
+    assert representatives(lambda c: c * 8) == [1, 2]  # 8 (other), 16 (16k); C*Q is never 1
+    assert representatives(lambda c: c * 1) == [1, 2, 16]  # Q = 1: =1, other, 16k
+    assert representatives(lambda c: c * 256) == [1]
+    odd = []
+    with recording_launches([chunk_cumsum._chunk_cumsum_kernel]) as keys:
+        _call(contexts=(0,), tokens=(24,))()  # 3 chunks
+    odd = list(keys)
+    with recording_launches([chunk_cumsum._chunk_cumsum_kernel]) as keys:
+        _call(contexts=(0,), tokens=(16,))()  # 2 chunks
+    assert {k.key for k in odd}.isdisjoint({k.key for k in keys}), "nchunks parity should change the key"
+    assert_keys_warmed(odd + list(keys), full_warmup.keys)
+
+
+def test_int_values_follow_the_kernels_flags():
+    """The enumeration is pruned only where the kernel ignores the class (read from its decorator lists)."""
+    k = sp._state_passing_kernel
+    from harness.guards.specialization import _gpu_view
+
+    params = {p.name: p for p in _gpu_view(k).params}
+    values = (1, 16, 3)
+    expected = values[:1] if params["nchunks"].do_not_specialize else values
+    assert int_values(k, "nchunks", values) == expected
+    assert int_values(k, "dim", values) == values  # specialized everywhere
+
+
+def test_main_prints_time_and_count(capsys):
+    assert main(["--shape", "2,4,8,1,8", "--io", "float16", "--state", "float32", "--kernels", "chunk_cumsum",
+                 "bmm_chunk"]) == 0
+    out = capsys.readouterr().out
+    assert "specializations from" in out and "s (" in out and "1 model shape(s)" in out, out
+    with pytest.raises(SystemExit):
+        main(["--shape", "2,4"])
