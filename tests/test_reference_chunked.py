@@ -3,20 +3,27 @@ bound of harness.bounds; and the negative controls showing each comparison can f
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import pytest
 import torch
 
 from harness import bounds
-from harness.compare import Mismatch, assert_within_bound
+from harness.compare import Mismatch, assert_bits_equal, assert_within_bound
 from reference import chunked
 from reference.random_inputs import SsdInputs, make_inputs
-from reference.sequential import magnitude_shadows, sequential_ssd
+from reference.sequential import Shadows, magnitude_shadows, process_dt, sequential_ssd
 
 PROFILE = "interpreter"  # CPU tensors: the arithmetic our kernels follow under the interpreter
+# Negative controls run under both backends' arithmetic and bounds (CPU tensors either way): a control must fire
+# against every backend's bound (cuda's is the looser for fp32 io: tf32 dots), not only the local one.
+BACKENDS = ("interpreter", "cuda")
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 
 
-def run_chunked(inp: SsdInputs, state_dtype, *, mode="returned", has_state=True, initial_override=None):
+def run_chunked(inp: SsdInputs, state_dtype, *, mode="returned", has_state=True, initial_override=None,
+                profile=PROFILE):
     """Chunked reference through ``chunked_ssd`` with a NaN-filled padded cache holding the initial states."""
     m = inp.meta.tensors()
     batch, (T, H, P), N = inp.meta.batch, inp.x.shape, inp.B.shape[-1]
@@ -31,7 +38,7 @@ def run_chunked(inp: SsdInputs, state_dtype, *, mode="returned", has_state=True,
         inp.x, inp.dt, inp.A, inp.B, inp.C, chunk_size=inp.meta.chunk_size, out=out, D=inp.D, z=inp.z,
         dt_bias=inp.dt_bias, dt_softplus=inp.dt_softplus, state_cache=cache,
         initial_state_indices=torch.arange(batch), has_initial_states=has,
-        return_intermediate_states=(mode == "checkpoint"), profile=PROFILE, **m,
+        return_intermediate_states=(mode == "checkpoint"), profile=profile, **m,
     )
     return out, res
 
@@ -48,12 +55,12 @@ def ground_truth(inp: SsdInputs, state_dtype):
     return out, final, ends, shadows, end_shadow
 
 
-def derived_bounds(inp: SsdInputs, state_dtype, ref_out, ref_final, shadows):
+def derived_bounds(inp: SsdInputs, state_dtype, ref_out, ref_final, shadows, backend=PROFILE):
     m = inp.meta.tensors()
     terms = bounds.input_error_terms(inp.dt, inp.A, cu_chunk_seqlens=m["cu_chunk_seqlens"], seq_idx=m["seq_idx"],
-                                     dt_bias=inp.dt_bias, dt_softplus=inp.dt_softplus, z=inp.z, backend=PROFILE)
+                                     dt_bias=inp.dt_bias, dt_softplus=inp.dt_softplus, z=inp.z, backend=backend)
     common = dict(io_dtype=inp.x.dtype, state_dtype=state_dtype, chunk_size=inp.meta.chunk_size,
-                  dstate=inp.B.shape[-1], backend=PROFILE, shadows=shadows, **terms.as_kwargs())
+                  dstate=inp.B.shape[-1], backend=backend, shadows=shadows, **terms.as_kwargs())
     return (bounds.ssd_output_bound(shadows.out, ref_out, **common),
             bounds.final_state_bound(shadows.final_states, ref_final, **common), common)
 
@@ -96,99 +103,222 @@ def test_chunked_matches_sequential_within_derived_bound(case, record_property):
           f"chunk_end {s_end.max_bound_use:.3g} (max ulp out {s_out.max_ulp})")
 
 
-# ---- negative controls: each comparison above can fail ----
+# ---- negative controls: each comparison above can fail, on every backend ----
+#
+# A control is decisive when its bug moves the exact result by more than the two bounds together: the correct
+# pipeline is within ``bound`` of the truth and the buggy one is the same chunked arithmetic on a changed problem, so
+# within ``bug_bound`` of that problem's truth (the test above establishes both); then somewhere
+# |buggy - truth| >= |bug_truth - truth| - bug_bound > bound. Each control first checks that precondition under the
+# backend's own bound, so a bug too small for some backend's bound fails loudly instead of silently not firing.
 
-def _tight_case(io=BF16, *, ngroups=3, nheads=3, contexts=(0,), tokens=(150,), z=True):
-    inp = make_inputs(contexts=list(contexts), tokens=list(tokens), chunk_size=64, nheads=nheads, headdim=40,
-                      dstate=16, ngroups=ngroups, io_dtype=io, state_dtype=io, D="per_head", z=z, seed=5)
-    ref_out, ref_final, _, shadows, _ = ground_truth(inp, io)
-    out_bound, final_bound, _ = derived_bounds(inp, io, ref_out, ref_final, shadows)
-    return inp, ref_out, ref_final, out_bound, final_bound
+
+@dataclass
+class Truth:
+    """fp64 truth of one problem and its derived bounds under one backend."""
+
+    out: torch.Tensor
+    final: torch.Tensor
+    ends: torch.Tensor
+    shadows: Shadows
+    end_shadow: torch.Tensor
+    out_bound: torch.Tensor
+    final_bound: torch.Tensor
+    common: dict
 
 
+def truth_of(inp: SsdInputs, state_dtype, backend) -> Truth:
+    out, final, ends, shadows, end_shadow = ground_truth(inp, state_dtype)
+    out_bound, final_bound, common = derived_bounds(inp, state_dtype, out, final, shadows, backend)
+    return Truth(out, final, ends, shadows, end_shadow, out_bound, final_bound, common)
+
+
+def assert_decisive(truth, bound, bug_truth, bug_bound, what) -> float:
+    """The bug's exact effect exceeds bound + bug_bound somewhere; returns the largest (effect - bug_bound) / bound."""
+    margin = float((((bug_truth - truth).abs() - bug_bound) / bound).max())
+    print(f"{what}: decisive margin {margin:.3g}")
+    assert margin > 1, (f"{what}: the deliberate bug moves the exact result by at most {margin:.3g} x the bound "
+                        "(beyond the bug's own bound): too small to be caught on this backend")
+    return margin
+
+
+def _tight_inputs(io=BF16, *, ngroups=3, nheads=3, contexts=(0,), tokens=(150,), z=True) -> SsdInputs:
+    return make_inputs(contexts=list(contexts), tokens=list(tokens), chunk_size=64, nheads=nheads, headdim=40,
+                       dstate=16, ngroups=ngroups, io_dtype=io, state_dtype=io, D="per_head", z=z, seed=5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("io", [F32, F16, BF16], ids=["fp32", "fp16", "bf16"])
-def test_perturbed_ground_truth_is_caught(io):
+def test_perturbed_ground_truth_is_caught(io, backend):
     """One element of the fp64 truth moved just past its bound (output and final state) must be reported."""
-    inp, ref_out, ref_final, out_bound, final_bound = _tight_case(io)
-    out, final = run_chunked(inp, io)
-    assert_within_bound(out, ref_out, out_bound)
-    bad_out = ref_out.clone()
-    bad_out[17, 1, 5] = out[17, 1, 5].double() + 1.001 * out_bound[17, 1, 5]
+    inp = _tight_inputs(io)
+    t = truth_of(inp, io, backend)
+    out, final = run_chunked(inp, io, profile=backend)
+    assert_within_bound(out, t.out, t.out_bound)
+    bad_out = t.out.clone()
+    bad_out[17, 1, 5] = out[17, 1, 5].double() + 1.001 * t.out_bound[17, 1, 5]
     with pytest.raises(Mismatch) as err:
-        assert_within_bound(out, bad_out, out_bound)
+        assert_within_bound(out, bad_out, t.out_bound)
     assert err.value.count == 1
-    bad_final = ref_final.clone()
-    bad_final[0, 2, 3, 4] = final[0, 2, 3, 4].double() - 1.001 * final_bound[0, 2, 3, 4]
+    bad_final = t.final.clone()
+    bad_final[0, 2, 3, 4] = final[0, 2, 3, 4].double() - 1.001 * t.final_bound[0, 2, 3, 4]
     with pytest.raises(Mismatch):
-        assert_within_bound(final, bad_final, final_bound)
+        assert_within_bound(final, bad_final, t.final_bound)
 
 
-def test_dropped_initial_state_is_caught():
-    inp, ref_out, ref_final, out_bound, final_bound = _tight_case(BF16, contexts=(127,), tokens=(40,))
-    out, final = run_chunked(inp, BF16, has_state=False)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dropped_initial_state_is_caught(backend):
+    """8 new tokens (chunks of 1 and 7): the initial state still carries exp(-sum dt |A|) ~ e^-2 of its weight into
+    the final state. (After 40 tokens, ~e^-11, its loss is below the bf16 final-state bound: no decisive control.)"""
+    inp = _tight_inputs(BF16, contexts=(127,), tokens=(8,))
+    t = truth_of(inp, BF16, backend)
+    bug = truth_of(dataclasses.replace(inp, initial_states=None), BF16, backend)
+    assert_decisive(t.out, t.out_bound, bug.out, bug.out_bound, "dropped initial state, output")
+    assert_decisive(t.final, t.final_bound, bug.final, bug.final_bound, "dropped initial state, final state")
+    out, final = run_chunked(inp, BF16, has_state=False, profile=backend)
     with pytest.raises(Mismatch):
-        assert_within_bound(out, ref_out, out_bound)
+        assert_within_bound(out, t.out, t.out_bound)
     with pytest.raises(Mismatch):
-        assert_within_bound(final, ref_final, final_bound)
+        assert_within_bound(final, t.final, t.final_bound)
 
 
-def test_one_flipped_input_element_is_caught():
-    inp, ref_out, _, out_bound, _ = _tight_case(BF16)
-    p = int(inp.x[100, 0].float().abs().argmax())  # a typical-size element (|x| ~ 2), not a near-zero one
-    inp.x[100, 0, p] = -inp.x[100, 0, p]
-    out, _ = run_chunked(inp, BF16)
+def _most_visible_flip(inp: SsdInputs, out_bound: torch.Tensor) -> tuple[int, int, int]:
+    """The x element whose sign flip moves its own output most relative to the bound there: to first order
+    out[t,h,p] changes by 2 |x| |D[h] + dt[t] C[t].B[t]| |z sigmoid(z)| (the residual and the diagonal cb term)."""
+    H = inp.x.shape[1]
+    dtp = process_dt(inp.dt, inp.dt_bias, inp.dt_softplus)
+    g = torch.arange(H) // (H // inp.B.shape[1])
+    cb_diag = (inp.C.double()[:, g] * inp.B.double()[:, g]).sum(-1)  # (T, H)
+    zz = inp.z.double()
+    effect = 2 * inp.x.double().abs() * (inp.D.double()[None, :] + dtp * cb_diag).abs()[:, :, None]
+    effect = effect * (zz * torch.sigmoid(zz)).abs()
+    t, h, p = divmod_index(int((effect / out_bound).argmax()), inp.x.shape)
+    return t, h, p
+
+
+def divmod_index(flat: int, shape) -> tuple[int, ...]:
+    idx = []
+    for n in reversed(shape):
+        flat, r = divmod(flat, n)
+        idx.append(r)
+    return tuple(reversed(idx))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_flipped_input_element_is_caught(backend):
+    inp = _tight_inputs(BF16)
+    t = truth_of(inp, BF16, backend)
+    tt, h, p = _most_visible_flip(inp, t.out_bound)
+    x = inp.x.clone()
+    x[tt, h, p] = -x[tt, h, p]
+    flipped = dataclasses.replace(inp, x=x)
+    bug = truth_of(flipped, BF16, backend)
+    assert_decisive(t.out, t.out_bound, bug.out, bug.out_bound, f"x[{tt}, {h}, {p}] flipped")
+    out, _ = run_chunked(flipped, BF16, profile=backend)
     with pytest.raises(Mismatch):
-        assert_within_bound(out, ref_out, out_bound)
+        assert_within_bound(out, t.out, t.out_bound)
 
 
-def _stages(inp, *, skip_decay_chunk=None, wrong_group=False):
+def _stages(inp, *, skip_decay_chunk=None, wrong_group=False, profile=PROFILE):
     """The five stages by hand (returned mode, no cache) with an optional realistic bug."""
     m = inp.meta.tensors()
     q = inp.meta.chunk_size
     dA, dt_out = chunked.chunk_cumsum(inp.dt, inp.A, q, m["cu_chunk_seqlens"], dt_bias=inp.dt_bias,
-                                      dt_softplus=True, profile=PROFILE)
-    B = inp.B
-    if wrong_group:  # head h reads group h % G instead of h // (H // G)
-        H, G = inp.x.shape[1], B.shape[1]
-        B = B[:, [(h % G) for h in range(0, H, H // G)]]
-    states = chunked.chunk_state(B, inp.x, dt_out, dA, m["cu_chunk_seqlens"], profile=PROFILE)
+                                      dt_softplus=True, profile=profile)
+    B = _wrong_group_B(inp) if wrong_group else inp.B
+    states = chunked.chunk_state(B, inp.x, dt_out, dA, m["cu_chunk_seqlens"], profile=profile)
     dA_passing = dA.clone()
     if skip_decay_chunk is not None:  # the chunk's decay is not applied to the carried state
         dA_passing[:, skip_decay_chunk, -1] = 0.0
     passed = chunked.state_passing(states, dA_passing, m["seq_idx"], initial_states=inp.initial_states,
-                                   out_dtype=inp.x.dtype, profile=PROFILE)
+                                   out_dtype=inp.x.dtype, profile=profile)
     cb = chunked.bmm_chunk(inp.C, B, q, m["cu_chunk_seqlens"])
     out = torch.empty_like(inp.x)
     chunked.chunk_scan(cb, inp.x, dt_out, dA, inp.C, passed.exiting, m["cu_chunk_seqlens"], m["seq_idx"], out=out,
-                       D=inp.D, z=inp.z, initial_states=inp.initial_states, profile=PROFILE)
+                       D=inp.D, z=inp.z, initial_states=inp.initial_states, profile=profile)
     return out, passed.final
 
 
-def test_hand_run_stages_equal_chunked_ssd():
+def _wrong_group_B(inp: SsdInputs) -> torch.Tensor:
+    """B as a kernel with the group index bug sees it: head h reads group h % G instead of h // (H // G)."""
+    H, G = inp.x.shape[1], inp.B.shape[1]
+    return inp.B[:, [(h % G) for h in range(0, H, H // G)]]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hand_run_stages_equal_chunked_ssd(backend):
     """The by-hand stage pipeline used for the bug controls is the real pipeline when no bug is injected."""
-    inp, *_ = _tight_case(BF16, contexts=(127,), tokens=(100,))
-    out, final = _stages(inp)
-    out2, final2 = run_chunked(inp, BF16)
-    assert torch.equal(out.view(torch.int16), out2.view(torch.int16))
-    assert torch.equal(final.view(torch.int16), final2.view(torch.int16))
+    inp = _tight_inputs(BF16, contexts=(127,), tokens=(100,))
+    out, final = _stages(inp, profile=backend)
+    out2, final2 = run_chunked(inp, BF16, profile=backend)
+    assert_bits_equal(out, out2, what="hand-run output")
+    assert_bits_equal(final, final2, what="hand-run final state")
 
 
+def _skipped_decay_truth(inp: SsdInputs, t: Truth, chunk: int):
+    """Exact (out, out shadow, final, final shadow) of the pipeline whose state passing skips ``chunk``'s decay (one
+    sequence): the state leaving the chunk gains (1 - exp(S)) s_in (S = sum of dt A over the chunk, s_in the state
+    entering it); the scan is linear in its initial state, so the tokens after the chunk gain the zero-input scan of
+    that difference, and the shadows gain the same scan of its magnitude."""
+    cu = [int(v) for v in inp.meta.tensors()["cu_chunk_seqlens"]]
+    s, e = cu[chunk], cu[chunk + 1]
+    assert chunk > 0, "s_in of chunk 0 is the initial state; pick a later chunk"
+    dtp = process_dt(inp.dt, inp.dt_bias, inp.dt_softplus)
+    keep = (1 - torch.exp((dtp[s:e] * inp.A.double()).sum(0)))[:, None, None]  # (H, 1, 1)
+    delta, delta_shadow = keep * t.ends[chunk - 1], keep * t.end_shadow[chunk - 1]
+    tail = slice(e, inp.x.shape[0])
+    kw = dict(cu_seqlens=[0, inp.x.shape[0] - e], z=inp.z[tail], dt_bias=inp.dt_bias, dt_softplus=inp.dt_softplus)
+    args = (torch.zeros_like(inp.x[tail]), inp.dt[tail], inp.A, inp.B[tail], inp.C[tail])
+    d_out, d_final = sequential_ssd(*args, initial_states=delta[None], **kw)
+    d_out_shadow, d_final_shadow = sequential_ssd(*args, initial_states=delta_shadow[None], magnitude=True, **kw)
+    out, out_shadow = t.out.clone(), t.shadows.out.clone()
+    out[tail] += d_out
+    out_shadow[tail] += d_out_shadow
+    return out, out_shadow, t.final + d_final, t.shadows.final_states + d_final_shadow
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("io", [F32, BF16], ids=["fp32", "bf16"])
-def test_skipped_chunk_decay_exceeds_bound(io):
+def test_skipped_chunk_decay_exceeds_bound(io, backend):
     """Chunks of (1, 64, 35) tokens. Skipping chunk 1's decay corrupts chunk 2's outputs; skipping the last chunk's
-    decay corrupts the final state (earlier chunks' errors decay away before the end: e^-15 over 64 tokens)."""
-    inp, ref_out, ref_final, out_bound, final_bound = _tight_case(io, contexts=(127,), tokens=(100,))
-    out, _ = _stages(inp, skip_decay_chunk=1)
+    decay corrupts the final state (an earlier chunk's error decays away before the end: e^-15 over 64 tokens, the
+    reason skipping chunk 0's decay is no control for the final state)."""
+    inp = _tight_inputs(io, contexts=(127,), tokens=(100,))
+    t = truth_of(inp, io, backend)
+    bug_out, bug_out_shadow, _, _ = _skipped_decay_truth(inp, t, 1)
+    bug_out_bound = bounds.ssd_output_bound(bug_out_shadow, bug_out, **t.common)
+    assert_decisive(t.out, t.out_bound, bug_out, bug_out_bound, "chunk 1 decay skipped, output")
+    _, _, bug_final, bug_final_shadow = _skipped_decay_truth(inp, t, 2)
+    bug_final_bound = bounds.final_state_bound(bug_final_shadow, bug_final, **t.common)
+    assert_decisive(t.final, t.final_bound, bug_final, bug_final_bound, "chunk 2 decay skipped, final state")
+    out, _ = _stages(inp, skip_decay_chunk=1, profile=backend)
     with pytest.raises(Mismatch) as err:
-        assert_within_bound(out, ref_out, out_bound)
+        assert_within_bound(out, t.out, t.out_bound)
     print(f"skipped decay: {err.value.count} output elements beyond the bound")
-    _, final = _stages(inp, skip_decay_chunk=2)
+    _, final = _stages(inp, skip_decay_chunk=2, profile=backend)
     with pytest.raises(Mismatch):
-        assert_within_bound(final, ref_final, final_bound)
+        assert_within_bound(final, t.final, t.final_bound)
 
 
-def test_wrong_group_exceeds_bound():
-    inp, ref_out, _, out_bound, _ = _tight_case(BF16, ngroups=2, nheads=4)
-    out, _ = _stages(inp, wrong_group=True)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_wrong_group_exceeds_bound(backend):
+    inp = _tight_inputs(BF16, ngroups=2, nheads=4)
+    t = truth_of(inp, BF16, backend)
+    bug = truth_of(dataclasses.replace(inp, B=_wrong_group_B(inp)), BF16, backend)
+    assert_decisive(t.out, t.out_bound, bug.out, bug.out_bound, "wrong group")
+    out, _ = _stages(inp, wrong_group=True, profile=backend)
     with pytest.raises(Mismatch):
-        assert_within_bound(out, ref_out, out_bound)
+        assert_within_bound(out, t.out, t.out_bound)
+
+
+def test_a_control_too_small_for_the_bound_is_rejected():
+    """assert_decisive refuses a bug whose exact effect the bounds could absorb: dropping the initial state before
+    40 tokens moves the bf16 final state by less than the interpreter's bound (the initial state decays by ~e^-11;
+    the interpreter's truncating bf16 cast doubles u): the earlier version of the control fired only by luck."""
+    inp = _tight_inputs(BF16, contexts=(127,), tokens=(40,))
+    t = truth_of(inp, BF16, "interpreter")
+    bug = truth_of(dataclasses.replace(inp, initial_states=None), BF16, "interpreter")
+    assert_decisive(t.out, t.out_bound, bug.out, bug.out_bound, "output")  # the output still sees it early on
+    with pytest.raises(AssertionError, match="too small to be caught"):
+        assert_decisive(t.final, t.final_bound, bug.final, bug.final_bound, "final state")
+    with pytest.raises(AssertionError, match="too small to be caught"):  # an effect inside bound + bug bound
+        assert_decisive(t.out, t.out_bound, t.out + 0.9 * t.out_bound, 0.1 * t.out_bound, "synthetic")
