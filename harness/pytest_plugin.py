@@ -137,16 +137,22 @@ def _explicit_paths(config: pytest.Config) -> list[Path]:
     return out
 
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
 def _is_case_file(file_path: Path, config: pytest.Config) -> bool:
-    """YAML under ``<rootdir>/cases``, or a YAML file / a folder of YAML named on the command line."""
+    """YAML under ``<repo>/cases`` (or ``<rootdir>/cases``), a YAML file named on the command line, or YAML under a
+    folder named on the command line other than the repository itself (whose other YAML is not ours)."""
     if file_path.suffix not in CASE_SUFFIXES:
         return False
     resolved = file_path.resolve()
-    root = Path(config.rootpath).resolve()
-    if (root / "cases") in resolved.parents:
-        return True
+    for root in {REPO_ROOT, Path(config.rootpath).resolve()}:
+        if (root / "cases") in resolved.parents:
+            return True
     for arg in _explicit_paths(config):
-        if arg == resolved or (arg.is_dir() and arg in resolved.parents and arg not in root.parents and arg != root):
+        if arg == resolved:
+            return True
+        if arg.is_dir() and arg in resolved.parents and arg != REPO_ROOT and arg not in REPO_ROOT.parents:
             return True
     return False
 

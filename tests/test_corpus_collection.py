@@ -1,0 +1,77 @@
+"""The case corpus is collected in full: one item per case and applicable check, nothing silently dropped, and every
+item the CPU tier cannot run skips with a reason."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.cases.loader import load_cases
+from harness.checks import Status, load_provider, run_check, selected_checks
+
+ROOT = Path(__file__).resolve().parents[1]
+CASES = ROOT / "cases"
+
+
+def collect(*paths: Path) -> tuple[list[str], str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "--device", "cpu", "-p", "no:cacheprovider",
+         "-p", "harness.pytest_plugin", *map(str, paths)],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return [line for line in proc.stdout.splitlines() if "::" in line], proc.stdout
+
+
+def expected_items(cases, root: Path) -> list[str]:
+    return [f"{Path(c.source).resolve().relative_to(root)}::{c.id}::{name}"
+            for c in cases for name, _ in selected_checks(c)]
+
+
+def _corpus_cases():
+    files = sorted(CASES.rglob("*.yaml"))
+    if not files:
+        pytest.skip("cases/ holds no case files yet (python -m harness generate --out cases/corpus)")
+    return load_cases([CASES])
+
+
+def test_checked_in_cases_are_collected_in_full():
+    cases = _corpus_cases()
+    items, out = collect(CASES)
+    want = expected_items(cases, ROOT)
+    assert len(items) == len(set(items)) == len(want)
+    assert set(items) == set(want)
+    assert re.search(rf"\b{len(want)} tests? collected", out)
+
+
+def test_every_item_of_a_case_beyond_the_cpu_tier_skips_with_a_reason():
+    cases = [c for c in _corpus_cases() if not c.tiers.cpu]
+    if not cases:
+        pytest.skip("every corpus case is interpreter-sized")
+    provider = load_provider("kernels:provider")
+    for case in cases:
+        for name, _ in selected_checks(case):
+            result = run_check(case, name, provider, device="cpu")  # decided before any tensor is built
+            assert result.status in (Status.SKIPPED, Status.UNSUPPORTED), (case.id, name, result.status)
+            assert result.reason, (case.id, name)
+
+
+def test_a_freshly_generated_corpus_is_collected_in_full(tmp_path):
+    from harness.cases.generate import generate_corpus
+
+    out = tmp_path / "corpus"
+    generate_corpus(out)
+    cases = load_cases([out])
+    assert cases
+    items, _ = collect(out)  # node ids are relative to the rootdir pytest picks for out: compare file names
+
+    def key(nodeid: str) -> str:
+        file, rest = nodeid.split("::", 1)
+        return f"{Path(file).name}::{rest}"
+
+    assert sorted(map(key, items)) == sorted(map(key, expected_items(cases, tmp_path)))
