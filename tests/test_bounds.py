@@ -40,6 +40,18 @@ def test_dot_model_per_backend():
     assert bounds.reference_dot_rel_err(k) == bounds.gamma(k, 2.0**-24)
 
 
+def test_end_to_end_paths_carry_the_cuda_dot_model():
+    """The ssd output/final-state paths use the same dot model: for fp32 io on CUDA the intra-chunk path (CB dot over
+    N, cb_scaled dot over Q) and the final path (chunk-state dot over Q) grow by exactly the tf32/MMA terms."""
+    kw = dict(io_dtype=torch.float32, state_dtype=torch.float32, chunk_size=64, dstate=16, dA_magnitude=0.0)
+    cuda, interp = bounds.path_errors(backend="cuda", **kw), bounds.path_errors(backend="interpreter", **kw)
+    extra = {k: bounds.dot_rel_err(k, torch.float32, "cuda") - bounds.gamma(k, 2.0**-24) for k in (16, 64)}
+    exp_ulps = (bounds.EXP_ULPS["cuda"] - bounds.EXP_ULPS["interpreter"]) * 2.0**-24
+    assert float(cuda.intra - interp.intra) == pytest.approx(extra[16] + extra[64] + exp_ulps, rel=1e-9)
+    assert float(cuda.final - interp.final) == pytest.approx(extra[64] + 2 * exp_ulps, rel=1e-9)
+    assert extra[16] > 2 * 2.0**-10  # truncated tf32: at least twice the old round-to-nearest 2 * 2^-11
+
+
 def _tf32_truncate(x: torch.Tensor) -> torch.Tensor:
     """fp32 -> tf32 as the tensor core reads an fp32 register: the low 13 fraction bits dropped."""
     return (x.contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32)
