@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU runner does everything (device time is scarce): environment, the test suite on CUDA,
 # the case corpus, the bench. Usage: scripts/gpu_run.sh [STEP...] with steps env, tests, cases, bench
-# (default: all). Full logs go under $OUT (the device tool brings them back); a short table is printed last.
+# (default: env tests cases bench; also warmup, cases-warm). Full logs go under $OUT (the device tool brings them back); a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
 export PYTHONUNBUFFERED=1
@@ -10,13 +10,15 @@ WORKERS=${WORKERS:-8}
 steps=${*:-env tests cases bench}
 summary=()
 
-run_step() {  # name, command...: run, tee the log, record wall time and exit status
+STEP_TIMEOUT=${STEP_TIMEOUT:-240}  # seconds per step, so one slow step cannot eat the whole call
+
+run_step() {  # name, command...: run under a time limit, tee the log, record wall time and exit status
   local name=$1; shift
-  local t0=$(date +%s.%N)
-  "$@" 2>&1 | tee "$OUT/$name.log"
+  local t0=$(date +%s%N)
+  timeout "$STEP_TIMEOUT" "$@" 2>&1 | tee "$OUT/$name.log"
   local rc=${PIPESTATUS[0]}
-  local dt=$(echo "$(date +%s.%N) - $t0" | bc)
-  summary+=("$(printf '%-12s rc=%-3s %8.1fs  %s' "$name" "$rc" "$dt" "$(tail -n 1 "$OUT/$name.log" | cut -c1-110)")")
+  local ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+  summary+=("$(printf '%-12s rc=%-3s %6d.%01ds  %s' "$name" "$rc" $((ms / 1000)) $((ms % 1000 / 100)) "$(tail -n 1 "$OUT/$name.log" | cut -c1-110)")")
 }
 
 for step in $steps; do
@@ -33,6 +35,9 @@ for step in $steps; do
         --json-report "$OUT/cases-report.json" --junitxml "$OUT/cases-junit.xml" ;;
     cases-warm)
       run_step cases-warm $PY -m pytest cases -q -n "$WORKERS" --workers-per-gpu "$WORKERS" --device cuda -p no:cacheprovider ;;
+    warmup)
+      export TRITON_CACHE_DIR=$(mktemp -d)
+      run_step warmup $PY -c "import sys, kernels.warmup as w; sys.exit(w.main(['--device', 'cuda']))" ;;
     bench)
       run_step bench $PY -m harness bench --json "$OUT/bench.json" ;;
     *)
