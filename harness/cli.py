@@ -174,6 +174,8 @@ def cmd_run(args) -> int:
     repro_device = None if args.device == "auto" else args.device
     print(f"ssd-harness run: {len(cases)} cases, {len(plan)} items, device={device}, provider={spec}", flush=True)
     records, failures, contexts = [], 0, {}
+    case_number = {case_id: k for k, case_id in enumerate(dict.fromkeys(c.id for c, _ in plan), 1)}
+    ncases = len(case_number)
     for i, (case, check) in enumerate(plan, 1):
         result = run_check(case, check, provider, device=device, provider_spec=spec, repro_device=repro_device,
                            context=_context_for(case, provider, device, spec, contexts))
@@ -181,7 +183,8 @@ def cmd_run(args) -> int:
         failures += result.status.is_failure
         if not args.quiet or result.status.is_failure:
             note = result.summary or result.reason
-            print(f"[{i}/{len(plan)}] {result.status.value.upper():<11} {case.id}::{check} "
+            print(f"[{i}/{len(plan)} case {case_number[case.id]}/{ncases}] {result.status.value.upper():<11} "
+                  f"{case.id}::{check} "
                   f"({result.duration:.2f}s) failures so far: {failures}" + (f"\n    {note}" if note else ""),
                   flush=True)
         if result.status.is_failure:
