@@ -173,7 +173,7 @@ def cmd_run(args) -> int:
     plan = _plan(cases, args.check)
     repro_device = None if args.device == "auto" else args.device
     print(f"ssd-harness run: {len(cases)} cases, {len(plan)} items, device={device}, provider={spec}", flush=True)
-    records, failures, contexts = [], 0, {}
+    records, failures, contexts, last_note = [], 0, {}, ""
     case_number = {case_id: k for k, case_id in enumerate(dict.fromkeys(c.id for c, _ in plan), 1)}
     ncases = len(case_number)
     for i, (case, check) in enumerate(plan, 1):
@@ -183,6 +183,7 @@ def cmd_run(args) -> int:
         failures += result.status.is_failure
         if not args.quiet or result.status.is_failure:
             note = result.summary or result.reason
+            note, last_note = ("" if note == last_note and not result.summary else note), note
             print(f"[{i}/{len(plan)} case {case_number[case.id]}/{ncases}] {result.status.value.upper():<11} "
                   f"{case.id}::{check} "
                   f"({result.duration:.2f}s) failures so far: {failures}" + (f"\n    {note}" if note else ""),
