@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("bench", help="benchmarks (harness.bench)", add_help=False,
                    description="Dispatches to harness.bench.main(argv).")
+    sub.add_parser("warmup", help="compile-only warmup of every specialization the cases need (time, count)",
+                   add_help=False, description="Dispatches to kernels.warmup.main(argv).")
     return parser
 
 
@@ -313,6 +315,21 @@ def cmd_bench(argv: list[str]) -> int:
     return int(bench.main(argv) or 0)
 
 
+def cmd_warmup(argv: list[str]) -> int:
+    """The device must be chosen before ``kernels`` is imported, so it is read here and the rest is warmup's."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--device", choices=backend.DEVICES, default="auto")
+    known, _ = pre.parse_known_args(argv)
+    try:
+        backend.configure(known.device)
+    except (ValueError, RuntimeError) as exc:
+        print(f"warmup: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    from kernels import warmup
+
+    return int(warmup.main(argv) or 0)
+
+
 COMMANDS = {"run": cmd_run, "repro": cmd_repro, "validate": cmd_validate, "generate": cmd_generate, "fuzz": cmd_fuzz}
 
 
@@ -320,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "bench":
         return cmd_bench(argv[1:])  # bench owns its own options (and --help)
+    if argv and argv[0] == "warmup":
+        return cmd_warmup(argv[1:])  # so does warmup
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)

@@ -9,6 +9,7 @@ family, max ulp) through ``user_properties``, which xdist forwards to the contro
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
@@ -42,6 +43,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="write one merged JSON report (every item's outcome, duration, mismatch summary)")
     group.addoption("--shard", default=None, metavar="K/N",
                     help="run only shard K of N (deterministic, balanced by expected cost)")
+    group.addoption("--recompile-guard", action="store_true",
+                    help="compile-only warmup of the collected cases' specializations at session start (each worker), "
+                         "then fail any case item during which a kernel compiles (GPU) or launches a specialization "
+                         "the warmup did not produce (interpreter)")
 
 
 # ---------------------------------------------------------------- workers and devices
@@ -72,13 +77,13 @@ def _visible_gpus() -> list[str]:
 
 
 def _pin_worker(worker_id: str) -> None:
-    """Runs in a worker before anything touches CUDA: one GPU, and a Triton cache of its own (concurrent compiles
-    of the same kernel in a shared cache race on the same file names)."""
+    """Runs in a worker before anything touches CUDA: one GPU. The Triton cache directory stays shared: Triton's
+    FileCacheManager.put writes each file into a private temp dir and publishes it with an atomic os.replace, and
+    writes a kernel's group file only after its children, so a worker sees either nothing (and compiles itself) or a
+    complete binary. Sharing lets N workers compile each specialization once instead of N times."""
     gpus = [g for g in os.environ.get(GPU_LIST_ENV, "").split(",") if g]
     if gpus:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu_for_worker(worker_id, gpus)
-    base = os.environ.get("TRITON_CACHE_DIR") or str(Path.home() / ".triton" / "cache")
-    os.environ["TRITON_CACHE_DIR"] = str(Path(base) / f"xdist-{worker_id}")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -260,11 +265,12 @@ class CheckItem(pytest.Item):
             raise CheckFailed(f"--provider {spec} is not usable: {error}")
         device = config.stash[_device_key]
         requested = config.getoption("device")
-        result = run_check(
-            self.case, self.check, provider, device=device, provider_spec=spec,
-            repro_device=None if requested == "auto" else requested,
-            context=self.parent.context(provider, device, spec),
-        )
+        with _recompile_guard(config):
+            result = run_check(
+                self.case, self.check, provider, device=device, provider_spec=spec,
+                repro_device=None if requested == "auto" else requested,
+                context=self.parent.context(provider, device, spec),
+            )
         if result.max_ulp is not None:
             self.user_properties.append(("max_ulp", result.max_ulp))
         if result.summary:
@@ -284,6 +290,45 @@ class CheckItem(pytest.Item):
 
     def reportinfo(self):
         return self.path, None, f"{self.case.id}::{self.check}"
+
+
+# ---------------------------------------------------------------- recompile guard
+
+_warmup_key = pytest.StashKey[tuple]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """With --recompile-guard: one compile-only warmup for every case collected here (in each xdist worker, which
+    has its own in-memory kernel caches), before any case runs."""
+    config = session.config
+    if not config.getoption("recompile_guard"):
+        return
+    cases = list({id(i.case): i.case for i in session.items if isinstance(i, CheckItem)}.values())
+    if not cases:
+        return
+    from kernels import warmup
+
+    report = warmup.warmup_all(config.stash[_device_key], warmup.requests_from_cases(cases))
+    config.stash[_warmup_key] = (warmup.watched_kernels(), report)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    print(f"\n[{worker}] {report.summary()}")
+
+
+@contextlib.contextmanager
+def _recompile_guard(config: pytest.Config):
+    if _warmup_key not in config.stash:
+        yield
+        return
+    from harness.guards.recompile import RecompileError, compiles_possible, guard_no_recompile
+
+    kernels, report = config.stash[_warmup_key]
+    try:
+        # On the GPU the compile hook and the kernel caches are the witnesses; under the interpreter, where nothing
+        # compiles, every launch's specialization key must be among the warmed keys.
+        with guard_no_recompile(kernels, warmed=None if compiles_possible() else report.keys):
+            yield
+    except RecompileError as exc:
+        raise CheckFailed(f"recompile guard (after warmup: {report.summary()}):\n{exc}") from None
 
 
 # ---------------------------------------------------------------- sharding

@@ -144,6 +144,16 @@ def registered() -> list[str]:
     return list(_REGISTRY)
 
 
+def watched_kernels() -> list[Any]:
+    """The kernel objects the SSD path launches (what a recompile guard watches): one per registration."""
+    from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, gather, state_passing
+    from kernels import state_passing_indexed
+
+    return [gather._gather_initial_states_kernel, state_passing_indexed._state_passing_indexed_kernel,
+            chunk_cumsum._chunk_cumsum_kernel, chunk_state.chunk_state_kernel, bmm_chunk.bmm_chunk_kernel,
+            chunk_scan.chunk_scan_kernel, state_passing._state_passing_kernel]
+
+
 def _split_arguments(kernel: Any, arguments: dict) -> tuple[tuple, dict]:
     """Positional runtime arguments (as launchers pass them, and as ``Autotuner`` keys on) plus constexprs by name.
 
