@@ -35,6 +35,16 @@ def arithmetic_profile() -> str:
 
 # Under the interpreter the do_bench stand-in runs each trial once (so trial launches really happen) and keeps
 # the first config; on the GPU Triton's benchmarker picks.
+@triton.jit
+def recurrence_step(s, states_ptr, dA_cs_ptr, mask):
+    """One chunk of the fp32 inter-chunk recurrence ``s = exp(dA_chunk_end) * s + chunk_state``, shared by the
+    snapshot and the indexed kernels so their arithmetic is one piece of code. ``exp`` as ``exp2(LOG2E * x)`` (equal
+    to torch.exp2 on CUDA); the multiply-add is one expression so CUDA contracts it to an FMA (torch.addcmul)."""
+    new = tl.load(states_ptr, mask=mask, other=0.0).to(tl.float32)
+    scale = tl.math.exp2(_LOG2E * tl.load(dA_cs_ptr).to(tl.float32))
+    return scale * s + new
+
+
 @triton.autotune(configs=CONFIGS, key=["dim"], do_bench=AUTOTUNE_DO_BENCH)
 # Metadata and index tensors are read one scalar at a time: specializing on their alignment or stride class only
 # multiplies binaries. Mirrors kernels.warmup.SCALAR_ONLY.
@@ -95,9 +105,7 @@ def _state_passing_kernel(
             else:
                 s = tl.zeros((BLOCK_SIZE,), dtype=tl.float32)
         prev_seq = seq
-        new = tl.load(states_ptr, mask=mask, other=0.0).to(tl.float32)
-        scale = tl.math.exp2(_LOG2E * tl.load(dA_cs_ptr).to(tl.float32))
-        s = scale * s + new  # one expression: contracted to FMA on CUDA
+        s = recurrence_step(s, states_ptr, dA_cs_ptr, mask)
         tl.store(out_ptr, s.to(out_ptr.dtype.element_ty), mask=mask)
         if WRITE_CACHE:
             last = tl.load(last_chunk_ptr + seq.to(tl.int64) * stride_last_chunk)

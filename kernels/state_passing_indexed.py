@@ -19,11 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import LOG2E
-from kernels.state_passing import INDEX_DTYPES
+from kernels.state_passing import INDEX_DTYPES, recurrence_step
 
-# Kernels may only read constexpr globals.
-_LOG2E = tl.constexpr(LOG2E)
 
 BLOCK_SIZE = 512
 
@@ -74,9 +71,7 @@ def _state_passing_indexed_kernel(
     tl.store(out_ptr, entering, mask=mask)
 
     for c in range(nchunks):
-        new = tl.load(states_ptr, mask=mask, other=0.0).to(tl.float32)
-        scale = tl.math.exp2(_LOG2E * tl.load(dA_cs_ptr).to(tl.float32))
-        s = scale * s + new  # one expression: contracted to FMA on CUDA, as in the snapshot kernel
+        s = recurrence_step(s, states_ptr, dA_cs_ptr, mask)  # the snapshot kernel's arithmetic, same code
         if c + 1 < nchunks:
             tl.store(out_ptr + stride_out_chunk, s.to(out_ptr.dtype.element_ty), mask=mask)
         states_ptr += stride_states_chunk
