@@ -20,8 +20,8 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DOT_FP32_OPERANDS = INTERPRET
 
 # Precision of tl.dot when its operands are fp32 (fp32 io dtype on the GPU). "tf32" is Triton's and vLLM's
-# production default: operands are rounded to tf32 (10-bit mantissa) before the products, so error bounds for fp32
-# io on CUDA must use u = 2**-11 for the dot operands. Ignored by the interpreter (numpy fp32 matmul).
+# production default: the tensor core reads the operands as tf32 by truncation (10 fraction bits kept, measured on the
+# H200), so a dot operand is off by up to 2**-10 (harness.bounds.dot_operand_unit). Ignored by the interpreter.
 FP32_DOT_PRECISION = "tf32"
 
 # libdevice's log1p (the same CUDA math-library routine torch.log1p calls) is unavailable under the interpreter,

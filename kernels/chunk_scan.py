@@ -219,7 +219,9 @@ def _chunk_scan_kernel(
             mask=tile_mask,
             other=0.0,
         ).to(tl.float32)
-        acc *= z * (1.0 / (1.0 + tl.math.exp2(-z * LOG2E)))
+        # div_rn, not '/': Triton's fp32 '/' is the approximate div.full.f32 on CUDA, which no torch op reproduces;
+        # the IEEE division makes the gate bit-equal to reference.arith.sigmoid on both backends.
+        acc *= z * tl.math.div_rn(1.0, 1.0 + tl.math.exp2(-z * LOG2E))
 
     out_ptrs = (
         out_ptr

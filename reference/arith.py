@@ -5,8 +5,13 @@ reproduce them.
 casts round to nearest even. ``interpreter`` (Triton's numpy interpreter): exp is numpy's ``exp2`` on the fp32
 array, ``a*b+c`` is a separate multiply and add, fp32 -> bf16 truncates (the interpreter's ``_convert_float`` without
 a rounding mode), fp32 -> fp16 is numpy's ``astype`` (nearest even), ``tl.cumsum`` is ``np.cumsum`` (sequential fp32).
-"""
 
+The kernels never call ``tl.exp``: every exponential, softplus' and sigmoid's included, is ``tl.math.exp2(x * LOG2E)``.
+Softplus is ``libdevice.log1p(e)`` on CUDA (the CUDA math library's ``log1pf``, the routine ``torch.log1p`` runs on
+CUDA fp32 tensors) and ``tl.math.log(1.0 + e)`` under the interpreter (no libdevice there): numpy's fp32 add and
+``np.log``. Sigmoid is ``div_rn(1, 1 + e)``: IEEE division on both backends (Triton's plain ``/`` is the approximate
+``div.full.f32`` on CUDA, which torch cannot reproduce).
+"""
 from __future__ import annotations
 
 from typing import Literal
@@ -18,6 +23,7 @@ Profile = Literal["cuda", "interpreter"]
 PROFILES: tuple[str, ...] = ("cuda", "interpreter")
 
 LOG2E = 1.4426950408889634  # rounded to fp32 wherever it multiplies an fp32 tensor, as a Triton constant is
+SOFTPLUS_THRESHOLD = 20.0  # softplus(x) = x above it, as in the kernels (kernels.chunk_cumsum.SOFTPLUS_THRESHOLD)
 _LOG2E_F32 = torch.tensor(LOG2E, dtype=torch.float32)
 
 
@@ -42,18 +48,27 @@ def exp(x: torch.Tensor, profile: Profile) -> torch.Tensor:
     return _np_unary(scaled, np.exp2)
 
 
-def natural_exp(x: torch.Tensor, profile: Profile) -> torch.Tensor:
-    """``tl.exp(x)`` (softplus, sigmoid): numpy's ``exp`` under the interpreter; on CUDA ``torch.exp`` (not bit-equal
-    to ``tl.exp`` there, which is why the stages using it are bounded, not exact)."""
-    if check_profile(profile) == "cuda":
-        return torch.exp(x.to(torch.float32))
-    return _np_unary(x, np.exp)
+def softplus(x: torch.Tensor, profile: Profile) -> torch.Tensor:
+    """The kernels' softplus of fp32 ``x`` (any shape): ``log1p(exp2(x LOG2E))`` where ``x <= 20``, ``x`` above.
+
+    cuda: ``torch.log1p`` of the profile's exp (the kernel's libdevice log1p; bit-equality with torch's CUDA log1pf is
+    pinned by the GPU tier, tests/test_kernel_stages.py). interpreter: ``np.log(np.float32(1) + e)`` as the
+    interpreted ``tl.math.log(1.0 + e)`` does it.
+    """
+    x = x.to(torch.float32)
+    e = exp(x, profile)
+    if profile == "cuda":
+        sp = torch.log1p(e)
+    else:
+        sp = _np_unary(e, lambda a: np.log(np.float32(1.0) + a))
+    return torch.where(x <= SOFTPLUS_THRESHOLD, sp, x)
 
 
-def log1p(x: torch.Tensor, profile: Profile) -> torch.Tensor:
-    if check_profile(profile) == "cuda":
-        return torch.log1p(x.to(torch.float32))
-    return _np_unary(x, np.log1p)
+def sigmoid(x: torch.Tensor, profile: Profile) -> torch.Tensor:
+    """The kernels' ``div_rn(1, 1 + exp2(-x LOG2E))`` for fp32 ``x`` (any shape): fp32 add and IEEE division on both
+    profiles (torch's ``/`` is IEEE on CPU and CUDA; numpy's fp32 divide under the interpreter is too)."""
+    e = exp(-x.to(torch.float32), profile)
+    return 1.0 / (1.0 + e)
 
 
 def mul_add(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, profile: Profile) -> torch.Tensor:

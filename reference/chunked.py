@@ -29,12 +29,13 @@ def _group_of_head(nheads: int, ngroups: int) -> torch.Tensor:
 
 def chunk_cumsum(dt, A, chunk_size, cu_chunk_seqlens, *, dt_bias=None, dt_softplus=False, dt_limit=(0.0, math.inf),
                  profile: Profile = "interpreter"):
-    """dt (T,H), A (H,) -> (dA_cumsum (H,C,Q) fp32, dt_out (H,C,Q) fp32); padded positions have dt_out = 0."""
+    """dt (T,H), A (H,) -> (dA_cumsum (H,C,Q) fp32, dt_out (H,C,Q) fp32); padded positions have dt_out = 0.
+    Softplus is the kernels' formula on this profile (``reference.arith.softplus``), so ``dt_out`` is bit-exact."""
     d = dt.to(F32)
     if dt_bias is not None:
         d = d + dt_bias.to(F32)
     if dt_softplus:
-        d = torch.where(d <= 20.0, arith.log1p(arith.natural_exp(d, profile), profile), d)
+        d = arith.softplus(d, profile)
     lo, hi = float(dt_limit[0]), float(dt_limit[1])
     if (lo, hi) != (0.0, math.inf):
         d = d.clamp(lo, hi)
@@ -62,6 +63,27 @@ def chunk_state(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, *, profile: Profile =
         b_scaled = arith.round_trip(b * scale[:, :, None], x.dtype, profile)
         states[c] = torch.bmm(x[s:e].to(F32).permute(1, 2, 0), b_scaled)  # (H,P,L) @ (H,L,N)
     return states
+
+
+def chunk_state_magnitude(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, *, profile: Profile,
+                          absolute: bool = True) -> torch.Tensor:
+    """B (T,G,N), x (T,H,P) -> (C,H,P,N) fp64 on the CPU: sum_l |x[l]| |b[l]|, b = B * decay * dt_out with the decay
+    as ``chunk_state`` computes it under ``profile`` (fp32 exp, identical on the kernel's side), the rest in fp64
+    (``harness.bounds.chunk_state_bound`` scales it). ``absolute=False``: the signed sum, i.e. the exact chunk state
+    of these factors before any io rounding - what both the kernel and its twin approximate."""
+    f64 = torch.float64
+    H, N = x.shape[1], B.shape[-1]
+    heads_g = _group_of_head(H, B.shape[1])
+    chunks = _chunks(cu_chunk_seqlens)
+    out = torch.zeros(len(chunks), H, x.shape[2], N, dtype=f64)
+    for c, (s, e) in enumerate(chunks):
+        L = e - s
+        decay = arith.exp(dA_cumsum[:, c, -1:] - dA_cumsum[:, c, :L], profile).cpu().to(f64)  # (H, L)
+        scale = decay * dt_out[:, c, :L].cpu().to(f64)
+        b = B[s:e].detach().cpu().to(f64)[:, heads_g, :].permute(1, 0, 2) * scale[:, :, None]  # (H, L, N)
+        xs = x[s:e].detach().cpu().to(f64).permute(1, 2, 0)  # (H, P, L)
+        out[c] = torch.bmm(xs.abs(), b.abs()) if absolute else torch.bmm(xs, b)
+    return out
 
 
 @dataclass
@@ -122,17 +144,19 @@ def bmm_chunk(C, B, chunk_size, cu_chunk_seqlens):
     return cb
 
 
-def bmm_chunk_magnitude(C, B, chunk_size, cu_chunk_seqlens) -> torch.Tensor:
+def bmm_chunk_magnitude(C, B, chunk_size, cu_chunk_seqlens, *, absolute: bool = True) -> torch.Tensor:
     """C, B (T,G,N) -> (nchunks,G,Q,Q) fp64 on the CPU: sum_n |C[t0+l,g,n]| |B[t0+s,g,n]| inside each chunk, 0
     outside; computed in fp64 so the magnitude that ``harness.bounds.bmm_chunk_bound`` multiplies is not itself
     rounded down by fp32 arithmetic (products of io-dtype values are exact in fp64; the fp64 sum's relative error,
-    gamma_N(2^-53), is 2^-29 times smaller than the fp32 errors it scales)."""
+    gamma_N(2^-53), is 2^-29 times smaller than the fp32 errors it scales). ``absolute=False``: the signed, exact CB."""
     f64 = torch.float64
     chunks = _chunks(cu_chunk_seqlens)
     mag = torch.zeros(len(chunks), C.shape[1], chunk_size, chunk_size, dtype=f64)
     for c, (s, e) in enumerate(chunks):
-        cc = C[s:e].detach().cpu().to(f64).abs().permute(1, 0, 2)  # (G, L, N)
-        bb = B[s:e].detach().cpu().to(f64).abs().permute(1, 2, 0)  # (G, N, L)
+        cc = C[s:e].detach().cpu().to(f64).permute(1, 0, 2)  # (G, L, N)
+        bb = B[s:e].detach().cpu().to(f64).permute(1, 2, 0)  # (G, N, L)
+        if absolute:
+            cc, bb = cc.abs(), bb.abs()
         mag[c, :, : e - s, : e - s] = torch.bmm(cc, bb)
     return mag
 
@@ -184,35 +208,55 @@ def chunk_scan(CB, x, dt_out, dA_cumsum, C, states, cu_chunk_seqlens, seq_idx, *
             acc = arith.mul_add(xs, Dv[:, None, :], acc, profile)
         if z is not None:
             zz = z[s:e].to(F32).permute(1, 0, 2)
-            sig = 1.0 / (1.0 + arith.natural_exp(-zz, profile))
-            acc = acc * (zz * sig)
+            acc = acc * (zz * arith.sigmoid(zz, profile))
         out[s:e] = arith.cast(acc, io, profile).permute(1, 0, 2)
 
 
 def chunk_scan_magnitude(CB, x, dt_out, dA_cumsum, C, states, cu_chunk_seqlens, seq_idx, *, D=None, z=None,
-                         initial_states=None, states_are_entering=False) -> torch.Tensor:
+                         initial_states=None, states_are_entering=False, profile: Profile | None = None,
+                         absolute: bool = True) -> torch.Tensor:
     """(T,H,P) fp64: chunk scan's sum of |terms| (|C||prev| decay + |cb_scaled||x| + |x D|, times |z sigmoid(z)|),
-    the magnitude that per-stage chunk-scan bounds multiply. Same inputs as ``chunk_scan``."""
+    the magnitude that per-stage chunk-scan bounds multiply. Same inputs as ``chunk_scan``.
+
+    Decays and gate: exact fp64 functions, or with ``profile`` the fp32 values ``chunk_scan`` computes under it (bit
+    for bit the kernel's). ``absolute=False`` (with ``profile``): the signed sum, the exact chunk scan of those factors
+    before the io roundings (cb_scaled, state cast, output), which the kernel and its twin both approximate."""
+    if not absolute and profile is None:
+        raise ValueError("chunk_scan_magnitude: the signed (exact) scan needs the profile whose decays it uses")
     T, H, P = x.shape
     N = C.shape[-1]
     f64 = torch.float64
     heads_g = _group_of_head(H, C.shape[1])
     prevs = _previous_states(states, seq_idx, initial_states, states_are_entering, H, P, N, x.device)
+    mag = torch.abs if absolute else (lambda t: t)
     out = torch.empty(T, H, P, dtype=f64)
     for c, (s, e) in enumerate(_chunks(cu_chunk_seqlens)):
         L = e - s
-        cs = dA_cumsum[:, c, :L].cpu().to(f64)
-        xs = x[s:e].cpu().to(f64).abs().permute(1, 0, 2)
-        cc = C[s:e].cpu().to(f64).abs()[:, heads_g, :].permute(1, 0, 2)
-        acc = torch.bmm(cc, prevs[c].cpu().to(f64).abs().transpose(1, 2)) * torch.exp(cs)[:, :, None]
-        cb = CB[c].cpu().to(f64).abs()[heads_g][:, :L, :L] * torch.exp(cs[:, :, None] - cs[:, None, :]).tril()
+        cs = dA_cumsum[:, c, :L]
+        if profile is None:
+            cs64 = cs.cpu().to(f64)
+            decay_in, decay = torch.exp(cs64), torch.exp(cs64[:, :, None] - cs64[:, None, :])
+        else:
+            decay_in = arith.exp(cs, profile).cpu().to(f64)
+            decay = arith.exp(cs[:, :, None] - cs[:, None, :], profile).cpu().to(f64)
+        decay = torch.where(torch.ones(L, L, dtype=torch.bool).tril(), decay, torch.zeros((), dtype=f64))
+        xs = mag(x[s:e].cpu().to(f64).permute(1, 0, 2))
+        cc = mag(C[s:e].cpu().to(f64)[:, heads_g, :].permute(1, 0, 2))
+        acc = torch.bmm(cc, mag(prevs[c].cpu().to(f64)).transpose(1, 2)) * decay_in[:, :, None]
+        cb = mag(CB[c].cpu().to(f64)[heads_g][:, :L, :L]) * decay
         acc = acc + torch.bmm(cb * dt_out[:, c, :L].cpu().to(f64)[:, None, :], xs)
         if D is not None:
-            Dv = D.cpu().to(f64).abs()
+            Dv = mag(D.cpu().to(f64))
             acc = acc + xs * (Dv[:, None, None] if Dv.dim() == 1 else Dv[:, None, :])
         if z is not None:
-            zz = z[s:e].cpu().to(f64).permute(1, 0, 2)
-            acc = acc * (zz * torch.sigmoid(zz)).abs()
+            zz = z[s:e].permute(1, 0, 2)
+            if profile is None:
+                z64 = zz.cpu().to(f64)
+                gate = z64 * torch.sigmoid(z64)
+            else:
+                z32 = zz.to(F32)
+                gate = (z32 * arith.sigmoid(z32, profile)).cpu().to(f64)
+            acc = acc * mag(gate)
         out[s:e] = acc.permute(1, 0, 2)
     return out
 
