@@ -9,7 +9,7 @@ import torch
 from harness import bounds
 from harness.compare import Mismatch, assert_bits_equal, assert_within_bound
 from harness.varlen import build_varlen_metadata
-from reference import chunked
+from reference import arith, chunked
 from reference.random_inputs import make_inputs
 
 
@@ -97,6 +97,8 @@ def test_bmm_magnitude_is_fp64_abs_products():
     assert not mag[1, 0, e - s:].any() and not mag[1, 0, :, e - s:].any()
     with pytest.raises(ValueError, match="fp64 magnitude"):  # an fp32 magnitude would be rounded down
         bounds.bmm_chunk_bound(mag.float(), io_dtype=torch.float32, dstate=16, backend="cuda")
+    with pytest.raises(ValueError, match="fp64 magnitude"):
+        bounds.chunk_state_bound(mag.float(), io_dtype=torch.float32, chunk_size=16, backend="cuda")
 
 
 def test_output_bound_grows_with_chunk_decay_and_io_precision():
@@ -135,7 +137,7 @@ def test_stage_bounds_hold_across_arithmetic_profiles(io, record_property):
     # Downstream stages: identical inputs (the interpreter's cumsum) into both profiles.
     st_i = chunked.chunk_state(inp.B, inp.x, dt_out, dA, cu, profile="interpreter")
     st_c = chunked.chunk_state(inp.B, inp.x, dt_out, dA, cu, profile="cuda")
-    abs_st = chunked.chunk_state(inp.B.abs(), inp.x.abs(), dt_out, dA, cu, profile="interpreter")
+    abs_st = chunked.chunk_state_magnitude(inp.B, inp.x, dt_out, dA, cu, profile="interpreter")
     # backend="interpreter": its bf16 rounding model (truncation, 2u) is the looser of the two sides compared here.
     state_bound = bounds.chunk_state_bound(abs_st, io_dtype=io, chunk_size=q, backend="interpreter")
     uses["chunk_state"] = assert_within_bound(st_c, st_i, state_bound, what="chunk states").max_bound_use
@@ -177,3 +179,29 @@ def test_stage_bounds_hold_across_arithmetic_profiles(io, record_property):
         chunked.chunk_scan(cb, inp.x, dt_out, dA, inp.C, passed.exiting, cu, m["seq_idx"], out=wrong_out, D=inp.D,
                            z=inp.z, initial_states=inp.initial_states, states_are_entering=True, profile="cuda")
         assert_within_bound(wrong_out, outs["interpreter"], scan_bound)
+
+
+def test_interpreter_softplus_term_covers_log_of_one_plus_e():
+    """Under the interpreter softplus is log(fl(1 + e)): for very negative a the add drops e's low bits, an absolute
+    u after the log, i.e. relative u / softplus(a). dt_rel_err bounds the profile's softplus vs fp64 there; without
+    that term (the former model: a relative u) it is exceeded."""
+    a = torch.linspace(-16.0, 4.0, 4001, dtype=torch.float32)[:, None]
+    cu = torch.tensor([0, a.shape[0]])
+    terms = bounds.input_error_terms(a, -torch.ones(1), cu_chunk_seqlens=cu, seq_idx=torch.zeros(1, dtype=torch.long),
+                                     dt_softplus=True, backend="interpreter")
+    exact = torch.nn.functional.softplus(a.double())
+    got = arith.softplus(a, "interpreter")
+    assert_within_bound(got, exact, terms.dt_rel_err * exact, what="interpreter softplus vs fp64")
+    former = (bounds.EXP_ULPS["interpreter"] + bounds.LOG_ULPS["interpreter"] + 1) * 2.0**-24 + 2 * 2.0**-24 * a.abs()
+    with pytest.raises(Mismatch):
+        assert_within_bound(got, exact, former.double() * exact, what="former relative-u model")
+
+
+def test_decisive_margin():
+    """Excess of the bug's exact effect over its own bound and the compared value's error, in units of the bound;
+    a zero bound counts as decisive only where the excess is positive."""
+    truth, bug = torch.tensor([1.0, 2.0, 0.0]), torch.tensor([1.5, 2.0, 0.0])
+    assert bounds.decisive_margin(truth, 0.1, bug, 0.1) == pytest.approx(4.0)
+    assert bounds.decisive_margin(truth, 0.1, bug, 0.1, compared_err=0.1) == pytest.approx(3.0)
+    assert bounds.decisive_margin(truth, torch.tensor([0.0, 0.0, 0.0]), bug, 0.0) == float("inf")
+    assert bounds.decisive_margin(truth, torch.tensor([1.0, 1.0, 0.0]), truth, 0.0) == 0.0

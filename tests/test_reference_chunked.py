@@ -134,7 +134,7 @@ def truth_of(inp: SsdInputs, state_dtype, backend) -> Truth:
 
 def assert_decisive(truth, bound, bug_truth, bug_bound, what) -> float:
     """The bug's exact effect exceeds bound + bug_bound somewhere; returns the largest (effect - bug_bound) / bound."""
-    margin = float((((bug_truth - truth).abs() - bug_bound) / bound).max())
+    margin = bounds.decisive_margin(truth, bound, bug_truth, bug_bound)
     print(f"{what}: decisive margin {margin:.3g}")
     assert margin > 1, (f"{what}: the deliberate bug moves the exact result by at most {margin:.3g} x the bound "
                         "(beyond the bug's own bound): too small to be caught on this backend")
