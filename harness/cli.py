@@ -69,6 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--check", action="append", default=None, metavar="NAME", help="only this check (repeatable)")
     _add_target_options(fuzz)
 
+    times = sub.add_parser("times", help="where a run spent its time, from a JSON report (by check and family)",
+                           description="Time per check family and case family from a report written by "
+                                       "`run --json` or pytest --json-report, slowest first.")
+    times.add_argument("report", type=Path)
+    times.add_argument("--by", action="append", choices=("check", "family", "worker"), default=None,
+                       help="grouping (repeatable; default check and family)")
+    times.add_argument("--top", type=int, default=15)
+
     sub.add_parser("bench", help="benchmarks (harness.bench)", add_help=False,
                    description="Dispatches to harness.bench.main(argv).")
     sub.add_parser("warmup", help="compile-only warmup of every specialization the cases need (time, count)",
@@ -315,6 +323,17 @@ def cmd_bench(argv: list[str]) -> int:
     return int(bench.main(argv) or 0)
 
 
+def cmd_times(args) -> int:
+    from harness.report import Report, timing_lines
+
+    if not args.report.is_file():
+        raise Unusable(f"{args.report}: no such report")
+    records = Report.read(args.report).items
+    for by in args.by or ["check", "family"]:
+        print("\n".join(timing_lines(records, by=by, top=args.top)))
+    return EXIT_OK
+
+
 def cmd_warmup(argv: list[str]) -> int:
     """The device must be chosen before ``kernels`` is imported, so it is read here and the rest is warmup's."""
     pre = argparse.ArgumentParser(add_help=False)
@@ -330,7 +349,7 @@ def cmd_warmup(argv: list[str]) -> int:
     return int(warmup.main(argv) or 0)
 
 
-COMMANDS = {"run": cmd_run, "repro": cmd_repro, "validate": cmd_validate, "generate": cmd_generate, "fuzz": cmd_fuzz}
+COMMANDS = {"run": cmd_run, "repro": cmd_repro, "validate": cmd_validate, "generate": cmd_generate, "fuzz": cmd_fuzz, "times": cmd_times}
 
 
 def main(argv: list[str] | None = None) -> int:

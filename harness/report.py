@@ -148,3 +148,23 @@ def summary_lines(records: list[ItemRecord], max_cases: int = 4) -> list[str]:
             more = f" (+{len(ids) - max_cases} more)" if len(ids) > max_cases else ""
             lines.append(f"  {key:<24} {len(recs):>4}  {', '.join(ids[:max_cases])}{more}")
     return lines
+
+
+def timing_lines(records: list[ItemRecord], by: str = "check", top: int = 15) -> list[str]:
+    """Where a suite spends its time: total, count, mean and max item seconds per ``by`` (check, family, or
+    worker), slowest group first; skipped items are left out (they cost nothing and would dilute the means)."""
+    if by not in ("check", "family", "worker"):
+        raise ValueError(f"timing_lines: by: expected check, family or worker, found {by!r}")
+    groups: dict[str, list[float]] = defaultdict(list)
+    for r in records:
+        if r.outcome in ("skipped", "unsupported"):
+            continue
+        groups[getattr(r, by) or "(other tests)"].append(r.duration)
+    total = sum(sum(v) for v in groups.values())
+    lines = [f"time by {by}: {total:.1f}s in {sum(len(v) for v in groups.values())} items run"]
+    lines.append(f"  {by:<24} {'total s':>9} {'share':>6} {'items':>6} {'mean s':>8} {'max s':>8}")
+    for key, times in sorted(groups.items(), key=lambda kv: (-sum(kv[1]), kv[0]))[:top]:
+        share = sum(times) / total if total else 0.0
+        lines.append(f"  {key:<24} {sum(times):>9.1f} {share:>6.1%} {len(times):>6} "
+                     f"{sum(times) / len(times):>8.2f} {max(times):>8.2f}")
+    return lines
