@@ -46,7 +46,9 @@ if _bad:
 MAX_BLOCK_SIZE_DSTATE = 128
 
 
-@triton.jit
+# D's strides are (1, 0) per head and (P, 1) per channel: not specialized, so both share one binary (the loads are
+# a few per program; kernels.warmup needs one D class fewer).
+@triton.jit(do_not_specialize=["stride_D_head", "stride_D_hdim"])
 def _chunk_scan_kernel(
     CB_ptr,  # (C, G, Q, Q) fp32
     x_ptr,  # (T, H, P) io dtype
