@@ -147,17 +147,20 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 def _is_case_file(file_path: Path, config: pytest.Config) -> bool:
     """YAML under ``<repo>/cases`` (or ``<rootdir>/cases``), a YAML file named on the command line, or YAML under a
-    folder named on the command line other than the repository itself (whose other YAML is not ours)."""
+    folder named on the command line other than the repository itself (whose other YAML is not ours) and its
+    ``tests/`` (fixtures such as the malformed files, which are cases only when named one by one)."""
     if file_path.suffix not in CASE_SUFFIXES:
         return False
     resolved = file_path.resolve()
     for root in {REPO_ROOT, Path(config.rootpath).resolve()}:
         if (root / "cases") in resolved.parents:
             return True
+    fixtures = REPO_ROOT / "tests"  # the harness's own YAML fixtures (malformed files, ...): cases only by name
     for arg in _explicit_paths(config):
         if arg == resolved:
             return True
-        if arg.is_dir() and arg in resolved.parents and arg != REPO_ROOT and arg not in REPO_ROOT.parents:
+        if (arg.is_dir() and arg in resolved.parents and arg != REPO_ROOT and arg not in REPO_ROOT.parents
+                and fixtures not in resolved.parents):
             return True
     return False
 

@@ -171,3 +171,16 @@ def test_report_merge_and_summary_group_failures():
     text = "\n".join(summary_lines(merged.items))
     assert "failures by check:\n  determinism                 2  c1, c2" in text
     assert "failures by case family:" in text and "single" in text and "multi" in text
+
+
+def test_yaml_fixtures_under_tests_are_not_collected_as_cases():
+    """The malformed files are fixtures: `pytest tests` (and the testpaths default) must not collect them as cases,
+    while naming one explicitly still reports its error."""
+    res = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:]
+    assert "malformed" not in res.stdout
+    one = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                          "tests/malformed/xfail_without_reason.yaml"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert one.returncode != 0 and "xfail_without_reason.yaml" in one.stdout
