@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU runner does everything (device time is scarce): environment, the test suite on CUDA,
 # the case corpus, the bench. Usage: scripts/gpu_run.sh [STEP...] with steps env, tests, cases, bench
-# (default: env tests cases bench; also warmup, cases-warm). Full logs go under $OUT (the device tool brings them back); a short table is printed last.
+# (default: env tests cases bench; also suite, warmup, cases-warm). Full logs go under $OUT (the device tool brings them back); a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
 export PYTHONUNBUFFERED=1
@@ -25,6 +25,11 @@ for step in $steps; do
   case $step in
     env)
       run_step env bash -c "nvidia-smi -L; $PY -c 'import torch, triton, numpy, sys; print(sys.version.split()[0], torch.__version__, triton.__version__, numpy.__version__, torch.cuda.get_device_name(), torch.cuda.device_count())'; git rev-parse --short HEAD 2>/dev/null || true" ;;
+    suite)  # the whole suite as `make test` runs it (tests/ and cases/), live per-item status lines in the log
+      export TRITON_CACHE_DIR=$(mktemp -d)
+      run_step suite $PY -m pytest -v -n "$WORKERS" --workers-per-gpu "$WORKERS" --device cuda -p no:cacheprovider \
+        --json-report "$OUT/suite-report.json" --junit-xml "$OUT/suite-junit.xml" --durations 25 -rfE --tb=short ${SUITE_ARGS:-}
+      $PY -m harness times "$OUT/suite-report.json" --top 12 > "$OUT/suite-times.txt" 2>&1 ;;
     tests)
       export TRITON_CACHE_DIR=$(mktemp -d)  # cold compile cache
       run_step tests $PY -m pytest tests -q -n "$WORKERS" --workers-per-gpu "$WORKERS" --device cuda -p no:cacheprovider \
