@@ -7,6 +7,12 @@ For token l of chunk c (head h, group g(h)):
 does) is ``states[c]`` when ``states_are_entering``; otherwise ``states[c - 1]`` when chunk c - 1 belongs to the same
 sequence, else ``initial_states[seq_idx[c]]`` or zero. One program computes a (BLOCK_SIZE_M tokens x BLOCK_SIZE_N
 headdim) tile of one chunk and head.
+
+Both paths run one binary. Which state enters a chunk is decided at run time (``prev_chunk_offset``,
+``has_initial_states``; neither specialized) and read by a single load from a selected base pointer. With the
+choice as constexprs the two paths compiled to different code, and on the H200 their fp32 (tf32) dots then gave
+different bits for the same operand values (GPU run 4, docs/gpu-runs.md): the indexed path must equal the snapshot
+path bit for bit, so the arithmetic has to be literally the same code.
 """
 
 from __future__ import annotations
@@ -16,12 +22,6 @@ import triton
 import triton.language as tl
 
 from kernels.backend import AUTOTUNE_DO_BENCH, DOT_FP32_OPERANDS, FP32_DOT_PRECISION, LOG2E
-
-# Where the previous-chunk state comes from (a runtime scalar inside the kernel).
-PREV_NONE = tl.constexpr(0)
-PREV_STATES = tl.constexpr(1)
-PREV_INITIAL = tl.constexpr(2)
-
 
 def miscompiles_on_sm90(config: triton.Config) -> bool:
     """Triton 3.6 lowers ``tl.dot(cb, x)`` (cb in registers) to wgmma and writes NaN/Inf rows on sm90 when
@@ -44,11 +44,19 @@ if _bad:
 
 # dstate is covered in blocks of at most this many states (one block for the target dstate 128).
 MAX_BLOCK_SIZE_DSTATE = 128
+# tl.dot needs K >= 16 on the GPU ("Input shapes should have M >= 1, N >= 1 and K >= 16", GPU run 4 with dstate 8).
+MIN_BLOCK_SIZE_DSTATE = 16
+
+
+def dstate_block(dstate: int) -> int:
+    """The dstate block of the (C . prev) dot: a power of two in [16, 128] (masked past dstate)."""
+    return max(MIN_BLOCK_SIZE_DSTATE, min(triton.next_power_of_2(dstate), MAX_BLOCK_SIZE_DSTATE))
 
 
 # D's strides are (1, 0) per head and (P, 1) per channel: not specialized, so both share one binary (the loads are
-# a few per program; kernels.warmup needs one D class fewer).
-@triton.jit(do_not_specialize=["stride_D_head", "stride_D_hdim"])
+# a few per program; kernels.warmup needs one D class fewer). The previous-state selectors are runtime values that
+# must not be specialized either (0 vs 1 would otherwise compile the two paths differently).
+@triton.jit(do_not_specialize=["stride_D_head", "stride_D_hdim", "prev_chunk_offset", "has_initial_states"])
 def _chunk_scan_kernel(
     CB_ptr,  # (C, G, Q, Q) fp32
     x_ptr,  # (T, H, P) io dtype
@@ -60,8 +68,10 @@ def _chunk_scan_kernel(
     C_ptr,  # (T, G, N) io dtype
     states_ptr,  # (C, H, P, N) state dtype
     D_ptr,  # (H,) or (H, P), unused without HAS_D
-    initial_states_ptr,  # (Bt, H, P, N) state dtype, unused without HAS_INITIAL_STATES
+    initial_states_ptr,  # (Bt, H, P, N) state dtype, same inner strides as states; read only if has_initial_states
     cu_chunk_seqlens_ptr,  # (C + 1,)
+    prev_chunk_offset,  # 0: states[c] enters chunk c (indexed path); 1: states[c - 1] exits the chunk before
+    has_initial_states,  # nonzero: a sequence's first chunk starts from initial_states[seq] (else from zero)
     chunk_size,
     hdim,
     dstate,
@@ -94,14 +104,10 @@ def _chunk_scan_kernel(
     stride_states_dstate,
     stride_init_batch,
     stride_init_head,
-    stride_init_hdim,
-    stride_init_dstate,
     stride_D_head,
     stride_D_hdim,
     HAS_D: tl.constexpr,
     HAS_Z: tl.constexpr,
-    HAS_INITIAL_STATES: tl.constexpr,
-    STATES_ARE_ENTERING: tl.constexpr,
     DOT_FP32_OPERANDS: tl.constexpr,
     FP32_DOT_PRECISION: tl.constexpr,
     BLOCK_SIZE_DSTATE: tl.constexpr,
@@ -120,16 +126,16 @@ def _chunk_scan_kernel(
     group = pid_h // nheads_per_group
     io_dtype = x_ptr.dtype.element_ty
 
-    # Which state enters this chunk.
+    # Which state enters this chunk: states[prev_chunk] when that chunk is of the same sequence (always, on the
+    # indexed path, where prev_chunk == c), else the sequence's initial state, else none (zero).
     seq = tl.load(seq_idx_ptr + pid_c)
-    if STATES_ARE_ENTERING:
-        prev_source = PREV_STATES
-        prev_chunk = pid_c
+    prev_chunk = pid_c - prev_chunk_offset
+    prev_seq = tl.load(seq_idx_ptr + prev_chunk, mask=prev_chunk >= 0, other=-1)
+    from_states = prev_seq == seq
+    if from_states:
+        prev_base = states_ptr + prev_chunk.to(tl.int64) * stride_states_chunk + pid_h * stride_states_head
     else:
-        prev_seq = tl.load(seq_idx_ptr + pid_c - 1, mask=pid_c > 0, other=-1)
-        prev_chunk = pid_c - 1
-        first_source = PREV_INITIAL if HAS_INITIAL_STATES else PREV_NONE
-        prev_source = tl.where(prev_seq == seq, PREV_STATES, first_source)
+        prev_base = initial_states_ptr + seq.to(tl.int64) * stride_init_batch + pid_h * stride_init_head
 
     CB_ptr += pid_c.to(tl.int64) * stride_CB_chunk + group * stride_CB_group
     x_ptr += chunk_start * stride_x_token + pid_h * stride_x_head
@@ -145,41 +151,20 @@ def _chunk_scan_kernel(
 
     # Inter-chunk term: (C . prev) * exp(dA_cs[l]).
     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-    if prev_source != PREV_NONE:
+    if from_states | (has_initial_states != 0):
         offs_s = tl.arange(0, BLOCK_SIZE_DSTATE)
         C_ptrs = C_ptr + offs_m[:, None] * stride_C_token + offs_s[None, :] * stride_C_dstate
-        states_ptrs = (
-            states_ptr
-            + prev_chunk.to(tl.int64) * stride_states_chunk
-            + pid_h * stride_states_head
-            + offs_s[:, None] * stride_states_dstate
-            + offs_n[None, :] * stride_states_hdim
-        )
-        init_ptrs = (
-            initial_states_ptr
-            + seq.to(tl.int64) * stride_init_batch
-            + pid_h * stride_init_head
-            + offs_s[:, None] * stride_init_dstate
-            + offs_n[None, :] * stride_init_hdim
-        )
+        prev_ptrs = prev_base + offs_s[:, None] * stride_states_dstate + offs_n[None, :] * stride_states_hdim
         for s in range(0, dstate, BLOCK_SIZE_DSTATE):
             s_mask = offs_s < dstate - s
             c = tl.load(C_ptrs, mask=row_mask[:, None] & s_mask[None, :], other=0.0)
-            state_mask = s_mask[:, None] & col_mask[None, :]
-            if HAS_INITIAL_STATES:
-                if prev_source == PREV_INITIAL:
-                    prev = tl.load(init_ptrs, mask=state_mask, other=0.0).to(io_dtype)
-                else:
-                    prev = tl.load(states_ptrs, mask=state_mask, other=0.0).to(io_dtype)
-            else:
-                prev = tl.load(states_ptrs, mask=state_mask, other=0.0).to(io_dtype)
+            prev = tl.load(prev_ptrs, mask=s_mask[:, None] & col_mask[None, :], other=0.0).to(io_dtype)
             if DOT_FP32_OPERANDS:
                 c = c.to(tl.float32)
                 prev = prev.to(tl.float32)
             acc += tl.dot(c, prev, input_precision=FP32_DOT_PRECISION)
             C_ptrs += BLOCK_SIZE_DSTATE * stride_C_dstate
-            states_ptrs += BLOCK_SIZE_DSTATE * stride_states_dstate
-            init_ptrs += BLOCK_SIZE_DSTATE * stride_init_dstate
+            prev_ptrs += BLOCK_SIZE_DSTATE * stride_states_dstate
         acc *= tl.math.exp2(dA_cs_m * LOG2E)[:, None]
 
     # Intra-chunk term: causal sum over s <= l, only up to this tile's last row.
@@ -278,11 +263,13 @@ def chunk_scan(
         assert D.shape in ((H,), (H, P)), f"D: expected ({H},) or ({H}, {P}), found {tuple(D.shape)}"
     if initial_states is not None:
         assert initial_states.dim() == 4 and initial_states.shape[1:] == (H, P, N), f"initial_states: expected (Bt, {H}, {P}, {N}), found {tuple(initial_states.shape)}"
-        assert initial_states.dtype in state_dtypes
+        # One load reads either tensor (see the module docstring), so they share dtype and inner strides.
+        assert initial_states.dtype == states.dtype, f"initial_states: expected {states.dtype} like states, found {initial_states.dtype}"
+        assert initial_states.stride()[2:] == states.stride()[2:], f"initial_states: expected inner strides {states.stride()[2:]} like states, found {initial_states.stride()[2:]}"
     assert not (states_are_entering and initial_states is not None), "entering states already hold the initial states"
 
     init = initial_states if initial_states is not None else states
-    init_strides = initial_states.stride() if initial_states is not None else (0, 0, 0, 0)
+    init_strides = initial_states.stride()[:2] if initial_states is not None else (0, 0)
     z_arg = z if z is not None else x
     z_strides = z.stride() if z is not None else (0, 0, 0)
     D_arg = D if D is not None else dt_out
@@ -301,6 +288,8 @@ def chunk_scan(
         D_arg,
         init,
         cu_chunk_seqlens,
+        0 if states_are_entering else 1,
+        int(initial_states is not None),
         Q,
         P,
         N,
@@ -317,9 +306,7 @@ def chunk_scan(
         *D_strides,
         HAS_D=D is not None,
         HAS_Z=z is not None,
-        HAS_INITIAL_STATES=initial_states is not None,
-        STATES_ARE_ENTERING=bool(states_are_entering),
         DOT_FP32_OPERANDS=DOT_FP32_OPERANDS,
         FP32_DOT_PRECISION=FP32_DOT_PRECISION,
-        BLOCK_SIZE_DSTATE=min(triton.next_power_of_2(N), MAX_BLOCK_SIZE_DSTATE),
+        BLOCK_SIZE_DSTATE=dstate_block(N),
     )

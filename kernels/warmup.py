@@ -454,14 +454,14 @@ def _chunk_scan_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
         cb, x, c = _strides((1, G, Q, Q)), _strides((1, H, P)), _strides((1, G, N))
         st = _strides((1, H, P, N))
         snapshot = path == "snapshot"  # dense initial states (gathered, fresh); indexed: entering states only
-        init = st if snapshot else (0, 0, 0, 0)
+        init = st if snapshot else (0, 0)
         d = {"none": (0, 0), "per_head": (1, 0), "per_channel": (P, 1)}[d_kind]
         yield WarmupSpec(csc.chunk_scan_kernel, dict(
             CB_ptr=pointer(torch.float32), x_ptr=pointer(io), z_ptr=pointer(io), out_ptr=pointer(io),
             dt_ptr=pointer(torch.float32), dA_cumsum_ptr=pointer(torch.float32), seq_idx_ptr=pointer(meta),
             C_ptr=pointer(io), states_ptr=pointer(state),
             D_ptr=pointer(torch.float32), initial_states_ptr=pointer(state), cu_chunk_seqlens_ptr=pointer(meta),
-            chunk_size=Q, hdim=P, dstate=N, nheads_per_group=H // G,
+            prev_chunk_offset=1 if snapshot else 0, has_initial_states=int(snapshot), chunk_size=Q, hdim=P, dstate=N, nheads_per_group=H // G,
             stride_CB_chunk=cb[0], stride_CB_group=cb[1], stride_CB_m=cb[2], stride_CB_k=cb[3],
             stride_x_token=x[0], stride_x_head=x[1], stride_x_hdim=x[2],
             **dict(zip(("stride_z_token", "stride_z_head", "stride_z_hdim"), x if has_z else (0, 0, 0))),
@@ -471,12 +471,11 @@ def _chunk_scan_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
             stride_C_token=c[0], stride_C_group=c[1], stride_C_dstate=c[2],
             stride_states_chunk=st[0], stride_states_head=st[1], stride_states_hdim=st[2],
             stride_states_dstate=st[3],
-            stride_init_batch=init[0], stride_init_head=init[1], stride_init_hdim=init[2],
-            stride_init_dstate=init[3],
+            stride_init_batch=init[0], stride_init_head=init[1],
             stride_D_head=d[0], stride_D_hdim=d[1],
-            HAS_D=d_kind != "none", HAS_Z=has_z, HAS_INITIAL_STATES=snapshot, STATES_ARE_ENTERING=not snapshot,
+            HAS_D=d_kind != "none", HAS_Z=has_z,
             DOT_FP32_OPERANDS=DOT_FP32_OPERANDS, FP32_DOT_PRECISION=FP32_DOT_PRECISION,
-            BLOCK_SIZE_DSTATE=min(_next_pow2(N), csc.MAX_BLOCK_SIZE_DSTATE),
+            BLOCK_SIZE_DSTATE=csc.dstate_block(N),
         ), why=f"{io} io, {state} states, D {d_kind}, z={has_z}, {path}, nchunks~{nchunks}")
 
 

@@ -183,3 +183,26 @@ def test_auto_on_eligible_call_takes_indexed_on_cuda(io, state, seq):
     auto, snapshot = run_both(case, path_a="auto", path_b="snapshot")
     assert auto[2]["path"] == "indexed"
     assert_indexed_equals_snapshot(snapshot, auto)
+
+
+@pytest.mark.parametrize("name", ["single-chunk", "distinct-bf16-state-fp32", "masked-nan-slot"])
+def test_both_paths_launch_one_chunk_scan_binary(name):
+    """The indexed path equals the snapshot path only if chunk scan's arithmetic is the same code: on the H200 the
+    two paths compiled with path-dependent constexprs gave different fp32 (tf32) dot bits for equal operands (GPU run
+    4). Both paths must therefore launch chunk scan with one specialization key (computed as the GPU would, on any
+    backend), the path being a runtime argument."""
+    from harness.guards.specialization import recording_launches
+    from kernels.chunk_scan import chunk_scan_kernel
+
+    seq, io, state, indices = EQUIVALENCE_CASES[name]
+    case = make_case([seq], io=io, state=state, indices=indices, headdim=7, case_id=name)
+    keys = {}
+    for path in ("snapshot", "indexed"):
+        inputs = build_inputs(case, DEVICE)
+        with recording_launches([chunk_scan_kernel]) as seen:
+            ssd_prefill(**inputs.kwargs(path=path))
+        assert seen, f"{path}: chunk scan was not launched"
+        keys[path] = seen[-1]  # the chosen config's launch (earlier ones, if any, are autotuning trials)
+    assert keys["snapshot"].key == keys["indexed"].key, (
+        f"chunk scan specializations differ between paths:\n  snapshot {keys['snapshot'].describe()}\n"
+        f"  indexed  {keys['indexed'].describe()}")
