@@ -42,6 +42,11 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def current_device() -> str:
+    """The device the kernels of this process run on, as ``--device`` spells it (after ``configure``)."""
+    return "cpu" if interpreting() else "cuda"
+
+
 def profile_for(device: str) -> str:
     """The arithmetic profile (``reference.chunked``) that our kernels follow on ``device``."""
     return "interpreter" if resolve_device(device) == "cpu" else "cuda"

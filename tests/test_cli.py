@@ -1,6 +1,6 @@
 """``python -m harness``: exit status, progress and repro lines, each subcommand's --help, validate and bench.
 
-Subprocess tests run the real CLI (``--device cpu``, tiny cases); each broken provider must give a non-zero exit
+Subprocess tests run the real CLI (on the session's device, tiny cases); each broken provider must give a non-zero exit
 with the repro line, and the working provider a zero exit on the same case and check.
 """
 
@@ -13,10 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from harness.backend import current_device
+
 from harness import cli
 from tests import broken_providers as bp
 
 ROOT = Path(__file__).resolve().parents[1]
+# The session's device: inner runs use it too (the interpreter cannot run where numpy >= 2.4, as on the GPU runner).
+DEVICE = current_device()
 
 
 def harness(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -48,7 +52,7 @@ def test_run_exits_nonzero_with_repro_for_each_broken_provider(tmp_path, provide
     check, case_id = bp.CAUGHT_BY[provider_name]
     path = _one_case_file(tmp_path, case_id)
     spec = f"tests.broken_providers:{provider_name}"
-    proc = harness("run", str(path), "--device", "cpu", "--provider", spec, "--check", check)
+    proc = harness("run", str(path), "--device", DEVICE, "--provider", spec, "--check", check)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert f"FAILED      {case_id}::{check}" in proc.stdout
     assert f"repro: python -m harness repro {path} --check {check} --case {case_id} --provider {spec}" in proc.stdout
@@ -58,7 +62,7 @@ def test_run_exits_nonzero_with_repro_for_each_broken_provider(tmp_path, provide
 def test_run_exits_zero_when_all_pass_and_writes_json(tmp_path):
     path = _one_case_file(tmp_path, "tiny-batch")
     report = tmp_path / "report.json"
-    proc = harness("run", str(path), "--device", "cpu", "--check", "determinism", "--check", "masked_state",
+    proc = harness("run", str(path), "--device", DEVICE, "--check", "determinism", "--check", "masked_state",
                    "--json", str(report))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "outcomes: 2 passed" in proc.stdout and "determinism" in proc.stdout
@@ -70,7 +74,7 @@ def test_run_exits_zero_when_all_pass_and_writes_json(tmp_path):
 
 def test_repro_prints_the_full_report(tiny_file):
     proc = harness("repro", str(tiny_file), "--case", "tiny-direct", "--check", "untouched_storage",
-                   "--device", "cpu", "--provider", "tests.broken_providers:wrong_slot")
+                   "--device", DEVICE, "--provider", "tests.broken_providers:wrong_slot")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAILED: tiny-direct::untouched_storage" in proc.stdout
     assert "elements differ in bits" in proc.stdout and "at (" in proc.stdout and "ulp" in proc.stdout
@@ -89,9 +93,9 @@ def test_validate_reports_file_key_path_expected_found(tmp_path, tiny_file):
 
 
 def test_unusable_inputs_exit_2_with_the_reason(tmp_path):
-    empty = harness("run", str(tmp_path), "--device", "cpu")
+    empty = harness("run", str(tmp_path), "--device", DEVICE)
     assert empty.returncode == 2 and "no cases found" in empty.stderr
-    bad_provider = harness("run", str(tmp_path), "--device", "cpu", "--provider", "no_such_module:provider")
+    bad_provider = harness("run", str(tmp_path), "--device", DEVICE, "--provider", "no_such_module:provider")
     assert bad_provider.returncode == 2 and "cannot import 'no_such_module'" in bad_provider.stderr
 
 
