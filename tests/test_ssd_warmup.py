@@ -147,15 +147,13 @@ def test_narrow_dtype_warmup_fires_on_the_dot_stages():
     assert "x_ptr: needed *fp16 aligned16, closest warmed *fp32 aligned16" in text, text
 
 
-def test_narrow_d_kind_warmup_fires_on_chunk_scan():
-    """Negative control: per-head D warmed, per-channel D called: only the D strides' classes differ."""
+def test_per_head_d_warmup_covers_per_channel_calls():
+    """chunk_scan does not specialize D's strides (kernels/chunk_scan.py), so a warmup without per-channel D must
+    cover a per-channel call: the guard stays quiet. The decision is pinned: if the strides were specialized again,
+    the narrow warmup would lack the call's key and this test fails naming stride_D_hdim."""
     narrow = warmup(DEVICE, SHAPE, ALL_DTYPES, ALL_DTYPES, d_kinds=("none", "per_head"))
-    if {k.key for k in narrow.keys} == {k.key for k in warmup(DEVICE, SHAPE, ALL_DTYPES, ALL_DTYPES).keys}:
-        pytest.skip("chunk_scan no longer specializes the D strides: per-head and per-channel share a binary")
-    with pytest.raises(RecompileError) as err:
-        with guard_no_recompile([chunk_scan.chunk_scan_kernel], warmed=narrow.keys):
-            _call(D="per_channel")()
-    assert "stride_D_hdim: needed =1, closest warmed" in str(err.value), str(err.value)
+    with guard_no_recompile([chunk_scan.chunk_scan_kernel], warmed=narrow.keys):
+        _call(D="per_channel")()
 
 
 def test_nchunks_parity_is_a_class_when_chunks_are_short(full_warmup):
