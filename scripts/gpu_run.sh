@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU runner does everything (device time is scarce): environment, the test suite on CUDA,
 # the case corpus, the bench. Usage: scripts/gpu_run.sh [STEP...] with steps env, tests, cases, bench
-# (default: env tests cases bench; also suite, warmup, cases-warm). Full logs go under $OUT (the device tool brings them back); a short table is printed last.
+# (default: env tests cases bench; also recheck, suite, warmup, cases-warm). Full logs go under $OUT (the device tool brings them back); a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
 export PYTHONUNBUFFERED=1
@@ -30,6 +30,10 @@ for step in $steps; do
       run_step suite $PY -m pytest -v -n "$WORKERS" --workers-per-gpu "$WORKERS" --device cuda -p no:cacheprovider \
         --json-report "$OUT/suite-report.json" --junit-xml "$OUT/suite-junit.xml" --durations 25 -rfE --tb=short ${SUITE_ARGS:-}
       $PY -m harness times "$OUT/suite-report.json" --top 12 > "$OUT/suite-times.txt" 2>&1 ;;
+    recheck)  # the GPU findings of run 4 (docs/gpu-runs.md) with tracebacks: run this first next time
+      run_step recheck $PY -m pytest -n "$WORKERS" --workers-per-gpu "$WORKERS" --device cuda -p no:cacheprovider \
+        --tb=short -rfE $(cat scripts/gpu_run4.txt) tests/test_ssd_prefill.py \
+        "cases/corpus/direct.yaml::direct-022-fp32-bf16-h11p19n32g1" ;;
     tests)
       export TRITON_CACHE_DIR=$(mktemp -d)  # cold compile cache
       run_step tests $PY -m pytest tests -q -n "$WORKERS" --workers-per-gpu "$WORKERS" --device cuda -p no:cacheprovider \
