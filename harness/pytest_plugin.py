@@ -1,9 +1,9 @@
 """pytest plugin: YAML cases become items ``<file>::<case id>::<check>`` (DESIGN section 7).
 
 Loaded by the root ``conftest.py``. Options (group "ssd-harness"): ``--device``, ``--provider``,
-``--workers-per-gpu``, ``--json-report``, ``--shard``. Under ``pytest -n auto`` on a GPU machine each xdist worker is
-pinned to one GPU round-robin (``CUDA_VISIBLE_DEVICES`` from ``gw<N>``) before CUDA initialises, with its own
-``TRITON_CACHE_DIR``; on the CPU there is one worker per core. Items carry junit properties (case id, check, seed,
+``--workers-per-gpu``, ``--json-report``, ``--shard``, ``--recompile-guard``. Under ``pytest -n auto`` on a GPU machine
+each xdist worker is pinned to one GPU round-robin (``CUDA_VISIBLE_DEVICES`` from ``gw<N>``) before CUDA initialises;
+workers share one Triton cache directory (safe, see ``_pin_worker``); on the CPU there is one worker per core. Items carry junit properties (case id, check, seed,
 family, max ulp) through ``user_properties``, which xdist forwards to the controller.
 """
 
