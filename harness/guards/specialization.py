@@ -161,30 +161,52 @@ def assert_keys_warmed(needed: Iterable[SpecKey], warmed: Iterable[SpecKey]) -> 
         )
 
 
-@contextlib.contextmanager
-def recording_launches(kernels: Iterable[Any]) -> Iterator[list[SpecKey]]:
-    """Record the ``SpecKey`` of every real launch (not warmups) of ``kernels`` inside the block.
+@dataclass(frozen=True)
+class Launch:
+    """One real launch as ``JITFunction.run`` received it (autotuned kernels: with the config's kwargs)."""
 
-    Wraps each base jit object's ``run`` for the duration (an instance attribute; ``Autotuner`` and ``kernel[grid]``
-    both go through it), so the arguments are exactly what Triton would key on, on either backend.
-    """
-    seen: list[SpecKey] = []
+    kernel: Any
+    args: tuple
+    kwargs: dict = field(hash=False)
+
+
+@contextlib.contextmanager
+def _wrapped_runs(kernels: Iterable[Any], on_launch) -> Iterator[None]:
+    """Call ``on_launch(base_kernel, args, kwargs)`` for every real launch (not warmups) of ``kernels`` inside the
+    block. Wraps each base jit object's ``run`` for the duration (an instance attribute; ``Autotuner`` and
+    ``kernel[grid]`` both go through it), so the arguments are exactly what Triton would key on, on either backend."""
     patched = []
     for k in {id(base_jit_function(k)): base_jit_function(k) for k in kernels}.values():
         original = k.run
 
         def run(*args, _kernel=k, _original=original, grid, warmup, **kwargs):
             if not warmup:
-                seen.append(specialization_key(_kernel, args, kwargs))
+                on_launch(_kernel, args, kwargs)
             return _original(*args, grid=grid, warmup=warmup, **kwargs)
 
         k.run = run
         patched.append(k)
     try:
-        yield seen
+        yield
     finally:
         for k in patched:
             del k.run  # back to the class's method
+
+
+@contextlib.contextmanager
+def recording_launches(kernels: Iterable[Any]) -> Iterator[list[SpecKey]]:
+    """Record the ``SpecKey`` of every real launch (not warmups) of ``kernels`` inside the block."""
+    seen: list[SpecKey] = []
+    with _wrapped_runs(kernels, lambda k, args, kwargs: seen.append(specialization_key(k, args, kwargs))):
+        yield seen
+
+
+@contextlib.contextmanager
+def capturing_launches(kernels: Iterable[Any]) -> Iterator[list[Launch]]:
+    """Keep every real launch's kernel and arguments (to compile them for a GPU target later: ``gpu_compile``)."""
+    seen: list[Launch] = []
+    with _wrapped_runs(kernels, lambda k, args, kwargs: seen.append(Launch(k, tuple(args), dict(kwargs)))):
+        yield seen
 
 
 @contextlib.contextmanager

@@ -1,0 +1,83 @@
+"""Every specialization a representative set of SSD calls launches compiles for the H200 (sm_90), checked on the
+CPU: the interpreter accepts code the GPU compiler rejects (plain float globals in @jit code, tl.dot with K < 16),
+which CPU CI could not see before (GPU runs 1, 2 and 4 in docs/gpu-runs.md)."""
+
+from __future__ import annotations
+
+import pytest
+import triton
+import triton.language as tl
+
+from harness.backend import configure
+
+DEVICE = configure("auto")  # before any kernel module is imported
+
+from harness.cases.builder import build_inputs  # noqa: E402
+from harness.cases.model import Options  # noqa: E402
+from harness.guards.gpu_compile import GpuCompileError, compile_distinct  # noqa: E402
+from harness.guards.specialization import Launch, capturing_launches, kernel_name  # noqa: E402
+from kernels.ssd import ssd_prefill  # noqa: E402
+from kernels.warmup import watched_kernels  # noqa: E402
+from test_ssd_prefill import make_case  # noqa: E402
+
+pytestmark = pytest.mark.skipif(DEVICE != "cpu", reason="on the GPU every launch compiles for real; this is the "
+                                "CPU tier's stand-in for that")
+
+FULL = Options(D="per_channel", z=True, dt_bias=True, dt_softplus=True, dt_limit=(0.0, 10.0))
+# (io, state, path, mode, options): every kernel, both paths, the three modes, all io dtypes, dstate 16.
+CALLS = [
+    ("float32", "bfloat16", "snapshot", "direct", FULL),
+    ("float32", "bfloat16", "indexed", "direct", FULL),
+    ("bfloat16", "bfloat16", "snapshot", "returned", Options(D="per_head")),
+    ("float16", "float32", "snapshot", "checkpoint", Options()),
+]
+
+
+@pytest.fixture(scope="module")
+def launches() -> list[Launch]:
+    seen: list[Launch] = []
+    for io, state, path, mode, options in CALLS:
+        case = make_case([(70, 90, 2, True, 5)], io=io, state=state, options=options, mode=mode, case_id="sm90")
+        inputs = build_inputs(case, DEVICE)
+        with capturing_launches(watched_kernels()) as calls:
+            # The fused gather is what CUDA runs (the CPU default is the torch.where snapshot).
+            ssd_prefill(**inputs.kwargs(path=path), **({"gather": "fused"} if path == "snapshot" else {}))
+        seen += calls
+    return seen
+
+
+@pytest.mark.parametrize("kernel", watched_kernels(), ids=lambda k: kernel_name(k).rsplit(".", 1)[-1])
+def test_every_launched_specialization_compiles_for_sm90(launches, kernel):
+    own = [launch for launch in launches if kernel_name(launch.kernel) == kernel_name(kernel)]
+    assert own, f"{kernel_name(kernel)} was not launched by the representative calls"
+    assert compile_distinct(own) >= 1  # raises GpuCompileError naming each specialization that fails
+
+
+@triton.jit
+def _global_float_kernel(x_ptr):
+    tl.store(x_ptr, tl.load(x_ptr) * _SCALE)
+
+
+_SCALE = 1.4426950408889634  # a plain float global: the interpreter reads it, the GPU compiler refuses it
+
+
+@triton.jit
+def _small_k_dot_kernel(a_ptr, b_ptr, c_ptr, K: tl.constexpr):
+    offs16 = tl.arange(0, 16)
+    offs_k = tl.arange(0, K)
+    a = tl.load(a_ptr + offs16[:, None] * K + offs_k[None, :])
+    b = tl.load(b_ptr + offs_k[:, None] * 16 + offs16[None, :])
+    tl.store(c_ptr + offs16[:, None] * 16 + offs16[None, :], tl.dot(a, b))
+
+
+def test_gpu_only_compile_errors_are_caught():
+    """Negative controls: the two GPU-only failures this project met, reproduced in toy kernels."""
+    import torch
+
+    x = torch.ones(4)
+    with pytest.raises(GpuCompileError, match="_global_float_kernel does not compile for cuda sm_90"):
+        compile_distinct([Launch(_global_float_kernel, (x,), {})])
+    a, b, c = torch.ones(16, 8), torch.ones(8, 16), torch.empty(16, 16)
+    with pytest.raises(GpuCompileError, match="K >= 16"):
+        compile_distinct([Launch(_small_k_dot_kernel, (a, b, c), {"K": 8})])
+    assert compile_distinct([Launch(_small_k_dot_kernel, (torch.ones(16, 16), torch.ones(16, 16), c), {"K": 16})]) == 1
