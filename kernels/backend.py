@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+import triton
 import triton.language as tl
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -23,6 +24,18 @@ DOT_FP32_OPERANDS = INTERPRET
 # production default: the tensor core reads the operands as tf32 by truncation (10 fraction bits kept, measured on the
 # H200), so a dot operand is off by up to 2**-10 (harness.bounds.dot_operand_unit). Ignored by the interpreter.
 FP32_DOT_PRECISION = "tf32"
+
+
+
+@triton.jit
+def dot_acc(acc, a, b, DOT_FP32_OPERANDS: tl.constexpr, FP32_DOT_PRECISION: tl.constexpr):
+    """``acc + a @ b`` for every stage's dot: the interpreter switch above in one place. The operands arrive rounded
+    to the io dtype; under the interpreter they are widened to fp32 (exact), on the GPU they stay as they are."""
+    if DOT_FP32_OPERANDS:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return acc + tl.dot(a, b, input_precision=FP32_DOT_PRECISION)
+
 
 # libdevice's log1p (the same CUDA math-library routine torch.log1p calls) is unavailable under the interpreter,
 # where softplus falls back to log(1 + exp(dt)).

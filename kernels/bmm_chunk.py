@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import AUTOTUNE_DO_BENCH, DOT_FP32_OPERANDS, FP32_DOT_PRECISION
+from kernels.backend import AUTOTUNE_DO_BENCH, DOT_FP32_OPERANDS, FP32_DOT_PRECISION, dot_acc
 
 # Target shape: dstate 128, chunk 256, ngroups 1: few (chunk, group) pairs on short prefills, so the small tiles
 # keep enough programs in flight; BLOCK_SIZE_K >= 16 (tl.dot minimum).
@@ -68,10 +68,7 @@ def _bmm_chunk_kernel(
         k_mask = offs_k < dstate - k
         c = tl.load(C_ptrs, mask=(offs_m[:, None] < chunk_len) & k_mask[None, :], other=0.0)
         b = tl.load(B_ptrs, mask=k_mask[:, None] & (offs_n[None, :] < chunk_len), other=0.0)
-        if DOT_FP32_OPERANDS:
-            c = c.to(tl.float32)
-            b = b.to(tl.float32)
-        acc += tl.dot(c, b, input_precision=FP32_DOT_PRECISION)
+        acc = dot_acc(acc, c, b, DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
         C_ptrs += BLOCK_SIZE_K * stride_C_dstate
         B_ptrs += BLOCK_SIZE_K * stride_B_dstate
 

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import AUTOTUNE_DO_BENCH, DOT_FP32_OPERANDS, FP32_DOT_PRECISION, LOG2E
+from kernels.backend import AUTOTUNE_DO_BENCH, DOT_FP32_OPERANDS, FP32_DOT_PRECISION, LOG2E, dot_acc
 
 def miscompiles_on_sm90(config: triton.Config) -> bool:
     """Triton 3.6 lowers ``tl.dot(cb, x)`` (cb in registers) to wgmma and writes NaN/Inf rows on sm90 when
@@ -159,10 +159,7 @@ def _chunk_scan_kernel(
             s_mask = offs_s < dstate - s
             c = tl.load(C_ptrs, mask=row_mask[:, None] & s_mask[None, :], other=0.0)
             prev = tl.load(prev_ptrs, mask=s_mask[:, None] & col_mask[None, :], other=0.0).to(io_dtype)
-            if DOT_FP32_OPERANDS:
-                c = c.to(tl.float32)
-                prev = prev.to(tl.float32)
-            acc += tl.dot(c, prev, input_precision=FP32_DOT_PRECISION)
+            acc = dot_acc(acc, c, prev, DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
             C_ptrs += BLOCK_SIZE_DSTATE * stride_C_dstate
             prev_ptrs += BLOCK_SIZE_DSTATE * stride_states_dstate
         acc *= tl.math.exp2(dA_cs_m * LOG2E)[:, None]
@@ -184,10 +181,7 @@ def _chunk_scan_kernel(
         # Above the diagonal exp() may overflow (inf * 0 = NaN): select, don't multiply, to mask.
         cb = tl.where(offs_m[:, None] >= k + offs_k[None, :], cb, 0.0).to(io_dtype)
         xk = tl.load(x_ptrs, mask=(offs_k[:, None] < chunk_len - k) & col_mask[None, :], other=0.0)
-        if DOT_FP32_OPERANDS:
-            cb = cb.to(tl.float32)
-            xk = xk.to(tl.float32)
-        acc += tl.dot(cb, xk, input_precision=FP32_DOT_PRECISION)
+        acc = dot_acc(acc, cb, xk, DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
         CB_ptrs += BLOCK_SIZE_K * stride_CB_k
         x_ptrs += BLOCK_SIZE_K * stride_x_token
         dt_ptrs += BLOCK_SIZE_K * stride_dt_pos

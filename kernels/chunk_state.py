@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import AUTOTUNE_DO_BENCH, DOT_FP32_OPERANDS, FP32_DOT_PRECISION, LOG2E
+from kernels.backend import AUTOTUNE_DO_BENCH, DOT_FP32_OPERANDS, FP32_DOT_PRECISION, LOG2E, dot_acc
 
 # Target shape: headdim 64, dstate 128, chunk 256. BLOCK_SIZE_K >= 16 (tl.dot minimum).
 CONFIGS = [
@@ -91,10 +91,7 @@ def _chunk_state_kernel(
         dt_k = tl.load(dt_ptrs, mask=k_mask, other=0.0)
         scale = tl.math.exp2((dA_cs_last - dA_cs_k) * LOG2E) * dt_k
         b = (b * scale[:, None]).to(x_ptr.dtype.element_ty)
-        if DOT_FP32_OPERANDS:
-            x = x.to(tl.float32)
-            b = b.to(tl.float32)
-        acc += tl.dot(x, b, input_precision=FP32_DOT_PRECISION)
+        acc = dot_acc(acc, x, b, DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
         x_ptrs += BLOCK_SIZE_K * stride_x_token
         B_ptrs += BLOCK_SIZE_K * stride_B_token
         dt_ptrs += BLOCK_SIZE_K * stride_dt_pos
