@@ -35,7 +35,23 @@ def configure(requested: str = "auto") -> str:
             f"before the harness selected device {device!r}; select the device first"
         )
     os.environ["TRITON_INTERPRET"] = want
+    if device == "cuda":
+        share_autotuning_results()
     return device
+
+
+AUTOTUNE_CACHE_ENV = "TRITON_CACHE_AUTOTUNING"
+
+
+def share_autotuning_results() -> None:
+    """Keep autotuning results in the Triton cache (shared by xdist workers), unless the caller chose otherwise.
+
+    Each process otherwise benchmarks every config of every tuning key itself (some 0.1 s per config), and the
+    suite has dozens of keys per worker. Which config wins never changes what a check expects: a check compares
+    calls made in one process, with one tuned config per key, and tests/test_kernel_stages.py forces every config.
+    Triton reads this when an autotuner is created, so it must be set before ``kernels`` is imported.
+    """
+    os.environ.setdefault(AUTOTUNE_CACHE_ENV, "1")
 
 
 def interpreting() -> bool:

@@ -324,11 +324,15 @@ def cmd_bench(argv: list[str]) -> int:
 
 
 def cmd_times(args) -> int:
-    from harness.report import Report, timing_lines
+    from harness.report import Report, merge_parts, parts_dir, timing_lines
 
-    if not args.report.is_file():
+    if args.report.is_file():
+        records = Report.read(args.report).items
+    elif parts_dir(args.report).is_dir():  # a run killed before it merged: its workers' live parts
+        records = merge_parts(args.report, remove=False).items
+        print(f"{args.report}: merged from the workers' parts (the run did not finish)")
+    else:
         raise Unusable(f"{args.report}: no such report")
-    records = Report.read(args.report).items
     for by in args.by or ["check", "family"]:
         print("\n".join(timing_lines(records, by=by, top=args.top)))
     return EXIT_OK

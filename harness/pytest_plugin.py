@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from harness import backend
-from harness.report import ItemRecord, Report, clear_parts, merge_parts, summary_lines, write_part
+from harness.report import MESSAGE_CHARS, ItemRecord, Report, append_live, clear_parts, merge_parts, summary_lines, write_part
 
 CASE_SUFFIXES = (".yaml", ".yml")
 GPU_LIST_ENV = "SSD_HARNESS_VISIBLE_GPUS"  # set by the controller, read by workers
@@ -76,6 +76,17 @@ def _visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())]
 
 
+def cpu_threads_per_worker(workers: int, cores: int) -> int:
+    """torch's intra-op threads for one of ``workers`` processes on ``cores`` cores: a fair share, at least one.
+    Each process otherwise starts one thread per core, and N workers' CPU work (references, input building) then
+    fights over N times as many threads as cores."""
+    return max(1, cores // max(1, workers))
+
+
+def _usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def _pin_worker(worker_id: str) -> None:
     """Runs in a worker before anything touches CUDA: one GPU. The Triton cache directory stays shared: Triton's
     FileCacheManager.put writes each file into a private temp dir and publishes it with an atomic os.replace, and
@@ -93,7 +104,31 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
         return None  # xdist's own override wins
     if config.getoption("device") != "cpu" and backend.resolve_device(config.getoption("device")) == "cuda":
         return max(1, len(_visible_gpus()) * max(1, config.getoption("workers_per_gpu")))
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+    return _usable_cores()
+
+
+def case_scope(nodeid: str) -> str:
+    """The xdist work unit of an item: every check of one YAML case goes to one worker (its inputs are built once,
+    its kernels compiled and tuned once); any other item is a unit of its own."""
+    path, sep, rest = nodeid.partition("::")
+    if sep and path.endswith(CASE_SUFFIXES):
+        return f"{path}::{rest.split('::', 1)[0]}"
+    return nodeid
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``-n N`` (xdist's default ``--dist load``): load scheduling by ``case_scope`` units. Other ``--dist`` modes
+    are xdist's own."""
+    if config.getoption("dist", "no") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class CaseScopeScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return case_scope(nodeid)
+
+    return CaseScopeScheduling(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -101,6 +136,10 @@ def pytest_configure(config: pytest.Config) -> None:
     worker_id = os.environ.get("PYTEST_XDIST_WORKER")
     if worker_id and hasattr(config, "workerinput"):
         _pin_worker(worker_id)
+        import torch
+
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        torch.set_num_threads(cpu_threads_per_worker(workers, _usable_cores()))
     requested = config.getoption("device")
     if not hasattr(config, "workerinput") and requested != "cpu":
         # The controller lists the GPUs once; workers inherit the environment when xdist spawns them.
@@ -311,7 +350,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     from kernels import warmup
 
-    report = warmup.warmup_all(config.stash[_device_key], warmup.requests_from_cases(cases))
+    # Every worker warms everything (its in-memory kernel caches are its own), each starting at its own share of the
+    # list: on a cold disk cache the workers compile different specializations and load the rest from the cache.
+    index = worker_index(os.environ.get("PYTEST_XDIST_WORKER")) or 0
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    report = warmup.warmup_all(config.stash[_device_key], warmup.requests_from_cases(cases), first=index / count)
     config.stash[_warmup_key] = (warmup.watched_kernels(), report)
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     print(f"\n[{worker}] {report.summary()}")
@@ -418,8 +461,12 @@ class _Recorder:
                     summary=summary,
                     repro=str(props.get("repro", "")),
                     worker=os.environ.get("PYTEST_XDIST_WORKER", ""),
+                    message=str(report.longrepr)[-MESSAGE_CHARS:] if report.failed and report.longrepr else "",
                 )
             )
+            path = config.getoption("json_report")
+            if path and config.pluginmanager.getplugin("dsession") is None:  # workers and plain runs, not xdist's controller
+                append_live(path, os.environ.get("PYTEST_XDIST_WORKER", "main"), config.stash[_records_key][-1])
 
 
 def _merged_records(config: pytest.Config) -> list[ItemRecord]:

@@ -1,8 +1,10 @@
 """The run report: one record per ``<file>::<case id>::<check>`` item, merged across xdist workers, as JSON, plus
 the short terminal summary that groups failures by check and by case family.
 
-Each xdist worker writes its records to ``<report>.parts/<worker>.json``; the controller merges the parts when the
-session ends (``merge_parts``) and writes one file. The CLI writes the same model directly.
+Each xdist worker appends every record, as it is decided, to ``<report>.parts/<worker>.jsonl`` (so a run killed by a
+time limit still leaves what it did) and writes ``<report>.parts/<worker>.json`` when its session ends; the
+controller merges the parts (``merge_parts``) and writes one file. ``merge_parts`` also recovers a killed run from
+the live files. The CLI writes the same model directly.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 FAILURE_OUTCOMES = ("failed", "error", "xpassed")
+MESSAGE_CHARS = 8000
 REPORT_SCHEMA = "ssd-harness-report/1"
 
 
@@ -34,6 +37,7 @@ class ItemRecord:
     summary: str = ""  # what differed, one line
     repro: str = ""
     worker: str = ""
+    message: str = ""  # a failure's full report (capped at MESSAGE_CHARS)
 
     @property
     def is_failure(self) -> bool:
@@ -85,6 +89,25 @@ def write_part(report_path: str | os.PathLike, worker: str, report: Report) -> P
     return report.write(parts_dir(report_path) / f"{worker}.json")
 
 
+def append_live(report_path: str | os.PathLike, worker: str, record: ItemRecord) -> None:
+    """One record as one JSON line, flushed at once (O_APPEND: a line is never interleaved with another's)."""
+    folder = parts_dir(report_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{worker}.jsonl", "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(asdict(record)) + "\n")
+
+
+def read_live(path: Path) -> Report:
+    """A ``.jsonl`` live part; a last line cut by a kill is dropped."""
+    items = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            items.append(ItemRecord(**json.loads(line)))
+        except (json.JSONDecodeError, TypeError):
+            continue
+    return Report(items=items, meta={"worker": path.stem, "live": True})
+
+
 def merge_reports(reports: list[Report], meta: dict | None = None) -> Report:
     """One report from several; an item reported twice (a worker restarted by xdist) keeps its last record."""
     by_id: dict[str, ItemRecord] = {}
@@ -102,13 +125,18 @@ def merge_reports(reports: list[Report], meta: dict | None = None) -> Report:
 
 
 def merge_parts(report_path: str | os.PathLike, meta: dict | None = None, remove: bool = True) -> Report:
-    """Merge every ``<report>.parts/*.json`` into ``<report>``; returns the merged report."""
+    """Merge every ``<report>.parts/<worker>.json`` into ``<report>``, and the live ``<worker>.jsonl`` of any worker
+    that never wrote its ``.json`` (killed); returns the merged report."""
     folder = parts_dir(report_path)
     part_files = sorted(folder.glob("*.json")) if folder.is_dir() else []
-    merged = merge_reports([Report.read(p) for p in part_files], meta)
+    live_files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
+    finished = {p.stem for p in part_files}
+    reports = [Report.read(p) for p in part_files]
+    reports += [read_live(p) for p in live_files if p.stem not in finished]
+    merged = merge_reports(reports, meta)
     merged.write(report_path)
     if remove:
-        for p in part_files:
+        for p in part_files + live_files:
             p.unlink()
         if folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
@@ -119,7 +147,7 @@ def clear_parts(report_path: str | os.PathLike) -> None:
     """Stale parts from an earlier run must not leak into this one (called before workers start)."""
     folder = parts_dir(report_path)
     if folder.is_dir():
-        for p in folder.glob("*.json"):
+        for p in [*folder.glob("*.json"), *folder.glob("*.jsonl")]:
             p.unlink()
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -222,29 +223,68 @@ def warmup(
     device: "cuda" or "cpu"; kernels: registry names (default all); request: further ``WarmupRequest`` fields
     (``index_dtypes``, ``index_strides``, ``index_alignments``, ``mask_dtypes``).
     """
-    req = WarmupRequest(shape, tuple(io_dtypes), tuple(state_dtypes), **request)
+    return warmup_all(device, [(shape, tuple(io_dtypes), tuple(state_dtypes), request)], kernels=kernels)
+
+
+def _plan(requests: Iterable[tuple], names: list[str]) -> tuple[list[tuple[WarmupSpec, list[SpecKey]]], int]:
+    """Every spec that adds a specialization not seen before, with those keys, in registry order; and the number
+    of class combinations enumerated."""
+    seen: set[tuple[str, str]] = set()
+    todo: list[tuple[WarmupSpec, list[SpecKey]]] = []
+    enumerated = 0
+    for shape, io, state, *options in requests:
+        req = WarmupRequest(shape, tuple(io), tuple(state), **(options[0] if options else {}))
+        for name in names:
+            for spec in _REGISTRY[name](req):
+                enumerated += 1
+                new = [k for k in spec_keys(spec) if (k.kernel, k.key) not in seen]
+                if new:
+                    seen.update((k.kernel, k.key) for k in new)
+                    todo.append((spec, new))
+    return todo, enumerated
+
+
+def compile_order(n: int, first: float = 0.0, part: tuple[int, int] | None = None) -> list[int]:
+    """Indices of ``n`` specs in the order to compile them: rotated to start at fraction ``first`` of the list (so
+    xdist workers that each warm everything start on different specs and find the rest in the shared disk cache),
+    and with ``part=(k, count)`` only every count-th spec from k (one of count parallel warmup processes)."""
+    start = int(n * first) % n if n else 0
+    order = list(range(start, n)) + list(range(start))
+    if part is not None:
+        k, count = part
+        order = [i for i in order if i % count == k]
+    return order
+
+
+def warmup_all(
+    device: str,
+    requests: Iterable[tuple],
+    *,
+    kernels: Iterable[str] | None = None,
+    first: float = 0.0,
+    part: tuple[int, int] | None = None,
+) -> WarmupReport:
+    """One warmup for several (shape, io dtypes, state dtypes[, request options]); keys merged (the same class
+    compiled for two shapes is one binary: shapes enter keys only through their int classes and the block-size
+    constexprs). ``first`` and ``part``: see ``compile_order``; ``keys`` always lists every specialization."""
     names = list(kernels) if kernels is not None else registered()
     unknown = [n for n in names if n not in _REGISTRY]
     if unknown:
         raise KeyError(f"warmup: no registration named {unknown}; registered: {registered()}")
     start = time.perf_counter()
-    keys: dict[tuple[str, str], SpecKey] = {}
+    todo, enumerated = _plan(requests, names)
+    compiled = 0
+    if device == "cuda":
+        for i in compile_order(len(todo), first, part):
+            spec, new = todo[i]
+            args, kwargs = _split_arguments(spec.kernel, spec.arguments)
+            spec.kernel.warmup(*args, grid=(1,), **kwargs)
+            compiled += len(new)
+    keys = [k for _, new in todo for k in new]
     per_kernel: dict[str, int] = {}
-    compiled = enumerated = 0
-    for name in names:
-        for spec in _REGISTRY[name](req):
-            enumerated += 1
-            new = [k for k in spec_keys(spec) if (k.kernel, k.key) not in keys]
-            if not new:
-                continue
-            for k in new:
-                keys[(k.kernel, k.key)] = k
-                per_kernel[k.kernel] = per_kernel.get(k.kernel, 0) + 1
-            if device == "cuda":
-                args, kwargs = _split_arguments(spec.kernel, spec.arguments)
-                spec.kernel.warmup(*args, grid=(1,), **kwargs)
-                compiled += len(new)
-    return WarmupReport(list(keys.values()), compiled, time.perf_counter() - start, per_kernel, enumerated)
+    for k in keys:
+        per_kernel[k.kernel] = per_kernel.get(k.kernel, 0) + 1
+    return WarmupReport(keys, compiled, time.perf_counter() - start, per_kernel, enumerated)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -539,22 +579,21 @@ def requests_from_cases(cases: Iterable[Any]) -> list[tuple[ModelShape, tuple, t
             for shape, io, state, d, z, bias, softplus, limit in groups]
 
 
-def warmup_all(device: str, requests: Iterable[tuple], **request: Any) -> WarmupReport:
-    """One warmup per (shape, io dtypes, state dtypes[, request options]); keys merged (the same class compiled for two shapes is one
-    binary: shapes enter keys only through their int classes and the block-size constexprs)."""
+def _compile_in_children(argv: list[str], jobs: int) -> str:
+    """Run ``jobs`` copies of this warmup, each compiling every jobs-th spec into the shared Triton disk cache;
+    raise if one fails. Returns a line saying how long they took."""
+    import subprocess
+
+    own = [a for i, a in enumerate(argv) if not (a.startswith("--jobs") or (i and argv[i - 1] == "--jobs"))]
     start = time.perf_counter()
-    keys: dict[tuple[str, str], SpecKey] = {}
-    compiled = enumerated = 0
-    for shape, io, state, *options in requests:
-        r = warmup(device, shape, io, state, **{**(options[0] if options else {}), **request})
-        compiled += r.compiled
-        enumerated += r.enumerated
-        for k in r.keys:
-            keys.setdefault((k.kernel, k.key), k)
-    per_kernel: dict[str, int] = {}
-    for kernel, _ in keys:
-        per_kernel[kernel] = per_kernel.get(kernel, 0) + 1
-    return WarmupReport(list(keys.values()), compiled, time.perf_counter() - start, per_kernel, enumerated)
+    children = [subprocess.Popen([sys.executable, "-m", "harness", "warmup", *own, "--part", f"{k}/{jobs}"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                for k in range(jobs)]
+    errors = [(k, c.communicate()[1]) for k, c in enumerate(children)]
+    failed = [(k, err) for (k, err), c in zip(errors, children) if c.returncode != 0]
+    if failed:
+        raise RuntimeError("warmup --jobs: part(s) failed:\n" + "\n".join(f"part {k}: {e[-2000:]}" for k, e in failed))
+    return f"compiled by {jobs} processes in {time.perf_counter() - start:.2f}s, then loaded here"
 
 
 _DTYPE_NAMES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -579,7 +618,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--kernels", nargs="+", choices=registered(), help="registrations to warm (default all)")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     parser.add_argument("--verbose", action="store_true", help="list every specialization")
-    args = parser.parse_args(argv)
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="compile in N processes first (each a share, into the Triton disk cache), then load "
+                             "everything here (GPU only; default 1)")
+    parser.add_argument("--part", default=None, metavar="K/N", help=argparse.SUPPRESS)  # one of --jobs' children
+    args = parser.parse_args(argv if argv is not None else None)
+    part = None
+    if args.part:
+        try:
+            k, n = (int(v) for v in args.part.split("/"))
+            assert 0 <= k < n
+        except (ValueError, AssertionError):
+            parser.error(f"--part: expected K/N with 0 <= K < N, found {args.part!r}")
+        part = (k, n)
+    if args.jobs < 1:
+        parser.error(f"--jobs: expected a positive count, found {args.jobs}")
 
     device = "cpu" if knobs.runtime.interpret else "cuda"
     if args.device not in ("auto", device):
@@ -598,7 +651,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         requests = requests_from_cases(load_cases(args.paths))
         if not requests:
             parser.error(f"no cases under {args.paths}")
-    report = warmup_all(device, requests, kernels=args.kernels)
+    parallel = ""
+    if device == "cuda" and args.jobs > 1 and part is None:
+        parallel = _compile_in_children(list(argv if argv is not None else sys.argv[1:]), args.jobs)
+    report = warmup_all(device, requests, kernels=args.kernels, part=part)
+    if parallel:
+        print(parallel)
     shapes = len({r[0] for r in requests})
     print(f"{report.summary()} over {shapes} model shape(s), {len(requests)} option set(s) on {device}")
     if device == "cpu":

@@ -67,13 +67,14 @@ def _scan(x, dtp, A, Bh, Ch, Dv, gate, cu, h0, exit_offsets, unit_input: bool):
     h0 (Bt,H,P,N) or None -> out (T,H,P), final (Bt,H,P,N), exits {offset: (H,P,N)}."""
     T, H, P = x.shape
     N = Bh.shape[-1]
-    out = torch.empty(T, H, P, dtype=F64)
-    final = torch.empty(len(cu) - 1, H, P, N, dtype=F64)
+    dev = x.device
+    out = torch.empty(T, H, P, dtype=F64, device=dev)
+    final = torch.empty(len(cu) - 1, H, P, N, dtype=F64, device=dev)
     exits = {}
     wanted = set(exit_offsets or ())
     decay = torch.exp(dtp * A[None, :])  # (T, H)
     for b in range(len(cu) - 1):
-        h = h0[b].clone() if h0 is not None else torch.zeros(H, P, N, dtype=F64)
+        h = h0[b].clone() if h0 is not None else torch.zeros(H, P, N, dtype=F64, device=dev)
         for t in range(cu[b], cu[b + 1]):
             if unit_input:
                 inject = x[t][:, :, None].expand(H, P, N)
@@ -87,7 +88,7 @@ def _scan(x, dtp, A, Bh, Ch, Dv, gate, cu, h0, exit_offsets, unit_input: bool):
             if t + 1 in wanted:
                 exits[t + 1] = h.clone()
         final[b] = h
-    return out, final, exits
+    return out.cpu(), final.cpu(), {o: e.cpu() for o, e in exits.items()}
 
 
 def sequential_ssd(
@@ -107,7 +108,10 @@ def sequential_ssd(
     magnitude: bool = False,
     exit_offsets: Sequence[int] | None = None,
 ):
-    """fp64 sequential SSD on CPU.
+    """fp64 sequential SSD; returns CPU tensors.
+
+    The token loop runs on the device ``x`` lives on: on the GPU runner a CUDA fp64 step is some 20 times faster
+    than a CPU one for the serving shape, and fp64 rounding (1e-16) is far below every bound either way.
 
     x (T,H,P), dt (T,H), A (H,), B/C (T,G,N), D (H,) or (H,P), z (T,H,P), initial_states (Bt,H,P,N), any dtypes.
     Returns ``(out (T,H,P) fp64, final_states (Bt,H,P,N) fp64)``; with ``exit_offsets`` (token offsets, e.g.
@@ -117,10 +121,11 @@ def sequential_ssd(
     """
     cu = _ints(cu_seqlens)
     T, H, P = x.shape
-    f = (lambda t: t.detach().cpu().to(F64).abs()) if magnitude else (lambda t: t.detach().cpu().to(F64))
+    dev = x.device
+    f = (lambda t: t.detach().to(dev, F64).abs()) if magnitude else (lambda t: t.detach().to(dev, F64))
     xv = f(x)
-    dtp = process_dt(dt.detach().cpu(), None if dt_bias is None else dt_bias.detach().cpu(), dt_softplus, dt_limit)
-    Av = A.detach().cpu().to(F64)
+    dtp = process_dt(dt.detach().to(dev), None if dt_bias is None else dt_bias.detach().to(dev), dt_softplus, dt_limit)
+    Av = A.detach().to(dev, F64)
     Bh, Ch = _per_head(f(B), H), _per_head(f(C), H)
     Dv = None
     if D is not None:
@@ -128,7 +133,7 @@ def sequential_ssd(
         Dv = Dv[:, None].expand(H, P) if Dv.dim() == 1 else Dv
     gate = None
     if z is not None:
-        zz = z.detach().cpu().to(F64)
+        zz = z.detach().to(dev, F64)
         gate = zz * torch.sigmoid(zz)
         gate = gate.abs() if magnitude else gate
     h0 = None if initial_states is None else f(initial_states)
@@ -151,14 +156,16 @@ def magnitude_shadows(
     )
     cu = _ints(cu_seqlens)
     T, H, P = x.shape
-    xa = x.detach().cpu().to(F64).abs()
-    dtp = process_dt(dt.detach().cpu(), None if dt_bias is None else dt_bias.detach().cpu(), dt_softplus, dt_limit)
-    Ca = _per_head(C.detach().cpu().to(F64).abs(), H)
-    gate = torch.ones(T, H, P, dtype=F64)
+    dev = x.device  # the unit scan runs where the inputs are, like sequential_ssd's
+    xa = x.detach().to(dev, F64).abs()
+    dtp = process_dt(dt.detach().to(dev), None if dt_bias is None else dt_bias.detach().to(dev), dt_softplus, dt_limit)
+    Ca = _per_head(C.detach().to(dev, F64).abs(), H)
+    gate = torch.ones(T, H, P, dtype=F64, device=dev)
     if z is not None:
-        zz = z.detach().cpu().to(F64)
+        zz = z.detach().to(dev, F64)
         gate = (zz * torch.sigmoid(zz)).abs()
-    unit_out, unit_final, _ = _scan(xa, dtp, A.detach().cpu().to(F64), Ca, Ca, None, gate, cu, None, None, True)
+    unit_out, unit_final, _ = _scan(xa, dtp, A.detach().to(dev, F64), Ca, Ca, None, gate, cu, None, None, True)
+    xa, Ca, gate = xa.cpu(), Ca.cpu(), gate.cpu()
     window = torch.empty(T, H, P, dtype=F64)
     for b in range(len(cu) - 1):
         s, e = cu[b], cu[b + 1]

@@ -25,11 +25,17 @@ for step in $steps; do
   case $step in
     env)
       run_step env bash -c "nvidia-smi -L; $PY -c 'import torch, triton, numpy, sys; print(sys.version.split()[0], torch.__version__, triton.__version__, numpy.__version__, torch.cuda.get_device_name(), torch.cuda.device_count())'; git rev-parse --short HEAD 2>/dev/null || true" ;;
-    suite)  # the whole suite as `make test` runs it (tests/ and cases/), live per-item status lines in the log
-      export TRITON_CACHE_DIR=$(mktemp -d)
-      run_step suite $PY -m pytest -v -n "$WORKERS" --workers-per-gpu "$WORKERS" --device cuda -p no:cacheprovider \
-        --json-report "$OUT/suite-report.json" --junit-xml "$OUT/suite-junit.xml" --durations 25 -rfE --tb=short ${SUITE_ARGS:-}
-      $PY -m harness times "$OUT/suite-report.json" --top 12 > "$OUT/suite-times.txt" 2>&1 ;;
+    suite|suite-warm)  # the whole suite as `make test` runs it (tests/ and cases/), after one warmup, under the recompile
+      # guard; suite starts from a cold Triton cache, suite-warm reuses the one the previous step filled
+      [ "$step" = suite ] && export TRITON_CACHE_DIR=$(mktemp -d)
+      run_step "$step" $PY -m pytest -q -n "$WORKERS" --workers-per-gpu "$WORKERS" --device cuda -p no:cacheprovider \
+        --recompile-guard --json-report "$OUT/$step-report.json" --junit-xml "$OUT/$step-junit.xml" --durations 30 \
+        -rfE --tb=short ${SUITE_ARGS:-}
+      # A killed run leaves its workers' live parts; times merges them (and failures.txt keeps every failure's report).
+      $PY -m harness times "$OUT/$step-report.json" --top 12 --by check --by family --by worker > "$OUT/$step-times.txt" 2>&1
+      $PY -c "import sys; from harness.report import Report; r = Report.read(sys.argv[1]); print(r.counts()); [print(f'=== {i.nodeid}\n{i.message}') for i in r.failures]" \
+        "$OUT/$step-report.json" > "$OUT/$step-failures.txt" 2>&1
+      head -c 600 "$OUT/$step-times.txt"; head -n 1 "$OUT/$step-failures.txt" ;;
     recheck)  # the GPU findings of run 4 (docs/gpu-runs.md) with tracebacks: run this first next time
       run_step recheck $PY -m pytest -n "$WORKERS" --workers-per-gpu "$WORKERS" --device cuda -p no:cacheprovider \
         --tb=short -rfE $(cat scripts/gpu_run4.txt) tests/test_ssd_prefill.py \
@@ -44,9 +50,9 @@ for step in $steps; do
         --json-report "$OUT/cases-report.json" --junitxml "$OUT/cases-junit.xml" ;;
     cases-warm)
       run_step cases-warm $PY -m pytest cases -q -n "$WORKERS" --workers-per-gpu "$WORKERS" --device cuda -p no:cacheprovider ;;
-    warmup)
+    warmup)  # the corpus warmup from a cold cache: compiled by WORKERS processes, then loaded in this one
       export TRITON_CACHE_DIR=$(mktemp -d)
-      run_step warmup $PY -c "import sys, kernels.warmup as w; sys.exit(w.main(['--device', 'cuda']))" ;;
+      run_step warmup $PY -m harness warmup --device cuda --jobs "$WORKERS" ;;
     bench)
       run_step bench $PY -m harness bench --json "$OUT/bench.json" ;;
     *)

@@ -122,6 +122,11 @@ def test_xdist_junit_properties_and_merged_json_report(tmp_path):
     assert sorted(i["nodeid"].split("::", 1)[1] for i in data["items"]) == sorted(
         f"{c}::{k}" for c in ("tiny-batch", "tiny-direct", "tiny-returned") for k in ("determinism", "reference_bound"))
     assert all(i["outcome"] == "passed" and i["duration"] > 0 for i in data["items"])
+    workers_of_case: dict[str, set] = {}
+    for i in data["items"]:
+        workers_of_case.setdefault(i["case_id"], set()).add(i["worker"])
+    # xdist work units are whole cases (plugin.case_scope): a case's inputs are built on one worker only.
+    assert all(len(w) == 1 for w in workers_of_case.values()), workers_of_case
     assert not (tmp_path / "report.json.parts").exists() or not any((tmp_path / "report.json.parts").iterdir())
     cases_xml = ET.parse(junit).getroot().iter("testcase")
     props = [{p.get("name"): p.get("value") for p in tc.iter("property")} for tc in cases_xml]
@@ -151,6 +156,23 @@ def test_workers_are_pinned_to_gpus_round_robin(monkeypatch, tmp_path):
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "3"
     # The Triton cache stays shared across workers (atomic publish makes that safe; see _pin_worker).
     assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path)
+
+
+def test_xdist_work_units_are_whole_cases():
+    assert plugin.case_scope("cases/corpus/direct.yaml::direct-001-x::reference_bound") == \
+        "cases/corpus/direct.yaml::direct-001-x"
+    assert plugin.case_scope("c.yml::one::determinism") == "c.yml::one"
+    # Python tests are each their own unit: one slow parametrized file must not land on one worker.
+    assert plugin.case_scope("tests/test_gather.py::test_x[a-b]") == "tests/test_gather.py::test_x[a-b]"
+    assert plugin.case_scope("tests/test_a.py::TestK::test_m") == "tests/test_a.py::TestK::test_m"
+
+
+def test_cpu_threads_are_shared_fairly_among_workers():
+    assert plugin.cpu_threads_per_worker(14, 16) == 1
+    assert plugin.cpu_threads_per_worker(4, 16) == 4
+    assert plugin.cpu_threads_per_worker(2, 2) == 1
+    assert plugin.cpu_threads_per_worker(1, 8) == 8
+    assert plugin.cpu_threads_per_worker(0, 8) == 8
 
 
 def test_auto_workers_on_cpu_is_one_per_core(pytestconfig, monkeypatch):
@@ -189,3 +211,20 @@ def test_yaml_fixtures_under_tests_are_not_collected_as_cases():
                           "tests/malformed/xfail_without_reason.yaml"], cwd=ROOT, capture_output=True, text=True,
                          timeout=300)
     assert one.returncode != 0 and "xfail_without_reason.yaml" in one.stdout
+
+
+def test_autotuning_results_are_shared_through_the_cache_on_cuda_only(monkeypatch):
+    """GPU runs keep tuning results in the shared Triton cache (one benchmark per key for all workers); a caller's
+    own choice wins, and the interpreter, which has no timer, is left alone."""
+    from harness import backend
+
+    monkeypatch.delenv(backend.AUTOTUNE_CACHE_ENV, raising=False)
+    backend.share_autotuning_results()
+    assert os.environ[backend.AUTOTUNE_CACHE_ENV] == "1"
+    monkeypatch.setenv(backend.AUTOTUNE_CACHE_ENV, "0")
+    backend.share_autotuning_results()
+    assert os.environ[backend.AUTOTUNE_CACHE_ENV] == "0"
+    monkeypatch.delenv(backend.AUTOTUNE_CACHE_ENV, raising=False)
+    if current_device() == "cpu":
+        backend.configure("cpu")
+        assert backend.AUTOTUNE_CACHE_ENV not in os.environ

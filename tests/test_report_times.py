@@ -46,3 +46,28 @@ def test_cli_prints_both_groupings(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "harness", "times", str(tmp_path / "none.json")], cwd=ROOT,
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "no such report" in missing.stderr
+
+
+def test_a_killed_run_leaves_its_records_and_times_reads_them(tmp_path):
+    """Workers append each record as it is decided; a run killed before the merge (GPU runs 3 and 4 were) still
+    yields a report, and a line cut by the kill is dropped, not fatal."""
+    from harness.report import append_live, merge_parts, parts_dir, write_part
+
+    report = tmp_path / "r.json"
+    done = ItemRecord("f::c1::determinism", "passed", duration=1.5, case_id="c1", check="determinism", worker="gw0")
+    failed = ItemRecord("f::c2::determinism", "failed", duration=2.0, case_id="c2", check="determinism",
+                        worker="gw1", message="determinism failed\nfirst mismatch at (0, 1)")
+    append_live(report, "gw0", done)
+    write_part(report, "gw0", Report([done], meta={"worker": "gw0"}))  # gw0 finished: its .json wins
+    append_live(report, "gw1", failed)
+    with open(parts_dir(report) / "gw1.jsonl", "a") as fh:
+        fh.write('{"nodeid": "f::c3::determin')  # killed mid-line
+    proc = subprocess.run([sys.executable, "-m", "harness", "times", str(report)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "merged from the workers' parts" in proc.stdout and "determinism" in proc.stdout
+    merged = merge_parts(report)
+    assert {r.nodeid: r.outcome for r in merged.items} == {"f::c1::determinism": "passed",
+                                                          "f::c2::determinism": "failed"}
+    assert merged.failures[0].message.endswith("first mismatch at (0, 1)")
+    assert not parts_dir(report).exists()
