@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -191,6 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("bench: needs a CUDA device (timings under the interpreter mean nothing)", file=sys.stderr)
         return 2
+    from harness.backend import AUTOTUNE_BUDGET_ENV, AUTOTUNE_CACHE_ENV
+
+    # The bench tunes for itself, at the kernels' full budget, before kernels are imported: tuning results a
+    # parallel test run cached (short budget, on a shared GPU) must not pick the configs it times.
+    os.environ[AUTOTUNE_CACHE_ENV] = "0"
+    os.environ.pop(AUTOTUNE_BUDGET_ENV, None)
     from harness.checks.providers import load_provider
 
     provider = load_provider(args.provider)

@@ -150,6 +150,8 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(str(exc)) from None
     try:
         config.stash[_device_key] = backend.configure(requested)  # before any kernel module is imported
+        if config.stash[_device_key] == "cuda" and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+            backend.shorten_autotuning()
     except (ValueError, RuntimeError) as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[_provider_key] = {}

@@ -13,6 +13,8 @@ import os
 import triton
 import triton.language as tl
 
+from harness.backend import AUTOTUNE_BUDGET_ENV
+
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 # The interpreter cannot multiply bf16 operands in tl.dot: kernels cast both (already io-rounded) operands to fp32
@@ -53,5 +55,30 @@ def _interpreter_do_bench(kernel_call, quantiles=(0.5, 0.2, 0.8)):
     return [1.0] * len(quantiles)
 
 
-# Passed as ``do_bench`` to every ``triton.autotune`` here: None keeps Triton's GPU benchmarker.
-AUTOTUNE_DO_BENCH = _interpreter_do_bench if INTERPRET else None
+def autotune_budget_ms(raw: str | None) -> tuple[float, float]:
+    """(warmup ms, repeat ms) the autotuner measures each config for: Triton's defaults (25, 100) unless
+    ``SSD_AUTOTUNE_MS`` says "warmup,rep" (harness.backend.shorten_autotuning: test workers sharing a GPU)."""
+    if not raw:
+        return 25.0, 100.0
+    try:
+        warm, rep = (float(v) for v in raw.split(","))
+        if warm < 0 or rep <= 0:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"{AUTOTUNE_BUDGET_ENV}={raw!r}: expected 'warmup_ms,rep_ms' with warmup >= 0 and "
+                         "rep > 0, e.g. '25,100'") from None
+    return warm, rep
+
+
+AUTOTUNE_WARMUP_MS, AUTOTUNE_REP_MS = autotune_budget_ms(os.environ.get(AUTOTUNE_BUDGET_ENV))
+
+
+def _gpu_do_bench(kernel_call, quantiles=(0.5, 0.2, 0.8)):
+    """Triton's GPU benchmarker with this process's budget."""
+    from triton.testing import do_bench
+
+    return do_bench(kernel_call, warmup=AUTOTUNE_WARMUP_MS, rep=AUTOTUNE_REP_MS, quantiles=quantiles)
+
+
+# Passed as ``do_bench`` to every ``triton.autotune`` here.
+AUTOTUNE_DO_BENCH = _interpreter_do_bench if INTERPRET else _gpu_do_bench

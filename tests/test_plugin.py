@@ -88,8 +88,11 @@ def test_case_too_large_for_the_interpreter_is_skipped_with_reason(pytester):
                                 "call: {final_state: direct, path: auto}\n    tiers: {cpu: false}\n  - id: tiny-batch")
     path = pytester.makefile(".yaml", big=big)
     result = run_inner(pytester, str(path), "-k", "tiny-direct and determinism")
-    result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines(["*too large for the CPU interpreter tier*"])
+    if DEVICE == "cpu":
+        result.assert_outcomes(skipped=1)
+        result.stdout.fnmatch_lines(["*too large for the CPU interpreter tier*"])
+    else:  # the CPU tier flag must not take the case from the GPU tier
+        result.assert_outcomes(passed=1)
 
 
 def test_xfail_is_honoured_and_stale_xfail_fails_strictly(pytester):
@@ -228,3 +231,20 @@ def test_autotuning_results_are_shared_through_the_cache_on_cuda_only(monkeypatc
     if current_device() == "cpu":
         backend.configure("cpu")
         assert backend.AUTOTUNE_CACHE_ENV not in os.environ
+
+
+def test_autotuning_budget_is_shortened_only_when_asked_and_parsed_strictly(monkeypatch):
+    from harness import backend
+    from kernels.backend import autotune_budget_ms
+
+    assert autotune_budget_ms(None) == (25.0, 100.0) and autotune_budget_ms("") == (25.0, 100.0)
+    assert autotune_budget_ms(backend.SHARED_GPU_AUTOTUNE_MS) == (1.0, 5.0)
+    for bad in ("5", "1,0", "-1,5", "a,b", "1,2,3"):
+        with pytest.raises(ValueError, match="SSD_AUTOTUNE_MS=.*expected 'warmup_ms,rep_ms'"):
+            autotune_budget_ms(bad)
+    monkeypatch.delenv(backend.AUTOTUNE_BUDGET_ENV, raising=False)
+    backend.shorten_autotuning()
+    assert os.environ[backend.AUTOTUNE_BUDGET_ENV] == backend.SHARED_GPU_AUTOTUNE_MS
+    monkeypatch.setenv(backend.AUTOTUNE_BUDGET_ENV, "25,100")
+    backend.shorten_autotuning()
+    assert os.environ[backend.AUTOTUNE_BUDGET_ENV] == "25,100"
