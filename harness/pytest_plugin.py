@@ -490,7 +490,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     meta = {"device": config.stash[_device_key], "provider": config.getoption("provider") or "kernels:provider"}
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if hasattr(config, "workerinput") and worker:
-        write_part(path, worker, Report(items=_merged_records(config), meta={**meta, "worker": worker}))
+        gpu = os.environ.get("CUDA_VISIBLE_DEVICES") if meta["device"] == "cuda" else None
+        write_part(path, worker, Report(items=_merged_records(config), meta={**meta, "worker": worker, "gpu": gpu}))
         return
     if config.pluginmanager.getplugin("dsession") is None:
         write_part(path, "main", Report(items=_merged_records(config), meta={**meta, "worker": "main"}))

@@ -114,10 +114,12 @@ def merge_reports(reports: list[Report], meta: dict | None = None) -> Report:
     merged_meta: dict = {"workers": []}
     for rep in reports:
         merged_meta["workers"].append(rep.meta.get("worker", ""))
+        if rep.meta.get("gpu") is not None:  # which GPU each xdist worker was pinned to
+            merged_meta.setdefault("worker_gpus", {})[rep.meta.get("worker", "")] = rep.meta["gpu"]
         for rec in rep.items:
             by_id[rec.nodeid] = rec
         for key, value in rep.meta.items():
-            if key != "worker":
+            if key not in ("worker", "gpu"):
                 merged_meta.setdefault(key, value)
     merged_meta["workers"] = sorted(w for w in merged_meta["workers"] if w)
     merged_meta.update(meta or {})

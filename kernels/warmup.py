@@ -202,11 +202,14 @@ class WarmupReport:
     seconds: float
     per_kernel: dict[str, int]
     enumerated: int  # class combinations before deduplication by key
+    jobs: int = 1  # processes that compiled first (``jobs`` > 1), before this one loaded everything
+    parallel_seconds: float = 0.0  # their wall time (included in ``seconds``)
 
     def summary(self) -> str:
         kinds = ", ".join(f"{k.rsplit('.', 1)[-1]}: {n}" for k, n in self.per_kernel.items())
+        how = f", by {self.jobs} processes in {self.parallel_seconds:.2f}s then loaded" if self.jobs > 1 else ""
         return (f"warmup: {len(self.keys)} specializations from {self.enumerated} class combinations, "
-                f"{self.compiled} compiled in {self.seconds:.2f}s ({kinds})")
+                f"{self.compiled} compiled in {self.seconds:.2f}s{how} ({kinds})")
 
 
 def warmup(
@@ -263,15 +266,22 @@ def warmup_all(
     kernels: Iterable[str] | None = None,
     first: float = 0.0,
     part: tuple[int, int] | None = None,
+    jobs: int = 1,
 ) -> WarmupReport:
     """One warmup for several (shape, io dtypes, state dtypes[, request options]); keys merged (the same class
     compiled for two shapes is one binary: shapes enter keys only through their int classes and the block-size
-    constexprs). ``first`` and ``part``: see ``compile_order``; ``keys`` always lists every specialization."""
+    constexprs). ``first`` and ``part``: see ``compile_order``; ``keys`` always lists every specialization.
+    ``jobs > 1`` (GPU): ``jobs`` child processes compile a part each into the Triton disk cache first, then this
+    process loads every binary from there (Triton compiles one kernel at a time per process)."""
     names = list(kernels) if kernels is not None else registered()
     unknown = [n for n in names if n not in _REGISTRY]
     if unknown:
         raise KeyError(f"warmup: no registration named {unknown}; registered: {registered()}")
+    requests = list(requests)
     start = time.perf_counter()
+    parallel = 0.0
+    if device == "cuda" and jobs > 1 and part is None:
+        parallel = _compile_in_children(requests, names, jobs)
     todo, enumerated = _plan(requests, names)
     compiled = 0
     if device == "cuda":
@@ -284,7 +294,44 @@ def warmup_all(
     per_kernel: dict[str, int] = {}
     for k in keys:
         per_kernel[k.kernel] = per_kernel.get(k.kernel, 0) + 1
-    return WarmupReport(keys, compiled, time.perf_counter() - start, per_kernel, enumerated)
+    return WarmupReport(keys, compiled, time.perf_counter() - start, per_kernel, enumerated,
+                        jobs if parallel else 1, parallel)
+
+
+def _compile_in_children(requests: list[tuple], names: list[str], jobs: int) -> float:
+    """Run ``compile_part`` for parts 0..jobs-1 of ``requests`` in child processes; raise naming any part that
+    failed. Returns their wall time."""
+    import os
+    import pickle
+    import subprocess
+    import tempfile
+
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        job = os.path.join(tmp, "requests.pkl")
+        with open(job, "wb") as fh:
+            pickle.dump((requests, names), fh)
+        env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        code = "import sys; from kernels.warmup import compile_part; compile_part(sys.argv[1], sys.argv[2])"
+        children = [subprocess.Popen([sys.executable, "-c", code, job, f"{k}/{jobs}"], env=env,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                    for k in range(jobs)]
+        errors = [child.communicate()[1] for child in children]
+    failed = [f"part {k}/{jobs} (exit {c.returncode}):\n{err[-2000:]}"
+              for k, (c, err) in enumerate(zip(children, errors)) if c.returncode != 0]
+    if failed:
+        raise RuntimeError("warmup: parallel compile failed:\n" + "\n".join(failed))
+    return time.perf_counter() - start
+
+
+def compile_part(job: str, part: str) -> None:
+    """Child body of ``_compile_in_children``: compile part ``K/N`` of the pickled requests."""
+    import pickle
+
+    with open(job, "rb") as fh:
+        requests, names = pickle.load(fh)
+    k, n = (int(v) for v in part.split("/"))
+    warmup_all("cuda", requests, kernels=names, part=(k, n))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -579,23 +626,6 @@ def requests_from_cases(cases: Iterable[Any]) -> list[tuple[ModelShape, tuple, t
             for shape, io, state, d, z, bias, softplus, limit in groups]
 
 
-def _compile_in_children(argv: list[str], jobs: int) -> str:
-    """Run ``jobs`` copies of this warmup, each compiling every jobs-th spec into the shared Triton disk cache;
-    raise if one fails. Returns a line saying how long they took."""
-    import subprocess
-
-    own = [a for i, a in enumerate(argv) if not (a.startswith("--jobs") or (i and argv[i - 1] == "--jobs"))]
-    start = time.perf_counter()
-    children = [subprocess.Popen([sys.executable, "-m", "harness", "warmup", *own, "--part", f"{k}/{jobs}"],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-                for k in range(jobs)]
-    errors = [(k, c.communicate()[1]) for k, c in enumerate(children)]
-    failed = [(k, err) for (k, err), c in zip(errors, children) if c.returncode != 0]
-    if failed:
-        raise RuntimeError("warmup --jobs: part(s) failed:\n" + "\n".join(f"part {k}: {e[-2000:]}" for k, e in failed))
-    return f"compiled by {jobs} processes in {time.perf_counter() - start:.2f}s, then loaded here"
-
-
 _DTYPE_NAMES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -621,7 +651,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, metavar="N",
                         help="compile in N processes first (each a share, into the Triton disk cache), then load "
                              "everything here (GPU only; default 1)")
-    parser.add_argument("--part", default=None, metavar="K/N", help=argparse.SUPPRESS)  # one of --jobs' children
+    parser.add_argument("--part", default=None, metavar="K/N",
+                        help="compile only every N-th specialization from the K-th (0-based; to split by hand)")
     args = parser.parse_args(argv if argv is not None else None)
     part = None
     if args.part:
@@ -651,12 +682,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         requests = requests_from_cases(load_cases(args.paths))
         if not requests:
             parser.error(f"no cases under {args.paths}")
-    parallel = ""
-    if device == "cuda" and args.jobs > 1 and part is None:
-        parallel = _compile_in_children(list(argv if argv is not None else sys.argv[1:]), args.jobs)
-    report = warmup_all(device, requests, kernels=args.kernels, part=part)
-    if parallel:
-        print(parallel)
+    report = warmup_all(device, requests, kernels=args.kernels, part=part, jobs=args.jobs)
     shapes = len({r[0] for r in requests})
     print(f"{report.summary()} over {shapes} model shape(s), {len(requests)} option set(s) on {device}")
     if device == "cpu":

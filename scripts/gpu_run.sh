@@ -26,16 +26,21 @@ for step in $steps; do
     env)
       run_step env bash -c "nvidia-smi -L; $PY -c 'import torch, triton, numpy, sys; print(sys.version.split()[0], torch.__version__, triton.__version__, numpy.__version__, torch.cuda.get_device_name(), torch.cuda.device_count())'; git rev-parse --short HEAD 2>/dev/null || true" ;;
     suite|suite-warm)  # the whole suite as `make test` runs it (tests/ and cases/), after one warmup, under the recompile
-      # guard; suite starts from a cold Triton cache, suite-warm reuses the one the previous step filled
+      # guard; suite starts from a cold Triton cache, suite-warm reuses the one the previous step filled.
+      # TAG names the logs (e.g. -2gpu); PIN prefixes the command (e.g. "taskset -c 0-15" for a 16-core budget).
       [ "$step" = suite ] && export TRITON_CACHE_DIR=$(mktemp -d)
-      run_step "$step" $PY -m pytest -q -n "$WORKERS" --workers-per-gpu "$WORKERS" --device cuda -p no:cacheprovider \
-        --recompile-guard --json-report "$OUT/$step-report.json" --junit-xml "$OUT/$step-junit.xml" --durations 30 \
-        -rfE --tb=short ${SUITE_ARGS:-}
+      name="$step${TAG:-}"
+      nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader -l 1 > "$OUT/$name-smi.csv" 2>&1 &
+      smi=$!
+      run_step "$name" ${PIN:-} $PY -m pytest -q -n "$WORKERS" --workers-per-gpu "${WPG:-$WORKERS}" --device cuda \
+        -p no:cacheprovider --recompile-guard --json-report "$OUT/$name-report.json" --junit-xml "$OUT/$name-junit.xml" \
+        --durations 30 -rfE --tb=short ${SUITE_ARGS:-}
+      kill $smi 2>/dev/null
       # A killed run leaves its workers' live parts; times merges them (and failures.txt keeps every failure's report).
-      $PY -m harness times "$OUT/$step-report.json" --top 12 --by check --by family --by worker > "$OUT/$step-times.txt" 2>&1
+      $PY -m harness times "$OUT/$name-report.json" --top 12 --by check --by family --by worker > "$OUT/$name-times.txt" 2>&1
       $PY -c "import sys; from harness.report import Report; r = Report.read(sys.argv[1]); print(r.counts()); [print(f'=== {i.nodeid}\n{i.message}') for i in r.failures]" \
-        "$OUT/$step-report.json" > "$OUT/$step-failures.txt" 2>&1
-      head -c 600 "$OUT/$step-times.txt"; head -n 1 "$OUT/$step-failures.txt" ;;
+        "$OUT/$name-report.json" > "$OUT/$name-failures.txt" 2>&1
+      head -n 1 "$OUT/$name-failures.txt" ;;
     recheck)  # the GPU findings of run 4 (docs/gpu-runs.md) with tracebacks: run this first next time
       run_step recheck $PY -m pytest -n "$WORKERS" --workers-per-gpu "$WORKERS" --device cuda -p no:cacheprovider \
         --tb=short -rfE $(cat scripts/gpu_run4.txt) tests/test_ssd_prefill.py \

@@ -191,12 +191,13 @@ def test_auto_workers_on_cpu_is_one_per_core(pytestconfig, monkeypatch):
 def test_report_merge_and_summary_group_failures():
     a = Report([ItemRecord("f::c1::determinism", "failed", case_id="c1", check="determinism", family="single"),
                 ItemRecord("f::c2::determinism", "passed", case_id="c2", check="determinism", family="multi")],
-               meta={"worker": "gw0"})
+               meta={"worker": "gw0", "gpu": "0"})
     b = Report([ItemRecord("f::c2::determinism", "xpassed", case_id="c2", check="determinism", family="multi"),
                 ItemRecord("f::c3::masked_state", "skipped", case_id="c3", check="masked_state", reason="why")],
                meta={"worker": "gw1"})
     merged = merge_reports([a, b])
     assert merged.meta["workers"] == ["gw0", "gw1"]
+    assert merged.meta["worker_gpus"] == {"gw0": "0"} and "gpu" not in merged.meta  # where each worker ran
     assert merged.counts() == {"failed": 1, "skipped": 1, "xpassed": 1}
     text = "\n".join(summary_lines(merged.items))
     assert "failures by check:\n  determinism                 2  c1, c2" in text

@@ -12,6 +12,7 @@ from harness.backend import configure
 DEVICE = configure()
 
 import math  # noqa: E402
+import os  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -33,12 +34,14 @@ from kernels.warmup import (  # noqa: E402
     main,
     registered,
     representatives,
-    warmup,
+    warmup_all,
 )
+
+# GPU: compile the fixtures' warmups in parallel processes (into the disk cache) before loading them here.
+WARMUP_JOBS = min(8, os.cpu_count() or 1)
 
 SHAPE = ModelShape(nheads=2, headdim=4, dstate=8, ngroups=1, chunk_size=8)  # Q < 16: nchunks enters the classes
 H, P, N, G, Q = SHAPE.nheads, SHAPE.headdim, SHAPE.dstate, SHAPE.ngroups, SHAPE.chunk_size
-ALL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 KERNELS = {
     "gather": gather._gather_initial_states_kernel,
     "state_passing_indexed": spi._state_passing_indexed_kernel,
@@ -97,9 +100,19 @@ CALLS = {
 }
 
 
+def _request(io=torch.float32, state=torch.float32, D="none", z=False, bias=False, softplus=False, limit=False,
+             **_layout):
+    """The warmup request a server with this call's model options makes: its dtypes and D/z/dt options; every
+    index, cache-layout, path and mode class stays in (what the corpus warmup does per option set)."""
+    return (SHAPE, (io,), (state,), dict(d_kinds=(D,), z_options=(z,), dt_bias_options=(bias,),
+                                         softplus_options=(softplus,), dt_limit_options=(limit,)))
+
+
 @pytest.fixture(scope="module")
 def full_warmup():
-    report = warmup(DEVICE, SHAPE, ALL_DTYPES, ALL_DTYPES)
+    # One request per model configuration the calls below use (plus the defaults): on the GPU each
+    # specialization is a real compile, and every dtype x option product of the shape would be 808 of them.
+    report = warmup_all(DEVICE, [_request(**c) for c in CALLS.values()] + [_request()], jobs=WARMUP_JOBS)
     print(report.summary())
     assert set(registered()) == set(KERNELS), registered()  # a new registration must be added to this test
     return report
@@ -137,7 +150,7 @@ def test_every_registered_kernel_is_launched_and_warmed(registration, full_warmu
 
 def test_narrow_dtype_warmup_fires_on_the_dot_stages():
     """Negative control: warm fp32 io only, call with fp16 io: the io-typed stages would compile."""
-    narrow = warmup(DEVICE, SHAPE, [torch.float32], ALL_DTYPES)
+    narrow = warmup_all(DEVICE, [_request(io=torch.float32)], jobs=WARMUP_JOBS)
     with pytest.raises(RecompileError) as err:
         with guard_no_recompile(list(KERNELS.values()), warmed=narrow.keys):
             _call(io=torch.float16)()
@@ -151,7 +164,8 @@ def test_per_head_d_warmup_covers_per_channel_calls():
     """chunk_scan does not specialize D's strides (kernels/chunk_scan.py), so a warmup without per-channel D must
     cover a per-channel call: the guard stays quiet. The decision is pinned: if the strides were specialized again,
     the narrow warmup would lack the call's key and this test fails naming stride_D_hdim."""
-    narrow = warmup(DEVICE, SHAPE, ALL_DTYPES, ALL_DTYPES, d_kinds=("none", "per_head"))
+    shape, io, state, options = _request()
+    narrow = warmup_all(DEVICE, [(shape, io, state, {**options, "d_kinds": ("none", "per_head")})], jobs=WARMUP_JOBS)
     with guard_no_recompile([chunk_scan.chunk_scan_kernel], warmed=narrow.keys):
         _call(D="per_channel")()
 
