@@ -40,6 +40,7 @@ for step in $steps; do
       $PY -m harness times "$OUT/$name-report.json" --top 12 --by check --by family --by worker > "$OUT/$name-times.txt" 2>&1
       $PY -c "import sys; from harness.report import Report; r = Report.read(sys.argv[1]); print(r.counts()); [print(f'=== {i.nodeid}\n{i.message}') for i in r.failures]" \
         "$OUT/$name-report.json" > "$OUT/$name-failures.txt" 2>&1
+      rm -rf "$OUT/$name-report.json.parts"  # merged above; dozens of part files would crowd out the logs
       head -n 1 "$OUT/$name-failures.txt" ;;
     recheck)  # the GPU findings of run 4 (docs/gpu-runs.md) with tracebacks: run this first next time
       run_step recheck $PY -m pytest -n "$WORKERS" --workers-per-gpu "$WORKERS" --device cuda -p no:cacheprovider \
