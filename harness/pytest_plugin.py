@@ -107,26 +107,78 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     return _usable_cores()
 
 
-def case_scope(nodeid: str) -> str:
+def case_scope(nodeid: str, groups: dict[str, str] | None = None) -> str:
     """The xdist work unit of an item: every check of one YAML case goes to one worker (its inputs are built once,
-    its kernels compiled and tuned once); any other item is a unit of its own."""
+    its kernels compiled and tuned once); a test marked ``xdist_group(name)`` goes with its group (``groups``:
+    nodeid -> name, as the workers report it), so an expensive module fixture runs in one worker; any other item
+    is a unit of its own."""
+    if groups and nodeid in groups:
+        return f"xdist_group:{groups[nodeid]}"
     path, sep, rest = nodeid.partition("::")
     if sep and path.endswith(CASE_SUFFIXES):
         return f"{path}::{rest.split('::', 1)[0]}"
     return nodeid
 
 
+GROUPS_FILE_ENV = "SSD_HARNESS_XDIST_GROUPS"  # where workers write {nodeid: xdist_group name} for the controller
+
+
+def _groups_file_for_this_run() -> str:
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"ssd-harness-xdist-groups-{os.getpid()}.json")
+
+
+def _write_xdist_groups(session: pytest.Session) -> None:
+    """In an xdist worker, before xdist reports the collection: write the ``xdist_group`` of every marked item for
+    the controller's scheduler (xdist's own way, an ``@name`` id suffix, sets a private attribute that pytest 9.2
+    no longer reads). Every worker collects the same items, so each writes the same file."""
+    path = os.environ.get(GROUPS_FILE_ENV)
+    if not path or not hasattr(session.config, "workerinput"):
+        return
+    import json
+
+    groups = {}
+    for item in session.items:
+        mark = item.get_closest_marker("xdist_group")
+        if mark is not None:
+            groups[item.nodeid] = str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+    tmp = f"{path}.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(groups, fh)
+    os.replace(tmp, path)
+
+
+def _read_groups(path: str | None) -> dict[str, str]:
+    import json
+
+    if not path or not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """``-n N`` (xdist's default ``--dist load``): load scheduling by ``case_scope`` units. Other ``--dist`` modes
-    are xdist's own."""
-    if config.getoption("dist", "no") != "load":
+    """``-n N`` (``--dist load``, or ``loadgroup``): load scheduling by ``case_scope`` units, in collection order (the Python
+    tests, whose single items are the longest, first; the many short case units fill the end). Other ``--dist``
+    modes are xdist's own."""
+    if config.getoption("dist", "no") not in ("load", "loadgroup"):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class CaseScopeScheduling(LoadScopeScheduling):
+        def __init__(self, config, log=None):
+            super().__init__(config, log)
+            # xdist's reorder (largest unit first) put every 10-check case before the single-item tests, so slow
+            # tests started last and held GPU runs 5 and 6 past their limits.
+            config.option.loadscopereorder = False
+            self._groups: dict[str, str] | None = None
+
         def _split_scope(self, nodeid: str) -> str:
-            return case_scope(nodeid)
+            if self._groups is None:  # first called once every worker has collected (and written the file)
+                self._groups = _read_groups(os.environ.get(GROUPS_FILE_ENV))
+            return case_scope(nodeid, self._groups)
 
     return CaseScopeScheduling(config, log)
 
@@ -141,6 +193,8 @@ def pytest_configure(config: pytest.Config) -> None:
         workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
         torch.set_num_threads(cpu_threads_per_worker(workers, _usable_cores()))
     requested = config.getoption("device")
+    if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
+        os.environ[GROUPS_FILE_ENV] = _groups_file_for_this_run()  # workers inherit it when xdist starts them
     if not hasattr(config, "workerinput") and requested != "cpu":
         # The controller lists the GPUs once; workers inherit the environment when xdist spawns them.
         try:
@@ -162,6 +216,13 @@ def pytest_configure(config: pytest.Config) -> None:
     if report_path and not hasattr(config, "workerinput"):
         clear_parts(report_path)
     config.addinivalue_line("markers", "ssd_case: an item generated from a YAML case")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    path = os.environ.get(GROUPS_FILE_ENV)
+    if path and not hasattr(config, "workerinput") and path == _groups_file_for_this_run():
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -341,9 +402,12 @@ class CheckItem(pytest.Item):
 _warmup_key = pytest.StashKey[tuple]()
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reports the collection to the controller
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """With --recompile-guard: one compile-only warmup for every case collected here (in each xdist worker, which
+    """The workers' xdist groups for the scheduler (``_write_xdist_groups``). With --recompile-guard: one
+    compile-only warmup for every case collected here (in each xdist worker, which
     has its own in-memory kernel caches), before any case runs."""
+    _write_xdist_groups(session)
     config = session.config
     if not config.getoption("recompile_guard"):
         return

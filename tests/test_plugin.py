@@ -168,6 +168,11 @@ def test_xdist_work_units_are_whole_cases():
     # Python tests are each their own unit: one slow parametrized file must not land on one worker.
     assert plugin.case_scope("tests/test_gather.py::test_x[a-b]") == "tests/test_gather.py::test_x[a-b]"
     assert plugin.case_scope("tests/test_a.py::TestK::test_m") == "tests/test_a.py::TestK::test_m"
+    # xdist_group(name), as the workers report it: one unit per group name.
+    groups = {"tests/test_ssd_warmup.py::test_x[a-b]": "ssd_warmup", "tests/test_ssd_warmup.py::test_y": "ssd_warmup"}
+    assert plugin.case_scope("tests/test_ssd_warmup.py::test_x[a-b]", groups) == \
+        plugin.case_scope("tests/test_ssd_warmup.py::test_y", groups) == "xdist_group:ssd_warmup"
+    assert plugin.case_scope("tests/test_a.py::test_z", groups) == "tests/test_a.py::test_z"
 
 
 def test_cpu_threads_are_shared_fairly_among_workers():
@@ -249,3 +254,22 @@ def test_autotuning_budget_is_shortened_only_when_asked_and_parsed_strictly(monk
     monkeypatch.setenv(backend.AUTOTUNE_BUDGET_ENV, "25,100")
     backend.shorten_autotuning()
     assert os.environ[backend.AUTOTUNE_BUDGET_ENV] == "25,100"
+
+
+def test_xdist_group_marked_module_runs_on_one_worker(tmp_path):
+    """``-n 2`` defaults to loadgroup with the harness's scheduler: a module marked ``xdist_group`` (an expensive
+    module fixture) is one work unit, while unmarked tests still spread over both workers."""
+    (tmp_path / "test_grouped.py").write_text(
+        "import pytest, time\npytestmark = pytest.mark.xdist_group('heavy')\n"
+        + "".join(f"def test_g{i}():\n    time.sleep(0.2)\n" for i in range(4)))
+    (tmp_path / "test_free.py").write_text("".join(f"def test_f{i}():\n    pass\n" for i in range(6)))
+    report = tmp_path / "r.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", "--device", DEVICE, "-n", "2",
+         "-p", "no:cacheprovider", "--json-report", str(report), str(tmp_path)],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    items = json.loads(report.read_text())["items"]
+    grouped = {i["worker"] for i in items if "test_grouped.py" in i["nodeid"]}
+    assert len([i for i in items if "test_grouped.py" in i["nodeid"]]) == 4 and len(grouped) == 1, items
+    assert {i["worker"] for i in items} == {"gw0", "gw1"}

@@ -39,6 +39,9 @@ from kernels.warmup import (  # noqa: E402
 
 # GPU: compile the fixtures' warmups in parallel processes (into the disk cache) before loading them here.
 WARMUP_JOBS = min(8, os.cpu_count() or 1)
+# Under xdist the whole module is one work unit: its module fixtures (hundreds of GPU compiles on a cold cache) run
+# in one worker, not in every worker that happens to take one of its tests.
+pytestmark = pytest.mark.xdist_group("ssd_warmup")
 
 SHAPE = ModelShape(nheads=2, headdim=4, dstate=8, ngroups=1, chunk_size=8)  # Q < 16: nchunks enters the classes
 H, P, N, G, Q = SHAPE.nheads, SHAPE.headdim, SHAPE.dstate, SHAPE.ngroups, SHAPE.chunk_size
