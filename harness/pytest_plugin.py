@@ -501,10 +501,15 @@ class _Recorder:
 
     def __init__(self, config: pytest.Config):
         self.config = config
+        self.setup_seconds: dict[str, float] = {}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        """The call phase, or setup when it did not pass, or a failing teardown."""
+        """The call phase, or setup when it did not pass, or a failing teardown. An item's duration includes its
+        setup (fixtures: a module fixture's cost lands on the first item that needs it), so time reports show it."""
         config = self.config
+        if report.when == "setup" and report.passed:
+            self.setup_seconds[report.nodeid] = float(report.duration)
+            return
         if report.when == "call" or (report.when == "setup" and not report.passed) or (
             report.when == "teardown" and report.failed
         ):
@@ -516,7 +521,7 @@ class _Recorder:
                 ItemRecord(
                     nodeid=report.nodeid,
                     outcome=_outcome(report),
-                    duration=float(report.duration),
+                    duration=float(report.duration) + self.setup_seconds.pop(report.nodeid, 0.0),
                     case_id=str(props.get("case_id", "")),
                     check=str(props.get("check", "")),
                     family=str(props.get("family", "")),

@@ -273,3 +273,25 @@ def test_xdist_group_marked_module_runs_on_one_worker(tmp_path):
     grouped = {i["worker"] for i in items if "test_grouped.py" in i["nodeid"]}
     assert len([i for i in items if "test_grouped.py" in i["nodeid"]]) == 4 and len(grouped) == 1, items
     assert {i["worker"] for i in items} == {"gw0", "gw1"}
+
+
+def test_item_durations_include_fixture_setup(pytester):
+    """A slow module fixture is charged to the first item that sets it up, so `harness times` shows where it went."""
+    pytester.makepyfile(test_slow_fixture="""
+import time, pytest
+
+@pytest.fixture(scope="module")
+def slow():
+    time.sleep(0.5)
+
+def test_first(slow):
+    pass
+
+def test_second(slow):
+    pass
+""")
+    report = pytester.path / "r.json"
+    result = run_inner(pytester, "--json-report", str(report))
+    result.assert_outcomes(passed=2)
+    durations = {i["nodeid"].rsplit("::", 1)[1]: i["duration"] for i in json.loads(report.read_text())["items"]}
+    assert durations["test_first"] >= 0.5 > durations["test_second"], durations
