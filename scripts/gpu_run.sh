@@ -24,7 +24,7 @@ run_step() {  # name, command...: run under a time limit, tee the log, record wa
 for step in $steps; do
   case $step in
     env)
-      run_step env bash -c "nvidia-smi -L; $PY -c 'import torch, triton, numpy, sys; print(sys.version.split()[0], torch.__version__, triton.__version__, numpy.__version__, torch.cuda.get_device_name(), torch.cuda.device_count())'; git rev-parse --short HEAD 2>/dev/null || true" ;;
+      run_step env bash -c "nvidia-smi -L; $PY -c 'import torch, triton, numpy, sys; print(sys.version.split()[0], torch.__version__, triton.__version__, numpy.__version__, torch.cuda.get_device_name(), torch.cuda.device_count())'; echo commit \${COMMIT:-unknown}" ;;  # pass COMMIT=<sha>: the device copy's .git can be stale (run 7 printed an old HEAD)
     suite|suite-warm)  # the whole suite as `make test` runs it (tests/ and cases/), after one warmup, under the recompile
       # guard; suite starts from a cold Triton cache, suite-warm reuses the one the previous step filled.
       # TAG names the logs (e.g. -2gpu); PIN prefixes the command (e.g. "taskset -c 0-15" for a 16-core budget).
