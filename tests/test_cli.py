@@ -1,11 +1,15 @@
 """``python -m harness``: exit status, progress and repro lines, each subcommand's --help, validate and bench.
 
-Subprocess tests run the real CLI (on the session's device, tiny cases); each broken provider must give a non-zero exit
-with the repro line, and the working provider a zero exit on the same case and check.
+The CLI runs in this process (``cli.main``, what ``python -m harness`` calls: one test runs that entry point as a
+subprocess), on the session's device with tiny cases; each broken provider must give a non-zero exit with the repro
+line, and the working provider a zero exit on the same case and check. In-process, because a subprocess per test
+re-imports torch and re-initialises CUDA (seconds each on the GPU tier).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -23,10 +27,26 @@ ROOT = Path(__file__).resolve().parents[1]
 DEVICE = current_device()
 
 
-def harness(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, env=full_env, capture_output=True,
-                          text=True, timeout=timeout)
+def harness(*args: str) -> subprocess.CompletedProcess:
+    """``cli.main(args)`` with its exit status and output, shaped like a finished ``python -m harness`` process."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(list(args))
+        except SystemExit as exc:  # argparse errors and --help
+            code = exc.code if isinstance(exc.code, int) else 2
+    return subprocess.CompletedProcess(["python", "-m", "harness", *args], code, out.getvalue(), err.getvalue())
+
+
+def test_python_dash_m_harness_is_cli_main(tiny_file):
+    """The entry point itself, once as a real process: its exit status and output are ``cli.main``'s."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    ok = subprocess.run([sys.executable, "-m", "harness", "validate", str(tiny_file)], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0 and "ok: 3 cases in 1 files" in ok.stdout, ok.stdout + ok.stderr
+    bad = subprocess.run([sys.executable, "-m", "harness", "run", str(tiny_file.parent / "none"), "--device", DEVICE],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "no such file or folder" in bad.stderr, bad.stdout + bad.stderr
 
 
 @pytest.fixture(scope="module")
