@@ -80,5 +80,25 @@ def _gpu_do_bench(kernel_call, quantiles=(0.5, 0.2, 0.8)):
     return do_bench(kernel_call, warmup=AUTOTUNE_WARMUP_MS, rep=AUTOTUNE_REP_MS, quantiles=quantiles)
 
 
+def least_overshoot(**block_over: str):
+    """``early_config_prune`` for ``triton.autotune``: keep the configs whose blocks overshoot the problem least.
+
+    ``block_over`` maps a block-size kwarg to the kernel argument that holds the size of the dimension it tiles. A
+    block wider than that dimension (padded to a power of two) computes the same masked tile as a narrower one,
+    only slower, yet costs a compile and a tuning benchmark. Where every block fits (the serving shape: headdim 64,
+    dstate 128, chunk 256) every config stays; on small and odd shapes only the least oversized ones do. Which
+    configs remain never changes what a check expects (each config is forced in tests/test_kernel_stages.py)."""
+
+    def overshoot(config: triton.Config, sizes: dict) -> float:
+        return sum(max(1.0, config.kwargs[block] / triton.next_power_of_2(max(1, int(sizes[arg]))))
+                   for block, arg in block_over.items())
+
+    def prune(configs, named_args, **kwargs):
+        least = min(overshoot(c, named_args) for c in configs)
+        return [c for c in configs if overshoot(c, named_args) == least]
+
+    return prune
+
+
 # Passed as ``do_bench`` to every ``triton.autotune`` here.
 AUTOTUNE_DO_BENCH = _interpreter_do_bench if INTERPRET else _gpu_do_bench

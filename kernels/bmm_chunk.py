@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import AUTOTUNE_DO_BENCH, DOT_FP32_OPERANDS, FP32_DOT_PRECISION, dot_acc
+from kernels.backend import AUTOTUNE_DO_BENCH, least_overshoot, DOT_FP32_OPERANDS, FP32_DOT_PRECISION, dot_acc
 
 # Target shape: dstate 128, chunk 256, ngroups 1: few (chunk, group) pairs on short prefills, so the small tiles
 # keep enough programs in flight; BLOCK_SIZE_K >= 16 (tl.dot minimum).
@@ -83,9 +83,11 @@ def _bmm_chunk_kernel(
     tl.store(CB_ptrs, acc, mask=(offs_m[:, None] < chunk_size) & (offs_n[None, :] < chunk_size))
 
 
-bmm_chunk_kernel = triton.autotune(configs=CONFIGS, key=["chunk_size", "dstate"], do_bench=AUTOTUNE_DO_BENCH)(
-    _bmm_chunk_kernel
-)
+bmm_chunk_kernel = triton.autotune(
+    configs=CONFIGS, key=["chunk_size", "dstate"], do_bench=AUTOTUNE_DO_BENCH,
+    prune_configs_by={"early_config_prune": least_overshoot(BLOCK_SIZE_M="chunk_size", BLOCK_SIZE_N="chunk_size",
+                                                            BLOCK_SIZE_K="dstate")},
+)(_bmm_chunk_kernel)
 
 
 def bmm_chunk(C: torch.Tensor, B: torch.Tensor, chunk_size: int, cu_chunk_seqlens: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import AUTOTUNE_DO_BENCH, DOT_FP32_OPERANDS, FP32_DOT_PRECISION, LOG2E, dot_acc
+from kernels.backend import AUTOTUNE_DO_BENCH, least_overshoot, DOT_FP32_OPERANDS, FP32_DOT_PRECISION, LOG2E, dot_acc
 
 def miscompiles_on_sm90(config: triton.Config) -> bool:
     """Triton 3.6 lowers ``tl.dot(cb, x)`` (cb in registers) to wgmma and writes NaN/Inf rows on sm90 when
@@ -214,7 +214,9 @@ def _chunk_scan_kernel(
 
 
 chunk_scan_kernel = triton.autotune(
-    configs=CONFIGS, key=["chunk_size", "hdim", "dstate"], do_bench=AUTOTUNE_DO_BENCH
+    configs=CONFIGS, key=["chunk_size", "hdim", "dstate"], do_bench=AUTOTUNE_DO_BENCH,
+    prune_configs_by={"early_config_prune": least_overshoot(BLOCK_SIZE_M="chunk_size", BLOCK_SIZE_N="hdim",
+                                                            BLOCK_SIZE_K="chunk_size")},
 )(_chunk_scan_kernel)
 
 

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import AUTOTUNE_DO_BENCH, INTERPRET, LOG2E
+from kernels.backend import AUTOTUNE_DO_BENCH, least_overshoot, INTERPRET, LOG2E
 
 # Kernels may only read constexpr globals.
 _LOG2E = tl.constexpr(LOG2E)
@@ -45,7 +45,8 @@ def recurrence_step(s, states_ptr, dA_cs_ptr, mask):
     return scale * s + new
 
 
-@triton.autotune(configs=CONFIGS, key=["dim"], do_bench=AUTOTUNE_DO_BENCH)
+@triton.autotune(configs=CONFIGS, key=["dim"], do_bench=AUTOTUNE_DO_BENCH,
+                 prune_configs_by={"early_config_prune": least_overshoot(BLOCK_SIZE="dim")})
 # Metadata and index tensors are read one scalar at a time: specializing on their alignment or stride class only
 # multiplies binaries. Mirrors kernels.warmup.SCALAR_ONLY.
 @triton.jit(do_not_specialize=["nchunks", "stride_seq_idx", "stride_final_idx", "stride_last_chunk"],

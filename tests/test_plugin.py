@@ -295,3 +295,16 @@ def test_second(slow):
     result.assert_outcomes(passed=2)
     durations = {i["nodeid"].rsplit("::", 1)[1]: i["duration"] for i in json.loads(report.read_text())["items"]}
     assert durations["test_first"] >= 0.5 > durations["test_second"], durations
+
+
+def test_least_overshoot_keeps_every_config_where_blocks_fit_and_the_narrowest_elsewhere():
+    import triton
+
+    from kernels.backend import least_overshoot
+
+    configs = [triton.Config({"M": m, "N": n}) for m, n in ((32, 64), (64, 64), (128, 64), (32, 32))]
+    prune = least_overshoot(M="rows", N="cols")
+    assert prune(configs, {"rows": 256, "cols": 64}) == configs[:3] + [configs[3]]  # serving-like: all fit
+    assert prune(configs, {"rows": 64, "cols": 64}) == [configs[0], configs[1], configs[3]]  # M=128 overshoots 64
+    assert prune(configs, {"rows": 8, "cols": 5}) == [configs[3]]  # headdim 5: the narrowest block only
+    assert prune(configs, {"rows": 8, "cols": 64}) == [configs[0], configs[3]]  # never empty: least oversized
