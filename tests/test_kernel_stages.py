@@ -32,6 +32,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from harness import bounds  # noqa: E402
+from harness.cases.model import Shape  # noqa: E402
 from harness.compare import Mismatch, assert_bits_equal, assert_within_bound  # noqa: E402
 from harness.varlen import build_varlen_metadata  # noqa: E402
 from kernels import bmm_chunk as kbmm  # noqa: E402
@@ -59,16 +60,8 @@ def assert_decisive_everywhere(margins: dict, what: str) -> None:
 # ----------------------------------------------------------------------------------------------- inputs
 
 
-@dataclass(frozen=True)
-class Shape:
-    nheads: int
-    headdim: int
-    dstate: int
-    ngroups: int
-    chunk_size: int
-
-    def __str__(self) -> str:
-        return f"H{self.nheads}P{self.headdim}N{self.dstate}G{self.ngroups}Q{self.chunk_size}"
+def shape_id(s: Shape) -> str:
+    return f"H{s.nheads}P{s.headdim}N{s.dstate}G{s.ngroups}Q{s.chunk_size}"
 
 
 # Small enough for the interpreter; odd headdim/nheads, ngroups 1 or = nheads, first partial chunks, short last chunks.
@@ -87,9 +80,9 @@ SEQUENCES = {
 def scenarios():
     """(shape, sequences) pairs: every shape and every sequence layout appear, without the full product."""
     names = list(SEQUENCES)
-    return [pytest.param(s, names[i % len(names)], id=f"{s}-{names[i % len(names)]}") for i, s in enumerate(SHAPES)] + [
-        pytest.param(SHAPES[0], "three-mixed", id=f"{SHAPES[0]}-three-mixed"),
-        pytest.param(SHAPES[1], "one-short", id=f"{SHAPES[1]}-one-short"),
+    return [pytest.param(s, names[i % len(names)], id=f"{shape_id(s)}-{names[i % len(names)]}") for i, s in enumerate(SHAPES)] + [
+        pytest.param(SHAPES[0], "three-mixed", id=f"{shape_id(SHAPES[0])}-three-mixed"),
+        pytest.param(SHAPES[1], "one-short", id=f"{shape_id(SHAPES[1])}-one-short"),
     ]
 
 
@@ -404,13 +397,13 @@ def scan_cases():
     cases = []
     for i, (variant, io) in enumerate([(v, d) for v in SCAN_VARIANTS for d in IO_DTYPES]):
         shape, seqs = scen[i % len(scen)].values
-        cases.append(pytest.param(shape, seqs, variant, io, io, id=f"{shape}-{seqs}-{variant}-{dtype_id(io)}"))
+        cases.append(pytest.param(shape, seqs, variant, io, io, id=f"{shape_id(shape)}-{seqs}-{variant}-{dtype_id(io)}"))
     mixed = [(torch.bfloat16, torch.float32), (torch.float16, torch.bfloat16), (torch.float32, torch.float16),
              (torch.bfloat16, torch.float16)]
     for i, (io, st) in enumerate(mixed):
         shape, seqs = scen[(i + 1) % len(scen)].values
         cases.append(pytest.param(shape, seqs, "init-Dhead-z", io, st,
-                                  id=f"{shape}-{seqs}-init-Dhead-z-{dtype_id(io)}-state-{dtype_id(st)}"))
+                                  id=f"{shape_id(shape)}-{seqs}-init-Dhead-z-{dtype_id(io)}-state-{dtype_id(st)}"))
     return cases
 
 
