@@ -105,7 +105,7 @@ def read_live(path: Path) -> Report:
             items.append(ItemRecord(**json.loads(line)))
         except (json.JSONDecodeError, TypeError):
             continue
-    return Report(items=items, meta={"worker": path.stem, "live": True})
+    return Report(items=items, meta={"worker": path.stem})
 
 
 def merge_reports(reports: list[Report], meta: dict | None = None) -> Report:
@@ -134,8 +134,11 @@ def merge_parts(report_path: str | os.PathLike, meta: dict | None = None, remove
     live_files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
     finished = {p.stem for p in part_files}
     reports = [Report.read(p) for p in part_files]
-    reports += [read_live(p) for p in live_files if p.stem not in finished]
+    unfinished = [p for p in live_files if p.stem not in finished]
+    reports += [read_live(p) for p in unfinished]
     merged = merge_reports(reports, meta)
+    if unfinished:  # workers that never finished (the run was killed): their records are up to the kill
+        merged.meta["unfinished_workers"] = sorted(p.stem for p in unfinished)
     merged.write(report_path)
     if remove:
         for p in part_files + live_files:

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import AUTOTUNE_DO_BENCH, least_overshoot, DOT_FP32_OPERANDS, FP32_DOT_PRECISION, dot_acc
+from kernels.backend import AUTOTUNE_DO_BENCH, DOT_FP32_OPERANDS, FP32_DOT_PRECISION, dot_acc, least_overshoot
 
 # Target shape: dstate 128, chunk 256, ngroups 1: few (chunk, group) pairs on short prefills, so the small tiles
 # keep enough programs in flight; BLOCK_SIZE_K >= 16 (tl.dot minimum).

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import AUTOTUNE_DO_BENCH, least_overshoot, DOT_FP32_OPERANDS, FP32_DOT_PRECISION, LOG2E, dot_acc
+from kernels.backend import AUTOTUNE_DO_BENCH, DOT_FP32_OPERANDS, FP32_DOT_PRECISION, LOG2E, dot_acc, least_overshoot
 
 def miscompiles_on_sm90(config: triton.Config) -> bool:
     """Triton 3.6 lowers ``tl.dot(cb, x)`` (cb in registers) to wgmma and writes NaN/Inf rows on sm90 when

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import AUTOTUNE_DO_BENCH, least_overshoot, DOT_FP32_OPERANDS, FP32_DOT_PRECISION, LOG2E, dot_acc
+from kernels.backend import AUTOTUNE_DO_BENCH, DOT_FP32_OPERANDS, FP32_DOT_PRECISION, LOG2E, dot_acc, least_overshoot
 
 # Target shape: headdim 64, dstate 128, chunk 256. BLOCK_SIZE_K >= 16 (tl.dot minimum).
 CONFIGS = [

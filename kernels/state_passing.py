@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import AUTOTUNE_DO_BENCH, least_overshoot, INTERPRET, LOG2E
+from kernels.backend import AUTOTUNE_DO_BENCH, INTERPRET, LOG2E, least_overshoot
 
 # Kernels may only read constexpr globals.
 _LOG2E = tl.constexpr(LOG2E)

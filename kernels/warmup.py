@@ -306,12 +306,14 @@ def _compile_in_children(requests: list[tuple], names: list[str], jobs: int) -> 
     import subprocess
     import tempfile
 
+    from harness.guards.gpu_compile import compiler_child_env
+
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         job = os.path.join(tmp, "requests.pkl")
         with open(job, "wb") as fh:
             pickle.dump((requests, names), fh)
-        env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        env = compiler_child_env()
         code = "import sys; from kernels.warmup import compile_part; compile_part(sys.argv[1], sys.argv[2])"
         children = [subprocess.Popen([sys.executable, "-c", code, job, f"{k}/{jobs}"], env=env,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -70,4 +70,5 @@ def test_a_killed_run_leaves_its_records_and_times_reads_them(tmp_path):
     assert {r.nodeid: r.outcome for r in merged.items} == {"f::c1::determinism": "passed",
                                                           "f::c2::determinism": "failed"}
     assert merged.failures[0].message.endswith("first mismatch at (0, 1)")
+    assert merged.meta["unfinished_workers"] == ["gw1"]
     assert not parts_dir(report).exists()

@@ -128,6 +128,12 @@ def _compile_all(launches: list[PortableLaunch], target: tuple) -> list[str | No
     return errors
 
 
+def compiler_child_env() -> dict[str, str]:
+    """The environment of a child process that compiles for the GPU: Triton's compiler, not its interpreter, and
+    this process's import path (so kernels defined anywhere it imports from, tests too, resolve by name)."""
+    return {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+
+
 def compile_distinct(launches: Iterable[Launch], target: tuple = SM90) -> int:
     """Compile every distinct specialization among ``launches`` for ``target`` in a fresh process; raise
     ``GpuCompileError`` naming the kernel and specialization of each one the GPU compiler rejects. Returns the
@@ -139,8 +145,7 @@ def compile_distinct(launches: Iterable[Launch], target: tuple = SM90) -> int:
         job, result = os.path.join(tmp, "launches.pkl"), os.path.join(tmp, "errors.pkl")
         with open(job, "wb") as fh:
             pickle.dump((todo, target), fh)
-        # The parent's import path, so kernels defined anywhere it imports from (tests, too) resolve by name.
-        env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        env = compiler_child_env()
         proc = subprocess.run([sys.executable, "-m", "harness.guards.gpu_compile", job, result], env=env,
                               capture_output=True, text=True, cwd=os.getcwd())
         if proc.returncode != 0 or not os.path.exists(result):
