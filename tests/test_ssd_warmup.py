@@ -237,3 +237,12 @@ def test_rotation_and_parts_do_not_change_the_warmed_keys():
     full = {(k.kernel, k.key) for k in warmup_all("cpu", req).keys}
     assert full == {(k.kernel, k.key) for k in warmup_all("cpu", req, first=0.6).keys}
     assert full == {(k.kernel, k.key) for k in warmup_all("cpu", req, part=(1, 3)).keys}
+
+
+def test_parallel_warmup_names_a_failing_part():
+    """``jobs``: a child that fails (here: a registration that does not exist) is reported with its part and its
+    error, not swallowed; the parent then never claims the binaries are in the cache."""
+    from kernels.warmup import _compile_in_children
+
+    with pytest.raises(RuntimeError, match=r"parallel compile failed:\npart 0/2 \(exit 1\):(.|\n)*no registration named"):
+        _compile_in_children([_request()], ["no_such_kernel"], jobs=2)
