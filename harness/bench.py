@@ -180,6 +180,12 @@ def print_table(summary: dict) -> None:
         print(f"{name}: {value:.3f}")
 
 
+def _meta(args) -> dict:
+    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "triton": __import__("triton").__version__, "commit": os.environ.get("COMMIT") or _commit(),
+            "provider": args.provider, "reps": args.reps}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", action="append", choices=["short-continuation", "prefill-4256"],
@@ -188,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=200, help="timed repetitions per variant (median reported)")
     parser.add_argument("--provider", default="kernels:provider", help="module:attr of the provider to time")
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    parser.add_argument("--stages", action="store_true",
+                        help="time each stage alone, as tuned and with every candidate config forced "
+                             "(harness.stage_bench); --variant picks the path (default snapshot-fused), "
+                             "--workload defaults to prefill-4256")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench: needs a CUDA device (timings under the interpreter mean nothing)", file=sys.stderr)
@@ -201,14 +211,21 @@ def main(argv: list[str] | None = None) -> int:
     from harness.checks.providers import load_provider
 
     provider = load_provider(args.provider)
+    if args.stages:
+        from harness import stage_bench
+
+        report = stage_bench.bench_stages(provider, args.workload or ["prefill-4256"],
+                                          (args.variant or ["snapshot-fused"])[0], args.reps)
+        report["meta"] = _meta(args)
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(report, fh, indent=2)
+        stage_bench.print_stage_report({k: v for k, v in report.items() if k != "meta"})
+        return 0
     results = bench(args.workload or ["short-continuation", "prefill-4256"], args.variant or list(VARIANTS),
                     args.reps, provider)
     summary = summarize(results)
-    summary.update({
-        "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-        "triton": __import__("triton").__version__, "commit": _commit(), "provider": args.provider,
-        "reps": args.reps,
-    })
+    summary.update(_meta(args))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(summary, fh, indent=2)

@@ -8,6 +8,7 @@ are switched here, in one place, and passed to kernels as constexprs; the GPU ke
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import triton
@@ -98,6 +99,21 @@ def least_overshoot(**block_over: str):
         return [c for c in configs if overshoot(c, named_args) == least]
 
     return prune
+
+
+@contextlib.contextmanager
+def forced_config(kernel, config: triton.Config):
+    """Run the autotuned ``kernel`` (a ``triton.runtime.Autotuner``) with only ``config``: a one-config autotuner
+    launches it without timing or pruning. Restores the configs and the tuning cache afterwards (tests of every
+    config, and ``python -m harness bench --stages``, which times candidate configs)."""
+    saved_configs, saved_cache = kernel.configs, dict(kernel.cache)
+    kernel.configs, kernel.cache = [config], {}
+    try:
+        yield
+    finally:
+        kernel.configs = saved_configs
+        kernel.cache.clear()
+        kernel.cache.update(saved_cache)
 
 
 # Passed as ``do_bench`` to every ``triton.autotune`` here.

@@ -18,7 +18,6 @@ exact fp64 stage results of the correct and the bugged inputs), then that the ch
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 
@@ -39,6 +38,7 @@ from kernels import bmm_chunk as kbmm  # noqa: E402
 from kernels import chunk_cumsum as kcumsum  # noqa: E402
 from kernels import chunk_scan as kscan  # noqa: E402
 from kernels import chunk_state as kstate  # noqa: E402
+from kernels.backend import forced_config  # noqa: E402
 from reference import arith  # noqa: E402
 from reference import chunked as ref  # noqa: E402
 
@@ -515,19 +515,6 @@ def test_chunk_scan_configs_avoid_sm90_miscompile():
     bad = triton.Config({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32}, num_stages=2, num_warps=4)
     assert kscan.miscompiles_on_sm90(bad)
     assert [c for c in kscan.CONFIGS if kscan.miscompiles_on_sm90(c)] == []
-
-
-@contextlib.contextmanager
-def forced_config(kernel, config):
-    """Run ``kernel`` (a triton Autotuner) with only ``config``: a one-config autotuner launches it untimed."""
-    saved_configs, saved_cache = kernel.configs, dict(kernel.cache)
-    kernel.configs, kernel.cache = [config], {}
-    try:
-        yield
-    finally:
-        kernel.configs = saved_configs
-        kernel.cache.clear()
-        kernel.cache.update(saved_cache)
 
 
 STAGE_KERNELS = {"chunk_state": kstate, "bmm_chunk": kbmm, "chunk_scan": kscan}

@@ -1,0 +1,198 @@
+"""``python -m harness bench --stages``: time each SSD stage alone, with the autotuner's choice and with every
+candidate config forced, to see where a call's time goes and which configs the stages should tune over.
+
+Each stage is replayed from a CUDA graph (median of ``reps``) on the intermediates of one real call of the
+workload (inputs from the case builder, as in ``harness.bench``). A forced config whose output is not finite is
+reported as such (the sm90 wgmma hazard of DESIGN section 8 writes NaN rows) and never counts as the best.
+Candidates beyond a stage's shipped ``CONFIGS`` are only timed here: a config joins ``CONFIGS`` with the GPU
+evidence (docs/gpu-runs.md) and then runs in tests/test_kernel_stages.py's every-config check.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+from triton.runtime.errors import OutOfResources
+
+from harness.bench import time_graph
+
+# Candidate configs timed beyond each stage's CONFIGS (serving shape: headdim 64, dstate 128, chunk 256).
+_C = triton.Config
+EXTRA_CANDIDATES = {
+    "chunk_scan": [
+        _C({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32}, num_stages=5, num_warps=2),
+        _C({"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32}, num_stages=5, num_warps=2),
+        _C({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32}, num_stages=3, num_warps=2),
+        _C({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64}, num_stages=2, num_warps=2),
+        _C({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32}, num_stages=1, num_warps=4),
+        _C({"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64}, num_stages=1, num_warps=8),
+        _C({"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32}, num_stages=1, num_warps=4),
+        _C({"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32}, num_stages=1, num_warps=4),
+        _C({"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64}, num_stages=3, num_warps=2),
+        _C({"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64}, num_stages=4, num_warps=2),
+        _C({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64}, num_stages=3, num_warps=2),
+    ],
+    "chunk_state": [
+        _C({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64}, num_stages=3, num_warps=4),
+        _C({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32}, num_stages=4, num_warps=4),
+        _C({"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64}, num_stages=3, num_warps=4),
+        _C({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 32}, num_stages=4, num_warps=8),
+        _C({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64}, num_stages=2, num_warps=2),
+        _C({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64}, num_stages=3, num_warps=2),
+        _C({"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64}, num_stages=3, num_warps=2),
+    ],
+    "bmm_chunk": [
+        _C({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 32}, num_stages=3, num_warps=4),
+        _C({"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64}, num_stages=3, num_warps=4),
+        _C({"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64}, num_stages=3, num_warps=8),
+        _C({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128}, num_stages=2, num_warps=4),
+        _C({"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64}, num_stages=3, num_warps=2),
+    ],
+    "state_passing": [
+        _C({"BLOCK_SIZE": bs}, num_warps=w) for bs in (256, 512, 1024, 2048) for w in (1, 2, 8)
+    ],
+}
+
+
+@dataclass
+class StageTiming:
+    stage: str
+    config: str  # "auto" (the autotuner's pick, named in ``chosen``), "fixed" (untuned stage) or a forced config
+    graph_us: float
+    finite: bool
+    shipped: bool  # the config is in the stage's CONFIGS
+    chosen: str | None = None
+
+
+def describe(config: triton.Config) -> str:
+    blocks = " ".join(f"{k.replace('BLOCK_SIZE_', '').replace('BLOCK_SIZE', 'BS')}={v}"
+                      for k, v in config.kwargs.items())
+    return f"{blocks} s{config.num_stages} w{config.num_warps}"
+
+
+def stage_calls(provider, inputs, path: str) -> dict:
+    """One closure per stage of ``path`` on the intermediates of one real call: name -> (fn returning the
+    stage's output, the autotuned kernel or None, its module's CONFIGS or [])."""
+    from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, gather, state_passing
+    from kernels import state_passing_indexed
+
+    kw = inputs.kwargs(path=path)
+    ws: dict = {}
+    provider.ssd_prefill(**kw, workspace_out=ws)
+    cu, seq_idx, Q = kw["cu_chunk_seqlens"], kw["seq_idx"], kw["chunk_size"]
+    dA, dt_out, states = ws["dA_cumsum"], ws["dt_out"], ws["states"]
+    CB = bmm_chunk.bmm_chunk(kw["C"], kw["B"], Q, cu)
+    calls = {
+        "chunk_cumsum": (lambda: chunk_cumsum.chunk_cumsum(
+            kw["dt"], kw["A"], Q, cu, dt_bias=kw["dt_bias"], dt_softplus=kw["dt_softplus"],
+            dt_limit=kw["dt_limit"])[0], None, []),
+        "chunk_state": (lambda: chunk_state.chunk_state(kw["B"], kw["x"], dt_out, dA, cu),
+                        chunk_state.chunk_state_kernel, chunk_state.CONFIGS),
+        "bmm_chunk": (lambda: bmm_chunk.bmm_chunk(kw["C"], kw["B"], Q, cu),
+                      bmm_chunk.bmm_chunk_kernel, bmm_chunk.CONFIGS),
+    }
+    if ws["path"] == "indexed":
+        calls["state_passing_indexed"] = (lambda: state_passing_indexed.state_passing_indexed(
+            ws["chunk_states"], dA, state_cache=kw["state_cache"],
+            init_slot_index=kw["initial_state_indices"][:1], has_initial_state=kw["has_initial_states"][:1],
+            final_slot_index=kw["final_state_indices"][:1], out=states) or states, None, [])
+    else:
+        if ws["gather"] == "fused":
+            calls["gather"] = (lambda: gather.gather_initial_states(
+                kw["state_cache"], kw["initial_state_indices"], kw["has_initial_states"]), None, [])
+        calls["state_passing"] = (lambda: state_passing.state_passing(
+            ws["chunk_states"], dA, seq_idx, initial_states=ws["initial_states"], out_dtype=states.dtype,
+            state_cache=kw["state_cache"], final_state_indices=kw["final_state_indices"],
+            last_chunk_indices=kw["last_chunk_indices"]), state_passing._state_passing_kernel,
+            state_passing.CONFIGS)
+
+    def scan():
+        chunk_scan.chunk_scan(CB, kw["x"], dt_out, dA, kw["C"], states, cu, seq_idx, out=kw["out"], D=kw["D"],
+                              z=kw["z"], initial_states=ws["initial_states"],
+                              states_are_entering=ws["path"] == "indexed")
+        return kw["out"]
+
+    calls["chunk_scan"] = (scan, chunk_scan.chunk_scan_kernel, chunk_scan.CONFIGS)
+    return calls
+
+
+def _finite(t: torch.Tensor) -> bool:
+    return bool(torch.isfinite(t.float()).all())
+
+
+def time_stage(name: str, fn, kernel, configs: list, reps: int) -> list[StageTiming]:
+    """The stage as the provider runs it, then (for an autotuned stage) every shipped and candidate config."""
+    from kernels.backend import forced_config
+
+    out = fn()  # tunes (outside the graph) and compiles
+    chosen = describe(kernel.best_config) if kernel is not None else None
+    rows = [StageTiming(name, "auto" if kernel is not None else "fixed", time_graph(fn, reps), _finite(out),
+                        True, chosen)]
+    if kernel is None:
+        return rows
+    shipped = {describe(c) for c in configs}
+    seen = set()
+    for config in list(configs) + EXTRA_CANDIDATES.get(name, []):
+        label = describe(config)
+        if label in seen:
+            continue
+        seen.add(label)
+        with forced_config(kernel, config):
+            try:
+                finite = _finite(fn())
+                us = time_graph(fn, reps)
+            except OutOfResources as exc:  # a candidate too big for the GPU's shared memory: reported, not fatal
+                rows.append(StageTiming(name, f"{label} ({type(exc).__name__})", math.nan, False, label in shipped))
+                continue
+        rows.append(StageTiming(name, label, us, finite, label in shipped))
+    return rows
+
+
+def bench_stages(provider, workloads: list[str], variant: str, reps: int) -> dict:
+    from harness.bench import VARIANTS, workload_case
+    from harness.cases.builder import build_inputs
+
+    report = {}
+    for workload in workloads:
+        inputs = build_inputs(workload_case(workload), "cuda")
+        path = VARIANTS[variant]["path"]
+        extra = {k: v for k, v in VARIANTS[variant].items() if k != "path"}
+        kw = inputs.kwargs(path=path)
+        whole = time_graph(lambda: provider.ssd_prefill(**kw, **extra), reps)
+        rows = []
+        for name, (fn, kernel, configs) in stage_calls(provider, inputs, path).items():
+            rows.extend(time_stage(name, fn, kernel, configs, reps))
+        report[workload] = {"variant": variant, "whole_call_graph_us": whole, "rows": [vars(r) for r in rows]}
+    return report
+
+
+def best_rows(rows: list[dict]) -> dict[str, dict]:
+    """Per stage, the fastest row with finite output."""
+    best: dict[str, dict] = {}
+    for r in rows:
+        if r["finite"] and not math.isnan(r["graph_us"]):
+            if r["stage"] not in best or r["graph_us"] < best[r["stage"]]["graph_us"]:
+                best[r["stage"]] = r
+    return best
+
+
+def print_stage_report(report: dict) -> None:
+    for workload, entry in report.items():
+        rows = entry["rows"]
+        print(f"== {workload} ({entry['variant']}): whole call {entry['whole_call_graph_us']:.1f} us (graph replay)")
+        print(f"{'stage':<22} {'config':<44} {'graph us':>9} {'finite':>6} {'shipped':>7}")
+        for r in rows:
+            mark = f"  <- tuner chose {r['chosen']}" if r["chosen"] else ""
+            print(f"{r['stage']:<22} {r['config']:<44} {r['graph_us']:>9.1f} {str(r['finite']):>6} "
+                  f"{str(r['shipped']):>7}{mark}")
+        best = best_rows(rows)
+        auto = {r["stage"]: r for r in rows if r["config"] in ("auto", "fixed")}
+        print(f"{'stage':<22} {'as shipped us':>13} {'best us':>9}  best config")
+        for stage, r in auto.items():
+            b = best.get(stage, r)
+            print(f"{stage:<22} {r['graph_us']:>13.1f} {b['graph_us']:>9.1f}  {b['config']}")
+        print(f"{'sum of stages':<22} {sum(r['graph_us'] for r in auto.values()):>13.1f} "
+              f"{sum(best.get(s, r)['graph_us'] for s, r in auto.items()):>9.1f}")

@@ -1,0 +1,85 @@
+"""``python -m harness bench --stages`` (harness.stage_bench): the stage closures it times reproduce the real call's
+intermediates bit for bit (so the figures are of the work a call does), every candidate config is timed once, and a
+config with non-finite output is never reported as the best. Timings themselves need the GPU (docs/gpu-runs.md)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import triton
+
+from harness.backend import configure
+
+DEVICE = configure("auto")  # before any kernel module is imported
+
+from harness import stage_bench  # noqa: E402
+from harness.cases.builder import build_inputs  # noqa: E402
+from harness.compare import assert_bits_equal  # noqa: E402
+from kernels import provider  # noqa: E402
+from test_ssd_prefill import make_case  # noqa: E402
+
+
+@pytest.mark.parametrize("path,sequences", [
+    ("snapshot", [(40, 70, 1, True, 4), (0, 33, 2, False, 6)]),
+    ("indexed", [(40, 150, 1, True, 4)]),
+])
+def test_stage_closures_reproduce_the_call(path, sequences):
+    case = make_case(sequences, io="bfloat16", state="bfloat16", headdim=8, chunk_size=32)
+    inputs = build_inputs(case, DEVICE)
+    expected_inputs = inputs.clone()
+    workspace: dict = {}
+    provider.ssd_prefill(**expected_inputs.kwargs(path=path), workspace_out=workspace)
+
+    calls = stage_bench.stage_calls(provider, inputs, path)
+    want_stages = {"chunk_cumsum", "chunk_state", "bmm_chunk", "chunk_scan",
+                   "state_passing_indexed" if path == "indexed" else "state_passing"}
+    assert want_stages <= set(calls), sorted(calls)
+    assert_bits_equal(calls["chunk_cumsum"][0](), workspace["dA_cumsum"], what="chunk_cumsum closure: dA_cumsum")
+    assert_bits_equal(calls["chunk_state"][0](), workspace["chunk_states"], what="chunk_state closure")
+    passing = "state_passing_indexed" if path == "indexed" else "state_passing"
+    assert_bits_equal(calls[passing][0](), workspace["states"], what=f"{passing} closure: workspace")
+    inputs.out.fill_(math.nan)  # the scan closure must write every output element itself
+    assert_bits_equal(calls["chunk_scan"][0](), expected_inputs.out, what="chunk_scan closure: out")
+
+
+class FakeTuner:
+    """The attributes of a triton Autotuner that forced_config and time_stage use."""
+
+    def __init__(self, configs):
+        self.configs, self.cache, self.best_config = list(configs), {}, configs[0]
+
+
+def test_time_stage_times_each_config_once_and_never_picks_a_non_finite_one(monkeypatch):
+    shipped = [triton.Config({"BLOCK_SIZE": 64}, num_warps=4), triton.Config({"BLOCK_SIZE": 128}, num_warps=4)]
+    broken = triton.Config({"BLOCK_SIZE": 256}, num_warps=2)  # "miscompiles": writes NaN, and is the fastest
+    tuner = FakeTuner(shipped)
+    monkeypatch.setitem(stage_bench.EXTRA_CANDIDATES, "fake", [shipped[1], broken])  # a duplicate is timed once
+    times = {"BS=64 s3 w4": 5.0, "BS=128 s3 w4": 4.0, "BS=256 s3 w2": 1.0}
+
+    def fn():
+        forced = tuner.configs[0] if len(tuner.configs) == 1 else None
+        return torch.tensor([math.nan if forced is broken else 1.0])
+
+    def fake_time_graph(call, reps):
+        call()
+        forced = tuner.configs[0] if len(tuner.configs) == 1 else None
+        return times[stage_bench.describe(forced)] if forced is not None else 4.5
+
+    monkeypatch.setattr(stage_bench, "time_graph", fake_time_graph)
+    rows = stage_bench.time_stage("fake", fn, tuner, shipped, reps=3)
+
+    assert [r.config for r in rows] == ["auto", "BS=64 s3 w4", "BS=128 s3 w4", "BS=256 s3 w2"]
+    assert [r.shipped for r in rows] == [True, True, True, False]
+    assert [r.finite for r in rows] == [True, True, True, False]
+    assert rows[0].chosen == "BS=64 s3 w4" and rows[0].graph_us == 4.5
+    assert tuner.configs == shipped  # forced configs restored
+    best = stage_bench.best_rows([vars(r) for r in rows])
+    assert best["fake"]["config"] == "BS=128 s3 w4"  # not the faster NaN-writing config
+
+
+def test_untuned_stage_is_timed_as_fixed(monkeypatch):
+    monkeypatch.setattr(stage_bench, "time_graph", lambda call, reps: 2.0)
+    rows = stage_bench.time_stage("gather", lambda: torch.zeros(2), None, [], reps=3)
+    assert [(r.config, r.graph_us, r.finite, r.chosen) for r in rows] == [("fixed", 2.0, True, None)]
