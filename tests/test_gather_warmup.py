@@ -7,6 +7,7 @@ each launch against the warmed keys. The negative control warms stride-1 contigu
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from harness.backend import configure
@@ -17,7 +18,12 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from harness.compare import assert_bits_equal  # noqa: E402
-from harness.guards.recompile import RecompileError, guard_no_recompile, no_recompile  # noqa: E402,F401
+from harness.guards.recompile import (  # noqa: E402,F401
+    RecompileError,
+    cold_in_memory_cache,
+    guard_no_recompile,
+    no_recompile,
+)
 from harness.guards.specialization import _gpu_view, kernel_name, specialization_key  # noqa: E402
 from kernels import gather  # noqa: E402
 from kernels.warmup import SCALAR_ONLY, ModelShape, warmup  # noqa: E402
@@ -108,6 +114,12 @@ def build(case: ColumnCase, seed: int = 0):
     return (*dev, expected)
 
 
+def cold_gpu_cache():
+    """The gather kernel's in-memory binaries set aside for the block on the GPU (nothing to set aside under the
+    interpreter, where the guard compares launch keys with the warmed ones)."""
+    return cold_in_memory_cache(KERNEL) if DEVICE == "cuda" else contextlib.nullcontext()
+
+
 def _stride1_only():
     return warmup(DEVICE, SHAPE, [torch.float32], STATE_DTYPES, kernels=["gather"],
                   index_strides=(1,), index_alignments=(True,))
@@ -151,13 +163,10 @@ def test_column_view_needs_the_startup_warmup(case):
     """Each regression case is only covered because of the stride/alignment classes: a stride-1-only warmup
     misses exactly the cases whose views differ in a specialized class."""
     cache, idx, mask, _ = build(case)
-    narrow = _stride1_only()
-    # On the GPU the module's full warmup has already compiled every class: start this kernel from an empty
-    # in-memory cache so that a missing class really compiles, then put the full warmup back.
-    if DEVICE == "cuda":
-        KERNEL.device_caches.clear()
+    # On the GPU the module's full warmup has already compiled every class: set this kernel's in-memory binaries
+    # aside so that a missing class really compiles (they are put back after, for the tests and cases that follow).
+    with cold_gpu_cache():
         narrow = _stride1_only()
-    try:
         if _needs_more_than_stride1(idx, mask):
             with pytest.raises(RecompileError, match="_gather_initial_states_kernel"):
                 with guard_no_recompile([KERNEL], warmed=narrow.keys):
@@ -165,9 +174,6 @@ def test_column_view_needs_the_startup_warmup(case):
         else:
             with guard_no_recompile([KERNEL], warmed=narrow.keys):
                 gather.gather_initial_states(cache, idx, mask)
-    finally:
-        if DEVICE == "cuda":
-            warmup(DEVICE, SHAPE, [torch.float32], STATE_DTYPES, kernels=["gather"])
 
 
 def test_negative_control_stride1_warmup_then_column_view_fires():
@@ -178,17 +184,12 @@ def test_negative_control_stride1_warmup_then_column_view_fires():
         pytest.skip("the gather kernel no longer specializes index stride or alignment: column views cannot "
                     "recompile it (the SCALAR_ONLY decision applied); the toy kernel in test_recompile_guard.py "
                     "keeps showing that the guard fires")
-    if DEVICE == "cuda":
-        KERNEL.device_caches.clear()
-    narrow = _stride1_only()
-    try:
+    with cold_gpu_cache():
+        narrow = _stride1_only()
         with pytest.raises(RecompileError) as err:
             with guard_no_recompile([KERNEL], warmed=narrow.keys):
                 gather.gather_initial_states(cache, idx, mask)
-        assert "stride_idx: needed i32 other, closest warmed =1" in str(err.value), str(err.value)
-    finally:
-        if DEVICE == "cuda":
-            warmup(DEVICE, SHAPE, [torch.float32], STATE_DTYPES, kernels=["gather"])
+    assert "stride_idx: needed i32 other, closest warmed =1" in str(err.value), str(err.value)
 
 
 def test_scalar_only_arguments_decision():

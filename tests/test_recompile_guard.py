@@ -12,7 +12,13 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from harness.guards import recompile  # noqa: E402
-from harness.guards.recompile import RecompileError, compile_events, guard_no_recompile, no_recompile  # noqa: E402,F401
+from harness.guards.recompile import (  # noqa: E402,F401
+    RecompileError,
+    cold_in_memory_cache,
+    compile_events,
+    guard_no_recompile,
+    no_recompile,
+)
 from harness.guards.specialization import (  # noqa: E402
     MissingSpecialization,
     assert_keys_warmed,
@@ -132,6 +138,29 @@ def test_compile_hook_records_and_never_decides(monkeypatch):
         assert installed["hook"](key="K2", fn=info) is None
 
 
+def test_cold_in_memory_cache_restores_what_it_set_aside():
+    """A test that needs a cold kernel must not leave the worker's warmed binaries behind it (GPU run 8: cases run
+    after such a test compiled and failed the guard). The cache is empty inside and the same entries after, also
+    when the block raises. Runs on a bare JITFunction (no GPU needed: nothing is launched)."""
+    from triton.runtime.jit import JITFunction
+
+    jit = JITFunction(_copy_scalar_probe_source)
+    entry = ({"key-a": "binary-a"}, {}, "target", "backend", "binder")
+    jit.device_caches[0] = entry
+    with cold_in_memory_cache(jit):
+        assert dict(jit.device_caches) == {}
+        jit.device_caches[0] = ({"key-b": "binary-b"}, {}, "target", "backend", "binder")  # compiled inside
+    assert dict(jit.device_caches) == {0: entry} and jit.device_caches[0] is entry
+    with pytest.raises(RuntimeError, match="boom"):
+        with cold_in_memory_cache(jit):
+            raise RuntimeError("boom")
+    assert jit.device_caches[0] is entry
+
+
+def _copy_scalar_probe_source(src_ptr, dst_ptr, stride):
+    tl.store(dst_ptr, tl.load(src_ptr + stride))
+
+
 @triton.jit
 def _copy_scalar_probe(src_ptr, dst_ptr, stride):
     """Launched only by the GPU tests below, which start it from an empty in-memory cache."""
@@ -141,40 +170,40 @@ def _copy_scalar_probe(src_ptr, dst_ptr, stride):
 @GPU_ONLY
 def test_gpu_key_matches_tritons_cache_and_compile_is_caught(no_recompile):
     # A cold in-memory cache whatever ran before in this process (an earlier test, or a rerun, may have compiled
-    # this very class; Triton's disk cache does not matter: the hook fires on every in-memory miss).
-    _copy_scalar_probe.device_caches.clear()
-    src = torch.arange(16, dtype=torch.float32, device=DEVICE)
-    dst = torch.zeros(1, device=DEVICE)
-    predicted = specialization_key(_copy_scalar_probe, (src[1:], dst, 7))  # unaligned, other
-    with pytest.raises(RecompileError) as err:
+    # this very class).
+    with cold_in_memory_cache(_copy_scalar_probe):
+        src = torch.arange(16, dtype=torch.float32, device=DEVICE)
+        dst = torch.zeros(1, device=DEVICE)
+        predicted = specialization_key(_copy_scalar_probe, (src[1:], dst, 7))  # unaligned, other
+        with pytest.raises(RecompileError) as err:
+            with no_recompile([_copy_scalar_probe]):
+                _copy_scalar_probe[(1,)](src[1:], dst, 7)
+        assert dst.item() == 8.0  # the hook did not skip the launch
+        new = recompile.kernel_cache_keys(_copy_scalar_probe)
+        assert [k for _, k in new] == [predicted.key], (new, predicted.key)
+        text = str(err.value)
+        assert "compile hook" in text and "kernel cache" in text and "(warmup)" not in text, text
+        # the same class again: compiled now, so the guard passes (it does not fire on every call)
         with no_recompile([_copy_scalar_probe]):
-            _copy_scalar_probe[(1,)](src[1:], dst, 7)
-    assert dst.item() == 8.0  # the hook did not skip the launch
-    new = recompile.kernel_cache_keys(_copy_scalar_probe)
-    assert [k for _, k in new] == [predicted.key], (new, predicted.key)
-    text = str(err.value)
-    assert "compile hook" in text and "kernel cache" in text and "(warmup)" not in text, text
-    # the same class again: compiled now, so the guard passes (it does not fire on every call)
-    with no_recompile([_copy_scalar_probe]):
-        _copy_scalar_probe[(1,)](src[3:], dst, 9)
-    assert dst.item() == 12.0
+            _copy_scalar_probe[(1,)](src[3:], dst, 9)
+        assert dst.item() == 12.0
 
 
 @GPU_ONLY
 def test_gpu_warmup_compiles_what_a_real_call_then_finds():
     """A compile-only warmup with stand-ins is seen by the hook as a warmup (is_manual_warmup) and fills the very
     cache entry a real call with real tensors looks up: the real call compiles nothing."""
-    _copy_scalar_probe.device_caches.clear()
-    with compile_events() as events:
-        _copy_scalar_probe.warmup(torch.float32, torch.float32, 16, grid=(1,))
-    assert [e.is_warmup for e in events] == [True], events
-    src = torch.arange(64, dtype=torch.float32, device=DEVICE)
-    dst = torch.zeros(1, device=DEVICE)
-    with guard_no_recompile([_copy_scalar_probe], warmed=[specialization_key(_copy_scalar_probe,
-                                                                              (torch.float32, torch.float32, 16))]):
-        _copy_scalar_probe[(1,)](src, dst, 32)
-    assert dst.item() == 32.0
-    with pytest.raises(RecompileError, match="stride: needed i32 other"):  # negative control: another class
-        with guard_no_recompile([_copy_scalar_probe], warmed=[specialization_key(
-                _copy_scalar_probe, (torch.float32, torch.float32, 16))]):
-            _copy_scalar_probe[(1,)](src, dst, 33)
+    with cold_in_memory_cache(_copy_scalar_probe):
+        with compile_events() as events:
+            _copy_scalar_probe.warmup(torch.float32, torch.float32, 16, grid=(1,))
+        assert [e.is_warmup for e in events] == [True], events
+        src = torch.arange(64, dtype=torch.float32, device=DEVICE)
+        dst = torch.zeros(1, device=DEVICE)
+        with guard_no_recompile([_copy_scalar_probe], warmed=[specialization_key(_copy_scalar_probe,
+                                                                                  (torch.float32, torch.float32, 16))]):
+            _copy_scalar_probe[(1,)](src, dst, 32)
+        assert dst.item() == 32.0
+        with pytest.raises(RecompileError, match="stride: needed i32 other"):  # negative control: another class
+            with guard_no_recompile([_copy_scalar_probe], warmed=[specialization_key(
+                    _copy_scalar_probe, (torch.float32, torch.float32, 16))]):
+                _copy_scalar_probe[(1,)](src, dst, 33)

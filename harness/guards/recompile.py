@@ -95,6 +95,22 @@ def kernel_cache_keys(kernel: Any) -> set[tuple[Any, str]]:
     return keys
 
 
+@contextlib.contextmanager
+def cold_in_memory_cache(kernel: Any) -> Iterator[None]:
+    """Run the block with ``kernel``'s in-memory binaries set aside, so that a class nobody warmed really compiles
+    (the hook fires on every in-memory miss; Triton's disk cache does not matter), then put back exactly what was
+    there. Clearing without restoring left an xdist worker's warmed corpus cold for every case it ran after such a
+    test: later case items compiled and the recompile guard failed them (GPU run 8, docs/gpu-runs.md)."""
+    jit = base_jit_function(kernel)
+    saved = dict(jit.device_caches)
+    jit.device_caches.clear()
+    try:
+        yield
+    finally:
+        jit.device_caches.clear()
+        jit.device_caches.update(saved)
+
+
 def compiles_possible() -> bool:
     """False under the interpreter, where the compile witnesses cannot see anything."""
     return not knobs.runtime.interpret
