@@ -67,5 +67,10 @@ for step in $steps; do
       echo "unknown step $step" >&2; exit 2 ;;
   esac
 done
+# The device tool brings back at most 8 files: pack every log and report into one archive.
+if [ "${PACK:-1}" = 1 ]; then
+  archive=$(mktemp -d)/logs.tgz
+  tar czf "$archive" -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv "$archive" "$OUT/logs.tgz"
+fi
 echo "==== summary"
 printf '%s\n' "${summary[@]}"
