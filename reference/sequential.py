@@ -62,33 +62,89 @@ class Shadows:
     gate_abs: torch.Tensor
 
 
-def _scan(x, dtp, A, Bh, Ch, Dv, gate, cu, h0, exit_offsets, unit_input: bool):
-    """The recurrence itself. x (T,H,P) dtp (T,H) A (H,) Bh/Ch (T,H,N) Dv (H,P) or None, gate (T,H,P) or None,
-    h0 (Bt,H,P,N) or None -> out (T,H,P), final (Bt,H,P,N), exits {offset: (H,P,N)}."""
-    T, H, P = x.shape
-    N = Bh.shape[-1]
-    dev = x.device
-    out = torch.empty(T, H, P, dtype=F64, device=dev)
-    final = torch.empty(len(cu) - 1, H, P, N, dtype=F64, device=dev)
+@dataclass
+class _Variant:
+    """One recurrence the scan runs: ``h = decay h + (coef x) B^T``, ``y = (h C + D x) * gate``. The value scan,
+    its magnitude shadow and the unit shadow differ only in these tensors (fp64, on the scan's device)."""
+
+    x: torch.Tensor  # (T, H, P)
+    coef: torch.Tensor  # (T, H): dt, or ones for the unit scan (1 * x is exact)
+    B: torch.Tensor  # (T, H, N)
+    C: torch.Tensor  # (T, H, N)
+    D: torch.Tensor | None  # (H, P)
+    gate: torch.Tensor | None  # (T, H, P)
+    h0: torch.Tensor | None  # (Bt, H, P, N)
+
+
+# Tokens whose inputs and states are formed per block: the token loop itself is one fused multiply-add per token,
+# a few vectorised ops per block do the rest (a token-by-token loop of ~10 small ops made the serving-shape
+# reference take 5-10 s per case on a shared GPU, GPU run 8).
+SCAN_BLOCK = 16
+
+
+def _scan(variants: list[_Variant], decay: torch.Tensor, cu: list[int], exit_offsets) -> list[tuple]:
+    """The recurrence, token by token in order, for every variant at once (stacked on a leading axis).
+    decay (T, H) = exp(dt A). Returns per variant (out (T,H,P), final (Bt,H,P,N), exits {offset: (H,P,N)}), CPU."""
+    V = len(variants)
+    T, H, P = variants[0].x.shape
+    N = variants[0].B.shape[-1]
+    dev = variants[0].x.device
+    stack = lambda get: torch.stack([get(v) for v in variants])  # noqa: E731
+    x, coef, B, C = stack(lambda v: v.x), stack(lambda v: v.coef), stack(lambda v: v.B), stack(lambda v: v.C)
+    zeros_hp = torch.zeros(H, P, dtype=F64, device=dev)
+    D = stack(lambda v: v.D if v.D is not None else zeros_hp)  # y + 0 * x == y: x is finite
+    ones = torch.ones(T, H, P, dtype=F64, device=dev)
+    gate = stack(lambda v: v.gate if v.gate is not None else ones)  # y * 1 == y
+    out = torch.empty(V, T, H, P, dtype=F64, device=dev)
+    final = torch.empty(V, len(cu) - 1, H, P, N, dtype=F64, device=dev)
     exits = {}
     wanted = set(exit_offsets or ())
-    decay = torch.exp(dtp * A[None, :])  # (T, H)
+    hs = torch.empty(SCAN_BLOCK, V, H, P, N, dtype=F64, device=dev)
     for b in range(len(cu) - 1):
-        h = h0[b].clone() if h0 is not None else torch.zeros(H, P, N, dtype=F64, device=dev)
-        for t in range(cu[b], cu[b + 1]):
-            if unit_input:
-                inject = x[t][:, :, None].expand(H, P, N)
-            else:
-                inject = (dtp[t][:, None] * x[t])[:, :, None] * Bh[t][:, None, :]
-            h = decay[t][:, None, None] * h + inject
-            y = torch.einsum("hpn,hn->hp", h, Ch[t])
-            if Dv is not None:
-                y = y + Dv * x[t]
-            out[t] = y * gate[t] if gate is not None else y
-            if t + 1 in wanted:
-                exits[t + 1] = h.clone()
-        final[b] = h
-    return out.cpu(), final.cpu(), {o: e.cpu() for o, e in exits.items()}
+        h = torch.stack([v.h0[b] if v.h0 is not None else torch.zeros(H, P, N, dtype=F64, device=dev)
+                         for v in variants])
+        for s in range(cu[b], cu[b + 1], SCAN_BLOCK):
+            e = min(s + SCAN_BLOCK, cu[b + 1])
+            L = e - s
+            # (L, V, H, P, N): the input term of each token, then the sequential recurrence over the block.
+            inject = ((coef[:, s:e, :, None] * x[:, s:e])[..., None] * B[:, s:e, :, None, :]).transpose(0, 1)
+            step_decay = decay[s:e, None, :, None, None]
+            for i in range(L):
+                h = torch.addcmul(inject[i], step_decay[i], h, out=hs[i])
+                if s + i + 1 in wanted:
+                    exits[s + i + 1] = h.clone()
+            h = h.clone()  # hs is reused by the next block
+            y = torch.einsum("lvhpn,lvhn->lvhp", hs[:L], C[:, s:e].transpose(0, 1)).transpose(0, 1)
+            out[:, s:e] = (y + D[:, None] * x[:, s:e]) * gate[:, s:e]
+        final[:, b] = h
+    out, final = out.cpu(), final.cpu()
+    return [(out[k], final[k], {o: e[k].cpu() for o, e in exits.items()}) for k in range(V)]
+
+
+def _inputs(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states):
+    """fp64 value and magnitude variants of the inputs on ``x``'s device, plus decay (T, H) and processed dt."""
+    T, H, P = x.shape
+    dev = x.device
+    to = lambda t: t.detach().to(dev, F64)  # noqa: E731
+    dtp = process_dt(dt.detach().to(dev), None if dt_bias is None else dt_bias.detach().to(dev), dt_softplus, dt_limit)
+    decay = torch.exp(dtp * to(A)[None, :])
+    Bh, Ch = _per_head(to(B), H), _per_head(to(C), H)
+    Dv = None
+    if D is not None:
+        Dv = to(D)
+        Dv = Dv[:, None].expand(H, P) if Dv.dim() == 1 else Dv
+    gate = None
+    if z is not None:
+        zz = to(z)
+        gate = zz * torch.sigmoid(zz)
+    h0 = None if initial_states is None else to(initial_states)
+    value = _Variant(to(x), dtp, Bh, Ch, Dv, gate, h0)
+    absolute = lambda t: None if t is None else t.abs()  # noqa: E731
+    magnitude = _Variant(value.x.abs(), dtp, Bh.abs(), Ch.abs(), absolute(Dv), absolute(gate), absolute(h0))
+    # The unit shadow: input term |x| (coef 1, B = 1), read out through |C| and |gate| (ones without z).
+    unit = _Variant(magnitude.x, torch.ones_like(dtp), torch.ones_like(Ch), magnitude.C, None,
+                    magnitude.gate if z is not None else None, None)
+    return value, magnitude, unit, decay
 
 
 def sequential_ssd(
@@ -119,30 +175,49 @@ def sequential_ssd(
     ``magnitude=True`` runs the same recurrence on absolute values (|x|, |B|, |C|, |D|, |z sigmoid(z)|, |h0|) and
     returns its shadow of out and final states in the same tuple form.
     """
-    cu = _ints(cu_seqlens)
-    T, H, P = x.shape
-    dev = x.device
-    f = (lambda t: t.detach().to(dev, F64).abs()) if magnitude else (lambda t: t.detach().to(dev, F64))
-    xv = f(x)
-    dtp = process_dt(dt.detach().to(dev), None if dt_bias is None else dt_bias.detach().to(dev), dt_softplus, dt_limit)
-    Av = A.detach().to(dev, F64)
-    Bh, Ch = _per_head(f(B), H), _per_head(f(C), H)
-    Dv = None
-    if D is not None:
-        Dv = f(D)
-        Dv = Dv[:, None].expand(H, P) if Dv.dim() == 1 else Dv
-    gate = None
-    if z is not None:
-        zz = z.detach().to(dev, F64)
-        gate = zz * torch.sigmoid(zz)
-        gate = gate.abs() if magnitude else gate
-    h0 = None if initial_states is None else f(initial_states)
+    value, shadow, _, decay = _inputs(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states)
     offsets = _ints(exit_offsets) if exit_offsets is not None else None
-    out, final, exits = _scan(xv, dtp, Av, Bh, Ch, Dv, gate, cu, h0, offsets, unit_input=False)
+    [(out, final, exits)] = _scan([shadow if magnitude else value], decay, _ints(cu_seqlens), offsets)
+    return _with_exits(out, final, exits, offsets)
+
+
+def _with_exits(out, final, exits, offsets):
     if offsets is None:
         return out, final
-    chunk_end = torch.stack([exits[o] for o in offsets]) if offsets else torch.empty(0, H, P, Bh.shape[-1], dtype=F64)
+    H, P, N = final.shape[1:]
+    chunk_end = torch.stack([exits[o] for o in offsets]) if offsets else torch.empty(0, H, P, N, dtype=F64)
     return out, final, chunk_end
+
+
+@dataclass
+class GroundTruth:
+    """fp64 value scan and its shadows from one pass (``ground_truth``). ``chunk_end`` and ``chunk_end_shadow``
+    (len(exit_offsets), H, P, N) are None without exit offsets."""
+
+    out: torch.Tensor
+    final_states: torch.Tensor
+    shadows: Shadows
+    chunk_end: torch.Tensor | None = None
+    chunk_end_shadow: torch.Tensor | None = None
+
+
+def ground_truth(
+    x, dt, A, B, C, *, cu_seqlens, chunk_size: int, D=None, z=None, dt_bias=None, dt_softplus=False,
+    dt_limit=(0.0, math.inf), initial_states=None, exit_offsets=None,
+) -> GroundTruth:
+    """``sequential_ssd`` and ``magnitude_shadows`` (and the magnitude scan's chunk-end states) in one scan of
+    the three recurrences stacked: what a bound check needs, for a third of the token loop."""
+    value, shadow, unit, decay = _inputs(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states)
+    offsets = _ints(exit_offsets) if exit_offsets is not None else None
+    cu = _ints(cu_seqlens)
+    (out, final, exits), (s_out, s_final, s_exits), (u_out, u_final, _) = _scan(
+        [value, shadow, unit], decay, cu, offsets)
+    shadows = _shadows(shadow, s_out, s_final, u_out, u_final, cu, chunk_size)
+    truth = GroundTruth(out, final, shadows)
+    if offsets is not None:
+        truth.chunk_end = _with_exits(out, final, exits, offsets)[2]
+        truth.chunk_end_shadow = _with_exits(s_out, s_final, s_exits, offsets)[2]
+    return truth
 
 
 def magnitude_shadows(
@@ -150,22 +225,16 @@ def magnitude_shadows(
     dt_limit=(0.0, math.inf), initial_states=None,
 ) -> Shadows:
     """All the magnitude shadows ``harness.bounds`` needs (see ``Shadows``), same inputs as ``sequential_ssd``."""
-    out, final = sequential_ssd(
-        x, dt, A, B, C, cu_seqlens=cu_seqlens, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
-        dt_limit=dt_limit, initial_states=initial_states, magnitude=True,
-    )
+    _, shadow, unit, decay = _inputs(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states)
     cu = _ints(cu_seqlens)
-    T, H, P = x.shape
-    dev = x.device  # the unit scan runs where the inputs are, like sequential_ssd's
-    xa = x.detach().to(dev, F64).abs()
-    dtp = process_dt(dt.detach().to(dev), None if dt_bias is None else dt_bias.detach().to(dev), dt_softplus, dt_limit)
-    Ca = _per_head(C.detach().to(dev, F64).abs(), H)
-    gate = torch.ones(T, H, P, dtype=F64, device=dev)
-    if z is not None:
-        zz = z.detach().to(dev, F64)
-        gate = (zz * torch.sigmoid(zz)).abs()
-    unit_out, unit_final, _ = _scan(xa, dtp, A.detach().to(dev, F64), Ca, Ca, None, gate, cu, None, None, True)
-    xa, Ca, gate = xa.cpu(), Ca.cpu(), gate.cpu()
+    (s_out, s_final, _), (u_out, u_final, _) = _scan([shadow, unit], decay, cu, None)
+    return _shadows(shadow, s_out, s_final, u_out, u_final, cu, chunk_size)
+
+
+def _shadows(shadow: _Variant, out, final, unit_out, unit_final, cu: list[int], chunk_size: int) -> Shadows:
+    xa, Ca = shadow.x.cpu(), shadow.C.cpu()
+    T, H, P = xa.shape
+    gate = shadow.gate.cpu() if shadow.gate is not None else torch.ones(T, H, P, dtype=F64)
     window = torch.empty(T, H, P, dtype=F64)
     for b in range(len(cu) - 1):
         s, e = cu[b], cu[b + 1]

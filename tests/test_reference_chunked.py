@@ -13,7 +13,8 @@ from harness import bounds
 from harness.compare import Mismatch, assert_bits_equal, assert_within_bound
 from reference import chunked
 from reference.random_inputs import SsdInputs, make_inputs
-from reference.sequential import Shadows, magnitude_shadows, process_dt, sequential_ssd
+from reference.sequential import Shadows, process_dt, sequential_ssd
+from reference.sequential import ground_truth as sequential_ground_truth
 
 PROFILE = "interpreter"  # CPU tensors: the arithmetic our kernels follow under the interpreter
 # Negative controls run under both backends' arithmetic and bounds (CPU tensors either way): a control must fire
@@ -48,11 +49,9 @@ def ground_truth(inp: SsdInputs, state_dtype):
     h0 = None if inp.initial_states is None else inp.initial_states.to(state_dtype)
     kw = dict(cu_seqlens=m["cu_seqlens"], D=inp.D, z=inp.z, dt_bias=inp.dt_bias, dt_softplus=inp.dt_softplus,
               initial_states=h0)
-    out, final, ends = sequential_ssd(inp.x, inp.dt, inp.A, inp.B, inp.C, exit_offsets=m["cu_chunk_seqlens"][1:], **kw)
-    shadows = magnitude_shadows(inp.x, inp.dt, inp.A, inp.B, inp.C, chunk_size=inp.meta.chunk_size, **kw)
-    _, _, end_shadow = sequential_ssd(inp.x, inp.dt, inp.A, inp.B, inp.C, magnitude=True,
-                                      exit_offsets=m["cu_chunk_seqlens"][1:], **kw)
-    return out, final, ends, shadows, end_shadow
+    t = sequential_ground_truth(inp.x, inp.dt, inp.A, inp.B, inp.C, chunk_size=inp.meta.chunk_size,
+                                exit_offsets=m["cu_chunk_seqlens"][1:], **kw)
+    return t.out, t.final_states, t.chunk_end, t.shadows, t.chunk_end_shadow
 
 
 def derived_bounds(inp: SsdInputs, state_dtype, ref_out, ref_final, shadows, backend=PROFILE):

@@ -21,10 +21,9 @@ from harness.cases.builder import build_inputs  # noqa: E402
 from harness.cases.model import (  # noqa: E402
     CacheSpec, CallSpec, Case, Dtypes, Expect, IndicesSpec, InputKnobs, Options, SequenceSpec, Shape, Tiers,
 )
+from harness.checks.bound import ground_truth_for  # noqa: E402
 from harness.compare import Mismatch, assert_bits_equal, assert_within_bound, storage_bytes  # noqa: E402
 from kernels import provider, ssd_prefill  # noqa: E402
-from reference import sequential  # noqa: E402
-from reference import snapshot as torch_snapshot  # noqa: E402
 
 NHEADS, DSTATE, CHUNK = 3, 16, 64
 ALL_OPTIONS = Options(D="per_channel", z=True, dt_bias=True, dt_softplus=True)
@@ -48,19 +47,9 @@ def make_case(sequences, *, io="float32", state="float32", headdim=5, options=AL
 
 
 def ground_truth(inputs, *, checkpoint=False):
-    """fp64 sequential (out, finals[, chunk ends]) and the magnitude shadows, from the inputs BEFORE the call
-    (the call may overwrite the initial-state slots)."""
-    initial = torch_snapshot.gather_initial_states(inputs.state_cache, inputs.initial_state_indices,
-                                                   inputs.has_initial_states)
-    o = inputs.case.options
-    common = dict(cu_seqlens=inputs.cu_seqlens, D=inputs.D, z=inputs.z, dt_bias=inputs.dt_bias,
-                  dt_softplus=o.dt_softplus, dt_limit=o.dt_limit, initial_states=initial)
-    args = (inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C)
-    exits = inputs.cu_chunk_seqlens[1:] if checkpoint else None
-    truth = sequential.sequential_ssd(*args, exit_offsets=exits, **common)
-    shadows = sequential.magnitude_shadows(*args, chunk_size=inputs.case.shape.chunk_size, **common)
-    chunk_shadow = sequential.sequential_ssd(*args, magnitude=True, exit_offsets=exits, **common)[2] if checkpoint else None
-    return truth, shadows, chunk_shadow
+    """fp64 sequential (out, finals[, chunk ends]), the magnitude shadows and the chunk-end shadow, from the inputs
+    BEFORE the call (the call may overwrite the initial-state slots): the reference_bound check's own."""
+    return ground_truth_for(inputs, inputs.cu_chunk_seqlens[1:] if checkpoint else None)
 
 
 def bound_dims(inputs) -> dict:

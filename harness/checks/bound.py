@@ -12,23 +12,22 @@ from harness.checks.registry import register
 from harness.compare import Mismatch, assert_within_bound
 
 
-def _ground_truth(inputs, exit_offsets):
-    """fp64 sequential out (T,H,P), finals (Bt,H,P,N) [, chunk ends (C,H,P,N)] and the magnitude shadows."""
+def ground_truth_for(inputs, exit_offsets=None):
+    """fp64 sequential (out (T,H,P), finals (Bt,H,P,N)[, chunk ends (C,H,P,N)]), the magnitude shadows and the
+    chunk-end shadow (None without exit offsets) of a case's inputs, from the state the cache holds now (call it
+    before the provider overwrites the initial states). One scan of the three recurrences."""
     from reference import sequential, snapshot
 
     case = inputs.case
     o = case.options
     initial = snapshot.gather_initial_states(inputs.state_cache, inputs.initial_state_indices,
                                              inputs.has_initial_states)
-    common = dict(cu_seqlens=inputs.cu_seqlens, D=inputs.D, z=inputs.z, dt_bias=inputs.dt_bias,
-                  dt_softplus=o.dt_softplus, dt_limit=o.dt_limit, initial_states=initial)
-    args = (inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C)
-    truth = sequential.sequential_ssd(*args, exit_offsets=exit_offsets, **common)
-    shadows = sequential.magnitude_shadows(*args, chunk_size=case.shape.chunk_size, **common)
-    chunk_shadow = None
-    if exit_offsets is not None:
-        chunk_shadow = sequential.sequential_ssd(*args, magnitude=True, exit_offsets=exit_offsets, **common)[2]
-    return truth, shadows, chunk_shadow
+    truth = sequential.ground_truth(
+        inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, cu_seqlens=inputs.cu_seqlens,
+        chunk_size=case.shape.chunk_size, D=inputs.D, z=inputs.z, dt_bias=inputs.dt_bias,
+        dt_softplus=o.dt_softplus, dt_limit=o.dt_limit, initial_states=initial, exit_offsets=exit_offsets)
+    values = (truth.out, truth.final_states) + ((truth.chunk_end,) if exit_offsets is not None else ())
+    return values, truth.shadows, truth.chunk_end_shadow
 
 
 def _merge(stats: dict, what: str, measured) -> None:
@@ -46,7 +45,7 @@ def _reference_bound(ctx) -> dict:
     call = run_call(ctx, "provider")
     mode = case.call.final_state
     exit_offsets = pristine.cu_chunk_seqlens[1:] if mode == "checkpoint" else None
-    truth, shadows, chunk_shadow = _ground_truth(pristine, exit_offsets)
+    truth, shadows, chunk_shadow = ground_truth_for(pristine, exit_offsets)
     backend = profile_for(ctx.device)
     terms = bounds.input_error_terms(
         pristine.dt, pristine.A, cu_chunk_seqlens=pristine.cu_chunk_seqlens, seq_idx=pristine.seq_idx,
