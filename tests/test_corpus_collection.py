@@ -3,29 +3,28 @@ item the CPU tier cannot run skips with a reason."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from harness.backend import current_device
 from harness.cases.loader import load_cases
 from harness.checks import Status, load_provider, run_check, selected_checks
 
+pytest_plugins = ["pytester"]
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ROOT / "cases"
 
 
-def collect(*paths: Path) -> tuple[list[str], str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "--device", "cpu", "-p", "no:cacheprovider",
-         "-p", "harness.pytest_plugin", *map(str, paths)],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return [line for line in proc.stdout.splitlines() if "::" in line], proc.stdout
+def collect(pytester, *paths: Path) -> tuple[list[str], str]:
+    """``pytest --collect-only -q PATHS`` with the plugin, in this process (a fresh interpreter costs 10 s on a
+    busy GPU host, run 8). The session's device: in one process the backend cannot switch (harness.backend)."""
+    result = pytester.runpytest_inprocess("--collect-only", "-q", "--device", current_device(), "-p", "no:cacheprovider",
+                                          "-p", "harness.pytest_plugin", "--rootdir", str(ROOT), *map(str, paths))
+    out = "\n".join(result.outlines)
+    assert result.ret == 0, out + "\n".join(result.errlines)
+    return [line for line in result.outlines if "::" in line], out
 
 
 def expected_items(cases, root: Path) -> list[str]:
@@ -40,9 +39,9 @@ def _corpus_cases():
     return load_cases([CASES])
 
 
-def test_checked_in_cases_are_collected_in_full():
+def test_checked_in_cases_are_collected_in_full(pytester):
     cases = _corpus_cases()
-    items, out = collect(CASES)
+    items, out = collect(pytester, CASES)
     want = expected_items(cases, ROOT)
     assert len(items) == len(set(items)) == len(want)
     assert set(items) == set(want)
@@ -61,14 +60,14 @@ def test_every_item_of_a_case_beyond_the_cpu_tier_skips_with_a_reason():
             assert result.reason, (case.id, name)
 
 
-def test_a_freshly_generated_corpus_is_collected_in_full(tmp_path):
+def test_a_freshly_generated_corpus_is_collected_in_full(pytester, tmp_path):
     from harness.cases.generate import generate_corpus
 
     out = tmp_path / "corpus"
     generate_corpus(out)
     cases = load_cases([out])
     assert cases
-    items, _ = collect(out)  # node ids are relative to the rootdir pytest picks for out: compare file names
+    items, _ = collect(pytester, out)  # node ids are relative to the rootdir pytest picks for out: compare file names
 
     def key(nodeid: str) -> str:
         file, rest = nodeid.split("::", 1)

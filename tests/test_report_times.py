@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
+from harness import cli
 from harness.report import ItemRecord, Report, timing_lines
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def records() -> list[ItemRecord]:
@@ -36,19 +31,17 @@ def test_rejects_unknown_grouping():
         timing_lines(records(), by="seed")
 
 
-def test_cli_prints_both_groupings(tmp_path):
+def test_cli_prints_both_groupings(tmp_path, capsys):
     path = tmp_path / "report.json"
     Report(items=records()).write(path)
-    res = subprocess.run([sys.executable, "-m", "harness", "times", str(path)], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
-    assert "time by check: 9.0s" in res.stdout and "time by family: 9.0s" in res.stdout
-    missing = subprocess.run([sys.executable, "-m", "harness", "times", str(tmp_path / "none.json")], cwd=ROOT,
-                             capture_output=True, text=True, timeout=120)
-    assert missing.returncode == 2 and "no such report" in missing.stderr
+    assert cli.main(["times", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "time by check: 9.0s" in out and "time by family: 9.0s" in out
+    assert cli.main(["times", str(tmp_path / "none.json")]) == 2
+    assert "no such report" in capsys.readouterr().err
 
 
-def test_a_killed_run_leaves_its_records_and_times_reads_them(tmp_path):
+def test_a_killed_run_leaves_its_records_and_times_reads_them(tmp_path, capsys):
     """Workers append each record as it is decided; a run killed before the merge (GPU runs 3 and 4 were) still
     yields a report, and a line cut by the kill is dropped, not fatal."""
     from harness.report import append_live, merge_parts, parts_dir, write_part
@@ -62,10 +55,9 @@ def test_a_killed_run_leaves_its_records_and_times_reads_them(tmp_path):
     append_live(report, "gw1", failed)
     with open(parts_dir(report) / "gw1.jsonl", "a") as fh:
         fh.write('{"nodeid": "f::c3::determin')  # killed mid-line
-    proc = subprocess.run([sys.executable, "-m", "harness", "times", str(report)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "merged from the workers' parts" in proc.stdout and "determinism" in proc.stdout
+    assert cli.main(["times", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "merged from the workers' parts" in out and "determinism" in out
     merged = merge_parts(report)
     assert {r.nodeid: r.outcome for r in merged.items} == {"f::c1::determinism": "passed",
                                                           "f::c2::determinism": "failed"}

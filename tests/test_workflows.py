@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import shlex
-import subprocess
-import sys
-from functools import lru_cache
 from pathlib import Path
 
 import pytest
 import yaml
+
+from harness import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
@@ -32,11 +33,6 @@ def run_lines(doc: dict) -> list[str]:
                 lines.append(" ".join(step["run"].split()))
     return lines
 
-
-@lru_cache(maxsize=1)
-def pytest_help() -> str:
-    return subprocess.run([sys.executable, "-m", "pytest", "--help"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120).stdout
 
 
 def test_there_are_a_cpu_and_a_nightly_gpu_workflow():
@@ -66,20 +62,39 @@ def test_cpu_workflow_runs_ci_entry_point_which_runs_readme_command():
     assert "make test" in readme and re.search(r"^make test$", ci, re.M)
 
 
-def test_nightly_uses_only_existing_harness_commands_and_pytest_options():
+def defined(config: pytest.Config, option: str) -> bool:
+    """Whether this pytest (with its plugins: ours and xdist) defines ``option`` (``--name``)."""
+    try:
+        config.getoption(option)
+    except ValueError:
+        return False
+    return True
+
+
+def harness_help_exit_code(sub: str) -> int:
+    """``python -m harness SUB --help`` in this process (argparse exits after printing the help)."""
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            code = cli.main([sub, "--help"])
+    except SystemExit as exc:
+        code = exc.code
+    return code or 0
+
+
+def test_nightly_uses_only_existing_harness_commands_and_pytest_options(pytestconfig):
     lines = run_lines(load(ROOT / ".github/workflows/nightly-gpu.yml"))
     subcommands = {m.group(1) for line in lines for m in re.finditer(r"-m harness (\w+)", line)}
     assert {"warmup", "fuzz"} <= subcommands
+    with contextlib.redirect_stderr(io.StringIO()):
+        assert harness_help_exit_code("no-such-command") != 0  # the check can fail
     for sub in sorted(subcommands):
-        res = subprocess.run([sys.executable, "-m", "harness", sub, "--help"], cwd=ROOT, capture_output=True,
-                             text=True, timeout=120)
-        assert res.returncode == 0, f"python -m harness {sub} --help failed: {res.stderr[-500:]}"
+        assert harness_help_exit_code(sub) == 0, f"python -m harness {sub} --help failed"
     options = set()
     for line in lines:
         m = re.search(r'PYTEST_ARGS="([^"]*)"', line)
         if m:
             options |= {tok.split("=")[0] for tok in shlex.split(m.group(1)) if tok.startswith("--")}
     assert {"--device", "--recompile-guard", "--shard", "--json-report"} <= options
-    help_text = pytest_help()
-    missing = [opt for opt in sorted(options) if opt not in help_text]
+    assert not defined(pytestconfig, "--no-such-option")  # the check can fail
+    missing = [opt for opt in sorted(options) if not defined(pytestconfig, opt)]
     assert not missing, f"pytest options used by nightly-gpu.yml but not defined: {missing}"
