@@ -568,8 +568,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
-    records = [r for r in _merged_records(config) if r.check]
-    if not records:
+    records = _merged_records(config)
+    if not any(r.check for r in records):  # no case item ran: pytest's own summary says it all
         return
     terminalreporter.section("ssd-harness summary")
     for line in summary_lines(records):

@@ -167,19 +167,35 @@ def failure_groups(records: list[ItemRecord]) -> tuple[dict[str, list[ItemRecord
 
 
 def summary_lines(records: list[ItemRecord], max_cases: int = 4) -> list[str]:
-    """Short summary: outcome counts, then failures grouped by check and by family (a few case ids each)."""
-    counts = Counter(r.outcome for r in records)
-    lines = ["outcomes: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))]
-    by_check, by_family = failure_groups(records)
-    if not by_check:
+    """Short summary: outcome counts of case items and of the other tests, then case-item failures grouped by check
+    and by family (a few case ids each), then the other tests' failures by node id."""
+    cases = [r for r in records if r.check]
+    others = [r for r in records if not r.check]
+
+    def counted(recs):
+        return ", ".join(f"{n} {k}" for k, n in sorted(Counter(r.outcome for r in recs).items())) or "none"
+
+    lines = [f"case items: {counted(cases)}"]
+    if others:
+        lines.append(f"other tests: {counted(others)}")
+    by_check, by_family = failure_groups(cases)
+    other_failures = [r.nodeid for r in others if r.is_failure]
+    if not by_check and not other_failures:
         lines.append("no failures")
         return lines
     for title, groups in (("failures by check", by_check), ("failures by case family", by_family)):
+        if not groups:
+            continue
         lines.append(f"{title}:")
         for key, recs in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
             ids = sorted({r.case_id for r in recs})
             more = f" (+{len(ids) - max_cases} more)" if len(ids) > max_cases else ""
             lines.append(f"  {key:<24} {len(recs):>4}  {', '.join(ids[:max_cases])}{more}")
+    if other_failures:
+        lines.append("other test failures:")
+        lines.extend(f"  {nodeid}" for nodeid in other_failures[:max_cases * 5])
+        if len(other_failures) > max_cases * 5:
+            lines.append(f"  (+{len(other_failures) - max_cases * 5} more)")
     return lines
 
 

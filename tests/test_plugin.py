@@ -210,6 +210,12 @@ def test_report_merge_and_summary_group_failures():
     text = "\n".join(summary_lines(merged.items))
     assert "failures by check:\n  determinism                 2  c1, c2" in text
     assert "failures by case family:" in text and "single" in text and "multi" in text
+    # A failing test that is not a case item is not hidden behind "no failures" (GPU run 9 printed that).
+    other = ItemRecord("tests/test_cli.py::test_x", "failed")
+    text = "\n".join(summary_lines([ItemRecord("f::c2::determinism", "passed", case_id="c2", check="determinism"),
+                                     other]))
+    assert text == ("case items: 1 passed\nother tests: 1 failed\nother test failures:\n"
+                    "  tests/test_cli.py::test_x"), text
 
 
 def test_yaml_fixtures_under_tests_are_not_collected_as_cases():
