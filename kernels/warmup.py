@@ -271,8 +271,9 @@ def warmup_all(
     """One warmup for several (shape, io dtypes, state dtypes[, request options]); keys merged (the same class
     compiled for two shapes is one binary: shapes enter keys only through their int classes and the block-size
     constexprs). ``first`` and ``part``: see ``compile_order``; ``keys`` always lists every specialization.
-    ``jobs > 1`` (GPU): ``jobs`` child processes compile a part each into the Triton disk cache first, then this
-    process loads every binary from there (Triton compiles one kernel at a time per process)."""
+    ``jobs > 1`` (GPU): at the first specialization the disk cache lacks, ``jobs`` child processes compile a part
+    each into the Triton disk cache, then this process loads the rest from there (Triton compiles one kernel at a
+    time per process); a warm cache is loaded without starting any (their start-up cost 5-25 s on a busy host)."""
     names = list(kernels) if kernels is not None else registered()
     unknown = [n for n in names if n not in _REGISTRY]
     if unknown:
@@ -280,22 +281,43 @@ def warmup_all(
     requests = list(requests)
     start = time.perf_counter()
     parallel = 0.0
-    if device == "cuda" and jobs > 1 and part is None:
-        parallel = _compile_in_children(requests, names, jobs)
     todo, enumerated = _plan(requests, names)
     compiled = 0
     if device == "cuda":
-        for i in compile_order(len(todo), first, part):
-            spec, new = todo[i]
-            args, kwargs = _split_arguments(spec.kernel, spec.arguments)
-            spec.kernel.warmup(*args, grid=(1,), **kwargs)
-            compiled += len(new)
+        order = compile_order(len(todo), first, part)
+        spawn = jobs > 1 and part is None
+        for pos, i in enumerate(order):
+            before = _disk_cache_entries() if spawn else None
+            _compile_one(todo[i][0])
+            compiled += len(todo[i][1])
+            if spawn and (before is None or _disk_cache_entries() != before):
+                # A real compile (or a cache we cannot see into): the children compile the rest in parallel, and
+                # this process loads it from the disk cache below. A warm cache never pays for the processes.
+                parallel = _compile_in_children(requests, names, jobs)
+                spawn = False
     keys = [k for _, new in todo for k in new]
     per_kernel: dict[str, int] = {}
     for k in keys:
         per_kernel[k.kernel] = per_kernel.get(k.kernel, 0) + 1
     return WarmupReport(keys, compiled, time.perf_counter() - start, per_kernel, enumerated,
                         jobs if parallel else 1, parallel)
+
+
+def _compile_one(spec) -> None:
+    args, kwargs = _split_arguments(spec.kernel, spec.arguments)
+    spec.kernel.warmup(*args, grid=(1,), **kwargs)
+
+
+def _disk_cache_entries() -> int | None:
+    """Entries in Triton's disk cache folder (a compile adds one; a load adds none), or None when it has none."""
+    import os
+
+    from triton import knobs
+
+    try:
+        return len(os.listdir(knobs.cache.dir))
+    except (OSError, TypeError):
+        return None
 
 
 def _compile_in_children(requests: list[tuple], names: list[str], jobs: int) -> float:

@@ -246,3 +246,38 @@ def test_parallel_warmup_names_a_failing_part():
 
     with pytest.raises(RuntimeError, match=r"parallel compile failed:\npart 0/2 \(exit 1\):(.|\n)*no registration named"):
         _compile_in_children([_request()], ["no_such_kernel"], jobs=2)
+
+
+@pytest.mark.parametrize("cache,spawned_after", [
+    ("warm", None),  # every spec loads from the disk cache: no child process
+    ("cold-from-3", 3),  # the third spec compiles: children take over the rest, once
+    ("unreadable", 1),  # no cache folder to look into: children at once, as before
+])
+def test_parallel_warmup_starts_children_only_at_the_first_compile(monkeypatch, cache, spawned_after):
+    """``jobs``: the processes start at the first specialization the disk cache lacks; this process still loads
+    every specialization (the GPU path, driven here with the compile itself stubbed out)."""
+    import kernels.warmup as w
+
+    loaded, spawns = [], []
+    entries = {"n": 0}
+
+    def disk_entries():
+        if cache == "unreadable":
+            return None
+        return entries["n"]
+
+    def compile_one(spec):
+        loaded.append(spec)
+        if cache == "cold-from-3" and len(loaded) >= 3 and not spawns:
+            entries["n"] += 1  # this one compiled: a new cache entry
+
+    monkeypatch.setattr(w, "_compile_one", compile_one)
+    monkeypatch.setattr(w, "_disk_cache_entries", disk_entries)
+    monkeypatch.setattr(w, "_compile_in_children", lambda requests, names, jobs: spawns.append(len(loaded)) or 1.5)
+    requests = [(ModelShape(2, 4, 16, 1, 8), (torch.float16,), (torch.float32,))]
+    report = w.warmup_all("cuda", requests, jobs=4)
+    plan, _ = w._plan(requests, w.registered())
+    assert len(loaded) == len(plan) and report.compiled == len(report.keys)
+    assert spawns == ([] if spawned_after is None else [spawned_after])
+    assert report.parallel_seconds == (0.0 if spawned_after is None else 1.5)
+    assert w.warmup_all("cuda", requests, jobs=1) and spawns == ([] if spawned_after is None else [spawned_after])
