@@ -18,6 +18,7 @@ import pytest
 
 from harness import backend
 from harness.report import MESSAGE_CHARS, ItemRecord, Report, append_live, clear_parts, merge_parts, summary_lines, write_part
+from harness.sharding import ItemCosts, LongestFirstQueue
 
 CASE_SUFFIXES = (".yaml", ".yml")
 GPU_LIST_ENV = "SSD_HARNESS_VISIBLE_GPUS"  # set by the controller, read by workers
@@ -26,6 +27,7 @@ _device_key = pytest.StashKey[str]()
 _provider_key = pytest.StashKey[dict]()
 _records_key = pytest.StashKey[list]()
 _case_ids_key = pytest.StashKey[dict]()
+_costs_key = pytest.StashKey[ItemCosts]()
 
 
 # ---------------------------------------------------------------- options
@@ -43,6 +45,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="write one merged JSON report (every item's outcome, duration, mismatch summary)")
     group.addoption("--shard", default=None, metavar="K/N",
                     help="run only shard K of N (deterministic, balanced by expected cost)")
+    group.addoption("--durations-from", default=None, metavar="REPORT",
+                    help="a JSON report of an earlier run (--json-report): its item durations are the expected "
+                         "costs that balance --shard and, under -n, hand out the longest work first")
     group.addoption("--recompile-guard", action="store_true",
                     help="compile-only warmup of the collected cases' specializations at session start (each worker), "
                          "then fail any case item during which a kernel compiles (GPU) or launches a specialization "
@@ -174,6 +179,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             # tests started last and held GPU runs 5 and 6 past their limits.
             config.option.loadscopereorder = False
             self._groups: dict[str, str] | None = None
+            costs = _measured_costs(config)
+            if costs is not None:
+                self.workqueue = LongestFirstQueue(costs)
 
         def _split_scope(self, nodeid: str) -> str:
             if self._groups is None:  # first called once every worker has collected (and written the file)
@@ -446,7 +454,23 @@ def _recompile_guard(config: pytest.Config):
 # ---------------------------------------------------------------- sharding
 
 
+def _measured_costs(config: pytest.Config):
+    """``ItemCosts`` from ``--durations-from`` (read once per process), or None without it."""
+    path = config.getoption("durations_from")
+    if not path:
+        return None
+    if _costs_key not in config.stash:
+        try:
+            config.stash[_costs_key] = ItemCosts.from_report(path)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise pytest.UsageError(f"--durations-from {path}: {exc}") from None
+    return config.stash[_costs_key]
+
+
 def _item_cost(item: pytest.Item) -> float:
+    measured = _measured_costs(item.config)
+    if measured is not None:
+        return measured(item.nodeid)
     case = getattr(item, "case", None) if isinstance(item, CheckItem) else None
     if case is None:
         return 1.0

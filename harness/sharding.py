@@ -8,8 +8,11 @@ runner of a CI matrix computes the same partition, and the union of the N shards
 from __future__ import annotations
 
 import heapq
+import itertools
 import re
-from typing import Iterable
+import statistics
+from collections import OrderedDict
+from typing import Callable, Iterable
 
 _SHARD = re.compile(r"^(\d+)/(\d+)$")
 
@@ -50,3 +53,49 @@ def partition(items: Iterable[tuple[str, float]], n: int) -> list[list[str]]:
 def select(items: Iterable[tuple[str, float]], k: int, n: int) -> set[str]:
     """Ids of shard ``k`` (1-based) of ``n``."""
     return set(partition(items, n)[k - 1])
+
+
+class ItemCosts:
+    """Expected seconds per test item, measured: the durations of an earlier run's JSON report (``--json-report``,
+    passed back as ``--durations-from``). An item the report lacks (new, or skipped then) costs the median measured
+    item, so it is neither hoarded first nor starved last."""
+
+    def __init__(self, durations: dict[str, float]):
+        self.durations = durations
+        self.default = statistics.median(durations.values()) if durations else 1.0
+
+    @classmethod
+    def from_report(cls, path) -> "ItemCosts":
+        from harness.report import Report
+
+        report = Report.read(path)
+        return cls({r.nodeid: r.duration for r in report.items if r.outcome not in ("skipped", "unsupported")})
+
+    def __call__(self, nodeid: str) -> float:
+        return self.durations.get(nodeid, self.default)
+
+
+class LongestFirstQueue(OrderedDict):
+    """xdist's scope work queue (scope -> {nodeid: done}) that hands out the costliest scope first when asked for
+    the oldest one (``popitem(last=False)``): longest-processing-time order, so a 30 s test starts at once instead
+    of wherever collection order put it and a worker is not left finishing it alone at the end."""
+
+    def __init__(self, cost: Callable[[str], float]):
+        super().__init__()
+        self._cost = cost
+        self._heap: list[tuple[float, int, str]] = []
+        self._seq = itertools.count()
+
+    def __setitem__(self, scope, work_unit) -> None:
+        super().__setitem__(scope, work_unit)
+        total = sum(self._cost(nodeid) for nodeid in work_unit)
+        heapq.heappush(self._heap, (-total, next(self._seq), scope))
+
+    def popitem(self, last: bool = True):
+        if last:
+            return super().popitem(last=True)
+        while self._heap:
+            _, _, scope = heapq.heappop(self._heap)
+            if scope in self:  # entries of scopes popped or re-queued since are stale
+                return scope, self.pop(scope)
+        raise KeyError("popitem(): work queue is empty")

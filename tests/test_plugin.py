@@ -148,6 +148,15 @@ def test_shards_cover_every_item_once(pytester, tiny):
     everything = ids()
     first, second = ids("--shard", "1/2"), ids("--shard", "2/2")
     assert first and second and not first & second and first | second == everything
+    # Measured costs (--durations-from): the one item measured as slow gets a shard to itself.
+    slow = sorted(everything)[0]
+    earlier = pytester.path / "earlier.json"
+    Report([ItemRecord(i, "passed", duration=100.0 if i == slow else 0.1) for i in everything]).write(earlier)
+    measured = [ids("--shard", f"{k}/2", "--durations-from", str(earlier)) for k in (1, 2)]
+    assert {slow} in measured and measured[0] | measured[1] == everything, measured
+    bad = run_inner(pytester, str(tiny), "--collect-only", "--shard", "1/2", "--durations-from",
+                    str(pytester.path / "none.json"))
+    assert bad.ret != 0 and "--durations-from" in "\n".join(bad.errlines) and "none.json" in "\n".join(bad.errlines)
 
 
 def test_workers_are_pinned_to_gpus_round_robin(monkeypatch, tmp_path):
@@ -273,23 +282,38 @@ def test_autotuning_budget_is_shortened_only_when_asked_and_parsed_strictly(monk
     assert os.environ[backend.AUTOTUNE_BUDGET_ENV] == "25,100"
 
 
-def test_xdist_group_marked_module_runs_on_one_worker(tmp_path):
+def test_xdist_group_marked_module_runs_on_one_worker_and_measured_costs_go_first(tmp_path):
     """``-n 2`` defaults to loadgroup with the harness's scheduler: a module marked ``xdist_group`` (an expensive
-    module fixture) is one work unit, while unmarked tests still spread over both workers."""
+    module fixture) is one work unit, while unmarked tests still spread over both workers. With
+    ``--durations-from`` the costliest unit is handed out first, wherever collection order puts it."""
+    log = tmp_path / "order"
+    log.mkdir()
+    record = ("import os, pathlib\n"
+              f"def mark(name):\n    (pathlib.Path({str(log)!r}) / os.environ['PYTEST_XDIST_WORKER']).open('a')"
+              ".write(name + '\\n')\n")
     (tmp_path / "test_grouped.py").write_text(
-        "import pytest, time\npytestmark = pytest.mark.xdist_group('heavy')\n"
-        + "".join(f"def test_g{i}():\n    time.sleep(0.2)\n" for i in range(4)))
-    (tmp_path / "test_free.py").write_text("".join(f"def test_f{i}():\n    pass\n" for i in range(6)))
+        "import pytest, time\npytestmark = pytest.mark.xdist_group('heavy')\n" + record
+        + "".join(f"def test_g{i}():\n    mark('g{i}')\n    time.sleep(0.2)\n" for i in range(4)))
+    (tmp_path / "test_free.py").write_text(
+        record + "".join(f"def test_f{i}():\n    mark('f{i}')\n" for i in range(6)))
+    # An earlier run's report: the last free test was the slowest item by far.
+    earlier = tmp_path / "earlier.json"
+    Report([ItemRecord(f"test_free.py::test_f{i}", "passed", duration=60.0 if i == 5 else 0.01) for i in range(6)]
+           ).write(earlier)
     report = tmp_path / "r.json"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", "--device", "cpu", "-n", "2",
-         "-p", "no:cacheprovider", "--json-report", str(report), str(tmp_path)],
+         "-p", "no:cacheprovider", "--json-report", str(report), "--durations-from", str(earlier), str(tmp_path)],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     items = json.loads(report.read_text())["items"]
     grouped = {i["worker"] for i in items if "test_grouped.py" in i["nodeid"]}
     assert len([i for i in items if "test_grouped.py" in i["nodeid"]]) == 4 and len(grouped) == 1, items
     assert {i["worker"] for i in items} == {"gw0", "gw1"}
+    firsts = sorted(f.read_text().split()[0] for f in log.iterdir())
+    # f5 (60 s measured) and the grouped unit (4 unmeasured items at the median, 0.04 s in all, more than any other
+    # single unmeasured test) start first; collection order would have started g0 and f0.
+    assert firsts == ["f5", "g0"], firsts
 
 
 def test_item_durations_include_fixture_setup(pytester):

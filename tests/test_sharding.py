@@ -47,3 +47,34 @@ def test_bad_shard_spec_is_rejected(text):
 def test_duplicate_ids_are_rejected():
     with pytest.raises(ValueError, match="duplicates"):
         partition([("a", 1.0), ("a", 2.0)], 2)
+
+
+def test_longest_first_queue_hands_out_the_costliest_scope():
+    from harness.sharding import LongestFirstQueue
+
+    cost = {"a": 1.0, "b": 5.0, "c": 2.0, "d": 2.0}.__getitem__
+    q = LongestFirstQueue(cost)
+    q["short"] = {"a": False}
+    q["tie-first"] = {"c": False}
+    q["long"] = {"b": False}
+    q["tie-second"] = {"d": False}
+    assert q.popitem(last=False) == ("long", {"b": False})
+    assert [q.popitem(last=False)[0] for _ in range(2)] == ["tie-first", "tie-second"]  # ties: insertion order
+    q.update({"requeued": {"b": False, "a": True}})  # xdist re-queues a crashed worker's units with update()
+    assert q.popitem(last=False)[0] == "requeued"  # 6 (completed items still count: a unit's nominal cost)
+    assert q.popitem(last=False)[0] == "short" and not q
+    with pytest.raises(KeyError):
+        q.popitem(last=False)
+
+
+def test_measured_costs_come_from_an_earlier_report(tmp_path):
+    from harness.report import ItemRecord, Report
+    from harness.sharding import ItemCosts
+
+    path = tmp_path / "r.json"
+    Report([ItemRecord("t::a", "passed", duration=3.0), ItemRecord("t::b", "failed", duration=1.0),
+            ItemRecord("t::c", "passed", duration=2.0), ItemRecord("t::s", "skipped", duration=50.0)]).write(path)
+    costs = ItemCosts.from_report(path)
+    assert (costs("t::a"), costs("t::b")) == (3.0, 1.0)
+    assert costs("t::new") == 2.0 and costs("t::s") == 2.0  # median of measured items; skips measure nothing
+    assert ItemCosts({})("anything") == 1.0
