@@ -76,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     times.add_argument("--by", action="append", choices=("check", "family", "worker"), default=None,
                        help="grouping (repeatable; default check and family)")
     times.add_argument("--top", type=int, default=15)
+    times.add_argument("--write-durations", type=Path, metavar="FILE",
+                       help="also write the items' durations alone (a compact report for pytest --durations-from)")
 
     sub.add_parser("bench", help="benchmarks (harness.bench)", add_help=False,
                    description="Dispatches to harness.bench.main(argv).")
@@ -324,7 +326,7 @@ def cmd_bench(argv: list[str]) -> int:
 
 
 def cmd_times(args) -> int:
-    from harness.report import Report, merge_parts, parts_dir, timing_lines
+    from harness.report import Report, merge_parts, parts_dir, timing_lines, write_durations
 
     if args.report.is_file():
         records = Report.read(args.report).items
@@ -335,6 +337,9 @@ def cmd_times(args) -> int:
         raise Unusable(f"{args.report}: no such report")
     for by in args.by or ["check", "family"]:
         print("\n".join(timing_lines(records, by=by, top=args.top)))
+    if args.write_durations:
+        write_durations(records, args.write_durations, source=str(args.report))
+        print(f"durations of {len(records)} items: {args.write_durations}")
     return EXIT_OK
 
 

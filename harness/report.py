@@ -80,6 +80,15 @@ class Report:
         return cls(items=[ItemRecord(**r) for r in data["items"]], meta=dict(data.get("meta", {})))
 
 
+def write_durations(records: list[ItemRecord], path: str | os.PathLike, source: str = "") -> None:
+    """A compact report of node ids, outcomes and durations only (one item per line): what pytest
+    ``--durations-from`` needs to order and shard a later run, small enough to keep in the repository."""
+    lines = [json.dumps({"nodeid": r.nodeid, "outcome": r.outcome, "duration": round(r.duration, 3)})
+             for r in records]
+    head = json.dumps({"schema": REPORT_SCHEMA, "meta": {"source": source}})[:-1]
+    Path(path).write_text(head + ', "items": [\n' + ",\n".join(lines) + "\n]}\n")
+
+
 def parts_dir(report_path: str | os.PathLike) -> Path:
     return Path(str(report_path) + ".parts")
 

@@ -28,12 +28,13 @@ for step in $steps; do
     suite|suite-warm)  # the whole suite as `make test` runs it (tests/ and cases/), after one warmup, under the recompile
       # guard; suite starts from a cold Triton cache, suite-warm reuses the one the previous step filled.
       # TAG names the logs (e.g. -2gpu); PIN prefixes the command (e.g. "taskset -c 0-15" for a 16-core budget).
+      # DURATIONS: an earlier report whose item durations order the work longest first (default: the checked-in one).
       [ "$step" = suite ] && export TRITON_CACHE_DIR=$(mktemp -d)
       name="$step${TAG:-}"
       nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader -l 1 > "$OUT/$name-smi.csv" 2>&1 &
       smi=$!
       run_step "$name" ${PIN:-} $PY -m pytest -q -n "$WORKERS" --workers-per-gpu "${WPG:-$WORKERS}" --device cuda \
-        -p no:cacheprovider --recompile-guard --json-report "$OUT/$name-report.json" --junit-xml "$OUT/$name-junit.xml" \
+        -p no:cacheprovider --recompile-guard --durations-from "${DURATIONS:-scripts/gpu-durations.json}" --json-report "$OUT/$name-report.json" --junit-xml "$OUT/$name-junit.xml" \
         --durations 30 -rfE --tb=short ${SUITE_ARGS:-}
       kill $smi 2>/dev/null
       # A killed run leaves its workers' live parts; times merges them (and failures.txt keeps every failure's report).

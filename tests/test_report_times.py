@@ -64,3 +64,15 @@ def test_a_killed_run_leaves_its_records_and_times_reads_them(tmp_path, capsys):
     assert merged.failures[0].message.endswith("first mismatch at (0, 1)")
     assert merged.meta["unfinished_workers"] == ["gw1"]
     assert not parts_dir(report).exists()
+
+
+def test_durations_written_by_times_are_read_back_as_costs(tmp_path, capsys):
+    from harness.sharding import ItemCosts
+
+    path, compact = tmp_path / "report.json", tmp_path / "durations.json"
+    Report(items=records()).write(path)
+    assert cli.main(["times", str(path), "--write-durations", str(compact)]) == 0
+    assert f"durations of 4 items: {compact}" in capsys.readouterr().out
+    costs = ItemCosts.from_report(compact)
+    assert costs.durations == {"a::x::reference_bound": 3.0, "a::y::reference_bound": 5.0, "a::x::determinism": 1.0}
+    assert len(compact.read_text().splitlines()) == 6  # header, one line per item, footer: diffs stay readable
