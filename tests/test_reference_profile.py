@@ -102,6 +102,11 @@ def _edge_values() -> torch.Tensor:
     return torch.cat([x, torch.randn(n - x.numel(), generator=torch.Generator().manual_seed(2))]).contiguous()
 
 
+# One work unit under xdist: the module fixture below starts an interpreter child process (6-9 s on a busy GPU host,
+# run 10), which four tests on four workers each paid for.
+pytestmark = pytest.mark.xdist_group("reference_profile")
+
+
 @pytest.fixture(scope="module")
 def recurrence_inputs():
     g = torch.Generator().manual_seed(1)
