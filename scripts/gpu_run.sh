@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU runner does everything (device time is scarce): environment, the test suite on CUDA,
 # the case corpus, the bench. Usage: scripts/gpu_run.sh [STEP...] with steps env, tests, cases, bench
-# (default: env tests cases bench; also recheck, suite, warmup, cases-warm, stages). Full logs go under $OUT (the device tool brings them back); a short table is printed last.
+# (default: env tests cases bench; also recheck, suite, warmup, cases-warm, stages, profile-ref). Full logs go under $OUT (the device tool brings them back); a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
 export PYTHONUNBUFFERED=1
@@ -62,6 +62,9 @@ for step in $steps; do
       run_step warmup $PY -m harness warmup --device cuda --jobs "$WORKERS" ;;
     bench)
       run_step bench $PY -m harness bench --json "$OUT/bench.json" ;;
+    profile-ref)  # where the slowest reference_bound item spends its time (cProfile, cumulative, top 45)
+      run_step profile-ref bash -c "$PY -m cProfile -s cumtime -m harness repro cases/corpus/serving.yaml \
+        --case serving-006-mixed-checkpoint-bf16-bf16 --check reference_bound --device cuda | head -n 80" ;;
     stages)  # each stage of the 4256-token prefill alone, as tuned and with every candidate config forced
       run_step stages $PY -m harness bench --stages --reps 100 --json "$OUT/stages.json" ;;
     *)
