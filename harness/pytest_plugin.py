@@ -49,9 +49,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="a JSON report of an earlier run (--json-report): its item durations are the expected "
                          "costs that balance --shard and, under -n, hand out the longest work first")
     group.addoption("--recompile-guard", action="store_true",
-                    help="compile-only warmup of the collected cases' specializations at session start (each worker), "
-                         "then fail any case item during which a kernel compiles (GPU) or launches a specialization "
-                         "the warmup did not produce (interpreter)")
+                    help="before a case's first item, a compile-only warmup of its model configuration (once per "
+                         "configuration and worker); then fail any case item during which a kernel compiles (GPU) or "
+                         "launches a specialization that warmup did not produce (interpreter)")
 
 
 # ---------------------------------------------------------------- workers and devices
@@ -369,6 +369,10 @@ class CheckItem(pytest.Item):
     def case(self):
         return self.parent.case
 
+    def setup(self) -> None:
+        super().setup()
+        _warmup_for(self.config, self.case)  # outside the guarded call; its time shows as this item's setup
+
     def runtest(self) -> None:
         from harness.checks import Status, run_check
 
@@ -378,7 +382,7 @@ class CheckItem(pytest.Item):
             raise CheckFailed(f"--provider {spec} is not usable: {error}")
         device = config.stash[_device_key]
         requested = config.getoption("device")
-        with _recompile_guard(config):
+        with _recompile_guard(config, self.case):
             result = run_check(
                 self.case, self.check, provider, device=device, provider_spec=spec,
                 repro_device=None if requested == "auto" else requested,
@@ -407,41 +411,44 @@ class CheckItem(pytest.Item):
 
 # ---------------------------------------------------------------- recompile guard
 
-_warmup_key = pytest.StashKey[tuple]()
+_warmup_key = pytest.StashKey[dict]()
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reports the collection to the controller
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """The workers' xdist groups for the scheduler (``_write_xdist_groups``). With --recompile-guard: one
-    compile-only warmup for every case collected here (in each xdist worker, which
-    has its own in-memory kernel caches), before any case runs."""
+    """The workers' xdist groups for the scheduler (``_write_xdist_groups``)."""
     _write_xdist_groups(session)
-    config = session.config
+
+
+def _warmup_for(config: pytest.Config, case):
+    """With --recompile-guard: (watched kernels, the warmup report) of this case's model request (its shape, dtypes
+    and D/z/dt options, with every path, mode, index and cache-layout class), warmed once per request and process
+    before the first item that needs it. A server warms its model configuration, not a whole test corpus; each case
+    is held to exactly that (under the interpreter the launch keys are compared with this request's keys alone).
+    Lazily, in the item's setup: a worker warms only what its cases need, and no worker waits for a session-wide
+    warmup before its first test (each one compiled or loaded all 430 specializations first, GPU runs 8-10)."""
     if not config.getoption("recompile_guard"):
-        return
-    cases = list({id(i.case): i.case for i in session.items if isinstance(i, CheckItem)}.values())
-    if not cases:
-        return
+        return None
     from kernels import warmup
 
-    # Every worker warms everything (its in-memory kernel caches are its own), each starting at its own share of the
-    # list: on a cold disk cache the workers compile different specializations and load the rest from the cache.
-    index = worker_index(os.environ.get("PYTEST_XDIST_WORKER")) or 0
-    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    report = warmup.warmup_all(config.stash[_device_key], warmup.requests_from_cases(cases), first=index / count)
-    config.stash[_warmup_key] = (warmup.watched_kernels(), report)
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    print(f"\n[{worker}] {report.summary()}")
+    requests = warmup.requests_from_cases([case])
+    done = config.stash.setdefault(_warmup_key, {})
+    key = repr(requests)
+    if key not in done:
+        done[key] = (warmup.watched_kernels(), warmup.warmup_all(config.stash[_device_key], requests))
+        print(f"\n[{os.environ.get('PYTEST_XDIST_WORKER', 'main')}] {case.id}: {done[key][1].summary()}")
+    return done[key]
 
 
 @contextlib.contextmanager
-def _recompile_guard(config: pytest.Config):
-    if _warmup_key not in config.stash:
+def _recompile_guard(config: pytest.Config, case):
+    warmed = _warmup_for(config, case)
+    if warmed is None:
         yield
         return
     from harness.guards.recompile import RecompileError, compiles_possible, guard_no_recompile
 
-    kernels, report = config.stash[_warmup_key]
+    kernels, report = warmed
     try:
         # On the GPU the compile hook and the kernel caches are the witnesses; under the interpreter, where nothing
         # compiles, every launch's specialization key must be among the warmed keys.

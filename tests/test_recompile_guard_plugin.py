@@ -23,10 +23,10 @@ def _kernels_imported_outside():
     load_provider("kernels:provider")
 
 
-def run_guarded(pytester, *args):
+def run_guarded(pytester, *args, select="tiny-direct"):
     tiny = pytester.makefile(".yaml", tiny=bp.TINY_CASES)
     return pytester.runpytest_inprocess("-p", "harness.pytest_plugin", "--device", DEVICE, "-p", "no:cacheprovider",
-                                        "-s", "--recompile-guard", str(tiny), "-k", "tiny-direct", *args)
+                                        "-s", "--recompile-guard", str(tiny), "-k", select, *args)
 
 
 def test_warmed_suite_passes_under_the_guard(pytester):
@@ -34,6 +34,43 @@ def test_warmed_suite_passes_under_the_guard(pytester):
     result.stdout.fnmatch_lines(["*warmup: * specializations*"])
     outcomes = result.parseoutcomes()
     assert result.ret == 0 and outcomes.get("passed", 0) >= 5, result.stdout.str()[-3000:]
+
+
+# tiny-direct again under another id and seed, other sequences and slots: the same model request.
+TWIN = """\
+  - id: tiny-direct-twin
+    description: tiny-direct's model configuration with other sequences
+    seed: 21
+    shape: {nheads: 2, headdim: 4, dstate: 16, ngroups: 1, chunk_size: 16}
+    dtype: {io: float32, state: float32}
+    options: {D: per_head, z: true, dt_bias: true, dt_softplus: true}
+    sequences:
+      - {context: 0, tokens: 7, init_slot: 0, has_state: false, final_slot: 3}
+    cache: {slots: 4}
+    call: {final_state: direct, path: auto}
+"""
+
+
+def test_each_model_request_is_warmed_once_before_its_first_item(pytester, tmp_path):
+    """Lazy warmups: one per distinct model request of the selected cases (cases sharing shape, dtypes and options
+    share it), none for cases not run, each printed before the item that needed it."""
+    from harness.cases.loader import load_case_file
+    from kernels.warmup import requests_from_cases
+
+    text = bp.TINY_CASES + TWIN
+    path = tmp_path / "tiny.yaml"
+    path.write_text(text)
+    cases = load_case_file(path)
+    distinct = {repr(requests_from_cases([c])) for c in cases}
+    assert len(distinct) == len(cases) - 1  # the twin shares tiny-direct's request
+    tiny = pytester.makefile(".yaml", tiny=text)
+    result = pytester.runpytest_inprocess("-p", "harness.pytest_plugin", "--device", DEVICE, "-p", "no:cacheprovider",
+                                          "-s", "--recompile-guard", str(tiny), "-k", "determinism")
+    warmups = [line for line in result.outlines if "warmup:" in line and "specializations" in line]
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    assert len(warmups) == len(distinct), (warmups, distinct)
+    just_one = run_guarded(pytester, "--provider", "kernels:provider", select="tiny-direct and determinism")
+    assert len([line for line in just_one.outlines if "warmup:" in line]) == 1
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="on the GPU the guard's witness is a compile, and kernels this worker "
