@@ -247,10 +247,13 @@ def _plan(requests: Iterable[tuple], names: list[str]) -> tuple[list[tuple[Warmu
     return todo, enumerated
 
 
-def compile_order(n: int, part: tuple[int, int] | None = None) -> list[int]:
-    """Indices of ``n`` specs in the order to compile them; with ``part=(k, count)`` only every count-th spec from
-    k (one of count parallel warmup processes)."""
-    order = list(range(n))
+def compile_order(n: int, first: float = 0.0, part: tuple[int, int] | None = None) -> list[int]:
+    """Indices of ``n`` specs in the order to compile them: rotated to start at fraction ``first`` of the list (so
+    xdist workers warming the same request at once start on different specs and find the rest in the shared disk
+    cache instead of compiling them all twice), and with ``part=(k, count)`` only every count-th spec from k (one
+    of count parallel warmup processes)."""
+    start = int(n * first) % n if n else 0
+    order = list(range(start, n)) + list(range(start))
     if part is not None:
         k, count = part
         order = [i for i in order if i % count == k]
@@ -262,12 +265,13 @@ def warmup_all(
     requests: Iterable[tuple],
     *,
     kernels: Iterable[str] | None = None,
+    first: float = 0.0,
     part: tuple[int, int] | None = None,
     jobs: int = 1,
 ) -> WarmupReport:
     """One warmup for several (shape, io dtypes, state dtypes[, request options]); keys merged (the same class
     compiled for two shapes is one binary: shapes enter keys only through their int classes and the block-size
-    constexprs). ``part``: see ``compile_order``; ``keys`` always lists every specialization.
+    constexprs). ``first`` and ``part``: see ``compile_order``; ``keys`` always lists every specialization.
     ``jobs > 1`` (GPU): at the first specialization the disk cache lacks, ``jobs`` child processes compile a part
     each into the Triton disk cache, then this process loads the rest from there (Triton compiles one kernel at a
     time per process); a warm cache is loaded without starting any (their start-up cost 5-25 s on a busy host)."""
@@ -281,7 +285,7 @@ def warmup_all(
     todo, enumerated = _plan(requests, names)
     compiled = 0
     if device == "cuda":
-        order = compile_order(len(todo), part)
+        order = compile_order(len(todo), first, part)
         spawn = jobs > 1 and part is None
         for pos, i in enumerate(order):
             before = _disk_cache_entries() if spawn else None

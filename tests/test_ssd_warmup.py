@@ -214,21 +214,28 @@ def test_main_prints_time_and_count(capsys):
         main(["--shape", "2,4,8,1,8", "--jobs", "0"])
 
 
-def test_compile_order_parts_cover_everything_once():
+def test_compile_order_rotates_per_worker_and_parts_cover_everything_once():
     from kernels.warmup import compile_order
 
-    assert compile_order(5) == [0, 1, 2, 3, 4] and compile_order(0) == []
+    assert compile_order(5) == [0, 1, 2, 3, 4]
+    assert compile_order(5, first=0.5) == [2, 3, 4, 0, 1]
+    assert compile_order(0, first=0.5) == []
+    # Four workers start a quarter of the list apart, each still warming every spec.
+    starts = [compile_order(8, first=k / 4)[0] for k in range(4)]
+    assert starts == [0, 2, 4, 6] and all(sorted(compile_order(8, first=k / 4)) == list(range(8)) for k in range(4))
     parts = [compile_order(7, part=(k, 3)) for k in range(3)]
     assert sorted(i for p in parts for i in p) == list(range(7))
 
 
-def test_parts_do_not_change_the_warmed_keys():
-    """``part`` changes only what this process compiles; the keys the guard holds launches to stay the full set."""
+def test_rotation_and_parts_do_not_change_the_warmed_keys():
+    """``first``/``part`` change only what this process compiles and in which order; the keys the guard holds
+    launches to stay the full set."""
     from kernels.warmup import warmup_all
 
     # device "cpu": keys only, on either backend (this is about planning, not compiling).
     req = [(ModelShape(2, 4, 16, 1, 8), (torch.float16,), (torch.float32,))]
     full = {(k.kernel, k.key) for k in warmup_all("cpu", req).keys}
+    assert full == {(k.kernel, k.key) for k in warmup_all("cpu", req, first=0.6).keys}
     assert full == {(k.kernel, k.key) for k in warmup_all("cpu", req, part=(1, 3)).keys}
 
 
