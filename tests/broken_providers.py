@@ -1,19 +1,17 @@
 """Deliberately broken providers: each wraps a working provider and breaks one rule the harness must catch.
 
-Use as ``--provider tests.broken_providers:<name>``. The wrapped provider is ``kernels:provider`` (our kernels), or
-``reference:provider`` when ``SSD_BROKEN_BASE`` says so; it is loaded on first use, after the harness has chosen the
-device. ``TINY_CASES`` is a small case file (interpreter-sized) on which every breakage shows.
+Use as ``--provider tests.broken_providers:<name>`` (around ``kernels:provider``, our kernels) or
+``tests.broken_providers:on_reference.<name>`` (around ``reference:provider``). The wrapped provider is loaded on
+first use, after the harness has chosen the device. ``TINY_CASES`` is a small case file (interpreter-sized) on which every breakage shows.
 """
 
 from __future__ import annotations
 
-import os
+from types import SimpleNamespace
 
 import torch
 
 from harness.compare import int_view
-
-BASE_ENV = "SSD_BROKEN_BASE"
 
 TINY_CASES = """\
 schema: ssd-case/1
@@ -55,7 +53,7 @@ cases:
 def _base(spec: str | None = None):
     from harness.checks.providers import load_provider
 
-    return load_provider(spec or os.environ.get(BASE_ENV) or "kernels:provider")
+    return load_provider(spec or "kernels:provider")
 
 
 def _nudge(t: torch.Tensor, flat_index: int, ulps: int) -> None:
@@ -70,7 +68,7 @@ class _Broken:
     breakage = ""
 
     def __init__(self, base: str | None = None):
-        self.base = base  # provider spec to wrap; None: $SSD_BROKEN_BASE or kernels:provider
+        self.base = base  # provider spec to wrap; None: kernels:provider
         self._inner = None
 
     @property
@@ -210,3 +208,8 @@ CAUGHT_BY = {
     "returns_wrong_dtype": ("returned_shapes", "tiny-returned"),
 }
 BROKEN = {name: globals()[name] for name in CAUGHT_BY}
+
+# The same breakages around the PyTorch reference provider:
+# ``--provider tests.broken_providers:on_reference.wrong_slot``. For searches that call the provider hundreds of
+# times (the fuzzer), where the interpreter would take minutes, in this process.
+on_reference = SimpleNamespace(**{name: type(p)(base="reference:provider") for name, p in BROKEN.items()})

@@ -39,14 +39,12 @@ def harness(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_python_dash_m_harness_is_cli_main(tiny_file):
-    """The entry point itself, once as a real process: its exit status and output are ``cli.main``'s."""
+    """The entry point itself, once as a real process: its exit status and output are ``cli.main``'s (whose other
+    outcomes are tested in this process, e.g. test_unusable_input_exits_2)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     ok = subprocess.run([sys.executable, "-m", "harness", "validate", str(tiny_file)], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0 and "ok: 3 cases in 1 files" in ok.stdout, ok.stdout + ok.stderr
-    bad = subprocess.run([sys.executable, "-m", "harness", "run", str(tiny_file.parent / "none"), "--device", DEVICE],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and "no such file or folder" in bad.stderr, bad.stdout + bad.stderr
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +123,11 @@ def test_every_subcommand_has_help(command, capsys):
         cli.main([command, "--help"])
     assert exit_info.value.code == 0
     assert "usage: python -m harness " + command in capsys.readouterr().out
+
+
+def test_unusable_input_exits_2(tiny_file, capsys):
+    assert cli.main(["run", str(tiny_file.parent / "none"), "--device", DEVICE]) == 2
+    assert "no such file or folder" in capsys.readouterr().err
 
 
 def test_bench_missing_is_reported_cleanly(monkeypatch, capsys):

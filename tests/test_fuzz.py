@@ -1,34 +1,27 @@
 """The Hypothesis fuzzer: it draws only valid cases, finds and shrinks a broken provider's failure, and the YAML it
-writes reproduces that failure through ``python -m harness run`` (and passes on a working provider).
+writes reproduces that failure through ``harness run`` (and passes on a working provider).
 
-The broken providers here wrap ``reference:provider`` (``SSD_BROKEN_BASE``): shrinking calls the provider hundreds of
-times, which takes minutes through the Triton interpreter and milliseconds in PyTorch. The kernels themselves are
-covered by test_checks / test_cli / test_plugin with the same broken providers.
+The broken providers here wrap ``reference:provider`` (``tests.broken_providers:on_reference.*``): shrinking calls
+the provider hundreds of times, which takes minutes through the Triton interpreter and milliseconds in PyTorch. The
+kernels themselves are covered by test_checks / test_cli / test_plugin with the same broken providers.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 
+from harness import cli
+from harness.backend import current_device
 from harness.cases.builder import build_inputs
 from harness.cases.loader import dump_case, load_case_file
 from harness.checks import load_provider
 from harness.fuzz import cases, fuzz
 from tests import broken_providers as bp
 
-ROOT = Path(__file__).resolve().parents[1]
-REFERENCE_BASE = {"SSD_BROKEN_BASE": "reference:provider"}
-
-
-def harness(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **REFERENCE_BASE}
-    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
+# The session's device for the CLI calls (one process cannot switch backends, harness.backend).
+DEVICE = current_device()
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -50,7 +43,7 @@ def test_fuzz_finds_nothing_against_a_working_provider(tmp_path):
 
 
 def test_fuzz_shrinks_and_writes_a_regression_in_process(tmp_path):
-    broken = bp.MutatesInput(base="reference:provider")
+    broken = bp.on_reference.mutates_input
     found = fuzz(broken, budget=20, out_dir=tmp_path, device="cpu", provider_spec="tests.broken_providers:mutates_input")
     assert found is not None and found.check == "readonly_inputs"
     (case,) = load_case_file(found.path)
@@ -59,24 +52,27 @@ def test_fuzz_shrinks_and_writes_a_regression_in_process(tmp_path):
     assert case.batch == 1 and case.total_tokens == 1, case.summary()
 
 
-def _fuzz_then_run(tmp_path: Path, provider_name: str, check: str) -> None:
-    spec = f"tests.broken_providers:{provider_name}"
-    proc = harness("fuzz", "--budget", "40", "--out", str(tmp_path), "--provider", spec, "--device", "cpu",
-                   "--check", check)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+def _fuzz_then_run(tmp_path: Path, capsys, provider_name: str, check: str) -> None:
+    """``harness fuzz`` writes a shrunk failing case; ``harness run`` on it fails the same check with a repro line
+    and passes on a working provider. Through ``cli.main`` in this process (the process entry point has its own
+    test in test_cli): three fresh interpreters took 20-30 s of a busy GPU host (runs 10-13)."""
+    spec = f"tests.broken_providers:on_reference.{provider_name}"
+    assert cli.main(["fuzz", "--budget", "40", "--out", str(tmp_path), "--provider", spec, "--device", DEVICE,
+                     "--check", check]) == 1
     (written,) = tmp_path.glob("*.yaml")
-    assert f"fuzz: {check} failed; shrunk case written to {written}" in proc.stdout
-    again = harness("run", str(written), "--provider", spec, "--device", "cpu")
-    assert again.returncode == 1, again.stdout + again.stderr
-    assert f"FAILED      {written.stem}::{check}" in again.stdout
-    assert f"repro: python -m harness repro {written} --check {check}" in again.stdout
-    healthy = harness("run", str(written), "--provider", "reference:provider", "--device", "cpu")
-    assert healthy.returncode == 0 or "UNSUPPORTED" in healthy.stdout, healthy.stdout
+    assert f"fuzz: {check} failed; shrunk case written to {written}" in capsys.readouterr().out
+    assert cli.main(["run", str(written), "--provider", spec, "--device", DEVICE]) == 1
+    out = capsys.readouterr().out
+    assert f"FAILED      {written.stem}::{check}" in out
+    assert f"repro: python -m harness repro {written} --check {check}" in out
+    healthy = cli.main(["run", str(written), "--provider", "reference:provider", "--device", DEVICE])
+    out = capsys.readouterr().out
+    assert healthy == 0 or "UNSUPPORTED" in out, out
 
 
-def test_fuzz_cli_regression_reproduces_wrong_slot(tmp_path):
-    _fuzz_then_run(tmp_path, "wrong_slot", "untouched_storage")
+def test_fuzz_cli_regression_reproduces_wrong_slot(tmp_path, capsys):
+    _fuzz_then_run(tmp_path, capsys, "wrong_slot", "untouched_storage")
 
 
-def test_fuzz_cli_regression_reproduces_one_ulp_indexed(tmp_path):
-    _fuzz_then_run(tmp_path, "one_ulp_indexed", "indexed_vs_snapshot")
+def test_fuzz_cli_regression_reproduces_one_ulp_indexed(tmp_path, capsys):
+    _fuzz_then_run(tmp_path, capsys, "one_ulp_indexed", "indexed_vs_snapshot")
