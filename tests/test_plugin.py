@@ -108,38 +108,6 @@ def test_xfail_is_honoured_and_stale_xfail_fails_strictly(pytester):
     stale.stdout.fnmatch_lines(["*XPASS(strict): determinism passed but the case expects a failure*"])
 
 
-# The two xdist runs below test the plugin's machinery (scheduling, reports), not kernels: they run the PyTorch
-# reference provider or no provider on device "cpu" wherever they are, so three fresh processes on a busy GPU host
-# do not each initialise CUDA (20 s per test on the H200 runner, run 8).
-def test_xdist_junit_properties_and_merged_json_report(tmp_path):
-    cases = tmp_path / "tiny.yaml"
-    cases.write_text(bp.TINY_CASES)
-    junit, report = tmp_path / "junit.xml", tmp_path / "report.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", str(cases), "--device", "cpu", "-n", "2",
-         "-p", "no:cacheprovider", "-k", "determinism or reference_bound", "--junitxml", str(junit),
-         "--json-report", str(report), "--provider", "reference:provider"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "ssd-harness summary" in proc.stdout and "no failures" in proc.stdout
-    data = json.loads(report.read_text())
-    assert data["meta"]["workers"] == ["gw0", "gw1"]
-    assert sorted(i["nodeid"].split("::", 1)[1] for i in data["items"]) == sorted(
-        f"{c}::{k}" for c in ("tiny-batch", "tiny-direct", "tiny-returned") for k in ("determinism", "reference_bound"))
-    assert all(i["outcome"] == "passed" and i["duration"] > 0 for i in data["items"])
-    workers_of_case: dict[str, set] = {}
-    for i in data["items"]:
-        workers_of_case.setdefault(i["case_id"], set()).add(i["worker"])
-    # xdist work units are whole cases (plugin.case_scope): a case's inputs are built on one worker only.
-    assert all(len(w) == 1 for w in workers_of_case.values()), workers_of_case
-    assert not (tmp_path / "report.json.parts").exists() or not any((tmp_path / "report.json.parts").iterdir())
-    cases_xml = ET.parse(junit).getroot().iter("testcase")
-    props = [{p.get("name"): p.get("value") for p in tc.iter("property")} for tc in cases_xml]
-    assert len(props) == 6 and all({"case_id", "check", "seed", "family"} <= set(p) for p in props)
-    assert all("max_ulp" in p for p in props if p["check"] == "reference_bound")
-
-
 def test_shards_cover_every_item_once(pytester, tiny):
     def ids(*extra):
         out = run_inner(pytester, str(tiny), "--collect-only", "-q", *extra).stdout.lines
@@ -282,10 +250,14 @@ def test_autotuning_budget_is_shortened_only_when_asked_and_parsed_strictly(monk
     assert os.environ[backend.AUTOTUNE_BUDGET_ENV] == "25,100"
 
 
-def test_xdist_group_marked_module_runs_on_one_worker_and_measured_costs_go_first(tmp_path):
-    """``-n 2`` defaults to loadgroup with the harness's scheduler: a module marked ``xdist_group`` (an expensive
-    module fixture) is one work unit, while unmarked tests still spread over both workers. With
-    ``--durations-from`` the costliest unit is handed out first, wherever collection order puts it."""
+def test_one_xdist_run_merges_reports_keeps_units_together_and_starts_the_costliest_first(tmp_path):
+    """One ``-n 2`` run (three fresh processes are the expensive part, 15-25 s on a busy GPU host) shows:
+    - junit properties on case items and one merged JSON report over both workers;
+    - work units: a case's checks on one worker; a module marked ``xdist_group`` on one worker, the rest spread
+      over both;
+    - ``--durations-from``: the costliest unit is handed out first, wherever collection order puts it.
+    It tests the plugin's machinery, not kernels: the PyTorch reference provider on device "cpu" wherever it runs."""
+    (tmp_path / "tiny.yaml").write_text(bp.TINY_CASES)
     log = tmp_path / "order"
     log.mkdir()
     record = ("import os, pathlib\n"
@@ -300,19 +272,41 @@ def test_xdist_group_marked_module_runs_on_one_worker_and_measured_costs_go_firs
     earlier = tmp_path / "earlier.json"
     Report([ItemRecord(f"test_free.py::test_f{i}", "passed", duration=60.0 if i == 5 else 0.01) for i in range(6)]
            ).write(earlier)
-    report = tmp_path / "r.json"
+    junit, report = tmp_path / "junit.xml", tmp_path / "report.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", "--device", "cpu", "-n", "2",
-         "-p", "no:cacheprovider", "--json-report", str(report), "--durations-from", str(earlier), str(tmp_path)],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
+        [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", str(tmp_path), "--device", "cpu", "-n", "2",
+         "-p", "no:cacheprovider", "-k", "determinism or reference_bound or test_g or test_f",
+         "--junitxml", str(junit), "--json-report", str(report), "--provider", "reference:provider",
+         "--durations-from", str(earlier)],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    items = json.loads(report.read_text())["items"]
+    assert "ssd-harness summary" in proc.stdout and "no failures" in proc.stdout
+    data = json.loads(report.read_text())
+    assert data["meta"]["workers"] == ["gw0", "gw1"]
+    items = data["items"]
+    case_items = [i for i in items if "tiny.yaml" in i["nodeid"]]
+    assert sorted(i["nodeid"].split("::", 1)[1] for i in case_items) == sorted(
+        f"{c}::{k}" for c in ("tiny-batch", "tiny-direct", "tiny-returned") for k in ("determinism", "reference_bound"))
+    assert len(items) == len(case_items) + 10
+    assert all(i["outcome"] == "passed" and i["duration"] > 0 for i in items)
+    workers_of_case: dict[str, set] = {}
+    for i in case_items:
+        workers_of_case.setdefault(i["case_id"], set()).add(i["worker"])
+    # xdist work units are whole cases (plugin.case_scope): a case's inputs are built on one worker only.
+    assert all(len(w) == 1 for w in workers_of_case.values()), workers_of_case
+    assert not (tmp_path / "report.json.parts").exists() or not any((tmp_path / "report.json.parts").iterdir())
+    cases_xml = ET.parse(junit).getroot().iter("testcase")
+    props = [{p.get("name"): p.get("value") for p in tc.iter("property")} for tc in cases_xml]
+    props = [p for p in props if p]
+    assert len(props) == 6 and all({"case_id", "check", "seed", "family"} <= set(p) for p in props)
+    assert all("max_ulp" in p for p in props if p["check"] == "reference_bound")
     grouped = {i["worker"] for i in items if "test_grouped.py" in i["nodeid"]}
     assert len([i for i in items if "test_grouped.py" in i["nodeid"]]) == 4 and len(grouped) == 1, items
     assert {i["worker"] for i in items} == {"gw0", "gw1"}
     firsts = sorted(f.read_text().split()[0] for f in log.iterdir())
-    # f5 (60 s measured) and the grouped unit (4 unmeasured items at the median, 0.04 s in all, more than any other
-    # single unmeasured test) start first; collection order would have started g0 and f0.
+    # f5 (60 s measured) and the grouped unit (4 unmeasured items at the median, more than any case or other free
+    # test) start first; collection order would have started with a case of tiny.yaml and test_f0.
     assert firsts == ["f5", "g0"], firsts
 
 
