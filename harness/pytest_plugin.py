@@ -427,7 +427,7 @@ def _warmup_for(config: pytest.Config, case):
     before the first item that needs it. A server warms its model configuration, not a whole test corpus; each case
     is held to exactly that (under the interpreter the launch keys are compared with this request's keys alone).
     Lazily, in the item's setup: a worker warms only what its cases need, and no worker waits for a session-wide
-    warmup before its first test (each one compiled or loaded all 430 specializations first, GPU runs 8-10)."""
+    warmup before its first test (each one compiled or loaded all the corpus' specializations first, GPU runs 8-11)."""
     if not config.getoption("recompile_guard"):
         return None
     from kernels import warmup
