@@ -73,15 +73,17 @@ def describe(config: triton.Config) -> str:
     return f"{blocks} s{config.num_stages} w{config.num_warps}"
 
 
-def stage_calls(provider, inputs, path: str) -> dict:
-    """One closure per stage of ``path`` on the intermediates of one real call: name -> (fn returning the
-    stage's output, the autotuned kernel or None, its module's CONFIGS or [])."""
+def stage_calls(provider, inputs, path: str, **extra) -> dict:
+    """One closure per stage of ``path`` (``extra``: the variant's other ``ssd_prefill`` arguments, e.g.
+    ``gather``) on the intermediates of one real call: name -> (fn returning the stage's output, the autotuned
+    kernel or None, its module's CONFIGS or [])."""
     from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, gather, state_passing
     from kernels import state_passing_indexed
+    from reference import snapshot as torch_snapshot
 
     kw = inputs.kwargs(path=path)
     ws: dict = {}
-    provider.ssd_prefill(**kw, workspace_out=ws)
+    provider.ssd_prefill(**kw, **extra, workspace_out=ws)
     cu, seq_idx, Q = kw["cu_chunk_seqlens"], kw["seq_idx"], kw["chunk_size"]
     dA, dt_out, states = ws["dA_cumsum"], ws["dt_out"], ws["states"]
     CB = bmm_chunk.bmm_chunk(kw["C"], kw["B"], Q, cu)
@@ -100,9 +102,10 @@ def stage_calls(provider, inputs, path: str) -> dict:
             init_slot_index=kw["initial_state_indices"][:1], has_initial_state=kw["has_initial_states"][:1],
             final_slot_index=kw["final_state_indices"][:1], out=states) or states, None, [])
     else:
-        if ws["gather"] == "fused":
-            calls["gather"] = (lambda: gather.gather_initial_states(
-                kw["state_cache"], kw["initial_state_indices"], kw["has_initial_states"]), None, [])
+        # The snapshot copy the call made: the fused Triton gather or the PyTorch torch.where one.
+        copy = gather.gather_initial_states if ws["gather"] == "fused" else torch_snapshot.gather_initial_states
+        calls[f"gather ({ws['gather']})"] = (lambda: copy(
+            kw["state_cache"], kw["initial_state_indices"], kw["has_initial_states"]), None, [])
         calls["state_passing"] = (lambda: state_passing.state_passing(
             ws["chunk_states"], dA, seq_idx, initial_states=ws["initial_states"], out_dtype=states.dtype,
             state_cache=kw["state_cache"], final_state_indices=kw["final_state_indices"],
@@ -163,7 +166,7 @@ def bench_stages(provider, workloads: list[str], variant: str, reps: int) -> dic
         kw = inputs.kwargs(path=path)
         whole = time_graph(lambda: provider.ssd_prefill(**kw, **extra), reps)
         rows = []
-        for name, (fn, kernel, configs) in stage_calls(provider, inputs, path).items():
+        for name, (fn, kernel, configs) in stage_calls(provider, inputs, path, **extra).items():
             rows.extend(time_stage(name, fn, kernel, configs, reps))
         report[workload] = {"variant": variant, "whole_call_graph_us": whole, "rows": [vars(r) for r in rows]}
     return report

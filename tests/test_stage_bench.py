@@ -21,24 +21,30 @@ from kernels import provider  # noqa: E402
 from test_ssd_prefill import make_case  # noqa: E402
 
 
-@pytest.mark.parametrize("path,sequences", [
-    ("snapshot", [(40, 70, 1, True, 4), (0, 33, 2, False, 6)]),
-    ("indexed", [(40, 150, 1, True, 4)]),
-])
-def test_stage_closures_reproduce_the_call(path, sequences):
+TWO = [(40, 70, 1, True, 4), (0, 33, 2, False, 6)]
+
+
+@pytest.mark.parametrize("path,extra,sequences", [
+    ("snapshot", {"gather": "torch"}, TWO),
+    ("snapshot", {"gather": "fused"}, TWO),
+    ("indexed", {}, [(40, 150, 1, True, 4)]),
+], ids=["snapshot-torch", "snapshot-fused", "indexed"])
+def test_stage_closures_reproduce_the_call(path, extra, sequences):
     case = make_case(sequences, io="bfloat16", state="bfloat16", headdim=8, chunk_size=32)
     inputs = build_inputs(case, DEVICE)
     expected_inputs = inputs.clone()
     workspace: dict = {}
-    provider.ssd_prefill(**expected_inputs.kwargs(path=path), workspace_out=workspace)
+    provider.ssd_prefill(**expected_inputs.kwargs(path=path), **extra, workspace_out=workspace)
 
-    calls = stage_bench.stage_calls(provider, inputs, path)
-    want_stages = {"chunk_cumsum", "chunk_state", "bmm_chunk", "chunk_scan",
-                   "state_passing_indexed" if path == "indexed" else "state_passing"}
-    assert want_stages <= set(calls), sorted(calls)
+    calls = stage_bench.stage_calls(provider, inputs, path, **extra)
+    passing = "state_passing_indexed" if path == "indexed" else "state_passing"
+    gather = f"gather ({extra['gather']})" if "gather" in extra else None
+    assert set(calls) == {"chunk_cumsum", "chunk_state", "bmm_chunk", "chunk_scan", passing} | (
+        {gather} if gather else set()), sorted(calls)
     assert_bits_equal(calls["chunk_cumsum"][0](), workspace["dA_cumsum"], what="chunk_cumsum closure: dA_cumsum")
     assert_bits_equal(calls["chunk_state"][0](), workspace["chunk_states"], what="chunk_state closure")
-    passing = "state_passing_indexed" if path == "indexed" else "state_passing"
+    if gather:  # the copy the call made, by the same function
+        assert_bits_equal(calls[gather][0](), workspace["initial_states"], what=f"{gather} closure")
     assert_bits_equal(calls[passing][0](), workspace["states"], what=f"{passing} closure: workspace")
     inputs.out.fill_(math.nan)  # the scan closure must write every output element itself
     assert_bits_equal(calls["chunk_scan"][0](), expected_inputs.out, what="chunk_scan closure: out")
