@@ -63,6 +63,11 @@ def worker_index(worker_id: str | None) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def xdist_worker_count() -> int:
+    """Workers in this xdist run (1 without xdist), as xdist tells each worker."""
+    return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+
+
 def gpu_for_worker(worker_id: str, visible: list[str]) -> str:
     """Round-robin: worker gw<N> gets ``visible[N % len(visible)]``."""
     index = worker_index(worker_id)
@@ -166,8 +171,8 @@ def _read_groups(path: str | None) -> dict[str, str]:
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """``-n N`` (``--dist load``, or ``loadgroup``): load scheduling by ``case_scope`` units, in collection order (the Python
-    tests, whose single items are the longest, first; the many short case units fill the end). Other ``--dist``
-    modes are xdist's own."""
+    tests, whose single items are the longest, first; the many short case units fill the end), or costliest unit
+    first with ``--durations-from``. Other ``--dist`` modes are xdist's own."""
     if config.getoption("dist", "no") not in ("load", "loadgroup"):
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -198,8 +203,7 @@ def pytest_configure(config: pytest.Config) -> None:
         _pin_worker(worker_id)
         import torch
 
-        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-        torch.set_num_threads(cpu_threads_per_worker(workers, _usable_cores()))
+        torch.set_num_threads(cpu_threads_per_worker(xdist_worker_count(), _usable_cores()))
     requested = config.getoption("device")
     if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
         os.environ[GROUPS_FILE_ENV] = _groups_file_for_this_run()  # workers inherit it when xdist starts them
@@ -212,7 +216,7 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(str(exc)) from None
     try:
         config.stash[_device_key] = backend.configure(requested)  # before any kernel module is imported
-        if config.stash[_device_key] == "cuda" and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        if config.stash[_device_key] == "cuda" and xdist_worker_count() > 1:
             backend.shorten_autotuning()
     except (ValueError, RuntimeError) as exc:
         raise pytest.UsageError(str(exc)) from None
@@ -440,8 +444,7 @@ def _warmup_for(config: pytest.Config, case):
         # own share of its list and find the others' binaries in the disk cache: without this rotation they
         # compiled the same specializations side by side (GPU run 12: cold suite 82 s, up from 70 s).
         index = worker_index(os.environ.get("PYTEST_XDIST_WORKER")) or 0
-        count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-        report = warmup.warmup_all(config.stash[_device_key], requests, first=index / count)
+        report = warmup.warmup_all(config.stash[_device_key], requests, first=index / xdist_worker_count())
         done[key] = (warmup.watched_kernels(), report)
         print(f"\n[{os.environ.get('PYTEST_XDIST_WORKER', 'main')}] {case.id}: {done[key][1].summary()}")
     return done[key]

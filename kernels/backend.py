@@ -29,7 +29,6 @@ DOT_FP32_OPERANDS = INTERPRET
 FP32_DOT_PRECISION = "tf32"
 
 
-
 @triton.jit
 def dot_acc(acc, a, b, DOT_FP32_OPERANDS: tl.constexpr, FP32_DOT_PRECISION: tl.constexpr):
     """``acc + a @ b`` for every stage's dot: the interpreter switch above in one place. The operands arrive rounded

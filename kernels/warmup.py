@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -311,8 +312,6 @@ def _compile_one(spec) -> None:
 
 def _disk_cache_entries() -> int | None:
     """Entries in Triton's disk cache folder (a compile adds one; a load adds none), or None when it has none."""
-    import os
-
     from triton import knobs
 
     try:
@@ -324,7 +323,6 @@ def _disk_cache_entries() -> int | None:
 def _compile_in_children(requests: list[tuple], names: list[str], jobs: int) -> float:
     """Run ``compile_part`` for parts 0..jobs-1 of ``requests`` in child processes; raise naming any part that
     failed. Returns their wall time."""
-    import os
     import pickle
     import subprocess
     import tempfile
@@ -678,13 +676,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "everything here (GPU only; default 1)")
     parser.add_argument("--part", default=None, metavar="K/N",
                         help="compile only every N-th specialization from the K-th (0-based; to split by hand)")
-    args = parser.parse_args(argv if argv is not None else None)
+    args = parser.parse_args(argv)
     part = None
     if args.part:
         try:
             k, n = (int(v) for v in args.part.split("/"))
-            assert 0 <= k < n
-        except (ValueError, AssertionError):
+        except ValueError:
+            k, n = -1, 0
+        if not 0 <= k < n:
             parser.error(f"--part: expected K/N with 0 <= K < N, found {args.part!r}")
         part = (k, n)
     if args.jobs < 1:
