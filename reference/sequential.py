@@ -122,7 +122,7 @@ def _scan(variants: list[_Variant], decay: torch.Tensor, cu: list[int], exit_off
 
 
 def _inputs(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states):
-    """fp64 value and magnitude variants of the inputs on ``x``'s device, plus decay (T, H) and processed dt."""
+    """The value, magnitude-shadow and unit-shadow variants of the inputs (fp64, on ``x``'s device) and decay (T, H)."""
     T, H, P = x.shape
     dev = x.device
     to = lambda t: t.detach().to(dev, F64)  # noqa: E731

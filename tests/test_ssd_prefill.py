@@ -6,8 +6,6 @@ Also home of ``make_case`` / ``ground_truth`` that test_indexed_equivalence.py i
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
