@@ -43,6 +43,15 @@ for step in $steps; do
         "$OUT/$name-report.json" > "$OUT/$name-failures.txt" 2>&1
       rm -rf "$OUT/$name-report.json.parts"  # merged above; dozens of part files would crowd out the logs
       head -n 1 "$OUT/$name-failures.txt" ;;
+    startup)  # where a worker's start-up goes: environment, imports, one collection (cold then warm byte-code
+      # caches, and a cProfile of it), and 16 xdist workers that start, collect everything and run nothing
+      run_step startup-env bash -c "env | grep -E '^(PYTHON|PYTEST)' ; echo dont_write_bytecode=\$($PY -c 'import sys; print(sys.dont_write_bytecode)')"
+      run_step startup-imports bash -c "$PY -X importtime -c 'import harness.pytest_plugin, triton' 2> $OUT/startup-importtime.txt; sort -t'|' -k2 -n $OUT/startup-importtime.txt | tail -n 12"
+      find . -name __pycache__ -not -path './.git/*' -prune -exec rm -rf {} +
+      run_step startup-collect-cold $PY -m pytest --collect-only -q -p no:cacheprovider --device cuda
+      run_step startup-collect-warm $PY -m pytest --collect-only -q -p no:cacheprovider --device cuda
+      run_step startup-collect-prof bash -c "$PY -m cProfile -o $OUT/startup-collect.prof -m pytest --collect-only -q -p no:cacheprovider --device cuda >/dev/null; $PY -c \"import pstats; pstats.Stats('$OUT/startup-collect.prof').sort_stats('tottime').print_stats(30)\" | tail -n 40"
+      run_step startup-xdist $PY -m pytest -q -n "$WORKERS" --workers-per-gpu "${WPG:-$WORKERS}" --device cuda -p no:cacheprovider -k no_test_has_this_name ;;
     recheck)  # the GPU findings of run 4 (docs/gpu-runs.md) with tracebacks: run this first next time
       run_step recheck $PY -m pytest -n "$WORKERS" --workers-per-gpu "$WORKERS" --device cuda -p no:cacheprovider \
         --tb=short -rfE $(cat scripts/gpu_run4.txt) tests/test_ssd_prefill.py \
