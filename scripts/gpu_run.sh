@@ -25,11 +25,17 @@ for step in $steps; do
   case $step in
     env)
       run_step env bash -c "nvidia-smi -L; $PY -c 'import torch, triton, numpy, sys; print(sys.version.split()[0], torch.__version__, triton.__version__, numpy.__version__, torch.cuda.get_device_name(), torch.cuda.device_count())'; echo commit \${COMMIT:-unknown}" ;;  # pass COMMIT=<sha>: the device copy's .git can be stale (run 7 printed an old HEAD)
+    pyc)  # set-up, as a pip-installed environment has it: the runner's image ships its libraries without byte-code and
+      # sets PYTHONDONTWRITEBYTECODE=1, so every process (16 workers, their subprocesses) compiled torch from source
+      # (~3 s each, run 15). Byte-code of the interpreter's libraries goes to a prefix; later steps read and write there.
+      export PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-$(mktemp -d)}
+      run_step pyc bash -c "$PY -m compileall -q -j 0 \$($PY -c \"import sysconfig as s; p = s.get_paths(); print(' '.join(sorted({p['stdlib'], p['purelib'], p['platlib']})))\") > /dev/null; du -sh $PYTHONPYCACHEPREFIX" ;;
     suite|suite-warm)  # the whole suite as `make test` runs it (tests/ and cases/), after one warmup, under the recompile
       # guard; suite starts from a cold Triton cache, suite-warm reuses the one the previous step filled.
       # TAG names the logs (e.g. -2gpu); PIN prefixes the command (e.g. "taskset -c 0-15" for a 16-core budget).
       # DURATIONS: an earlier report whose item durations order the work longest first (default: the checked-in one).
-      [ "$step" = suite ] && export TRITON_CACHE_DIR=$(mktemp -d)
+      # A cold run also starts without the repository's byte-code and pytest's rewritten modules (step pyc).
+      [ "$step" = suite ] && export TRITON_CACHE_DIR=$(mktemp -d) && rm -rf "${PYTHONPYCACHEPREFIX:-/nonexistent}$PWD"
       name="$step${TAG:-}"
       nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader -l 1 > "$OUT/$name-smi.csv" 2>&1 &
       smi=$!
@@ -47,7 +53,7 @@ for step in $steps; do
       # caches, and a cProfile of it), and 16 xdist workers that start, collect everything and run nothing
       run_step startup-env bash -c "env | grep -E '^(PYTHON|PYTEST)' ; echo dont_write_bytecode=\$($PY -c 'import sys; print(sys.dont_write_bytecode)')"
       run_step startup-imports bash -c "$PY -X importtime -c 'import harness.pytest_plugin, triton' 2> $OUT/startup-importtime.txt; sort -t'|' -k2 -n $OUT/startup-importtime.txt | tail -n 12"
-      find . -name __pycache__ -not -path './.git/*' -prune -exec rm -rf {} +
+      find . -name __pycache__ -not -path './.git/*' -prune -exec rm -rf {} + ; rm -rf "${PYTHONPYCACHEPREFIX:-/nonexistent}$PWD"
       run_step startup-collect-cold $PY -m pytest --collect-only -q -p no:cacheprovider --device cuda
       run_step startup-collect-warm $PY -m pytest --collect-only -q -p no:cacheprovider --device cuda
       run_step startup-collect-prof bash -c "$PY -m cProfile -o $OUT/startup-collect.prof -m pytest --collect-only -q -p no:cacheprovider --device cuda >/dev/null; $PY -c \"import pstats; pstats.Stats('$OUT/startup-collect.prof').sort_stats('tottime').print_stats(30)\" | tail -n 40"

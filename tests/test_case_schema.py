@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from harness.cases import CaseError, dump_case, load_case_file, load_cases
-from harness.cases.loader import _StrictLoader, case_files
+from harness.cases.loader import _FastStrictLoader, _StrictLoader, case_files
 from harness.cases.model import Expect, InputKnobs, Tiers, count_chunks
 from harness.cases.schema import SCHEMA, SCHEMA_FILE, schema_json
 
@@ -94,6 +94,15 @@ def test_corpus_and_regressions_validate_against_json_schema():
         errors = list(validator.iter_errors(yaml.safe_load(f.read_text())))
         assert not errors, f"{f}: {[e.message for e in errors]}"
         assert load_case_file(f)
+
+
+def test_libyaml_loader_reads_every_case_file_as_the_python_loader_does():
+    """Good files load through libyaml (start-up speed); it must not change a single value, nor let a repeated key pass."""
+    for f in case_files(CASE_DIRS):
+        text = f.read_text()
+        assert yaml.load(text, Loader=_FastStrictLoader) == yaml.load(text, Loader=_StrictLoader), f  # noqa: S506
+    with pytest.raises(yaml.constructor.ConstructorError, match="key 'seed' repeated"):
+        yaml.load("seed: 1\nseed: 2\n", Loader=_FastStrictLoader)  # noqa: S506
 
 
 def test_shipped_schema_file_is_current_and_a_valid_schema():

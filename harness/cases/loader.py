@@ -33,23 +33,30 @@ from harness.cases.model import (
 from harness.cases.schema import CaseError, SchemaViolation, describe, validate
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses repeated mapping keys (PyYAML silently keeps the last one)."""
+def _refuse_repeated_keys(base: type) -> type:
+    """A loader on ``base`` that refuses repeated mapping keys (PyYAML silently keeps the last one)."""
+
+    def construct_mapping(loader, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} repeated (first on line {seen[key] + 1})", key_node.start_mark
+                )
+            seen[key] = key_node.start_mark.line
+        return base.construct_mapping(loader, node, deep=deep)
+
+    loader = type(f"Strict{base.__name__}", (base,), {})
+    loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+    return loader
 
 
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: dict[Any, int] = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"key {key!r} repeated (first on line {seen[key] + 1})", key_node.start_mark
-            )
-        seen[key] = key_node.start_mark.line
-    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+# The pure-Python loader words every error the case files report (tests/data/malformed/expected.yaml); libyaml's
+# parser, where PyYAML has it, loads good files: parsing the corpus in Python took ~1 s of each pytest worker's
+# start-up (every worker collects every case). A file libyaml rejects is parsed again in Python for the message.
+_StrictLoader = _refuse_repeated_keys(yaml.SafeLoader)
+_FastStrictLoader = _refuse_repeated_keys(getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def _parse_yaml(path: Path) -> Any:
@@ -57,6 +64,10 @@ def _parse_yaml(path: Path) -> Any:
         text = path.read_text()
     except OSError as e:
         raise CaseError(path, "(file)", "a readable file", f"{type(e).__name__}: {e.strerror or e}") from e
+    try:
+        return yaml.load(text, Loader=_FastStrictLoader)  # noqa: S506 - a safe loader subclass
+    except yaml.YAMLError:
+        pass
     try:
         return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.MarkedYAMLError as e:
