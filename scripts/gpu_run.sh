@@ -80,6 +80,9 @@ for step in $steps; do
     profile-ref)  # where the slowest reference_bound item spends its time (cProfile, cumulative, top 45)
       run_step profile-ref bash -c "$PY -m cProfile -s cumtime -m harness repro cases/corpus/serving.yaml \
         --case serving-006-mixed-checkpoint-bf16-bf16 --check reference_bound --device cuda | head -n 80" ;;
+    profile-warmup)  # where loading the corpus' specializations from a warm disk cache goes (a case's first item
+      # pays it per worker; ~50 ms a specialization in run 16): one process, after a suite step filled the cache
+      run_step profile-warmup bash -c "$PY -m cProfile -o $OUT/warmup.prof -m harness warmup --device cuda --jobs 1 | tail -n 3; $PY -c \"import pstats; p = pstats.Stats('$OUT/warmup.prof'); p.sort_stats('cumulative').print_stats(45); p.sort_stats('tottime').print_stats(25)\" | grep -v '^$' | tail -n 80" ;;
     stages)  # each stage of the 4256-token prefill alone, as tuned and with every candidate config forced
       run_step stages $PY -m harness bench --stages --reps 100 --json "$OUT/stages.json" ;;
     *)
