@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 NUMPY_SPEC ?= numpy<2.4
 VENV_FLAGS ?=
 
-.PHONY: run test bench generate validate clean-venv
+.PHONY: run test bench generate validate bytecode clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -34,6 +34,11 @@ generate: $(STAMP)
 
 validate: $(STAMP)
 	$(PY) -m harness validate cases
+
+# Byte-code for the interpreter's libraries, where the machine's Python was installed without it (GPU runner images):
+# see scripts/compile_bytecode.sh. The nightly workflow runs it after set-up.
+bytecode: $(STAMP)
+	scripts/compile_bytecode.sh $(PY)
 
 clean-venv:
 	rm -rf $(VENV)

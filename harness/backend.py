@@ -6,23 +6,64 @@ is imported. The pytest plugin and the CLI call it first thing.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
-
-import torch
 
 DEVICES = ("auto", "cuda", "cpu")
 
 
-def resolve_device(requested: str = "auto") -> str:
-    """``auto`` is ``cuda`` when a GPU is visible, else ``cpu`` (the interpreter)."""
+def _check_requested(requested: str) -> None:
     if requested not in DEVICES:
         raise ValueError(f"device: expected one of {', '.join(DEVICES)}, found {requested!r}")
+
+
+def resolve_device(requested: str = "auto") -> str:
+    """``auto`` is ``cuda`` when a GPU is visible, else ``cpu`` (the interpreter). Decided by torch: the process that
+    runs kernels must be able to use the GPU."""
+    import torch  # here, not at the top: the xdist controller never imports torch (``gpus_for_workers``)
+
+    _check_requested(requested)
     if requested == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if requested == "cuda" and not torch.cuda.is_available():
         raise ValueError("device: 'cuda' requested but torch sees no CUDA device")
     return requested
+
+
+def gpus_for_workers(requested: str = "auto") -> list[str]:
+    """The GPU ids to pin xdist workers to, decided without importing torch: the controller does this before any
+    worker starts, and importing torch for it (1.7 s, plus 0.2-0.4 s counting devices) delayed every worker on the
+    GPU runner (run 17). ``CUDA_VISIBLE_DEVICES`` when set, else the driver's count through NVML; none for
+    ``cpu``. Each worker still resolves its own device through torch (``configure``), so a machine whose torch
+    cannot use its GPUs fails there with the reason, or (``auto``) runs the interpreter."""
+    _check_requested(requested)
+    if requested == "cpu":
+        return []
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        gpus = [g.strip() for g in listed.split(",") if g.strip()]
+    else:
+        gpus = [str(i) for i in range(nvml_device_count())]
+    if requested == "cuda" and not gpus:
+        raise ValueError("device: 'cuda' requested but the NVIDIA driver reports no GPU "
+                         f"(CUDA_VISIBLE_DEVICES={listed!r})")
+    return gpus
+
+
+def nvml_device_count(library: str = "libnvidia-ml.so.1") -> int:
+    """GPUs the NVIDIA driver reports (NVML, as ``nvidia-smi`` counts them); 0 where there is no driver."""
+    try:
+        nvml = ctypes.CDLL(library)
+    except OSError:
+        return 0
+    if nvml.nvmlInit_v2() != 0:
+        return 0
+    try:
+        count = ctypes.c_uint(0)
+        return count.value if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0 else 0
+    finally:
+        nvml.nvmlShutdown()
 
 
 def configure(requested: str = "auto") -> str:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness import DEFAULT_PROVIDER
 from harness.cases.model import (
     CacheSpec,
     CallSpec,
@@ -192,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="repeatable; default both")
     parser.add_argument("--variant", action="append", choices=list(VARIANTS), help="repeatable; default all")
     parser.add_argument("--reps", type=int, default=200, help="timed repetitions per variant (median reported)")
-    parser.add_argument("--provider", default="kernels:provider", help="module:attr of the provider to time")
+    parser.add_argument("--provider", default=DEFAULT_PROVIDER, help="module:attr of the provider to time")
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
     parser.add_argument("--stages", action="store_true",
                         help="time each stage alone, as tuned and with every candidate config forced "

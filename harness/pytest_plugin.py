@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import backend
+from harness import DEFAULT_PROVIDER, backend
 from harness.report import MESSAGE_CHARS, ItemRecord, Report, append_live, clear_parts, merge_parts, summary_lines, write_part
 from harness.sharding import ItemCosts, LongestFirstQueue
 
@@ -76,16 +76,6 @@ def gpu_for_worker(worker_id: str, visible: list[str]) -> str:
     return visible[index % len(visible)]
 
 
-def _visible_gpus() -> list[str]:
-    """GPU ids this process may use, without creating a CUDA context (torch counts through NVML)."""
-    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if listed is not None:
-        return [g.strip() for g in listed.split(",") if g.strip()]
-    import torch
-
-    return [str(i) for i in range(torch.cuda.device_count())]
-
-
 def cpu_threads_per_worker(workers: int, cores: int) -> int:
     """torch's intra-op threads for one of ``workers`` processes on ``cores`` cores: a fair share, at least one.
     Each process otherwise starts one thread per core, and N workers' CPU work (references, input building) then
@@ -112,8 +102,12 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """``-n auto``: one worker per GPU (times --workers-per-gpu) on a GPU machine, else one per CPU core."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None  # xdist's own override wins
-    if config.getoption("device") != "cpu" and backend.resolve_device(config.getoption("device")) == "cuda":
-        return max(1, len(_visible_gpus()) * max(1, config.getoption("workers_per_gpu")))
+    try:
+        gpus = backend.gpus_for_workers(config.getoption("device"))
+    except ValueError:
+        gpus = []  # pytest_configure reports it
+    if gpus:
+        return max(1, len(gpus) * max(1, config.getoption("workers_per_gpu")))
     return _usable_cores()
 
 
@@ -205,19 +199,19 @@ def pytest_configure(config: pytest.Config) -> None:
 
         torch.set_num_threads(cpu_threads_per_worker(xdist_worker_count(), _usable_cores()))
     requested = config.getoption("device")
-    if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
-        os.environ[GROUPS_FILE_ENV] = _groups_file_for_this_run()  # workers inherit it when xdist starts them
-    if not hasattr(config, "workerinput") and requested != "cpu":
-        # The controller lists the GPUs once; workers inherit the environment when xdist spawns them.
-        try:
-            if backend.resolve_device(requested) == "cuda":
-                os.environ[GPU_LIST_ENV] = ",".join(_visible_gpus())
-        except ValueError as exc:
-            raise pytest.UsageError(str(exc)) from None
     try:
-        config.stash[_device_key] = backend.configure(requested)  # before any kernel module is imported
-        if config.stash[_device_key] == "cuda" and xdist_worker_count() > 1:
-            backend.shorten_autotuning()
+        if _is_xdist_controller(config):
+            # The controller runs no kernels: it lists the GPUs once, without torch (backend.gpus_for_workers),
+            # and the workers inherit the environment when xdist spawns them; each resolves its device itself.
+            os.environ[GROUPS_FILE_ENV] = _groups_file_for_this_run()
+            gpus = backend.gpus_for_workers(requested)
+            if gpus:
+                os.environ[GPU_LIST_ENV] = ",".join(gpus)
+            config.stash[_device_key] = "cuda" if gpus else "cpu"
+        else:
+            config.stash[_device_key] = backend.configure(requested)  # before any kernel module is imported
+            if config.stash[_device_key] == "cuda" and xdist_worker_count() > 1:
+                backend.shorten_autotuning()
     except (ValueError, RuntimeError) as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[_provider_key] = {}
@@ -230,6 +224,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "ssd_case: an item generated from a YAML case")
 
 
+def _is_xdist_controller(config: pytest.Config) -> bool:
+    return not hasattr(config, "workerinput") and bool(getattr(config.option, "numprocesses", None))
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     path = os.environ.get(GROUPS_FILE_ENV)
     if path and not hasattr(config, "workerinput") and path == _groups_file_for_this_run():
@@ -238,8 +236,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    from harness.checks.providers import DEFAULT_PROVIDER
-
     spec = config.getoption("provider") or DEFAULT_PROVIDER
     return [f"ssd-harness: device={config.stash[_device_key]} provider={spec}"]
 
@@ -347,7 +343,7 @@ class CheckFailed(Exception):
 
 
 def _provider(config: pytest.Config):
-    from harness.checks.providers import DEFAULT_PROVIDER, load_provider
+    from harness.checks.providers import load_provider
 
     spec = config.getoption("provider") or DEFAULT_PROVIDER
     cache = config.stash[_provider_key]
@@ -601,7 +597,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     path = config.getoption("json_report")
     if not path:
         return
-    meta = {"device": config.stash[_device_key], "provider": config.getoption("provider") or "kernels:provider"}
+    meta = {"device": config.stash[_device_key], "provider": config.getoption("provider") or DEFAULT_PROVIDER}
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if hasattr(config, "workerinput") and worker:
         gpu = os.environ.get("CUDA_VISIBLE_DEVICES") if meta["device"] == "cuda" else None
@@ -609,7 +605,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return
     if config.pluginmanager.getplugin("dsession") is None:
         write_part(path, "main", Report(items=_merged_records(config), meta={**meta, "worker": "main"}))
-    merge_parts(path, meta=meta)
+        merge_parts(path, meta=meta)
+    else:  # the workers' parts say which device they ran on (the controller only asked the driver)
+        merge_parts(path, meta={k: v for k, v in meta.items() if k != "device"})
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:

@@ -29,7 +29,7 @@ for step in $steps; do
       # sets PYTHONDONTWRITEBYTECODE=1, so every process (16 workers, their subprocesses) compiled torch from source
       # (~3 s each, run 15). Byte-code of the interpreter's libraries goes to a prefix; later steps read and write there.
       export PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-$(mktemp -d)}
-      run_step pyc bash -c "$PY -m compileall -q -j 0 \$($PY -c \"import sysconfig as s; p = s.get_paths(); print(' '.join(sorted({p['stdlib'], p['purelib'], p['platlib']})))\") > /dev/null; du -sh $PYTHONPYCACHEPREFIX" ;;
+      run_step pyc bash -c "scripts/compile_bytecode.sh $PY && du -sh $PYTHONPYCACHEPREFIX" ;;
     suite|suite-warm)  # the whole suite as `make test` runs it (tests/ and cases/), after one warmup, under the recompile
       # guard; suite starts from a cold Triton cache, suite-warm reuses the one the previous step filled.
       # TAG names the logs (e.g. -2gpu); PIN prefixes the command (e.g. "taskset -c 0-15" for a 16-core budget).

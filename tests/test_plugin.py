@@ -12,15 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.backend import current_device
-
+from harness import backend
 from harness import pytest_plugin as plugin
 from harness.report import ItemRecord, Report, merge_reports, summary_lines
 from tests import broken_providers as bp
 
 pytest_plugins = ["pytester"]
 # The session's device: inner runs use it too (the interpreter cannot run where numpy >= 2.4, as on the GPU runner).
-DEVICE = current_device()
+DEVICE = backend.current_device()
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -173,6 +172,32 @@ def test_auto_workers_on_cpu_is_one_per_core(pytestconfig, monkeypatch):
     assert plugin.pytest_xdist_auto_num_workers(Config()) == len(os.sched_getaffinity(0))
 
 
+def test_auto_workers_on_gpus_come_from_the_listed_gpus_without_torch(monkeypatch):
+    """The xdist controller sizes and pins workers from CUDA_VISIBLE_DEVICES or the driver (NVML), not torch."""
+    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
+
+    class Config:
+        def __init__(self, device):
+            self.device = device
+
+        def getoption(self, name):
+            return {"device": self.device, "workers_per_gpu": 3}[name]
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4, 6")
+    assert backend.gpus_for_workers("auto") == backend.gpus_for_workers("cuda") == ["4", "6"]
+    assert backend.gpus_for_workers("cpu") == []
+    assert plugin.pytest_xdist_auto_num_workers(Config("auto")) == 6
+    assert plugin.pytest_xdist_auto_num_workers(Config("cpu")) == len(os.sched_getaffinity(0))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert backend.gpus_for_workers("auto") == []
+    with pytest.raises(ValueError, match="'cuda' requested but the NVIDIA driver reports no GPU"):
+        backend.gpus_for_workers("cuda")
+    assert plugin.pytest_xdist_auto_num_workers(Config("cuda")) == len(os.sched_getaffinity(0))
+    with pytest.raises(ValueError, match="device: expected one of"):
+        backend.gpus_for_workers("gpu")
+    assert backend.nvml_device_count("libno-such-nvml.so.1") == 0
+
+
 def test_report_merge_and_summary_group_failures():
     a = Report([ItemRecord("f::c1::determinism", "failed", case_id="c1", check="determinism", family="single"),
                 ItemRecord("f::c2::determinism", "passed", case_id="c2", check="determinism", family="multi")],
@@ -219,8 +244,6 @@ def test_yaml_fixtures_under_tests_are_not_collected_as_cases():
 def test_autotuning_results_are_shared_through_the_cache_on_cuda_only(monkeypatch):
     """GPU runs keep tuning results in the shared Triton cache (one benchmark per key for all workers); a caller's
     own choice wins, and the interpreter, which has no timer, is left alone."""
-    from harness import backend
-
     monkeypatch.delenv(backend.AUTOTUNE_CACHE_ENV, raising=False)
     backend.share_autotuning_results()
     assert os.environ[backend.AUTOTUNE_CACHE_ENV] == "1"
@@ -228,13 +251,12 @@ def test_autotuning_results_are_shared_through_the_cache_on_cuda_only(monkeypatc
     backend.share_autotuning_results()
     assert os.environ[backend.AUTOTUNE_CACHE_ENV] == "0"
     monkeypatch.delenv(backend.AUTOTUNE_CACHE_ENV, raising=False)
-    if current_device() == "cpu":
+    if backend.current_device() == "cpu":
         backend.configure("cpu")
         assert backend.AUTOTUNE_CACHE_ENV not in os.environ
 
 
 def test_autotuning_budget_is_shortened_only_when_asked_and_parsed_strictly(monkeypatch):
-    from harness import backend
     from kernels.backend import autotune_budget_ms
 
     assert autotune_budget_ms(None) == (25.0, 100.0) and autotune_budget_ms("") == (25.0, 100.0)
@@ -272,6 +294,11 @@ def test_one_xdist_run_merges_reports_keeps_units_together_and_starts_the_costli
     earlier = tmp_path / "earlier.json"
     Report([ItemRecord(f"test_free.py::test_f{i}", "passed", duration=60.0 if i == 5 else 0.01) for i in range(6)]
            ).write(earlier)
+    # The controller imports no torch before it starts the workers (backend.gpus_for_workers: 2 s on the GPU host).
+    (tmp_path / "conftest.py").write_text(
+        "import os, sys\n"
+        "def pytest_xdist_setupnodes(config, specs):\n"
+        f"    open({str(tmp_path / 'controller-torch')!r}, 'w').write(str('torch' in sys.modules))\n")
     junit, report = tmp_path / "junit.xml", tmp_path / "report.json"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", str(tmp_path), "--device", "cpu", "-n", "2",
@@ -308,6 +335,8 @@ def test_one_xdist_run_merges_reports_keeps_units_together_and_starts_the_costli
     # f5 (60 s measured) and the grouped unit (4 unmeasured items at the median, more than any case or other free
     # test) start first; collection order would have started with a case of tiny.yaml and test_f0.
     assert firsts == ["f5", "g0"], firsts
+    assert (tmp_path / "controller-torch").read_text() == "False"
+    assert data["meta"]["device"] == "cpu"  # from the workers' parts
 
 
 def test_item_durations_include_fixture_setup(pytester):

@@ -98,3 +98,25 @@ def test_nightly_uses_only_existing_harness_commands_and_pytest_options(pytestco
     assert not defined(pytestconfig, "--no-such-option")  # the check can fail
     missing = [opt for opt in sorted(options) if not defined(pytestconfig, opt)]
     assert not missing, f"pytest options used by nightly-gpu.yml but not defined: {missing}"
+
+
+def make_targets() -> set[str]:
+    """Targets the Makefile defines: rule heads ``name:`` (not assignments ``NAME :=``), with ``$(NAME)`` expanded
+    from the file's simple assignments (the install stamp is ``$(STAMP)``)."""
+    text = (ROOT / "Makefile").read_text()
+    variables = dict(re.findall(r"^([A-Z_]+) :?= *(\S*)$", text, re.M))
+    for _ in range(3):  # STAMP := $(VENV)/.installed-stamp refers to another variable
+        text = re.sub(r"\$\(([A-Z_]+)\)", lambda m: variables.get(m.group(1), m.group(0)), text)
+        variables = {k: re.sub(r"\$\(([A-Z_]+)\)", lambda m: variables.get(m.group(1), m.group(0)), v)
+                     for k, v in variables.items()}
+    return {m.group(1) for m in re.finditer(r"^([A-Za-z0-9_./-]+):(?!=)", text, re.M)}
+
+
+def test_every_make_target_a_workflow_runs_exists():
+    targets = make_targets()
+    assert "no-such-target" not in targets and {"test", "run", "bytecode"} <= targets  # the parse can fail
+    used = {m.group(1) for path in WORKFLOWS for line in run_lines(load(path))
+            for m in re.finditer(r"\bmake ([A-Za-z0-9_./-]+)", line)}
+    assert used, "no make call found in the workflows"
+    missing = sorted(used - targets)
+    assert not missing, f"make targets the workflows run but the Makefile lacks: {missing}"

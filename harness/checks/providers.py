@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import importlib
 
-DEFAULT_PROVIDER = "kernels:provider"
+from harness import DEFAULT_PROVIDER
+
 ALL_PATHS = frozenset({"snapshot", "indexed"})
 
 
