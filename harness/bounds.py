@@ -238,9 +238,9 @@ def ssd_output_bound(shadow_out, ref_out, *, io_dtype, state_dtype, chunk_size, 
                     backend=backend, dA_magnitude=dA_magnitude, dt_rel_err=dt_rel_err, gate_rel_err=gate_rel_err,
                     carried_chunks=carried_chunks)
     r = torch.maximum(torch.maximum(p.intra, p.carried), torch.as_tensor(p.residual, dtype=F64))
-    r = _as_head_tensor(r, 3)
-    shadow = shadow_out.detach().cpu().to(F64)
-    ref = ref_out.detach().cpu().to(F64).abs()
+    shadow = shadow_out.detach().to(F64)  # on the ground truth's device (the inputs'), like the comparison
+    r = _as_head_tensor(r, 3).to(shadow.device)
+    ref = ref_out.detach().to(shadow.device, F64).abs()
     u_io = unit_roundoff(io_dtype, backend)
     eta_io, eta_st = SMALLEST_SUBNORMAL[io_dtype], SMALLEST_SUBNORMAL[state_dtype]
     floor = torch.full_like(shadow, eta_io / 2)
@@ -257,9 +257,9 @@ def final_state_bound(shadow_final, ref_final, *, io_dtype, state_dtype, chunk_s
     p = path_errors(io_dtype=io_dtype, state_dtype=state_dtype, chunk_size=chunk_size, dstate=dstate,
                     backend=backend, dA_magnitude=dA_magnitude, dt_rel_err=dt_rel_err, gate_rel_err=gate_rel_err,
                     carried_chunks=carried_chunks)
-    r = _as_head_tensor(p.final, 4)
-    shadow = shadow_final.detach().cpu().to(F64)
-    ref = ref_final.detach().cpu().to(F64).abs()
+    shadow = shadow_final.detach().to(F64)
+    r = _as_head_tensor(p.final, 4).to(shadow.device)
+    ref = ref_final.detach().to(shadow.device, F64).abs()
     u_st = unit_roundoff(state_dtype, backend)
     floor = torch.full_like(shadow, SMALLEST_SUBNORMAL[state_dtype] / 2)
     if shadows is not None:

@@ -84,7 +84,8 @@ SCAN_BLOCK = 16
 
 def _scan(variants: list[_Variant], decay: torch.Tensor, cu: list[int], exit_offsets) -> list[tuple]:
     """The recurrence, token by token in order, for every variant at once (stacked on a leading axis).
-    decay (T, H) = exp(dt A). Returns per variant (out (T,H,P), final (Bt,H,P,N), exits {offset: (H,P,N)}), CPU."""
+    decay (T, H) = exp(dt A). Returns per variant (out (T,H,P), final (Bt,H,P,N), exits {offset: (H,P,N)}), on the
+    inputs' device."""
     V = len(variants)
     T, H, P = variants[0].x.shape
     N = variants[0].B.shape[-1]
@@ -117,8 +118,7 @@ def _scan(variants: list[_Variant], decay: torch.Tensor, cu: list[int], exit_off
             y = torch.einsum("lvhpn,lvhn->lvhp", hs[:L], C[:, s:e].transpose(0, 1)).transpose(0, 1)
             out[:, s:e] = (y + D[:, None] * x[:, s:e]) * gate[:, s:e]
         final[:, b] = h
-    out, final = out.cpu(), final.cpu()
-    return [(out[k], final[k], {o: e[k].cpu() for o, e in exits.items()}) for k in range(V)]
+    return [(out[k], final[k], {o: e[k] for o, e in exits.items()}) for k in range(V)]
 
 
 def _inputs(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states):
@@ -164,10 +164,11 @@ def sequential_ssd(
     magnitude: bool = False,
     exit_offsets: Sequence[int] | None = None,
 ):
-    """fp64 sequential SSD; returns CPU tensors.
+    """fp64 sequential SSD, on the device ``x`` lives on, and so are the results.
 
-    The token loop runs on the device ``x`` lives on: on the GPU runner a CUDA fp64 step is some 20 times faster
-    than a CPU one for the serving shape, and fp64 rounding (1e-16) is far below every bound either way.
+    On the GPU runner a CUDA fp64 step is some 20 times faster than a CPU one for the serving shape, and the bounds
+    and comparisons that read the results run there too (``harness.compare.assert_within_bound``); fp64 rounding
+    (1e-16) is far below every bound either way.
 
     x (T,H,P), dt (T,H), A (H,), B/C (T,G,N), D (H,) or (H,P), z (T,H,P), initial_states (Bt,H,P,N), any dtypes.
     Returns ``(out (T,H,P) fp64, final_states (Bt,H,P,N) fp64)``; with ``exit_offsets`` (token offsets, e.g.
@@ -185,7 +186,8 @@ def _with_exits(out, final, exits, offsets):
     if offsets is None:
         return out, final
     H, P, N = final.shape[1:]
-    chunk_end = torch.stack([exits[o] for o in offsets]) if offsets else torch.empty(0, H, P, N, dtype=F64)
+    chunk_end = (torch.stack([exits[o] for o in offsets]) if offsets
+                 else torch.empty(0, H, P, N, dtype=F64, device=final.device))
     return out, final, chunk_end
 
 
@@ -232,14 +234,15 @@ def magnitude_shadows(
 
 
 def _shadows(shadow: _Variant, out, final, unit_out, unit_final, cu: list[int], chunk_size: int) -> Shadows:
-    xa, Ca = shadow.x.cpu(), shadow.C.cpu()
+    xa, Ca = shadow.x, shadow.C
     T, H, P = xa.shape
-    gate = shadow.gate.cpu() if shadow.gate is not None else torch.ones(T, H, P, dtype=F64)
-    window = torch.empty(T, H, P, dtype=F64)
+    dev = xa.device
+    gate = shadow.gate if shadow.gate is not None else torch.ones(T, H, P, dtype=F64, device=dev)
+    window = torch.empty(T, H, P, dtype=F64, device=dev)
     for b in range(len(cu) - 1):
         s, e = cu[b], cu[b + 1]
-        run = torch.cat([torch.zeros(1, H, P, dtype=F64), xa[s:e].cumsum(0)])
-        idx = torch.arange(e - s)
+        run = torch.cat([torch.zeros(1, H, P, dtype=F64, device=dev), xa[s:e].cumsum(0)])
+        idx = torch.arange(e - s, device=dev)
         window[s:e] = run[idx + 1] - run[(idx + 1 - chunk_size).clamp_min(0)]
     return Shadows(
         out=out, final_states=final, unit_out=unit_out, unit_final=unit_final,

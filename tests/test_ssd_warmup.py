@@ -39,9 +39,10 @@ from kernels.warmup import (  # noqa: E402
 
 # GPU: compile the fixtures' warmups in parallel processes (into the disk cache) before loading them here.
 WARMUP_JOBS = min(8, os.cpu_count() or 1)
-# Under xdist the whole module is one work unit: its module fixtures (hundreds of GPU compiles on a cold cache) run
-# in one worker, not in every worker that happens to take one of its tests.
-pytestmark = pytest.mark.xdist_group("ssd_warmup")
+# Under xdist the tests that share the module fixtures (hundreds of GPU compiles on a cold cache) are one work unit:
+# the fixtures run in one worker, not in every worker that takes one of those tests. The other tests of the module
+# spread: as one unit they held a worker 31 s on a cold two-GPU run, the longest unit of the suite (GPU run 18).
+shares_full_warmup = pytest.mark.xdist_group("ssd_warmup")
 
 SHAPE = ModelShape(nheads=2, headdim=4, dstate=8, ngroups=1, chunk_size=8)  # Q < 16: nchunks enters the classes
 H, P, N, G, Q = SHAPE.nheads, SHAPE.headdim, SHAPE.dstate, SHAPE.ngroups, SHAPE.chunk_size
@@ -132,12 +133,14 @@ def launched():
     return seen
 
 
+@shares_full_warmup
 @pytest.mark.parametrize("name", list(CALLS))
 def test_real_call_compiles_nothing_after_the_warmup(name, full_warmup):
     with guard_no_recompile(list(KERNELS.values()), warmed=full_warmup.keys):
         _call(**CALLS[name])()
 
 
+@shares_full_warmup
 @pytest.mark.parametrize("registration", list(KERNELS))
 def test_every_registered_kernel_is_launched_and_warmed(registration, full_warmup, launched):
     """Per kernel: the real calls launch it, all its keys are warmed; dropping its keys (negative control) fires
@@ -173,6 +176,7 @@ def test_per_head_d_warmup_covers_per_channel_calls():
         _call(D="per_channel")()
 
 
+@shares_full_warmup
 def test_nchunks_parity_is_a_class_when_chunks_are_short(full_warmup):
     """Q = 8: the (H, C, Q) strides C*Q are a multiple of 16 only for even C, so odd and even nchunks launch
     different keys, and the warmup holds both."""
