@@ -225,7 +225,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _is_xdist_controller(config: pytest.Config) -> bool:
-    return not hasattr(config, "workerinput") and bool(getattr(config.option, "numprocesses", None))
+    """This process starts xdist workers and runs no test itself: xdist's own condition for its distributed session
+    (a distribution mode with workers, and not ``--collect-only``, where the process collects by itself). Set by
+    xdist's ``pytest_cmdline_main``, so it holds from ``pytest_configure`` on."""
+    return (not hasattr(config, "workerinput") and not config.getoption("collectonly")
+            and getattr(config.option, "dist", "no") != "no" and bool(getattr(config.option, "tx", None)))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -577,7 +581,7 @@ class _Recorder:
                 )
             )
             path = config.getoption("json_report")
-            if path and config.pluginmanager.getplugin("dsession") is None:  # workers and plain runs, not xdist's controller
+            if path and not _is_xdist_controller(config):
                 append_live(path, os.environ.get("PYTEST_XDIST_WORKER", "main"), config.stash[_records_key][-1])
 
 
@@ -603,7 +607,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         gpu = os.environ.get("CUDA_VISIBLE_DEVICES") if meta["device"] == "cuda" else None
         write_part(path, worker, Report(items=_merged_records(config), meta={**meta, "worker": worker, "gpu": gpu}))
         return
-    if config.pluginmanager.getplugin("dsession") is None:
+    if not _is_xdist_controller(config):
         write_part(path, "main", Report(items=_merged_records(config), meta={**meta, "worker": "main"}))
         merge_parts(path, meta=meta)
     else:  # the workers' parts say which device they ran on (the controller only asked the driver)

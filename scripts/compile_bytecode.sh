@@ -7,10 +7,11 @@
 # Usage: scripts/compile_bytecode.sh [PYTHON]
 set -uo pipefail
 PY=${1:-python3}
-dirs=$(PYTHONDONTWRITEBYTECODE= "$PY" -c "import os, sys; print('\n'.join(p for p in sys.path if os.path.isdir(p)))")
+export PYTHONDONTWRITEBYTECODE=  # empty: unset for Python
+dirs=$("$PY" -c "import os, sys; print('\n'.join(p for p in sys.path if os.path.isdir(p)))")
 # compileall exits 1 when a file does not compile; installed packages ship such files on purpose (test data written
-# for other Python versions), so the status says nothing here. What was written is reported instead.
+# for other Python versions), so the status says nothing here; the line below says where the byte-code went.
 mapfile -t paths <<< "$dirs"
-PYTHONDONTWRITEBYTECODE= "$PY" -m compileall -q -j 0 "${paths[@]}" > /dev/null 2>&1
+"$PY" -m compileall -q -j 0 "${paths[@]}" > /dev/null 2>&1
 where=${PYTHONPYCACHEPREFIX:-"__pycache__ folders beside the sources"}
 echo "byte-code for ${#paths[@]} path entries of $PY in $where"

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -170,6 +171,39 @@ def test_auto_workers_on_cpu_is_one_per_core(pytestconfig, monkeypatch):
             return {"device": "cpu", "workers_per_gpu": 3}[name]
 
     assert plugin.pytest_xdist_auto_num_workers(Config()) == len(os.sched_getaffinity(0))
+
+
+def test_only_an_xdist_controller_that_starts_workers_skips_the_device_set_up(pytester):
+    """The controller does not configure the device (it runs no kernels); any process that collects does, including
+    ``--collect-only -n 2``, where xdist starts no workers and this process collects by itself."""
+
+    class Config:
+        def __init__(self, dist="load", tx=("popen", "popen"), collectonly=False, worker=False):
+            self.option = SimpleNamespace(dist=dist, tx=list(tx))
+            self.collectonly = collectonly
+            if worker:
+                self.workerinput = {}
+
+        def getoption(self, name):
+            return {"collectonly": self.collectonly}[name]
+
+    assert plugin._is_xdist_controller(Config())
+    for not_controller in (Config(collectonly=True), Config(dist="no", tx=()), Config(worker=True)):
+        assert not plugin._is_xdist_controller(not_controller)
+    # At collection time the kernels' backend is set, or a module reading it (tests do: DEVICE) gets the wrong one.
+    pytester.makepyfile(test_backend_set="""
+        import os
+        WANTED = {"cpu": "1", "cuda": "0"}[os.environ["SSD_TEST_DEVICE"]]
+        assert os.environ.get("TRITON_INTERPRET") == WANTED, os.environ.get("TRITON_INTERPRET")
+        def test_x():
+            pass
+    """)
+    env = {**os.environ, "SSD_TEST_DEVICE": DEVICE, "PYTHONPATH": str(ROOT)}
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", "--device", DEVICE, "-n", "2",
+                           "--collect-only", "-q", "-p", "no:cacheprovider", str(pytester.path)],
+                          cwd=pytester.path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "1 test collected" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_auto_workers_on_gpus_come_from_the_listed_gpus_without_torch(monkeypatch):

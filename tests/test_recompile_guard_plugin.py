@@ -1,10 +1,11 @@
-"""--recompile-guard in the pytest plugin: one warmup for the collected cases, then any case item that needs a
-specialization the warmup did not produce fails (CPU: by specialization key; GPU: by the compile hook)."""
+"""--recompile-guard in the pytest plugin: before a case's first item, one warmup of its model request; then any case
+item that needs a specialization the warmup did not produce fails (CPU: by specialization key; GPU: by the compile hook)."""
 
 from __future__ import annotations
 
 
 import pytest
+import yaml
 
 from harness.backend import current_device
 
@@ -36,19 +37,16 @@ def test_warmed_suite_passes_under_the_guard(pytester):
     assert result.ret == 0 and outcomes.get("passed", 0) >= 5, result.stdout.str()[-3000:]
 
 
-# tiny-direct again under another id and seed, other sequences and slots: the same model request.
-TWIN = """\
-  - id: tiny-direct-twin
-    description: tiny-direct's model configuration with other sequences
-    seed: 21
-    shape: {nheads: 2, headdim: 4, dstate: 16, ngroups: 1, chunk_size: 16}
-    dtype: {io: float32, state: float32}
-    options: {D: per_head, z: true, dt_bias: true, dt_softplus: true}
-    sequences:
-      - {context: 0, tokens: 7, init_slot: 0, has_state: false, final_slot: 3}
-    cache: {slots: 4}
-    call: {final_state: direct, path: auto}
-"""
+def cases_with_twin() -> str:
+    """TINY_CASES plus tiny-direct again under another id and seed, with other sequences and slots: the same model
+    request by construction (shape, dtypes and options copied)."""
+    doc = yaml.safe_load(bp.TINY_CASES)
+    (direct,) = [c for c in doc["cases"] if c["id"] == "tiny-direct"]
+    twin = {**direct, "id": "tiny-direct-twin", "description": "tiny-direct's model configuration, other sequences",
+            "seed": 21, "cache": {"slots": 4},
+            "sequences": [{"context": 0, "tokens": 7, "init_slot": 0, "has_state": False, "final_slot": 3}]}
+    doc["cases"].append(twin)
+    return yaml.safe_dump(doc, sort_keys=False)
 
 
 def test_each_model_request_is_warmed_once_before_its_first_item(pytester, tmp_path):
@@ -57,7 +55,7 @@ def test_each_model_request_is_warmed_once_before_its_first_item(pytester, tmp_p
     from harness.cases.loader import load_case_file
     from kernels.warmup import requests_from_cases
 
-    text = bp.TINY_CASES + TWIN
+    text = cases_with_twin()
     path = tmp_path / "tiny.yaml"
     path.write_text(text)
     cases = load_case_file(path)
