@@ -138,13 +138,13 @@ def _plan(cases, only: list[str] | None) -> list[tuple[object, str]]:
     return plan
 
 
-def _record(result, nodeid: str):
+def _record(result, nodeid: str, start: float):
     from harness.report import ItemRecord
 
     return ItemRecord(
         nodeid=nodeid, outcome=result.status.value, duration=result.duration, case_id=result.case_id,
         check=result.check, family=result.family, source=result.source, seed=result.seed,
-        max_ulp=result.max_ulp, reason=result.reason, summary=result.summary, repro=result.repro,
+        max_ulp=result.max_ulp, reason=result.reason, summary=result.summary, repro=result.repro, start=start,
     )
 
 
@@ -189,9 +189,10 @@ def cmd_run(args) -> int:
     case_number = {case_id: k for k, case_id in enumerate(dict.fromkeys(c.id for c, _ in plan), 1)}
     ncases = len(case_number)
     for i, (case, check) in enumerate(plan, 1):
+        start = time.time()
         result = run_check(case, check, provider, device=device, provider_spec=spec, repro_device=repro_device,
                            context=_context_for(case, provider, device, spec, contexts))
-        records.append(_record(result, f"{case.source}::{case.id}::{check}"))
+        records.append(_record(result, f"{case.source}::{case.id}::{check}", start))
         failures += result.status.is_failure
         if not args.quiet or result.status.is_failure:
             note = result.summary or result.reason

@@ -546,19 +546,20 @@ class _Recorder:
 
     def __init__(self, config: pytest.Config):
         self.config = config
-        self.setup_seconds: dict[str, float] = {}
+        self.setups: dict[str, tuple[float, float]] = {}  # nodeid -> (setup seconds, setup start)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """The call phase, or setup when it did not pass, or a failing teardown. An item's duration includes its
         setup (fixtures: a module fixture's cost lands on the first item that needs it), so time reports show it."""
         config = self.config
         if report.when == "setup" and report.passed:
-            self.setup_seconds[report.nodeid] = float(report.duration)
+            self.setups[report.nodeid] = (float(report.duration), float(report.start))
             return
         if report.when == "call" or (report.when == "setup" and not report.passed) or (
             report.when == "teardown" and report.failed
         ):
             props = _props(report)
+            setup_seconds, start = self.setups.pop(report.nodeid, (0.0, float(report.start)))
             summary = props.get("mismatch", "")
             if report.failed and not summary:
                 summary = str(report.longrepr).strip().splitlines()[-1] if report.longrepr else ""
@@ -566,7 +567,7 @@ class _Recorder:
                 ItemRecord(
                     nodeid=report.nodeid,
                     outcome=_outcome(report),
-                    duration=float(report.duration) + self.setup_seconds.pop(report.nodeid, 0.0),
+                    duration=float(report.duration) + setup_seconds,
                     case_id=str(props.get("case_id", "")),
                     check=str(props.get("check", "")),
                     family=str(props.get("family", "")),
@@ -578,6 +579,7 @@ class _Recorder:
                     repro=str(props.get("repro", "")),
                     worker=os.environ.get("PYTEST_XDIST_WORKER", ""),
                     message=str(report.longrepr)[-MESSAGE_CHARS:] if report.failed and report.longrepr else "",
+                    start=start,
                 )
             )
             path = config.getoption("json_report")

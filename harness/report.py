@@ -38,6 +38,7 @@ class ItemRecord:
     repro: str = ""
     worker: str = ""
     message: str = ""  # a failure's full report (capped at MESSAGE_CHARS)
+    start: float | None = None  # when its setup began (epoch seconds): the report is sorted by node id, not by time
 
     @property
     def is_failure(self) -> bool:
@@ -210,19 +211,27 @@ def summary_lines(records: list[ItemRecord], max_cases: int = 4) -> list[str]:
 
 def timing_lines(records: list[ItemRecord], by: str = "check", top: int = 15) -> list[str]:
     """Where a suite spends its time: total, count, mean and max item seconds per ``by`` (check, family, or
-    worker), slowest group first; skipped items are left out (they cost nothing and would dilute the means)."""
+    worker), slowest group first; skipped items are left out (they cost nothing and would dilute the means).
+    ``ends at s``: when the group's last item ended, counted from the first item's start (by worker: when each
+    worker finished; "-" for records without start times)."""
     if by not in ("check", "family", "worker"):
         raise ValueError(f"timing_lines: by: expected check, family or worker, found {by!r}")
     groups: dict[str, list[float]] = defaultdict(list)
+    ends: dict[str, float] = {}
+    first_start = min((r.start for r in records if r.start is not None), default=None)
     for r in records:
         if r.outcome in ("skipped", "unsupported"):
             continue
-        groups[getattr(r, by) or "(other tests)"].append(r.duration)
+        key = getattr(r, by) or "(other tests)"
+        groups[key].append(r.duration)
+        if r.start is not None:
+            ends[key] = max(ends.get(key, 0.0), r.start + r.duration - first_start)
     total = sum(sum(v) for v in groups.values())
     lines = [f"time by {by}: {total:.1f}s in {sum(len(v) for v in groups.values())} items run"]
-    lines.append(f"  {by:<24} {'total s':>9} {'share':>6} {'items':>6} {'mean s':>8} {'max s':>8}")
+    lines.append(f"  {by:<24} {'total s':>9} {'share':>6} {'items':>6} {'mean s':>8} {'max s':>8} {'ends at s':>10}")
     for key, times in sorted(groups.items(), key=lambda kv: (-sum(kv[1]), kv[0]))[:top]:
         share = sum(times) / total if total else 0.0
+        end = f"{ends[key]:.1f}" if key in ends else "-"
         lines.append(f"  {key:<24} {sum(times):>9.1f} {share:>6.1%} {len(times):>6} "
-                     f"{sum(times) / len(times):>8.2f} {max(times):>8.2f}")
+                     f"{sum(times) / len(times):>8.2f} {max(times):>8.2f} {end:>10}")
     return lines

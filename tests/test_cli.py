@@ -86,8 +86,10 @@ def test_run_exits_zero_when_all_pass_and_writes_json(tmp_path):
     assert "case items: 2 passed" in proc.stdout and "determinism" in proc.stdout
     from harness.report import Report
 
-    assert sorted((r.check, r.outcome) for r in Report.read(report).items) == [
-        ("determinism", "passed"), ("masked_state", "passed")]
+    items = Report.read(report).items
+    assert sorted((r.check, r.outcome) for r in items) == [("determinism", "passed"), ("masked_state", "passed")]
+    first, second = sorted(items, key=lambda r: r.start)  # run in order: the second began after the first ended
+    assert first.start > 0 and second.start >= first.start + first.duration - 1e-3
 
 
 def test_repro_prints_the_full_report(tiny_file):

@@ -351,6 +351,10 @@ def test_one_xdist_run_merges_reports_keeps_units_together_and_starts_the_costli
         f"{c}::{k}" for c in ("tiny-batch", "tiny-direct", "tiny-returned") for k in ("determinism", "reference_bound"))
     assert len(items) == len(case_items) + 10
     assert all(i["outcome"] == "passed" and i["duration"] > 0 for i in items)
+    # When each item began (the report is sorted by node id): a worker's items do not overlap in time.
+    for worker in ("gw0", "gw1"):
+        spans = sorted((i["start"], i["start"] + i["duration"]) for i in items if i["worker"] == worker)
+        assert spans and all(end <= next_start + 1e-3 for (_, end), (next_start, _) in zip(spans, spans[1:])), spans
     workers_of_case: dict[str, set] = {}
     for i in case_items:
         workers_of_case.setdefault(i["case_id"], set()).add(i["worker"])

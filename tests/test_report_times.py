@@ -26,6 +26,21 @@ def test_groups_slowest_first_and_leaves_skips_out():
     assert [ln.split()[:2] for ln in fam[2:]] == [["multi", "5.0"], ["direct", "4.0"]]  # slowest first
 
 
+def test_each_group_says_when_its_last_item_ended():
+    """The report is sorted by node id; start times say when each worker (or check) finished."""
+    timed = [ItemRecord("a::x::determinism", "passed", 2.0, check="determinism", worker="gw0", start=100.0),
+             ItemRecord("a::y::determinism", "passed", 1.0, check="determinism", worker="gw1", start=101.0),
+             ItemRecord("b::t", "passed", 5.0, worker="gw1", start=102.5),
+             ItemRecord("b::u", "skipped", 0.0, worker="gw0", start=120.0)]  # skips cost nothing, end nothing
+    by_worker = {ln.split()[0]: ln.split() for ln in timing_lines(timed, by="worker")[2:]}
+    assert by_worker["gw1"][1] == "6.0" and by_worker["gw1"][-1] == "7.5"
+    assert by_worker["gw0"][-1] == "2.0"
+    by_check = timing_lines(timed, by="check")
+    assert by_check[1].endswith("ends at s")
+    assert [(ln.split()[0], ln.split()[-1]) for ln in by_check[2:]] == [("(other", "7.5"), ("determinism", "2.0")]
+    assert [ln.split()[-1] for ln in timing_lines(records(), by="check")[2:]] == ["-", "-"]  # no start times
+
+
 def test_rejects_unknown_grouping():
     with pytest.raises(ValueError, match="by: expected"):
         timing_lines(records(), by="seed")
