@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     times = sub.add_parser("times", help="where a run spent its time, from a JSON report (by check and family)",
                            description="Time per check family and case family from a report written by "
-                                       "`run --json` or pytest --json-report, slowest first.")
+                                       "`run --json` or pytest --json-report, slowest first; for pytest reports "
+                                       "also each process's start-up and the Triton compiles (harness.timeline).")
     times.add_argument("report", type=Path)
     times.add_argument("--by", action="append", choices=("check", "family", "worker"), default=None,
                        help="grouping (repeatable; default check and family)")
@@ -328,16 +329,23 @@ def cmd_bench(argv: list[str]) -> int:
 
 def cmd_times(args) -> int:
     from harness.report import Report, merge_parts, parts_dir, timing_lines, write_durations
+    from harness.timeline import compile_lines, startup_lines
 
     if args.report.is_file():
-        records = Report.read(args.report).items
+        report = Report.read(args.report)
     elif parts_dir(args.report).is_dir():  # a run killed before it merged: its workers' live parts
-        records = merge_parts(args.report, remove=False).items
+        report = merge_parts(args.report, remove=False)
         print(f"{args.report}: merged from the workers' parts (the run did not finish)")
     else:
         raise Unusable(f"{args.report}: no such report")
+    records = report.items
     for by in args.by or ["check", "family"]:
         print("\n".join(timing_lines(records, by=by, top=args.top)))
+    timed = [r for r in records if r.start is not None]
+    for lines in (startup_lines(report.meta, [r.start for r in timed], [r.start + r.duration for r in timed]),
+                  compile_lines(report.meta, top=args.top)):
+        if lines:
+            print("\n".join(lines))
     if args.write_durations:
         write_durations(records, args.write_durations, source=str(args.report))
         print(f"durations of {len(records)} items: {args.write_durations}")

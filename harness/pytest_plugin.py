@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import DEFAULT_PROVIDER, backend
+from harness import DEFAULT_PROVIDER, backend, timeline
 from harness.report import MESSAGE_CHARS, ItemRecord, Report, append_live, clear_parts, merge_parts, summary_lines, write_part
 from harness.sharding import ItemCosts, LongestFirstQueue
 
@@ -28,6 +28,8 @@ _provider_key = pytest.StashKey[dict]()
 _records_key = pytest.StashKey[list]()
 _case_ids_key = pytest.StashKey[dict]()
 _costs_key = pytest.StashKey[ItemCosts]()
+_phases_key = pytest.StashKey[dict]()  # this process's start-up phases (harness.timeline)
+_ledger_key = pytest.StashKey[object]()  # this process's compile ledger (None in the controller)
 
 
 # ---------------------------------------------------------------- options
@@ -192,6 +194,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_phases_key] = timeline.new_phases()
+    config.stash[_ledger_key] = None
     worker_id = os.environ.get("PYTEST_XDIST_WORKER")
     if worker_id and hasattr(config, "workerinput"):
         _pin_worker(worker_id)
@@ -210,6 +214,7 @@ def pytest_configure(config: pytest.Config) -> None:
             config.stash[_device_key] = "cuda" if gpus else "cpu"
         else:
             config.stash[_device_key] = backend.configure(requested)  # before any kernel module is imported
+            config.stash[_ledger_key] = timeline.install_compile_ledger()
             if config.stash[_device_key] == "cuda" and xdist_worker_count() > 1:
                 backend.shorten_autotuning()
     except (ValueError, RuntimeError) as exc:
@@ -222,6 +227,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if report_path and not hasattr(config, "workerinput"):
         clear_parts(report_path)
     config.addinivalue_line("markers", "ssd_case: an item generated from a YAML case")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    timeline.mark(session.config.stash[_phases_key], "configured")  # every plugin's pytest_configure has run
 
 
 def _is_xdist_controller(config: pytest.Config) -> bool:
@@ -422,6 +431,7 @@ _warmup_key = pytest.StashKey[dict]()
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reports the collection to the controller
 def pytest_collection_finish(session: pytest.Session) -> None:
     """The workers' xdist groups for the scheduler (``_write_xdist_groups``)."""
+    timeline.mark(session.config.stash[_phases_key], "collected")
     _write_xdist_groups(session)
 
 
@@ -603,17 +613,22 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     path = config.getoption("json_report")
     if not path:
         return
+    phases = config.stash[_phases_key]
+    timeline.mark(phases, "session_end")
     meta = {"device": config.stash[_device_key], "provider": config.getoption("provider") or DEFAULT_PROVIDER}
+    ledger = config.stash[_ledger_key]
+    mine = {"phases": phases, "compiles": ledger.to_dict() if ledger is not None else None}
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if hasattr(config, "workerinput") and worker:
         gpu = os.environ.get("CUDA_VISIBLE_DEVICES") if meta["device"] == "cuda" else None
-        write_part(path, worker, Report(items=_merged_records(config), meta={**meta, "worker": worker, "gpu": gpu}))
+        write_part(path, worker, Report(items=_merged_records(config),
+                                        meta={**meta, **mine, "worker": worker, "gpu": gpu}))
         return
     if not _is_xdist_controller(config):
-        write_part(path, "main", Report(items=_merged_records(config), meta={**meta, "worker": "main"}))
+        write_part(path, "main", Report(items=_merged_records(config), meta={**meta, **mine, "worker": "main"}))
         merge_parts(path, meta=meta)
     else:  # the workers' parts say which device they ran on (the controller only asked the driver)
-        merge_parts(path, meta={k: v for k, v in meta.items() if k != "device"})
+        merge_parts(path, meta={**{k: v for k, v in meta.items() if k != "device"}, "phases": phases})
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:

@@ -18,6 +18,9 @@ from pathlib import Path
 FAILURE_OUTCOMES = ("failed", "error", "xpassed")
 MESSAGE_CHARS = 8000
 REPORT_SCHEMA = "ssd-harness-report/1"
+# A part's meta that differs per worker, and where the merged report keeps it by worker: the GPU it was pinned to,
+# its start-up phases and its compile ledger (harness.timeline).
+PER_WORKER_META = {"gpu": "worker_gpus", "phases": "worker_phases", "compiles": "worker_compiles"}
 
 
 @dataclass
@@ -123,13 +126,15 @@ def merge_reports(reports: list[Report], meta: dict | None = None) -> Report:
     by_id: dict[str, ItemRecord] = {}
     merged_meta: dict = {"workers": []}
     for rep in reports:
-        merged_meta["workers"].append(rep.meta.get("worker", ""))
-        if rep.meta.get("gpu") is not None:  # which GPU each xdist worker was pinned to
-            merged_meta.setdefault("worker_gpus", {})[rep.meta.get("worker", "")] = rep.meta["gpu"]
+        worker = rep.meta.get("worker", "")
+        merged_meta["workers"].append(worker)
+        for key, merged_key in PER_WORKER_META.items():
+            if rep.meta.get(key) is not None:
+                merged_meta.setdefault(merged_key, {})[worker] = rep.meta[key]
         for rec in rep.items:
             by_id[rec.nodeid] = rec
         for key, value in rep.meta.items():
-            if key not in ("worker", "gpu"):
+            if key != "worker" and key not in PER_WORKER_META:
                 merged_meta.setdefault(key, value)
     merged_meta["workers"] = sorted(w for w in merged_meta["workers"] if w)
     merged_meta.update(meta or {})

@@ -375,6 +375,18 @@ def test_one_xdist_run_merges_reports_keeps_units_together_and_starts_the_costli
     assert firsts == ["f5", "g0"], firsts
     assert (tmp_path / "controller-torch").read_text() == "False"
     assert data["meta"]["device"] == "cpu"  # from the workers' parts
+    # Start-up phases (harness.timeline): the controller starts first, each worker's phases are in order and its
+    # first item starts after it collected; every worker's compile ledger is in the report.
+    meta = data["meta"]
+    assert set(meta["phases"]) == {"process_start", "configured", "session_end"}
+    assert set(meta["worker_phases"]) == set(meta["worker_compiles"]) == {"gw0", "gw1"}
+    for worker, phases in meta["worker_phases"].items():
+        first = min(i["start"] for i in items if i["worker"] == worker)
+        assert (meta["phases"]["process_start"] <= phases["process_start"] <= phases["configured"]
+                <= phases["collected"] <= first <= phases["session_end"] <= meta["phases"]["session_end"]), phases
+    times = subprocess.run([sys.executable, "-m", "harness", "times", str(report)], cwd=ROOT, capture_output=True,
+                           text=True, timeout=120)
+    assert times.returncode == 0 and "workers collected" in times.stdout, times.stdout + times.stderr
 
 
 def test_item_durations_include_fixture_setup(pytester):

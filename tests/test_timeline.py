@@ -1,0 +1,141 @@
+"""Start-up phases and the compile ledger (harness.timeline): what `harness times` says about a run's time outside
+its items. The xdist run in test_plugin.py checks the phases of a real controller and its workers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from harness import cli, timeline
+from harness.backend import configure
+
+DEVICE = configure("auto")  # before any kernel is defined
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from harness.guards.recompile import cold_in_memory_cache  # noqa: E402
+from harness.report import ItemRecord, Report, merge_reports  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_process_start_time_is_when_the_os_started_the_process():
+    before = time.time()
+    out = subprocess.run([sys.executable, "-c", "import time; time.sleep(0.3); from harness.timeline import "
+                          "process_start_time; print(process_start_time(), time.time())"],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    started, printed = float(out[0]), float(out[1])
+    # One clock tick (10 ms) of resolution; the 0.3 s sleep shows it is the start, not the moment of the call.
+    assert before - 0.05 <= started <= printed - 0.25, (before, started, printed)
+
+
+def test_mark_names_a_known_phase():
+    phases = timeline.new_phases()
+    timeline.mark(phases, "collected")
+    assert set(phases) == {"process_start", "collected"} and phases["collected"] >= phases["process_start"]
+    with pytest.raises(ValueError, match="phase: expected one of"):
+        timeline.mark(phases, "warmed")
+
+
+def _times(microseconds: int):
+    return SimpleNamespace(total=microseconds)
+
+
+def _event(ledger, digest: str, name: str, microseconds: int, hit: bool) -> None:
+    ledger(src=SimpleNamespace(name=name), metadata={"hash": digest}, metadata_group={}, times=_times(microseconds),
+           cache_hit=hit)
+
+
+def test_ledger_counts_compiles_by_binary_and_loads_and_calls_the_listener_it_replaced():
+    seen = []
+    ledger = timeline.CompileLedger(previous=lambda **kw: seen.append(kw["cache_hit"]))
+    _event(ledger, "a" * 64, "chunk_scan", 1_500_000, hit=False)
+    _event(ledger, "a" * 64, "chunk_scan", 500_000, hit=False)  # the same binary again (a private cache dir)
+    _event(ledger, "b" * 64, "bmm", 20_000, hit=True)
+    assert ledger.to_dict() == {"compiled": {"a" * 16: ["chunk_scan", 2, 2.0]}, "loaded": 1, "load_seconds": 0.02}
+    assert seen == [False, False, True]
+
+
+def test_installed_ledger_is_tritons_listener_and_chains_the_previous_one():
+    from triton import knobs
+
+    with knobs.compilation.scope():
+        marker = lambda **kw: None  # noqa: E731
+        knobs.compilation.listener = marker
+        ledger = timeline.install_compile_ledger()
+        assert knobs.compilation.listener is ledger and ledger.previous is marker
+
+
+def test_compile_lines_count_what_another_worker_compiled_too():
+    gw0 = {"compiled": {"a": ["chunk_scan", 1, 1.0], "b": ["bmm", 1, 2.0]}, "loaded": 3, "load_seconds": 0.3}
+    gw1 = {"compiled": {"a": ["chunk_scan", 1, 1.5]}, "loaded": 1, "load_seconds": 0.1}
+    merged = merge_reports([Report([], meta={"worker": "gw0", "compiles": gw0}),
+                            Report([], meta={"worker": "gw1", "compiles": gw1})])
+    assert merged.meta["worker_compiles"] == {"gw0": gw0, "gw1": gw1} and "compiles" not in merged.meta
+    lines = timeline.compile_lines(merged.meta)
+    # 3 compiles, 2 binaries; a's cheaper compile (1.0 s) was needed, the other 1.5 s repeated it.
+    assert lines[0] == ("compiles: 3 in 4.5s over 2 processes, 2 distinct binaries; 1 repeats of a binary compiled "
+                        "elsewhere too cost 1.5s; 4 loads from the disk cache in 0.4s")
+    rows = {ln.split()[0]: ln.split()[1:] for ln in lines[2:]}
+    assert rows == {"chunk_scan": ["2", "2.5", "1.25", "1", "1.5"], "bmm": ["1", "2.0", "2.00", "0", "0.0"]}
+    assert lines[2].split()[0] == "chunk_scan"  # costliest first
+    assert timeline.compile_lines({"worker_compiles": {"gw0": {"compiled": {}, "loaded": 5}}}) == []
+
+
+def test_startup_lines_put_every_phase_in_time_order_from_the_controllers_start():
+    meta = {"phases": {"process_start": 100.0, "configured": 100.5, "session_end": 140.0},
+            "worker_phases": {f"gw{i}": {"process_start": 101.0 + i, "configured": 104.0 + i,
+                                         "collected": 106.0 + i, "session_end": 138.0 + i} for i in range(3)}}
+    lines = timeline.startup_lines(meta, item_starts=[108.5, 109.0], item_ends=[130.0, 139.5])
+    assert lines[0].startswith("start-up and end: s after the controller started (3 workers")
+    rows = [(ln[:38].strip(), ln[38:].strip()) for ln in lines[1:]]
+    assert rows == [("controller configured (imports done)", "0.5"),
+                    ("workers process started", "1.0 / 2.0 / 3.0"),
+                    ("workers configured (imports done)", "4.0 / 5.0 / 6.0"),
+                    ("workers collected", "6.0 / 7.0 / 8.0"),
+                    ("first item started", "8.5"),
+                    ("workers session ended", "38.0 / 39.0 / 40.0"),
+                    ("last item ended", "39.5"),
+                    ("controller session ended", "40.0")]
+    assert timeline.startup_lines({}, [], []) == []
+
+
+def test_times_prints_start_up_and_compiles_from_a_report(tmp_path, capsys):
+    path = tmp_path / "r.json"
+    Report([ItemRecord("t::a", "passed", 2.0, worker="gw0", start=105.0)],
+           meta={"phases": {"process_start": 100.0},
+                 "worker_phases": {"gw0": {"process_start": 101.0, "collected": 104.0}},
+                 "worker_compiles": {"gw0": {"compiled": {"a": ["chunk_scan", 1, 1.0]}, "loaded": 0}}}).write(path)
+    assert cli.main(["times", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "workers collected" in out and "last item ended" in out and "compiles: 1 in 1.0s" in out
+
+
+@triton.jit
+def _ledger_probe_kernel(x_ptr, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    tl.store(x_ptr + offsets, tl.load(x_ptr + offsets) + 1)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a GPU: the interpreter compiles nothing, so Triton never calls "
+                    "the listener (its logic is tested above with the listener's own arguments)")
+def test_ledger_sees_a_real_compile_then_a_disk_cache_load(tmp_path):
+    import torch
+    from triton import knobs
+
+    with knobs.cache.scope(), knobs.compilation.scope():  # both put back as they were
+        knobs.cache.dir = str(tmp_path)  # a fresh disk cache: the first warmup must compile
+        ledger = timeline.install_compile_ledger()
+        x = torch.zeros(32, device="cuda")
+        for _ in range(2):
+            with cold_in_memory_cache(_ledger_probe_kernel):
+                _ledger_probe_kernel.warmup(x, BLOCK=32, grid=(1,))
+    compiled = ledger.to_dict()["compiled"]
+    assert [entry[:2] for entry in compiled.values()] == [["_ledger_probe_kernel", 1]], compiled
+    assert ledger.loaded == 1
