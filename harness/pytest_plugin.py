@@ -19,6 +19,7 @@ import pytest
 from harness import DEFAULT_PROVIDER, backend, timeline
 from harness.report import MESSAGE_CHARS, ItemRecord, Report, append_live, clear_parts, merge_parts, summary_lines, write_part
 from harness.sharding import ItemCosts, LongestFirstQueue
+from harness.compile_claims import CLAIMS_ENV
 
 CASE_SUFFIXES = (".yaml", ".yml")
 GPU_LIST_ENV = "SSD_HARNESS_VISIBLE_GPUS"  # set by the controller, read by workers
@@ -135,6 +136,13 @@ def _groups_file_for_this_run() -> str:
     return os.path.join(tempfile.gettempdir(), f"ssd-harness-xdist-groups-{os.getpid()}.json")
 
 
+def _claims_dir_for_this_run() -> str:
+    """harness.compile_claims: one folder of compile claims per xdist session, removed when it ends."""
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"ssd-harness-compile-claims-{os.getpid()}")
+
+
 def _write_xdist_groups(session: pytest.Session) -> None:
     """In an xdist worker, before xdist reports the collection: write the ``xdist_group`` of every marked item for
     the controller's scheduler (xdist's own way, an ``@name`` id suffix, sets a private attribute that pytest 9.2
@@ -208,6 +216,7 @@ def pytest_configure(config: pytest.Config) -> None:
             # The controller runs no kernels: it lists the GPUs once, without torch (backend.gpus_for_workers),
             # and the workers inherit the environment when xdist spawns them; each resolves its device itself.
             os.environ[GROUPS_FILE_ENV] = _groups_file_for_this_run()
+            os.environ[CLAIMS_ENV] = _claims_dir_for_this_run()  # workers share their warmups' compiles
             gpus = backend.gpus_for_workers(requested)
             if gpus:
                 os.environ[GPU_LIST_ENV] = ",".join(gpus)
@@ -233,6 +242,20 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     timeline.mark(session.config.stash[_phases_key], "configured")  # every plugin's pytest_configure has run
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    ledger = item.config.stash.get(_ledger_key, None)
+    if ledger is not None:
+        ledger.origin = item.nodeid  # compiles from here to the next item's setup are this item's
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """xdist controller: a worker has finished its session (the last one's time is kept); the controller's session
+    ends once every worker process has exited."""
+    timeline.mark(node.config.stash[_phases_key], "workers_finished")
+
+
 def _is_xdist_controller(config: pytest.Config) -> bool:
     """This process starts xdist workers and runs no test itself: xdist's own condition for its distributed session
     (a distribution mode with workers, and not ``--collect-only``, where the process collects by itself). Set by
@@ -242,10 +265,18 @@ def _is_xdist_controller(config: pytest.Config) -> bool:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):
+        return
     path = os.environ.get(GROUPS_FILE_ENV)
-    if path and not hasattr(config, "workerinput") and path == _groups_file_for_this_run():
+    if path and path == _groups_file_for_this_run():
         with contextlib.suppress(FileNotFoundError):
             os.remove(path)
+    claims = os.environ.get(CLAIMS_ENV)
+    if claims and claims == _claims_dir_for_this_run():
+        import shutil
+
+        shutil.rmtree(claims, ignore_errors=True)
+        del os.environ[CLAIMS_ENV]
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

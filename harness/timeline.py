@@ -17,11 +17,12 @@ import statistics
 import time
 from collections import defaultdict
 
-PHASES = ("process_start", "configured", "collected", "session_end")
+PHASES = ("process_start", "configured", "collected", "workers_finished", "session_end")
 PHASE_TITLES = {
     "process_start": "process started",
     "configured": "configured (imports done)",
     "collected": "collected",
+    "workers_finished": "heard the last worker finish",  # the controller's; its session ends once they all exited
     "session_end": "session ended",
 }
 
@@ -49,7 +50,8 @@ def mark(phases: dict, name: str) -> None:
 
 
 class CompileLedger:
-    """A ``knobs.compilation.listener``: real compiles by binary hash ({hash: [kernel, count, seconds]}) and the
+    """A ``knobs.compilation.listener``: real compiles by binary hash ({hash: [kernel, count, seconds, origin]}, the
+    origin being what ran when it was first compiled: the plugin sets ``origin`` to each item's node id) and the
     disk-cache loads. Calls the listener it replaced, so another tool's listener keeps working."""
 
     def __init__(self, previous=None):
@@ -57,6 +59,7 @@ class CompileLedger:
         self.compiled: dict[str, list] = {}
         self.loaded = 0
         self.load_seconds = 0.0
+        self.origin = ""
 
     def __call__(self, *, src, metadata, metadata_group, times, cache_hit, **kwargs):
         seconds = times.total / 1e6  # CompileTimes are in microseconds
@@ -64,7 +67,8 @@ class CompileLedger:
             self.loaded += 1
             self.load_seconds += seconds
         else:
-            entry = self.compiled.setdefault(str(metadata.get("hash", ""))[:16], [getattr(src, "name", "?"), 0, 0.0])
+            entry = self.compiled.setdefault(str(metadata.get("hash", ""))[:16],
+                                             [getattr(src, "name", "?"), 0, 0.0, self.origin])
             entry[1] += 1
             entry[2] += seconds
         if self.previous is not None:
@@ -72,7 +76,7 @@ class CompileLedger:
                           cache_hit=cache_hit, **kwargs)
 
     def to_dict(self) -> dict:
-        return {"compiled": {h: [k, n, round(s, 4)] for h, (k, n, s) in self.compiled.items()},
+        return {"compiled": {h: [k, n, round(s, 4), o] for h, (k, n, s, o) in self.compiled.items()},
                 "loaded": self.loaded, "load_seconds": round(self.load_seconds, 4)}
 
 
@@ -126,36 +130,52 @@ def startup_lines(meta: dict, item_starts: list[float], item_ends: list[float]) 
     return lines
 
 
+def origin_group(nodeid: str) -> str:
+    """Where a compile came from, coarsely: the test file, or ``cases (<check>)`` for a case item (its warmup)."""
+    path, _, rest = nodeid.partition("::")
+    if not nodeid:
+        return "(outside items)"
+    if path.endswith((".yaml", ".yml")):
+        return f"cases ({rest.rsplit('::', 1)[-1]})"
+    return path
+
+
+def _table(title: str, compiles: list[tuple[str, float, bool]], top: int) -> list[str]:
+    """Rows of (group, seconds, is a repeat), summed per group, costliest first."""
+    rows: dict[str, list] = defaultdict(lambda: [0, 0.0, 0, 0.0])
+    for group, seconds, repeat in compiles:
+        row = rows[group]
+        row[0] += 1
+        row[1] += seconds
+        row[2] += repeat
+        row[3] += seconds if repeat else 0.0
+    lines = [f"  {title:<44} {'compiles':>8} {'total s':>8} {'mean s':>7} {'repeats':>8} {'repeat s':>9}"]
+    for key, (n, seconds, reps, rep_s) in sorted(rows.items(), key=lambda kv: -kv[1][1])[:top]:
+        lines.append(f"  {key:<44} {n:>8} {seconds:>8.1f} {seconds / n:>7.2f} {reps:>8} {rep_s:>9.1f}")
+    return lines
+
+
 def compile_lines(meta: dict, top: int = 8) -> list[str]:
-    """Compile time over all workers, the binaries more than one worker (or one twice) compiled and what those
-    repeats cost (each binary's cheapest compile counts as needed), and the costliest kernels; [] without a
-    ledger or without compiles."""
+    """Compile time over all workers, and the binaries more than one worker (or one twice) compiled: of a binary's
+    compiles the cheapest counts as needed, the others as repeats (work the shared disk cache did not save). By
+    kernel, and by what was running (``origin_group``); [] without a ledger or without compiles."""
     ledgers = meta.get("worker_compiles") or {}
-    per_hash: dict[str, list[float]] = defaultdict(list)
-    kernel_of: dict[str, str] = {}
+    per_hash: dict[str, list[tuple[float, str, str]]] = defaultdict(list)  # digest -> [(seconds, kernel, origin)]
     loaded = sum(int(v.get("loaded", 0)) for v in ledgers.values())
     load_seconds = sum(float(v.get("load_seconds", 0.0)) for v in ledgers.values())
     for ledger in ledgers.values():
-        for digest, (kernel, count, seconds) in ledger.get("compiled", {}).items():
-            per_hash[digest].extend([seconds / count] * count)
-            kernel_of[digest] = kernel
+        for digest, (kernel, count, seconds, *origin) in ledger.get("compiled", {}).items():
+            per_hash[digest] += [(seconds / count, kernel, origin_group(origin[0] if origin else ""))] * count
     if not per_hash:
         return []
-    total = sum(sum(v) for v in per_hash.values())
-    compiles = sum(len(v) for v in per_hash.values())
-    repeats = compiles - len(per_hash)
-    repeat_seconds = sum(sum(v) - min(v) for v in per_hash.values())
-    lines = [f"compiles: {compiles} in {total:.1f}s over {len(ledgers)} processes, {len(per_hash)} distinct binaries;"
-             f" {repeats} repeats of a binary compiled elsewhere too cost {repeat_seconds:.1f}s;"
+    by_kernel, by_origin = [], []
+    for compiles in per_hash.values():
+        for rank, (seconds, kernel, origin) in enumerate(sorted(compiles)):
+            by_kernel.append((kernel, seconds, rank > 0))
+            by_origin.append((origin, seconds, rank > 0))
+    total = sum(seconds for _, seconds, _ in by_kernel)
+    repeats = [seconds for _, seconds, repeat in by_kernel if repeat]
+    lines = [f"compiles: {len(by_kernel)} in {total:.1f}s over {len(ledgers)} processes, {len(per_hash)} distinct "
+             f"binaries; {len(repeats)} repeats of a binary compiled elsewhere too cost {sum(repeats):.1f}s;"
              f" {loaded} loads from the disk cache in {load_seconds:.1f}s"]
-    by_kernel: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0, 0.0])
-    for digest, times in per_hash.items():
-        row = by_kernel[kernel_of[digest]]
-        row[0] += len(times)
-        row[1] += sum(times)
-        row[2] += len(times) - 1
-        row[3] += sum(times) - min(times)
-    lines.append(f"  {'kernel':<34} {'compiles':>8} {'total s':>8} {'mean s':>7} {'repeats':>8} {'repeat s':>9}")
-    for kernel, (n, seconds, reps, rep_s) in sorted(by_kernel.items(), key=lambda kv: -kv[1][1])[:top]:
-        lines.append(f"  {kernel:<34} {n:>8} {seconds:>8.1f} {seconds / n:>7.2f} {reps:>8} {rep_s:>9.1f}")
-    return lines
+    return lines + _table("kernel", by_kernel, top) + _table("compiled during", by_origin, top)

@@ -33,6 +33,7 @@ import torch
 from triton.runtime.jit import MockTensor
 
 from harness.guards.specialization import SpecKey, base_jit_function, kernel_name, specialization_key
+from harness.compile_claims import ClaimBoard, compile_claimed
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 STATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -230,21 +231,23 @@ def warmup(
     return warmup_all(device, [(shape, tuple(io_dtypes), tuple(state_dtypes), request)], kernels=kernels)
 
 
-def _plan(requests: Iterable[tuple], names: list[str]) -> tuple[list[tuple[WarmupSpec, list[SpecKey]]], int]:
-    """Every spec that adds a specialization not seen before, with those keys, in registry order; and the number
-    of class combinations enumerated."""
+def _plan(requests: Iterable[tuple], names: list[str]) -> tuple[list[tuple[WarmupSpec, list[SpecKey], str]], int]:
+    """Every spec that adds a specialization not seen before, with those keys and its claim name (from all its
+    keys: the same spec has the same name in every process, whatever else that process plans), in registry order;
+    and the number of class combinations enumerated."""
     seen: set[tuple[str, str]] = set()
-    todo: list[tuple[WarmupSpec, list[SpecKey]]] = []
+    todo: list[tuple[WarmupSpec, list[SpecKey], str]] = []
     enumerated = 0
     for shape, io, state, *options in requests:
         req = WarmupRequest(shape, tuple(io), tuple(state), **(options[0] if options else {}))
         for name in names:
             for spec in _REGISTRY[name](req):
                 enumerated += 1
-                new = [k for k in spec_keys(spec) if (k.kernel, k.key) not in seen]
+                keys = spec_keys(spec)
+                new = [k for k in keys if (k.kernel, k.key) not in seen]
                 if new:
                     seen.update((k.kernel, k.key) for k in new)
-                    todo.append((spec, new))
+                    todo.append((spec, new, ClaimBoard.name(*sorted((k.kernel, k.key) for k in keys))))
     return todo, enumerated
 
 
@@ -269,13 +272,17 @@ def warmup_all(
     first: float = 0.0,
     part: tuple[int, int] | None = None,
     jobs: int = 1,
+    claims: ClaimBoard | None = None,
 ) -> WarmupReport:
     """One warmup for several (shape, io dtypes, state dtypes[, request options]); keys merged (the same class
     compiled for two shapes is one binary: shapes enter keys only through their int classes and the block-size
     constexprs). ``first`` and ``part``: see ``compile_order``; ``keys`` always lists every specialization.
     ``jobs > 1`` (GPU): at the first specialization the disk cache lacks, ``jobs`` child processes compile a part
     each into the Triton disk cache, then this process loads the rest from there (Triton compiles one kernel at a
-    time per process); a warm cache is loaded without starting any (their start-up cost 5-25 s on a busy host)."""
+    time per process); a warm cache is loaded without starting any (their start-up cost 5-25 s on a busy host).
+    ``claims`` (GPU; default: the board named by ``SSD_HARNESS_COMPILE_CLAIMS``, which the pytest plugin sets for
+    an xdist session): processes warming at once share the compiles (``harness.compile_claims.compile_claimed``);
+    not with ``part`` or ``jobs``, which split the work themselves."""
     names = list(kernels) if kernels is not None else registered()
     unknown = [n for n in names if n not in _REGISTRY]
     if unknown:
@@ -285,7 +292,13 @@ def warmup_all(
     parallel = 0.0
     todo, enumerated = _plan(requests, names)
     compiled = 0
-    if device == "cuda":
+    if claims is None and device == "cuda" and part is None and jobs == 1:
+        claims = ClaimBoard.from_env()
+    if device == "cuda" and claims is not None:
+        compile_claimed([(spec, name) for spec, _, name in todo], compile_order(len(todo), first, part), claims,
+                        _compile_one)
+        compiled = sum(len(new) for _, new, _ in todo)
+    elif device == "cuda":
         order = compile_order(len(todo), first, part)
         spawn = jobs > 1 and part is None
         for pos, i in enumerate(order):
@@ -297,7 +310,7 @@ def warmup_all(
                 # this process loads it from the disk cache below. A warm cache never pays for the processes.
                 parallel = _compile_in_children(requests, names, jobs)
                 spawn = False
-    keys = [k for _, new in todo for k in new]
+    keys = [k for _, new, _ in todo for k in new]
     per_kernel: dict[str, int] = {}
     for k in keys:
         per_kernel[k.kernel] = per_kernel.get(k.kernel, 0) + 1

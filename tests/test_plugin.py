@@ -15,6 +15,7 @@ import pytest
 
 from harness import backend
 from harness import pytest_plugin as plugin
+from harness.compile_claims import CLAIMS_ENV
 from harness.report import ItemRecord, Report, merge_reports, summary_lines
 from tests import broken_providers as bp
 
@@ -332,7 +333,12 @@ def test_one_xdist_run_merges_reports_keeps_units_together_and_starts_the_costli
     (tmp_path / "conftest.py").write_text(
         "import os, sys\n"
         "def pytest_xdist_setupnodes(config, specs):\n"
-        f"    open({str(tmp_path / 'controller-torch')!r}, 'w').write(str('torch' in sys.modules))\n")
+        f"    open({str(tmp_path / 'controller-torch')!r}, 'w').write(str('torch' in sys.modules))\n"
+        f"    open({str(tmp_path / 'claims-dir')!r}, 'w').write(os.environ.get({CLAIMS_ENV!r}, ''))\n"
+        "def pytest_sessionstart(session):\n"
+        "    if hasattr(session.config, 'workerinput'):  # a worker claims something, as a GPU warmup would\n"
+        "        from harness.compile_claims import ClaimBoard\n"
+        "        ClaimBoard.from_env().try_claim(os.environ['PYTEST_XDIST_WORKER'])\n")
     junit, report = tmp_path / "junit.xml", tmp_path / "report.json"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", str(tmp_path), "--device", "cpu", "-n", "2",
@@ -374,16 +380,20 @@ def test_one_xdist_run_merges_reports_keeps_units_together_and_starts_the_costli
     # test) start first; collection order would have started with a case of tiny.yaml and test_f0.
     assert firsts == ["f5", "g0"], firsts
     assert (tmp_path / "controller-torch").read_text() == "False"
+    # The workers' compile claims (harness.compile_claims): one folder for this session, gone when it ended.
+    claims = (tmp_path / "claims-dir").read_text()
+    assert claims and not os.path.exists(claims), claims
     assert data["meta"]["device"] == "cpu"  # from the workers' parts
     # Start-up phases (harness.timeline): the controller starts first, each worker's phases are in order and its
     # first item starts after it collected; every worker's compile ledger is in the report.
     meta = data["meta"]
-    assert set(meta["phases"]) == {"process_start", "configured", "session_end"}
+    assert set(meta["phases"]) == {"process_start", "configured", "workers_finished", "session_end"}
     assert set(meta["worker_phases"]) == set(meta["worker_compiles"]) == {"gw0", "gw1"}
     for worker, phases in meta["worker_phases"].items():
         first = min(i["start"] for i in items if i["worker"] == worker)
         assert (meta["phases"]["process_start"] <= phases["process_start"] <= phases["configured"]
-                <= phases["collected"] <= first <= phases["session_end"] <= meta["phases"]["session_end"]), phases
+                <= phases["collected"] <= first <= phases["session_end"] <= meta["phases"]["workers_finished"]
+                <= meta["phases"]["session_end"]), phases
     times = subprocess.run([sys.executable, "-m", "harness", "times", str(report)], cwd=ROOT, capture_output=True,
                            text=True, timeout=120)
     assert times.returncode == 0 and "workers collected" in times.stdout, times.stdout + times.stderr

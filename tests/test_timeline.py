@@ -58,8 +58,12 @@ def test_ledger_counts_compiles_by_binary_and_loads_and_calls_the_listener_it_re
     _event(ledger, "a" * 64, "chunk_scan", 1_500_000, hit=False)
     _event(ledger, "a" * 64, "chunk_scan", 500_000, hit=False)  # the same binary again (a private cache dir)
     _event(ledger, "b" * 64, "bmm", 20_000, hit=True)
-    assert ledger.to_dict() == {"compiled": {"a" * 16: ["chunk_scan", 2, 2.0]}, "loaded": 1, "load_seconds": 0.02}
-    assert seen == [False, False, True]
+    assert ledger.to_dict() == {"compiled": {"a" * 16: ["chunk_scan", 2, 2.0, ""]}, "loaded": 1,
+                                "load_seconds": 0.02}
+    ledger.origin = "tests/test_x.py::test_y"
+    _event(ledger, "c" * 64, "bmm", 1_000_000, hit=False)
+    assert ledger.to_dict()["compiled"]["c" * 16] == ["bmm", 1, 1.0, "tests/test_x.py::test_y"]
+    assert seen == [False, False, True, False]
 
 
 def test_installed_ledger_is_tritons_listener_and_chains_the_previous_one():
@@ -73,8 +77,11 @@ def test_installed_ledger_is_tritons_listener_and_chains_the_previous_one():
 
 
 def test_compile_lines_count_what_another_worker_compiled_too():
-    gw0 = {"compiled": {"a": ["chunk_scan", 1, 1.0], "b": ["bmm", 1, 2.0]}, "loaded": 3, "load_seconds": 0.3}
-    gw1 = {"compiled": {"a": ["chunk_scan", 1, 1.5]}, "loaded": 1, "load_seconds": 0.1}
+    gw0 = {"compiled": {"a": ["chunk_scan", 1, 1.0, "cases/corpus/direct.yaml::d-1::determinism"],
+                        "b": ["bmm", 1, 2.0, "tests/test_kernel_stages.py::test_bmm[fp16]"]},
+           "loaded": 3, "load_seconds": 0.3}
+    gw1 = {"compiled": {"a": ["chunk_scan", 1, 1.5, "tests/test_ssd_warmup.py::test_x"]}, "loaded": 1,
+           "load_seconds": 0.1}
     merged = merge_reports([Report([], meta={"worker": "gw0", "compiles": gw0}),
                             Report([], meta={"worker": "gw1", "compiles": gw1})])
     assert merged.meta["worker_compiles"] == {"gw0": gw0, "gw1": gw1} and "compiles" not in merged.meta
@@ -82,10 +89,15 @@ def test_compile_lines_count_what_another_worker_compiled_too():
     # 3 compiles, 2 binaries; a's cheaper compile (1.0 s) was needed, the other 1.5 s repeated it.
     assert lines[0] == ("compiles: 3 in 4.5s over 2 processes, 2 distinct binaries; 1 repeats of a binary compiled "
                         "elsewhere too cost 1.5s; 4 loads from the disk cache in 0.4s")
-    rows = {ln.split()[0]: ln.split()[1:] for ln in lines[2:]}
-    assert rows == {"chunk_scan": ["2", "2.5", "1.25", "1", "1.5"], "bmm": ["1", "2.0", "2.00", "0", "0.0"]}
-    assert lines[2].split()[0] == "chunk_scan"  # costliest first
+    by_kernel = {ln.split()[0]: ln.split()[1:] for ln in lines[2:4]}
+    assert by_kernel == {"chunk_scan": ["2", "2.5", "1.25", "1", "1.5"], "bmm": ["1", "2.0", "2.00", "0", "0.0"]}
+    assert lines[2].split()[0] == "chunk_scan" and lines[4].split()[:2] == ["compiled", "during"]
+    by_origin = {ln[:46].strip(): ln[46:].split() for ln in lines[5:]}
+    assert by_origin == {"tests/test_kernel_stages.py": ["1", "2.0", "2.00", "0", "0.0"],
+                         "tests/test_ssd_warmup.py": ["1", "1.5", "1.50", "1", "1.5"],  # the repeat
+                         "cases (determinism)": ["1", "1.0", "1.00", "0", "0.0"]}
     assert timeline.compile_lines({"worker_compiles": {"gw0": {"compiled": {}, "loaded": 5}}}) == []
+    assert timeline.origin_group("") == "(outside items)"
 
 
 def test_startup_lines_put_every_phase_in_time_order_from_the_controllers_start():

@@ -1,0 +1,121 @@
+"""Claims on compile work shared by processes that use one Triton disk cache (xdist workers warming at once).
+
+Each process that is about to compile a specialization first claims it: the first to create the claim file compiles
+and then marks it done; the others put it aside, compile what nobody claimed, and come back to load it from the disk
+cache once it is done. Without this, workers warming overlapping requests at the same moment each compiled the same
+binaries (GPU run 24: 328 of 800 compiles repeated a binary another worker compiled at the same time, 213 of 559 s).
+
+A claim whose process has died (a crashed worker) or was released after a failed compile does not hold anyone up:
+the waiter compiles itself (and meets the same error, in its own test). Claims live in a folder per run (the pytest
+plugin makes one for each xdist session), so nothing is left over between runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+POLL_SECONDS = 0.01
+CLAIMS_ENV = "SSD_HARNESS_COMPILE_CLAIMS"  # the folder of this run's claims (set by the pytest plugin for xdist)
+
+
+class ClaimBoard:
+    def __init__(self, folder: str | os.PathLike):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    @classmethod
+    def from_env(cls) -> "ClaimBoard | None":
+        folder = os.environ.get(CLAIMS_ENV)
+        return cls(folder) if folder else None
+
+    @staticmethod
+    def name(*parts: object) -> str:
+        """A claim's file name for what it stands for (e.g. a spec's specialization keys); the same in every
+        process."""
+        return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
+
+    def _claim(self, name: str) -> Path:
+        return self.folder / f"{name}.claim"
+
+    def _done(self, name: str) -> Path:
+        return self.folder / f"{name}.done"
+
+    def is_done(self, name: str) -> bool:
+        return self._done(name).exists()
+
+    def try_claim(self, name: str) -> bool:
+        """True when this process now holds the claim (and must ``finish`` or ``release`` it)."""
+        try:
+            fd = os.open(self._claim(name), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as fh:
+            fh.write(str(os.getpid()))
+        return True
+
+    def finish(self, name: str) -> None:
+        """The work is in the disk cache."""
+        self._done(name).touch()
+
+    def release(self, name: str) -> None:
+        """The work failed: let the next process try (it reports its own error)."""
+        self._claim(name).unlink(missing_ok=True)
+
+    def _holder_alive(self, name: str) -> bool:
+        try:
+            pid = int(self._claim(name).read_text() or "0")
+        except FileNotFoundError:
+            return False  # released
+        except ValueError:
+            return True  # the holder is between creating the file and writing its pid
+        if pid <= 0:
+            return True
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def wait(self, name: str, timeout: float) -> bool:
+        """Wait until the claimed work is done (True), or its holder is gone or ``timeout`` passed (False: do it
+        yourself)."""
+        deadline = time.monotonic() + timeout
+        while not self.is_done(name):
+            if not self._holder_alive(name) or time.monotonic() > deadline:
+                return self.is_done(name)
+            time.sleep(POLL_SECONDS)
+        return True
+
+
+def compile_claimed(specs: list[tuple[Any, str]], order: list[int], claims: ClaimBoard,
+                    compile_one: Callable[[Any], None], timeout: float = 300.0) -> list[int]:
+    """Compile ``specs[i]`` (spec, claim name) for ``i`` in ``order``: what is done elsewhere is loaded, what this
+    process claims it compiles, what another process holds is put aside and loaded at the end, once done (or
+    compiled here, if its holder died, gave up, or took longer than ``timeout`` s). Returns the indices this
+    process compiled under its own claim."""
+    deferred, mine = [], []
+    for i in order:
+        spec, name = specs[i]
+        if claims.is_done(name):
+            compile_one(spec)  # a disk-cache load
+        elif claims.try_claim(name):
+            try:
+                compile_one(spec)
+            except BaseException:
+                claims.release(name)
+                raise
+            claims.finish(name)
+            mine.append(i)
+        else:
+            deferred.append(i)
+    for i in deferred:
+        spec, name = specs[i]
+        claims.wait(name, timeout)
+        compile_one(spec)
+    return mine
