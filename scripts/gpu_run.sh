@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU runner does everything (device time is scarce): environment, the test suite on CUDA,
 # the case corpus, the bench. Usage: scripts/gpu_run.sh [STEP...] with steps env, tests, cases, bench
-# (default: env tests cases bench; also recheck, suite, warmup, cases-warm, stages, profile-ref). Full logs go under $OUT (the device tool brings them back); a short table is printed last.
+# (default: env tests cases bench; also pyc, startup, exit-probe, recheck, suite, suite-warm, warmup, cases-warm, stages,
+# profile-ref, profile-warmup). Full logs go under $OUT (the device tool brings them back); a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
 export PYTHONUNBUFFERED=1
@@ -58,6 +59,8 @@ for step in $steps; do
       run_step startup-collect-warm $PY -m pytest --collect-only -q -p no:cacheprovider --device cuda
       run_step startup-collect-prof bash -c "$PY -m cProfile -o $OUT/startup-collect.prof -m pytest --collect-only -q -p no:cacheprovider --device cuda >/dev/null; $PY -c \"import pstats; pstats.Stats('$OUT/startup-collect.prof').sort_stats('tottime').print_stats(30)\" | tail -n 40"
       run_step startup-xdist $PY -m pytest -q -n "$WORKERS" --workers-per-gpu "${WPG:-$WORKERS}" --device cuda -p no:cacheprovider -k no_test_has_this_name ;;
+    exit-probe)  # how long CUDA processes take to exit together (the suite's tail: xdist stops all workers at once)
+      run_step exit-probe $PY scripts/exit_probe.py "${PROBE_PROCESSES:-32}" "$(nvidia-smi -L | wc -l)" ;;
     recheck)  # the GPU findings of run 4 (docs/gpu-runs.md) with tracebacks: run this first next time
       run_step recheck $PY -m pytest -n "$WORKERS" --workers-per-gpu "$WORKERS" --device cuda -p no:cacheprovider \
         --tb=short -rfE $(cat scripts/gpu_run4.txt) tests/test_ssd_prefill.py \
