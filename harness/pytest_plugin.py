@@ -19,6 +19,7 @@ import pytest
 from harness import DEFAULT_PROVIDER, backend, timeline
 from harness.report import MESSAGE_CHARS, ItemRecord, Report, append_live, clear_parts, merge_parts, summary_lines, write_part
 from harness.sharding import ItemCosts, LongestFirstQueue
+from harness import compile_claims
 from harness.compile_claims import CLAIMS_ENV
 
 CASE_SUFFIXES = (".yaml", ".yml")
@@ -648,7 +649,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     timeline.mark(phases, "session_end")
     meta = {"device": config.stash[_device_key], "provider": config.getoption("provider") or DEFAULT_PROVIDER}
     ledger = config.stash[_ledger_key]
-    mine = {"phases": phases, "compiles": ledger.to_dict() if ledger is not None else None}
+    mine = {"phases": phases,
+            "compiles": {**ledger.to_dict(), "claims": dict(compile_claims.stats)} if ledger is not None else None}
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if hasattr(config, "workerinput") and worker:
         gpu = os.environ.get("CUDA_VISIBLE_DEVICES") if meta["device"] == "cuda" else None

@@ -178,4 +178,12 @@ def compile_lines(meta: dict, top: int = 8) -> list[str]:
     lines = [f"compiles: {len(by_kernel)} in {total:.1f}s over {len(ledgers)} processes, {len(per_hash)} distinct "
              f"binaries; {len(repeats)} repeats of a binary compiled elsewhere too cost {sum(repeats):.1f}s;"
              f" {loaded} loads from the disk cache in {load_seconds:.1f}s"]
+    claims = defaultdict(float)
+    for ledger in ledgers.values():
+        for key, value in (ledger.get("claims") or {}).items():
+            claims[key] += value
+    if any(claims.values()):  # harness.compile_claims, the warmups' shared compiles
+        lines.append(f"warmup claims: {claims['claimed']:.0f} specs compiled under a worker's own claim, "
+                     f"{claims['found_done']:.0f} found done by another, {claims['deferred']:.0f} put aside while "
+                     f"another compiled them (waited {claims['wait_seconds']:.1f}s in all)")
     return lines + _table("kernel", by_kernel, top) + _table("compiled during", by_origin, top)

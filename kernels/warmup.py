@@ -281,8 +281,9 @@ def warmup_all(
     each into the Triton disk cache, then this process loads the rest from there (Triton compiles one kernel at a
     time per process); a warm cache is loaded without starting any (their start-up cost 5-25 s on a busy host).
     ``claims`` (GPU; default: the board named by ``SSD_HARNESS_COMPILE_CLAIMS``, which the pytest plugin sets for
-    an xdist session): processes warming at once share the compiles (``harness.compile_claims.compile_claimed``);
-    not with ``part`` or ``jobs``, which split the work themselves."""
+    an xdist session): processes warming at once share the compiles (``harness.compile_claims.compile_claimed``),
+    the ``jobs`` children among them (each its own part; the parent, which only loads after them, claims nothing),
+    so that workers warming overlapping requests with children do not compile the overlap once per worker."""
     names = list(kernels) if kernels is not None else registered()
     unknown = [n for n in names if n not in _REGISTRY]
     if unknown:
@@ -292,7 +293,7 @@ def warmup_all(
     parallel = 0.0
     todo, enumerated = _plan(requests, names)
     compiled = 0
-    if claims is None and device == "cuda" and part is None and jobs == 1:
+    if claims is None and device == "cuda" and jobs == 1:
         claims = ClaimBoard.from_env()
     if device == "cuda" and claims is not None:
         compile_claimed([(spec, name) for spec, _, name in todo], compile_order(len(todo), first, part), claims,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU runner does everything (device time is scarce): environment, the test suite on CUDA,
 # the case corpus, the bench. Usage: scripts/gpu_run.sh [STEP...] with steps env, tests, cases, bench
-# (default: env tests cases bench; also pyc, startup, exit-probe, recheck, suite, suite-warm, warmup, cases-warm, stages,
+# (default: env tests cases bench; also pyc, startup, spawn-probe, exit-probe, recheck, suite, suite-warm, warmup, cases-warm, stages,
 # profile-ref, profile-warmup). Full logs go under $OUT (the device tool brings them back); a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
@@ -40,10 +40,13 @@ for step in $steps; do
       name="$step${TAG:-}"
       nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader -l 1 > "$OUT/$name-smi.csv" 2>&1 &
       smi=$!
+      # CPU use every half second (/proc/stat's first line): whether the host's cores are busy through the items
+      (while :; do echo "$(date +%s.%N) $(head -n 1 /proc/stat)"; sleep 0.5; done) > "$OUT/$name-cpu.log" 2>&1 &
+      cpu=$!
       run_step "$name" ${PIN:-} $PY -m pytest -q -n "$WORKERS" --workers-per-gpu "${WPG:-$WORKERS}" --device cuda \
         -p no:cacheprovider --recompile-guard --durations-from "${DURATIONS:-scripts/gpu-durations.json}" --json-report "$OUT/$name-report.json" --junit-xml "$OUT/$name-junit.xml" \
         --durations 30 -rfE --tb=short ${SUITE_ARGS:-}
-      kill $smi 2>/dev/null
+      kill $smi $cpu 2>/dev/null
       # A killed run leaves its workers' live parts; times merges them (and failures.txt keeps every failure's report).
       $PY -m harness times "$OUT/$name-report.json" --top 12 --by check --by family --by worker > "$OUT/$name-times.txt" 2>&1
       $PY -c "import sys; from harness.report import Report; r = Report.read(sys.argv[1]); print(r.counts()); [print(f'=== {i.nodeid}\n{i.message}') for i in r.failures]" \
@@ -59,6 +62,8 @@ for step in $steps; do
       run_step startup-collect-warm $PY -m pytest --collect-only -q -p no:cacheprovider --device cuda
       run_step startup-collect-prof bash -c "$PY -m cProfile -o $OUT/startup-collect.prof -m pytest --collect-only -q -p no:cacheprovider --device cuda >/dev/null; $PY -c \"import pstats; pstats.Stats('$OUT/startup-collect.prof').sort_stats('tottime').print_stats(30)\" | tail -n 40"
       run_step startup-xdist $PY -m pytest -q -n "$WORKERS" --workers-per-gpu "${WPG:-$WORKERS}" --device cuda -p no:cacheprovider -k no_test_has_this_name ;;
+    spawn-probe)  # what xdist's one-after-another worker spawn costs per worker (interpreter, site, gateway)
+      run_step spawn-probe bash -c "$PY scripts/spawn_probe.py 8; $PY -X importtime -c pass 2>&1 | sort -t'|' -k2 -n | tail -n 6" ;;
     exit-probe)  # how long CUDA processes take to exit together (the suite's tail: xdist stops all workers at once)
       run_step exit-probe $PY scripts/exit_probe.py "${PROBE_PROCESSES:-32}" "$(nvidia-smi -L | wc -l)" ;;
     recheck)  # the GPU findings of run 4 (docs/gpu-runs.md) with tracebacks: run this first next time

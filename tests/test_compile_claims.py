@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from harness import compile_claims
 from harness.compile_claims import CLAIMS_ENV, ClaimBoard, compile_claimed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,8 +98,11 @@ def test_a_dead_holder_or_a_timeout_does_not_hold_anyone_up(tmp_path):
     assert board.try_claim(alive)  # held by this (living) process, never finished
     assert board.wait(alive, timeout=0.05) is False
     calls = []
+    before = dict(compile_claims.stats)
     mine = compile_claimed([("spec-dead", name), ("spec-alive", alive)], [0, 1], board, calls.append, timeout=0.05)
     assert mine == [] and calls == ["spec-dead", "spec-alive"]  # done here instead
+    assert compile_claims.stats["deferred"] == before["deferred"] + 2  # this process's share, for the report
+    assert compile_claims.stats["wait_seconds"] >= before["wait_seconds"] + 0.05
 
 
 def test_a_failed_compile_releases_its_claim_for_the_next_process(tmp_path):

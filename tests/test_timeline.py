@@ -81,7 +81,7 @@ def test_compile_lines_count_what_another_worker_compiled_too():
                         "b": ["bmm", 1, 2.0, "tests/test_kernel_stages.py::test_bmm[fp16]"]},
            "loaded": 3, "load_seconds": 0.3}
     gw1 = {"compiled": {"a": ["chunk_scan", 1, 1.5, "tests/test_ssd_warmup.py::test_x"]}, "loaded": 1,
-           "load_seconds": 0.1}
+           "load_seconds": 0.1, "claims": {"claimed": 2, "found_done": 5, "deferred": 1, "wait_seconds": 0.25}}
     merged = merge_reports([Report([], meta={"worker": "gw0", "compiles": gw0}),
                             Report([], meta={"worker": "gw1", "compiles": gw1})])
     assert merged.meta["worker_compiles"] == {"gw0": gw0, "gw1": gw1} and "compiles" not in merged.meta
@@ -89,10 +89,12 @@ def test_compile_lines_count_what_another_worker_compiled_too():
     # 3 compiles, 2 binaries; a's cheaper compile (1.0 s) was needed, the other 1.5 s repeated it.
     assert lines[0] == ("compiles: 3 in 4.5s over 2 processes, 2 distinct binaries; 1 repeats of a binary compiled "
                         "elsewhere too cost 1.5s; 4 loads from the disk cache in 0.4s")
-    by_kernel = {ln.split()[0]: ln.split()[1:] for ln in lines[2:4]}
+    assert lines[1] == ("warmup claims: 2 specs compiled under a worker's own claim, 5 found done by another, 1 put "
+                        "aside while another compiled them (waited 0.2s in all)")
+    by_kernel = {ln.split()[0]: ln.split()[1:] for ln in lines[3:5]}
     assert by_kernel == {"chunk_scan": ["2", "2.5", "1.25", "1", "1.5"], "bmm": ["1", "2.0", "2.00", "0", "0.0"]}
-    assert lines[2].split()[0] == "chunk_scan" and lines[4].split()[:2] == ["compiled", "during"]
-    by_origin = {ln[:46].strip(): ln[46:].split() for ln in lines[5:]}
+    assert lines[3].split()[0] == "chunk_scan" and lines[5].split()[:2] == ["compiled", "during"]
+    by_origin = {ln[:46].strip(): ln[46:].split() for ln in lines[6:]}
     assert by_origin == {"tests/test_kernel_stages.py": ["1", "2.0", "2.00", "0", "0.0"],
                          "tests/test_ssd_warmup.py": ["1", "1.5", "1.50", "1", "1.5"],  # the repeat
                          "cases (determinism)": ["1", "1.0", "1.00", "0", "0.0"]}
