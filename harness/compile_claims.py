@@ -96,34 +96,49 @@ class ClaimBoard:
         return True
 
 
-def compile_claimed(specs: list[tuple[Any, str]], order: list[int], claims: ClaimBoard,
+def compile_claimed(specs: list[tuple[Any, list[str]]], order: list[int], claims: ClaimBoard,
                     compile_one: Callable[[Any], None], timeout: float = 300.0) -> list[int]:
-    """Compile ``specs[i]`` (spec, claim name) for ``i`` in ``order``: what is done elsewhere is loaded, what this
-    process claims it compiles, what another process holds is put aside and loaded at the end, once done (or
-    compiled here, if its holder died, gave up, or took longer than ``timeout`` s). Returns the indices this
-    process compiled under its own claim."""
+    """Compile ``specs[i]`` (a spec, and a claim name per binary it compiles) for ``i`` in ``order``. A spec whose
+    binaries are all done elsewhere is loaded; one whose missing binaries this process can claim, all of them, it
+    compiles; one with a binary another process holds is put aside (its own claims given back, so no two processes
+    ever wait on each other) and loaded at the end, once done, or compiled here if a holder died, gave up, or took
+    longer than ``timeout`` s. Claims are per binary, not per spec: specs of different requests share binaries
+    without sharing all of them (GPU run 27: per-spec claims left the same state-passing binary compiled by up to
+    six workers). Returns the indices this process compiled under its own claims."""
     deferred, mine = [], []
     for i in order:
-        spec, name = specs[i]
-        if claims.is_done(name):
+        spec, names = specs[i]
+        missing = [n for n in names if not claims.is_done(n)]
+        if not missing:
             stats["found_done"] += 1
-            compile_one(spec)  # a disk-cache load
-        elif claims.try_claim(name):
-            try:
-                compile_one(spec)
-            except BaseException:
+            compile_one(spec)  # disk-cache loads
+            continue
+        held = []
+        for name in missing:
+            if not claims.try_claim(name):
+                break
+            held.append(name)
+        if len(held) < len(missing):
+            for name in held:
                 claims.release(name)
-                raise
-            claims.finish(name)
-            stats["claimed"] += 1
-            mine.append(i)
-        else:
             deferred.append(i)
+            continue
+        try:
+            compile_one(spec)
+        except BaseException:
+            for name in held:
+                claims.release(name)
+            raise
+        for name in held:
+            claims.finish(name)
+        stats["claimed"] += 1
+        mine.append(i)
     stats["deferred"] += len(deferred)
     for i in deferred:
-        spec, name = specs[i]
+        spec, names = specs[i]
         start = time.monotonic()
-        claims.wait(name, timeout)
+        for name in names:
+            claims.wait(name, max(0.0, timeout - (time.monotonic() - start)))
         stats["wait_seconds"] += time.monotonic() - start
         compile_one(spec)
     return mine

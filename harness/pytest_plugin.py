@@ -226,6 +226,8 @@ def pytest_configure(config: pytest.Config) -> None:
             config.stash[_device_key] = backend.configure(requested)  # before any kernel module is imported
             config.stash[_ledger_key] = timeline.install_compile_ledger()
             if config.stash[_device_key] == "cuda" and xdist_worker_count() > 1:
+                backend.create_cuda_context_in_background()
+            if config.stash[_device_key] == "cuda" and xdist_worker_count() > 1:
                 backend.shorten_autotuning()
     except (ValueError, RuntimeError) as exc:
         raise pytest.UsageError(str(exc)) from None

@@ -231,12 +231,13 @@ def warmup(
     return warmup_all(device, [(shape, tuple(io_dtypes), tuple(state_dtypes), request)], kernels=kernels)
 
 
-def _plan(requests: Iterable[tuple], names: list[str]) -> tuple[list[tuple[WarmupSpec, list[SpecKey], str]], int]:
-    """Every spec that adds a specialization not seen before, with those keys and its claim name (from all its
-    keys: the same spec has the same name in every process, whatever else that process plans), in registry order;
-    and the number of class combinations enumerated."""
+def _plan(requests: Iterable[tuple], names: list[str]) -> tuple[list[tuple[WarmupSpec, list[SpecKey], list[str]]],
+                                                                 int]:
+    """Every spec that adds a specialization not seen before, with those keys and the claim names of all the
+    binaries it compiles (the same in every process, whatever else that process plans), in registry order; and
+    the number of class combinations enumerated."""
     seen: set[tuple[str, str]] = set()
-    todo: list[tuple[WarmupSpec, list[SpecKey], str]] = []
+    todo: list[tuple[WarmupSpec, list[SpecKey], list[str]]] = []
     enumerated = 0
     for shape, io, state, *options in requests:
         req = WarmupRequest(shape, tuple(io), tuple(state), **(options[0] if options else {}))
@@ -247,7 +248,7 @@ def _plan(requests: Iterable[tuple], names: list[str]) -> tuple[list[tuple[Warmu
                 new = [k for k in keys if (k.kernel, k.key) not in seen]
                 if new:
                     seen.update((k.kernel, k.key) for k in new)
-                    todo.append((spec, new, ClaimBoard.name(*sorted((k.kernel, k.key) for k in keys))))
+                    todo.append((spec, new, [ClaimBoard.name(k.kernel, k.key) for k in keys]))
     return todo, enumerated
 
 
@@ -296,7 +297,7 @@ def warmup_all(
     if claims is None and device == "cuda" and jobs == 1:
         claims = ClaimBoard.from_env()
     if device == "cuda" and claims is not None:
-        compile_claimed([(spec, name) for spec, _, name in todo], compile_order(len(todo), first, part), claims,
+        compile_claimed([(spec, names) for spec, _, names in todo], compile_order(len(todo), first, part), claims,
                         _compile_one)
         compiled = sum(len(new) for _, new, _ in todo)
     elif device == "cuda":

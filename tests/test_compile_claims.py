@@ -17,65 +17,72 @@ from harness.compile_claims import CLAIMS_ENV, ClaimBoard, compile_claimed
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# One racing process: warms specs 0..N-1 from spec ``first`` on, with a stand-in compile that "loads" a spec
-# whose file exists and otherwise "compiles" it (sleeps, then publishes the file atomically, as Triton's cache does).
+# One racing process: warms specs 0..N-1, spec i compiling binaries i and i+1 (mod N) as two requests' specs share
+# some binaries and not others, with a stand-in compile that "loads" a binary whose file exists and otherwise
+# "compiles" it (sleeps, then publishes the file atomically, as Triton's cache does). Claims per binary, per spec
+# (one name for all a spec's binaries), or none.
 RACER = r"""
 import json, os, sys, time
 from pathlib import Path
 from harness.compile_claims import ClaimBoard, compile_claimed
 
-board_dir, cache, n, first, use_claims, log = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1", sys.argv[6]
+board_dir, cache, n, mode, log = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
 events = []
 
-def compile_one(spec):
-    path = cache / f"spec{spec}"
-    if path.exists():
-        events.append(["load", spec])
-        return
-    time.sleep(0.03)
-    tmp = cache / f".spec{spec}.{os.getpid()}"
-    tmp.write_text("binary")
-    os.replace(tmp, path)
-    events.append(["compile", spec])
+def binaries(spec):
+    return [spec, (spec + 1) % n]
 
-specs = [(i, ClaimBoard.name("kernel", i)) for i in range(n)]
-order = list(range(first, n)) + list(range(first))
+def compile_one(spec):
+    for b in binaries(spec):
+        path = cache / f"bin{b}"
+        if path.exists():
+            events.append(["load", b])
+            continue
+        time.sleep(0.03)
+        tmp = cache / f".bin{b}.{os.getpid()}"
+        tmp.write_text("binary")
+        os.replace(tmp, path)
+        events.append(["compile", b])
+
+names = {"binary": lambda i: [ClaimBoard.name("k", b) for b in binaries(i)], "spec": lambda i: [ClaimBoard.name("s", i)]}
 while not Path(log).with_name("go").exists():  # all start together
     time.sleep(0.005)
-if use_claims:
-    compile_claimed(specs, order, ClaimBoard(board_dir), compile_one)
+if mode == "none":
+    for i in range(n):
+        compile_one(i)
 else:
-    for i in order:
-        compile_one(specs[i][0])
+    compile_claimed([(i, names[mode](i)) for i in range(n)], list(range(n)), ClaimBoard(board_dir), compile_one)
 Path(log).write_text(json.dumps(events))
 """
 
 
-def race(tmp_path: Path, processes: int, specs: int, use_claims: bool) -> list[list]:
+def race(tmp_path: Path, processes: int, specs: int, mode: str) -> list[list]:
     cache, board = tmp_path / "cache", tmp_path / "claims"
     cache.mkdir()
     logs = [tmp_path / f"log{k}.json" for k in range(processes)]
-    procs = [subprocess.Popen([sys.executable, "-c", RACER, str(board), str(cache), str(specs),
-                               "0", "1" if use_claims else "0", str(log)], cwd=ROOT)
-             for k, log in enumerate(logs)]
+    procs = [subprocess.Popen([sys.executable, "-c", RACER, str(board), str(cache), str(specs), mode, str(log)],
+                              cwd=ROOT) for log in logs]
     (tmp_path / "go").touch()
     assert all(p.wait(timeout=120) == 0 for p in procs)
     return [json.loads(log.read_text()) for log in logs]
 
 
-def test_racing_processes_compile_each_spec_once_and_each_gets_every_spec(tmp_path):
-    logs = race(tmp_path, processes=4, specs=24, use_claims=True)
-    compiled = sorted(spec for events in logs for kind, spec in events if kind == "compile")
-    assert compiled == list(range(24)), compiled  # each once, between them
+def compiled(logs: list[list]) -> list[int]:
+    return sorted(b for events in logs for kind, b in events if kind == "compile")
+
+
+def test_racing_processes_compile_each_binary_once_and_each_gets_every_binary(tmp_path):
+    logs = race(tmp_path, processes=4, specs=24, mode="binary")
+    assert compiled(logs) == list(range(24))  # each once, between them
     for events in logs:
-        assert sorted(spec for _, spec in events) == list(range(24))  # every process warmed everything
+        assert {b for _, b in events} == set(range(24))  # every process warmed everything
 
 
-def test_without_claims_the_same_race_compiles_specs_twice(tmp_path):
-    """The control: processes that start on the same spec at the same moment all compile it."""
-    logs = race(tmp_path, processes=4, specs=24, use_claims=False)
-    compiled = [spec for events in logs for kind, spec in events if kind == "compile"]
-    assert len(compiled) > 24, compiled
+@pytest.mark.parametrize("mode", ["none", "spec"])
+def test_without_claims_per_binary_the_same_race_compiles_binaries_twice(tmp_path, mode):
+    """The controls: without claims, processes starting on the same spec at the same moment all compile it; with
+    one claim per spec, two processes holding neighbouring specs both compile the binary those share (GPU run 27)."""
+    assert len(compiled(race(tmp_path, processes=4, specs=24, mode=mode))) > 24
 
 
 def test_a_claim_is_exclusive_and_done_is_seen_by_all(tmp_path):
@@ -99,7 +106,8 @@ def test_a_dead_holder_or_a_timeout_does_not_hold_anyone_up(tmp_path):
     assert board.wait(alive, timeout=0.05) is False
     calls = []
     before = dict(compile_claims.stats)
-    mine = compile_claimed([("spec-dead", name), ("spec-alive", alive)], [0, 1], board, calls.append, timeout=0.05)
+    mine = compile_claimed([("spec-dead", [name]), ("spec-alive", [alive])], [0, 1], board, calls.append,
+                           timeout=0.05)
     assert mine == [] and calls == ["spec-dead", "spec-alive"]  # done here instead
     assert compile_claims.stats["deferred"] == before["deferred"] + 2  # this process's share, for the report
     assert compile_claims.stats["wait_seconds"] >= before["wait_seconds"] + 0.05
@@ -107,14 +115,15 @@ def test_a_dead_holder_or_a_timeout_does_not_hold_anyone_up(tmp_path):
 
 def test_a_failed_compile_releases_its_claim_for_the_next_process(tmp_path):
     board = ClaimBoard(tmp_path)
-    name = ClaimBoard.name("bad")
+    name, other = ClaimBoard.name("bad"), ClaimBoard.name("bad", 2)
 
     def broken(spec):
         raise RuntimeError(f"ptxas failed for {spec}")
 
     with pytest.raises(RuntimeError, match="ptxas failed for s"):
-        compile_claimed([("s", name)], [0], board, broken)
-    assert not board.is_done(name) and board.try_claim(name)  # free again: the next process reports its own error
+        compile_claimed([("s", [name, other])], [0], board, broken)
+    # Both free again: the next process reports its own error.
+    assert not board.is_done(name) and board.try_claim(name) and board.try_claim(other)
 
 
 def test_the_board_named_in_the_environment(monkeypatch, tmp_path):
@@ -123,3 +132,14 @@ def test_the_board_named_in_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv(CLAIMS_ENV, str(tmp_path / "run"))
     board = ClaimBoard.from_env()
     assert board is not None and board.folder == tmp_path / "run" and board.folder.is_dir()
+
+
+def test_a_spec_with_a_binary_held_elsewhere_gives_its_other_claims_back_before_waiting(tmp_path):
+    """All or nothing: holding some of a spec's binaries while waiting for the rest could make two processes wait
+    on each other."""
+    board = ClaimBoard(tmp_path)
+    free, held = ClaimBoard.name("free"), ClaimBoard.name("held")
+    assert board.try_claim(held)  # another process's (alive: this one), never finished
+    calls = []
+    assert compile_claimed([("s", [free, held])], [0], board, calls.append, timeout=0.05) == []
+    assert calls == ["s"] and not (tmp_path / f"{free}.claim").exists()

@@ -233,6 +233,26 @@ def test_auto_workers_on_gpus_come_from_the_listed_gpus_without_torch(monkeypatc
     assert backend.nvml_device_count("libno-such-nvml.so.1") == 0
 
 
+def test_the_cuda_context_is_created_on_a_side_thread(monkeypatch):
+    """What backend.create_cuda_context_in_background asks of torch (on the GPU runner it is the real context); a
+    failure there is left for the first real use to report."""
+    import threading
+
+    import torch
+
+    calls = []
+
+    def empty(*shape, device=None, **kwargs):
+        calls.append((shape, device, threading.current_thread().name))
+        raise RuntimeError("no CUDA here")
+
+    monkeypatch.setattr(torch, "empty", empty)
+    thread = backend.create_cuda_context_in_background()
+    thread.join(timeout=30)
+    assert not thread.is_alive() and thread.daemon
+    assert calls == [((1,), "cuda", "ssd-harness-cuda-context")]
+
+
 def test_report_merge_and_summary_group_failures():
     a = Report([ItemRecord("f::c1::determinism", "failed", case_id="c1", check="determinism", family="single"),
                 ItemRecord("f::c2::determinism", "passed", case_id="c2", check="determinism", family="multi")],
