@@ -66,23 +66,30 @@ def nvml_device_count(library: str = "libnvidia-ml.so.1") -> int:
         nvml.nvmlShutdown()
 
 
-def create_cuda_context_in_background() -> "threading.Thread":
-    """Create this process's CUDA context on a side thread, while the main thread goes on importing and collecting.
+def create_cuda_context_in_background(library: str = "libcuda.so.1", driver=None):
+    """Create this process's CUDA context (the device's primary context, the one torch's runtime then uses) on a
+    side thread, through the driver API, while the main thread goes on importing torch and collecting. Returns the
+    thread, or None where there is no driver. ``driver``: the loaded library (a stand-in, for tests).
 
     GPU run 27: at the first items of a suite the host's cores were 70-80% idle for ~4.5 s, cold and warm alike:
     16 workers per GPU each created their context at their first CUDA call, at the same moment, and the driver
-    creates one at a time. Started as each worker is configured (xdist starts them ~0.1 s apart), the contexts come
-    up one after another during start-up, whose imports keep the cores busy anyway. A failure here is left to show
-    again, with its message, at the first real use (a test, with its node id)."""
+    creates them one at a time. Started as each worker is configured (xdist starts them ~0.1 s apart, and the
+    driver API needs no torch), the contexts come up one after another during start-up, whose imports keep the
+    cores busy anyway; ctypes lets go of the GIL for each call. A failure here is left to show again, with its
+    message, at the first real use (a test, with its node id). Join the thread before the interpreter exits
+    (``join_cuda_context``): a thread inside the driver at exit can crash the process."""
     import threading
 
-    import torch
+    if driver is None:
+        try:
+            driver = ctypes.CDLL(library)
+        except OSError:
+            return None
 
     def create() -> None:
-        try:
-            torch.empty(1, device="cuda")
-        except Exception:  # noqa: BLE001 -- reported by the first real use, not here
-            pass
+        device, context = ctypes.c_int(0), ctypes.c_void_p()
+        if driver.cuInit(0) == 0 and driver.cuDeviceGet(ctypes.byref(device), 0) == 0:
+            driver.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)
 
     thread = threading.Thread(target=create, name="ssd-harness-cuda-context", daemon=True)
     thread.start()

@@ -32,6 +32,7 @@ _case_ids_key = pytest.StashKey[dict]()
 _costs_key = pytest.StashKey[ItemCosts]()
 _phases_key = pytest.StashKey[dict]()  # this process's start-up phases (harness.timeline)
 _ledger_key = pytest.StashKey[object]()  # this process's compile ledger (None in the controller)
+_cuda_context_key = pytest.StashKey[object]()  # an xdist worker's context-creating thread (backend)
 
 
 # ---------------------------------------------------------------- options
@@ -208,6 +209,8 @@ def pytest_configure(config: pytest.Config) -> None:
     worker_id = os.environ.get("PYTEST_XDIST_WORKER")
     if worker_id and hasattr(config, "workerinput"):
         _pin_worker(worker_id)
+        if config.getoption("device") != "cpu" and os.environ.get(GPU_LIST_ENV):
+            config.stash[_cuda_context_key] = backend.create_cuda_context_in_background()
         import torch
 
         torch.set_num_threads(cpu_threads_per_worker(xdist_worker_count(), _usable_cores()))
@@ -225,8 +228,6 @@ def pytest_configure(config: pytest.Config) -> None:
         else:
             config.stash[_device_key] = backend.configure(requested)  # before any kernel module is imported
             config.stash[_ledger_key] = timeline.install_compile_ledger()
-            if config.stash[_device_key] == "cuda" and xdist_worker_count() > 1:
-                backend.create_cuda_context_in_background()
             if config.stash[_device_key] == "cuda" and xdist_worker_count() > 1:
                 backend.shorten_autotuning()
     except (ValueError, RuntimeError) as exc:
@@ -268,6 +269,9 @@ def _is_xdist_controller(config: pytest.Config) -> bool:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    thread = config.stash.get(_cuda_context_key, None)
+    if thread is not None:
+        thread.join(timeout=120)  # never exit while it is inside the driver
     if hasattr(config, "workerinput"):
         return
     path = os.environ.get(GROUPS_FILE_ENV)

@@ -233,24 +233,33 @@ def test_auto_workers_on_gpus_come_from_the_listed_gpus_without_torch(monkeypatc
     assert backend.nvml_device_count("libno-such-nvml.so.1") == 0
 
 
-def test_the_cuda_context_is_created_on_a_side_thread(monkeypatch):
-    """What backend.create_cuda_context_in_background asks of torch (on the GPU runner it is the real context); a
-    failure there is left for the first real use to report."""
+def test_the_cuda_context_is_created_on_a_side_thread_through_the_driver():
+    """What backend.create_cuda_context_in_background asks of the driver (on the GPU runner, libcuda itself): init,
+    device 0 of the worker's pinned list, its primary context; on a side thread. No driver: no thread."""
+    import ctypes
     import threading
-
-    import torch
 
     calls = []
 
-    def empty(*shape, device=None, **kwargs):
-        calls.append((shape, device, threading.current_thread().name))
-        raise RuntimeError("no CUDA here")
+    class Driver:
+        def cuInit(self, flags):
+            calls.append(("cuInit", flags, threading.current_thread().name))
+            return 0
 
-    monkeypatch.setattr(torch, "empty", empty)
-    thread = backend.create_cuda_context_in_background()
+        def cuDeviceGet(self, device, ordinal):
+            calls.append(("cuDeviceGet", ordinal))
+            ctypes.cast(device, ctypes.POINTER(ctypes.c_int)).contents.value = 7
+            return 0
+
+        def cuDevicePrimaryCtxRetain(self, context, device):
+            calls.append(("cuDevicePrimaryCtxRetain", device.value))
+            return 0
+
+    thread = backend.create_cuda_context_in_background(driver=Driver())
     thread.join(timeout=30)
     assert not thread.is_alive() and thread.daemon
-    assert calls == [((1,), "cuda", "ssd-harness-cuda-context")]
+    assert calls == [("cuInit", 0, "ssd-harness-cuda-context"), ("cuDeviceGet", 0), ("cuDevicePrimaryCtxRetain", 7)]
+    assert backend.create_cuda_context_in_background(library="libno-such-cuda.so.1") is None
 
 
 def test_report_merge_and_summary_group_failures():
