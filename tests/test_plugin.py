@@ -156,6 +156,42 @@ def test_xdist_work_units_are_whole_cases():
     assert plugin.case_scope("tests/test_a.py::test_z", groups) == "tests/test_a.py::test_z"
 
 
+def test_second_units_go_to_the_nodes_with_the_cheapest_first_units(tmp_path, monkeypatch):
+    """The scheduler itself, with stand-in nodes: four single-test units by measured cost (40, 30, 20, 10, then
+    4, 3, 2, 1 s) on four nodes. Round one hands out 40/30/20/10 s in node order; round two goes in reverse, so the
+    node running the 10 s unit gets the 4 s one and the 40 s node the 1 s one (xdist's own order gave the 40 s node
+    the 4 s unit too)."""
+    costs = {f"tests/test_t.py::test_{c}": float(c) for c in (40, 30, 20, 10, 4, 3, 2, 1)}
+    earlier = tmp_path / "earlier.json"
+    Report([ItemRecord(n, "passed", duration=d) for n, d in costs.items()]).write(earlier)
+    monkeypatch.delenv(plugin.GROUPS_FILE_ENV, raising=False)
+    options = {"dist": "load", "durations_from": str(earlier), "tx": ["4*popen"]}
+    config = SimpleNamespace(getoption=lambda name, default=None: options.get(name, default),
+                             getvalue=lambda name: options[name], option=SimpleNamespace(), stash=pytest.Stash())
+
+    class Node:
+        def __init__(self, name):
+            self.name, self.sent, self.shutting_down = name, [], False
+            self.gateway = SimpleNamespace(id=name)
+
+        def send_runtest_some(self, indices):
+            self.sent += indices
+
+        def shutdown(self):
+            self.shutting_down = True
+
+    sched = plugin.pytest_xdist_make_scheduler(config, log=None)
+    nodes = [Node(f"gw{i}") for i in range(4)]
+    collection = list(costs)
+    for node in nodes:
+        sched.add_node(node)
+    for node in nodes:
+        sched.add_node_collection(node, collection)
+    sched.schedule()
+    assigned = {n.name: [int(collection[i].rsplit("_", 1)[1]) for i in n.sent] for n in nodes}
+    assert assigned == {"gw0": [40, 1], "gw1": [30, 2], "gw2": [20, 3], "gw3": [10, 4]}, assigned
+
+
 def test_cpu_threads_are_shared_fairly_among_workers():
     assert plugin.cpu_threads_per_worker(14, 16) == 1
     assert plugin.cpu_threads_per_worker(4, 16) == 4
