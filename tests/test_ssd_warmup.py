@@ -37,8 +37,11 @@ from kernels.warmup import (  # noqa: E402
     warmup_all,
 )
 
-# GPU: compile the fixtures' warmups in parallel processes (into the disk cache) before loading them here.
-WARMUP_JOBS = min(8, os.cpu_count() or 1)
+# GPU: compile the fixtures' warmups in parallel processes (into the disk cache) before loading them here. Four: the
+# three warmups here run at once in three xdist workers and share their compiles (harness.compile_claims), and each
+# child imports torch; with 8, 4 and 2 children the two-GPU cold suite took 33.5, 28.8 and 34.6 s (GPU run 32: 8
+# cost 24 torch imports on a busy host, 2 left the fixture's warmup the longest item, 23 s).
+WARMUP_JOBS = min(4, os.cpu_count() or 1)
 # Under xdist the tests that share the module fixtures (hundreds of GPU compiles on a cold cache) are one work unit:
 # the fixtures run in one worker, not in every worker that takes one of those tests. The other tests of the module
 # spread: as one unit they held a worker 31 s on a cold two-GPU run, the longest unit of the suite (GPU run 18).
