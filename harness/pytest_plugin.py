@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -225,6 +226,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_ledger_key] = None
     worker_id = os.environ.get("PYTEST_XDIST_WORKER")
     if worker_id and hasattr(config, "workerinput"):
+        config.add_cleanup(lambda: _exit_worker_now(config))  # registered first: the last cleanup to run
         _pin_worker(worker_id)
         if config.getoption("device") != "cpu" and os.environ.get(GPU_LIST_ENV):
             config.stash[_cuda_context_key] = backend.create_cuda_context_in_background()
@@ -275,6 +277,17 @@ def pytest_testnodedown(node, error) -> None:
     """xdist controller: a worker has finished its session (the last one's time is kept); the controller's session
     ends once every worker process has exited."""
     timeline.mark(node.config.stash[_phases_key], "workers_finished")
+
+
+def _exit_worker_now(config: pytest.Config) -> None:
+    """An xdist worker's last cleanup: leave without the interpreter's shutdown. By now xdist has sent
+    ``workerfinished`` (with the session's outcome; it ignores the end of a worker's channel after that) and the
+    report part is written. The process's teardown, on a GPU mostly the driver destroying its CUDA context one at a
+    time per GPU, then overlaps the items other workers still run: without this every worker waited for the last
+    one and all 32 exited together, ~3 s at the end of each two-GPU run (GPU runs 25-33, scripts/exit_probe.py)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(int(getattr(config, "workeroutput", {}).get("exitstatus", 0)))
 
 
 def _is_xdist_controller(config: pytest.Config) -> bool:

@@ -403,7 +403,9 @@ def test_one_xdist_run_merges_reports_keeps_units_together_and_starts_the_costli
         "def pytest_sessionstart(session):\n"
         "    if hasattr(session.config, 'workerinput'):  # a worker claims something, as a GPU warmup would\n"
         "        from harness.compile_claims import ClaimBoard\n"
-        "        ClaimBoard.from_env().try_claim(os.environ['PYTEST_XDIST_WORKER'])\n")
+        "        ClaimBoard.from_env().try_claim(os.environ['PYTEST_XDIST_WORKER'])\n"
+        "        import atexit  # runs only if the worker leaves through the interpreter's shutdown\n"
+        f"        atexit.register(lambda: open({str(tmp_path)!r} + '/atexit-' + os.environ['PYTEST_XDIST_WORKER'], 'w'))\n")
     junit, report = tmp_path / "junit.xml", tmp_path / "report.json"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", str(tmp_path), "--device", "cpu", "-n", "2",
@@ -414,6 +416,10 @@ def test_one_xdist_run_merges_reports_keeps_units_together_and_starts_the_costli
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ssd-harness summary" in proc.stdout and "no failures" in proc.stdout
+    # Workers leave without the interpreter's shutdown once xdist has their results (_exit_worker_now), and xdist
+    # takes that as a normal end, not a crash.
+    assert not list(tmp_path.glob("atexit-*")), "a worker went through the interpreter's shutdown"
+    assert "Not properly terminated" not in proc.stdout + proc.stderr and "crashed" not in proc.stdout
     data = json.loads(report.read_text())
     assert data["meta"]["workers"] == ["gw0", "gw1"]
     items = data["items"]
