@@ -1,9 +1,11 @@
 """Claims on compile work shared by processes that use one Triton disk cache (xdist workers warming at once).
 
-Each process that is about to compile a specialization first claims it: the first to create the claim file compiles
-and then marks it done; the others put it aside, compile what nobody claimed, and come back to load it from the disk
-cache once it is done. Without this, workers warming overlapping requests at the same moment each compiled the same
-binaries (GPU run 24: 328 of 800 compiles repeated a binary another worker compiled at the same time, 213 of 559 s).
+Each process that is about to compile a warmup spec first claims every binary of it not yet done (one file per
+binary, created exclusively): it compiles only when it got them all, then marks them done; otherwise it gives its
+claims back, puts the spec aside, goes on with what nobody holds, and at the end loads the spec from the disk cache
+once the holders are done. Without this, workers warming overlapping requests at the same moment each compiled the
+same binaries (GPU run 24: 328 of 800 compiles repeated a binary another worker compiled at the same time, 213 of
+559 s; with claims 60-100 repeats remain, from compiles outside the warmups).
 
 A claim whose process has died (a crashed worker) or was released after a failed compile does not hold anyone up:
 the waiter compiles itself (and meets the same error, in its own test). Claims live in a folder per run (the pytest
@@ -37,8 +39,8 @@ class ClaimBoard:
 
     @staticmethod
     def name(*parts: object) -> str:
-        """A claim's file name for what it stands for (e.g. a spec's specialization keys); the same in every
-        process."""
+        """A claim's file name for what it stands for (a binary's kernel and specialization key): the same in
+        every process."""
         return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
 
     def _claim(self, name: str) -> Path:
