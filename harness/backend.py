@@ -76,8 +76,8 @@ def create_cuda_context_in_background(library: str = "libcuda.so.1", driver=None
     creates them one at a time. Started as each worker is configured (xdist starts them ~0.1 s apart, and the
     driver API needs no torch), the contexts come up one after another during start-up, whose imports keep the
     cores busy anyway; ctypes lets go of the GIL for each call. A failure here is left to show again, with its
-    message, at the first real use (a test, with its node id). Join the thread before the interpreter exits
-    (``join_cuda_context``): a thread inside the driver at exit can crash the process."""
+    message, at the first real use (a test, with its node id). Join the thread before the process exits (the pytest
+    plugin does, in ``pytest_unconfigure``): a thread inside the driver at exit can crash the process (GPU run 28)."""
     import threading
 
     if driver is None:

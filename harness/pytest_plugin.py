@@ -17,11 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import DEFAULT_PROVIDER, backend, timeline
+from harness import DEFAULT_PROVIDER, backend, compile_claims, timeline
 from harness.report import MESSAGE_CHARS, ItemRecord, Report, append_live, clear_parts, merge_parts, summary_lines, write_part
 from harness.sharding import ItemCosts, LongestFirstQueue
-from harness import compile_claims
-from harness.compile_claims import CLAIMS_ENV
 
 CASE_SUFFIXES = (".yaml", ".yml")
 GPU_LIST_ENV = "SSD_HARNESS_VISIBLE_GPUS"  # set by the controller, read by workers
@@ -191,6 +189,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             # tests started last and held GPU runs 5 and 6 past their limits.
             config.option.loadscopereorder = False
             self._groups: dict[str, str] | None = None
+            self._second_round: list | None = None  # nodes held back during the first hand-out (``schedule``)
             costs = _measured_costs(config)
             if costs is not None:
                 self.workqueue = LongestFirstQueue(costs)
@@ -205,14 +204,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             rounds in node order: the node given the costliest first unit also got the costliest second one (GPU
             run 29: the 18.5 s warmup test paired with the 5.8 s xdist test, that worker 2.9 s behind the rest).
             The second round goes in reverse: the costliest remaining unit to the node whose first is cheapest."""
-            self._second_round: list | None = [] if self.collection is None else None
+            self._second_round = [] if self.collection is None else None
             super().schedule()
             second, self._second_round = self._second_round, None
             for node in reversed(second or []):
                 super()._reschedule(node)
 
         def _reschedule(self, node) -> None:
-            if getattr(self, "_second_round", None) is not None:
+            if self._second_round is not None:
                 self._second_round.append(node)  # held back until the first round is over (``schedule``)
                 return
             super()._reschedule(node)
@@ -239,7 +238,7 @@ def pytest_configure(config: pytest.Config) -> None:
             # The controller runs no kernels: it lists the GPUs once, without torch (backend.gpus_for_workers),
             # and the workers inherit the environment when xdist spawns them; each resolves its device itself.
             os.environ[GROUPS_FILE_ENV] = _groups_file_for_this_run()
-            os.environ[CLAIMS_ENV] = _claims_dir_for_this_run()  # workers share their warmups' compiles
+            os.environ[compile_claims.CLAIMS_ENV] = _claims_dir_for_this_run()  # workers share their warmups' compiles
             gpus = backend.gpus_for_workers(requested)
             if gpus:
                 os.environ[GPU_LIST_ENV] = ",".join(gpus)
@@ -308,12 +307,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if path and path == _groups_file_for_this_run():
         with contextlib.suppress(FileNotFoundError):
             os.remove(path)
-    claims = os.environ.get(CLAIMS_ENV)
+    claims = os.environ.get(compile_claims.CLAIMS_ENV)
     if claims and claims == _claims_dir_for_this_run():
         import shutil
 
         shutil.rmtree(claims, ignore_errors=True)
-        del os.environ[CLAIMS_ENV]
+        del os.environ[compile_claims.CLAIMS_ENV]
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

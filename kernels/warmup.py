@@ -296,14 +296,13 @@ def warmup_all(
     compiled = 0
     if claims is None and device == "cuda" and jobs == 1:
         claims = ClaimBoard.from_env()
+    order = compile_order(len(todo), first, part)
     if device == "cuda" and claims is not None:
-        compile_claimed([(spec, names) for spec, _, names in todo], compile_order(len(todo), first, part), claims,
-                        _compile_one)
-        compiled = sum(len(new) for _, new, _ in todo)
+        compile_claimed([(spec, claim_names) for spec, _, claim_names in todo], order, claims, _compile_one)
+        compiled = sum(len(todo[i][1]) for i in order)
     elif device == "cuda":
-        order = compile_order(len(todo), first, part)
         spawn = jobs > 1 and part is None
-        for pos, i in enumerate(order):
+        for i in order:
             before = _disk_cache_entries() if spawn else None
             _compile_one(todo[i][0])
             compiled += len(todo[i][1])
