@@ -1,4 +1,4 @@
-"""``python -m harness``: run, repro, validate, generate, fuzz and bench (each with ``--help``).
+"""``python -m harness``: run, repro, validate, generate, schema, fuzz, times, warmup and bench (each with ``--help``).
 
 The same ``harness.checks.run_check`` serves this CLI and the pytest plugin. Exit status: 0 when everything passed,
 1 on any failure (including a strict XPASS), 2 when the command could not run (bad case file, unusable provider).
@@ -59,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     generate = sub.add_parser("generate", help="write the generated case corpus",
                               description="Generate the case corpus (harness.cases.generate.generate_corpus).")
     generate.add_argument("--out", type=Path, required=True, metavar="DIR")
+
+    schema = sub.add_parser("schema", help="write the case JSON Schema (cases/schema/ssd-case-1.schema.json)",
+                            description="Write the JSON Schema of ssd-case/1 from harness.cases.schema, the one "
+                                        "source of the shipped file (tests check that the two agree).")
+    schema.add_argument("--out", type=Path, default=None, metavar="FILE",
+                        help="where to write it (default: the shipped cases/schema/ssd-case-1.schema.json)")
 
     fuzz = sub.add_parser("fuzz", help="Hypothesis search for failing cases; writes a regression YAML",
                           description="Search small valid cases for a failing check; a failure is shrunk and "
@@ -298,6 +304,13 @@ def cmd_generate(args) -> int:
     return EXIT_OK
 
 
+def cmd_schema(args) -> int:
+    from harness.cases.schema import SCHEMA_FILE, write_schema_file
+
+    print(f"wrote {write_schema_file(args.out or SCHEMA_FILE)}")
+    return EXIT_OK
+
+
 def cmd_fuzz(args) -> int:
     from harness.fuzz import fuzz
 
@@ -367,7 +380,8 @@ def cmd_warmup(argv: list[str]) -> int:
     return int(warmup.main(argv) or 0)
 
 
-COMMANDS = {"run": cmd_run, "repro": cmd_repro, "validate": cmd_validate, "generate": cmd_generate, "fuzz": cmd_fuzz, "times": cmd_times}
+COMMANDS = {"run": cmd_run, "repro": cmd_repro, "validate": cmd_validate, "generate": cmd_generate,
+            "schema": cmd_schema, "fuzz": cmd_fuzz, "times": cmd_times}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -106,7 +106,7 @@ def test_libyaml_loader_reads_every_case_file_as_the_python_loader_does():
 
 
 def test_shipped_schema_file_is_current_and_a_valid_schema():
-    assert SCHEMA_FILE.read_text() == schema_json()
+    assert SCHEMA_FILE.read_text() == schema_json(), "regenerate it: python -m harness schema"
     jsonschema = pytest.importorskip("jsonschema", reason="jsonschema (dev extra) checks the shipped schema file")
     jsonschema.Draft202012Validator.check_schema(SCHEMA)
 

@@ -95,7 +95,7 @@ class CacheSpec:
     slots: int
     row_pad: int = 0  # extra elements after each slot row, so stride(0) = H*P*N + row_pad
     offset: int = 0  # storage offset (elements) of slot 0
-    fill: str | float = "nan"  # value of gaps and of masked slots' rows: "nan" or a finite float
+    fill: str | float = "nan"  # value of the storage outside the slot rows: "nan" or a finite float
 
 
 @dataclass(frozen=True)

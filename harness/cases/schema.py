@@ -51,8 +51,8 @@ class SchemaViolation(Exception):
         self.key_path, self.expected, self.found = key_path, expected, found
 
 
-def _int(minimum: int | None = None, maximum: int | None = None) -> dict:
-    node: dict[str, Any] = {"type": "integer"}
+def _int(minimum: int | None = None, maximum: int | None = None, *, doc: str) -> dict:
+    node: dict[str, Any] = {"type": "integer", "description": doc}
     if minimum is not None:
         node["minimum"] = minimum
     if maximum is not None:
@@ -60,126 +60,218 @@ def _int(minimum: int | None = None, maximum: int | None = None) -> dict:
     return node
 
 
-def _obj(properties: dict, required: tuple[str, ...] = ()) -> dict:
-    node: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
+def _obj(properties: dict, required: tuple[str, ...] = (), *, doc: str) -> dict:
+    node: dict[str, Any] = {
+        "type": "object", "description": doc, "properties": properties, "additionalProperties": False,
+    }
     if required:
         node["required"] = list(required)
     return node
 
 
-_BOOL = {"type": "boolean"}
-_NUMBER = {"type": "number"}
+_NUMBER = {"type": "number"}  # an array item or anyOf branch: not a property, so no description of its own
 
+
+def _enum(values: tuple[str, ...], *, doc: str) -> dict:
+    return {"enum": list(values), "description": doc}
+
+
+def _bool(doc: str) -> dict:
+    return {"type": "boolean", "description": doc}
+
+
+def _number(minimum: float | None = None, *, doc: str) -> dict:
+    node: dict[str, Any] = {"type": "number", "description": doc}
+    if minimum is not None:
+        node["minimum"] = minimum
+    return node
+
+
+# Every property carries a ``description`` (editors show it; tests/test_docs.py requires it). Defaults named here
+# are the loader's (harness.cases.loader._case_from_dict) and the builder's (harness.cases.model.InputKnobs); the
+# field reference with the rejected combinations is docs/cases.md.
 CASE_PROPERTIES: dict[str, Any] = {
-    "id": {"type": "string", "pattern": ID_PATTERN},
-    "description": {"type": "string"},
-    "family": {"type": "string", "pattern": FAMILY_PATTERN},
-    "seed": _int(0, 2**63 - 1),
+    "id": {
+        "type": "string", "pattern": ID_PATTERN,
+        "description": "Unique across every case file collected together; the pytest item is <file>::<id>::<check>.",
+    },
+    "description": {
+        "type": "string",
+        "description": "Free text for readers of the file; the harness does not interpret it. Default: empty.",
+    },
+    "family": {
+        "type": "string", "pattern": FAMILY_PATTERN,
+        "description": "Group name carried into reports (JSON, JUnit property, harness times --by family). "
+                       "Default: the id up to its first '-'.",
+    },
+    "seed": _int(0, 2**63 - 1, doc="Every tensor is drawn on the CPU from generators seeded by this and the tensor's "
+                                   "name, then copied to the device."),
     "shape": _obj(
         {
-            "nheads": _int(1),
-            "headdim": _int(1),
-            "dstate": _int(1),
-            "ngroups": _int(1),
-            "chunk_size": _int(16),
+            "nheads": _int(1, doc="H: SSM heads."),
+            "headdim": _int(1, doc="P: channels per head."),
+            "dstate": _int(1, doc="N: state size per channel."),
+            "ngroups": _int(1, doc="G: B/C groups; must divide nheads (head h uses group h // (nheads // ngroups))."),
+            "chunk_size": _int(16, doc="Q: tokens per chunk; a power of two >= 16."),
         },
         ("nheads", "headdim", "dstate", "ngroups", "chunk_size"),
+        doc="Model dimensions of the call.",
     ),
-    "dtype": _obj({"io": {"enum": list(IO_DTYPES)}, "state": {"enum": list(STATE_DTYPES)}}, ("io", "state")),
+    "dtype": _obj(
+        {
+            "io": _enum(IO_DTYPES, doc="dtype of x, B, C, z and out (dt, A, D, dt_bias are always float32)."),
+            "state": _enum(STATE_DTYPES, doc="dtype of the state cache (and of the provider's state workspace)."),
+        },
+        ("io", "state"),
+        doc="Tensor dtypes.",
+    ),
     "options": _obj(
         {
-            "D": {"enum": list(D_MODES)},
-            "z": _BOOL,
-            "dt_bias": _BOOL,
-            "dt_softplus": _BOOL,
-            "dt_limit": {"type": "array", "items": _NUMBER, "minItems": 2, "maxItems": 2},
-        }
+            "D": _enum(D_MODES, doc="Skip connection D: none, per_head (H,) or per_channel (H, P). Default: none."),
+            "z": _bool("Pass a gate z (T, H, P): out *= z * sigmoid(z). Default: false."),
+            "dt_bias": _bool("Pass dt_bias (H,), added to dt before softplus. Default: false."),
+            "dt_softplus": _bool("Apply softplus to dt (+ dt_bias). Default: false."),
+            "dt_limit": {
+                "type": "array", "items": _NUMBER, "minItems": 2, "maxItems": 2,
+                "description": "[low, high] clamp of the processed dt, low <= high (.inf allowed). "
+                               "Default: [0.0, .inf] (no clamp).",
+            },
+        },
+        doc="Optional inputs and dt processing. Default: every option off.",
     ),
     "sequences": {
         "type": "array",
         "minItems": 1,
+        "description": "The batch, in order: one entry per sequence.",
         "items": _obj(
             {
-                "context": _int(0),
-                "tokens": _int(1),
-                "init_slot": _int(),
-                "has_state": _BOOL,
-                "final_slot": _int(),
+                "context": _int(0, doc="Tokens already processed (in the cache); sets the chunk alignment."),
+                "tokens": _int(1, doc="New tokens of this call."),
+                "init_slot": _int(doc="Cache slot the initial state is read from; in [0, cache.slots) even when "
+                                      "has_state is false (the slot then holds NaN)."),
+                "has_state": _bool("false: the initial state is masked (must act as zeros) and its slot holds NaN."),
+                "final_slot": _int(doc="Slot the final state is written to; required with call.final_state direct "
+                                       "and forbidden otherwise; negative: padded sequence, nothing is written."),
             },
             ("context", "tokens", "init_slot", "has_state"),
+            doc="One sequence of the batch.",
         ),
     },
     "cache": _obj(
         {
-            "slots": _int(1),
-            "row_pad": _int(0),
-            "offset": _int(0),
-            "fill": {"anyOf": [{"const": "nan"}, _NUMBER]},
+            "slots": _int(1, doc="Slots of the paged state cache (slots, H, P, N)."),
+            "row_pad": _int(0, doc="Extra elements after each slot row: stride(0) = H*P*N + row_pad. Default: 0."),
+            "offset": _int(0, doc="Storage offset (elements) of slot 0 in the backing storage. Default: 0."),
+            "fill": {
+                "anyOf": [{"const": "nan"}, _NUMBER],
+                "description": "Value of every storage element outside the slot rows (gaps, bytes before the "
+                               "offset): 'nan' or a finite number representable in the state dtype. Default: nan.",
+            },
         },
         ("slots",),
+        doc="Layout of the state cache's backing storage.",
     ),
     "indices": _obj(
         {
-            "layout": {"enum": list(INDEX_LAYOUTS)},
-            "dtype": {"enum": list(INDEX_DTYPES)},
-            "columns": _int(1),
-            "init_column": _int(0),
-            "final_column": _int(0),
-            "rows_before": _int(0),
+            "layout": _enum(INDEX_LAYOUTS, doc="contiguous: (batch,) tensors; block_table: columns of a "
+                                               "(rows_before + batch, columns) table (strided, possibly unaligned)."),
+            "dtype": _enum(INDEX_DTYPES, doc="dtype of the slot index tensors. Default: int32."),
+            "columns": _int(1, doc="block_table only (required): columns of the table, i.e. the index stride."),
+            "init_column": _int(0, doc="block_table only (required): column holding the initial slots."),
+            "final_column": _int(0, doc="block_table only: column holding the final slots; required with "
+                                        "call.final_state direct, forbidden otherwise."),
+            "rows_before": _int(0, doc="block_table only: table rows before the batch's rows (shifts the column "
+                                       "view's address). Default: 0."),
         },
         ("layout",),
+        doc="How the slot index tensors are laid out. Default: {layout: contiguous, dtype: int32}.",
     ),
-    "call": _obj({"final_state": {"enum": list(FINAL_STATE_MODES)}, "path": {"enum": list(PATHS)}}),
+    "call": _obj(
+        {
+            "final_state": _enum(FINAL_STATE_MODES, doc="direct: write final states into final_slot, return None; "
+                                                        "returned: return (batch, H, P, N); checkpoint: return "
+                                                        "(nchunks, H, P, N) chunk-end states. Default: direct."),
+            "path": _enum(PATHS, doc="Initial-state path passed to ssd_prefill; indexed only for one sequence with "
+                                     "direct writeback. Default: auto."),
+        },
+        doc="How ssd_prefill is called. Default: {final_state: direct, path: auto}.",
+    ),
     "checks": {
         "type": "array",
         "minItems": 1,
         "uniqueItems": True,
         "items": {"type": "string", "pattern": CHECK_PATTERN},
+        "description": "Registered check names, or [all]: every check that applies to the case. A named check that "
+                       "does not apply is skipped with the reason. Default: [all].",
     },
     "expect": {
         "anyOf": [
             {"const": "pass"},
-            _obj({"xfail": {"type": "string", "minLength": 1}}, ("xfail",)),
-        ]
+            _obj({"xfail": {"type": "string", "minLength": 1,
+                            "description": "Why the case fails, with an issue or commit reference."}},
+                 ("xfail",), doc="A known failure."),
+        ],
+        "description": "pass, or {xfail: reason}: failures then count as expected, and a pass fails (strict). "
+                       "Default: pass.",
     },
     "inputs": _obj(
         {
-            "dt_offset": _NUMBER,
-            "dt_scale": {"type": "number", "minimum": 0},
-            "x_scale": {"type": "number", "minimum": 0},
-            "bc_scale": {"type": "number", "minimum": 0},
-            "state_scale": {"type": "number", "minimum": 0},
-            "A_min": {"type": "number", "minimum": 0},
-            "A_max": {"type": "number", "minimum": 0},
-        }
+            "dt_offset": _number(doc="Centre of dt: the pre-softplus value (or dt_bias centre) with softplus, "
+                                     "log(dt) without. Default: -3.0."),
+            "dt_scale": _number(0, doc="Spread of dt's normal noise. Default: 0.5."),
+            "x_scale": _number(0, doc="x = randn * x_scale. Default: 1.0."),
+            "bc_scale": _number(0, doc="B, C = randn * bc_scale. Default: 1.0."),
+            "state_scale": _number(0, doc="Slot rows = randn * state_scale. Default: 1.0."),
+            "A_min": _number(0, doc="A = -uniform(A_min, A_max) per head; A_min > 0. Default: 1.0."),
+            "A_max": _number(0, doc="Upper end of -A; A_max >= A_min. Default: 16.0."),
+        },
+        doc="How the builder draws tensors; omitted knobs keep their defaults (changing a default changes every "
+            "case's tensors).",
     ),
-    "tiers": _obj({"cpu": _BOOL}, ("cpu",)),
+    "tiers": _obj({"cpu": _bool("Run on the CPU interpreter tier (else skipped there with the reason).")},
+                  ("cpu",),
+                  doc="Which tiers run the case. Default: cpu is true when the case is small enough for the "
+                      "interpreter (harness.cases.model.default_cpu_tier)."),
 }
 CASE_REQUIRED = ("id", "seed", "shape", "dtype", "sequences", "cache")
 assert set(EXPECT_KINDS) == {"pass", "xfail"}  # the expect node above spells both forms
+
+_SCHEMA_PROPERTY = {
+    "const": SCHEMA_ID,
+    "description": "The schema id, always ssd-case/1 (checked before anything else in the file).",
+}
 
 SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "$id": "https://ssd-harness.invalid/schema/ssd-case-1.schema.json",
     "title": "Mamba2 SSD prefill harness case (ssd-case/1)",
-    "description": "One case per file, or a list of cases under 'cases:'. See DESIGN section 6.",
+    "description": "One case per file, or a list of cases under 'cases:'. Field reference: docs/cases.md.",
     "type": "object",
     "if": {"required": ["cases"]},
     "then": {"$ref": "#/$defs/case_list_file"},
     "else": {"$ref": "#/$defs/case_file"},
     "$defs": {
-        "case": _obj(CASE_PROPERTIES, CASE_REQUIRED),
-        "case_file": _obj({"schema": {"const": SCHEMA_ID}, **CASE_PROPERTIES}, ("schema", *CASE_REQUIRED)),
+        "case": _obj(CASE_PROPERTIES, CASE_REQUIRED, doc="One case (an item of a case list)."),
+        "case_file": _obj({"schema": _SCHEMA_PROPERTY, **CASE_PROPERTIES}, ("schema", *CASE_REQUIRED),
+                          doc="A file holding one case."),
         "case_list_file": _obj(
             {
-                "schema": {"const": SCHEMA_ID},
-                "description": {"type": "string"},
-                "cases": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/case"}},
+                "schema": _SCHEMA_PROPERTY,
+                "description": {"type": "string", "description": "Free text about the file's cases."},
+                "cases": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/case"},
+                          "description": "The cases of this file (each without its own schema key)."},
             },
             ("schema", "cases"),
+            doc="A file holding a list of cases.",
         ),
     },
 }
+
+
+def write_schema_file(path: Path = SCHEMA_FILE) -> Path:
+    """Write ``schema_json()`` to ``path`` (the shipped file by default): ``python -m harness schema``."""
+    path.write_text(schema_json())
+    return path
 
 
 def schema_json() -> str:
