@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 # The CPU install (dev machines, CI): the CPU torch wheel and a numpy the Triton 3.6 interpreter accepts (< 2.4,
-# DESIGN section 8). A GPU runner keeps its own torch/numpy: `make test TORCH_SPEC= NUMPY_SPEC= VENV_FLAGS=--system-site-packages`.
+# docs/exactness.md). A GPU runner keeps its own torch/numpy: `make test TORCH_SPEC= NUMPY_SPEC= VENV_FLAGS=--system-site-packages`.
 TORCH_SPEC ?= torch==2.13.0
 NUMPY_SPEC ?= numpy<2.4
 VENV_FLAGS ?=

@@ -79,7 +79,7 @@ DIV_ULPS = {"cuda": 0.5, "interpreter": 0.5}
 
 def unit_roundoff(dtype: torch.dtype, backend: str = "cuda") -> float:
     """Largest relative error of one rounding to ``dtype``: u for round-to-nearest; under the interpreter fp32 ->
-    bf16 truncates (DESIGN section 8), which can lose a whole ulp: 2u."""
+    bf16 truncates (docs/exactness.md), which can lose a whole ulp: 2u."""
     _check_backend(backend)
     try:
         u = UNIT_ROUNDOFF[dtype]

@@ -1,7 +1,7 @@
 """Bit-exact and bounded comparisons that raise with a report a kernel engineer can act on.
 
 Exact means ``rtol=0, atol=0`` compared as bits: tensors are viewed as a same-width integer dtype, so -0.0 vs +0.0
-and NaN payloads count (DESIGN section 4). Every helper here raises; none returns a bool.
+and NaN payloads count (docs/exactness.md). Every helper here raises; none returns a bool.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""pytest plugin: YAML cases become items ``<file>::<case id>::<check>`` (DESIGN section 7).
+"""pytest plugin: YAML cases become items ``<file>::<case id>::<check>`` (docs/checks.md).
 
 Loaded by the root ``conftest.py``. Options (group "ssd-harness"): ``--device``, ``--provider``,
 ``--workers-per-gpu``, ``--json-report``, ``--shard``, ``--recompile-guard``. Under ``pytest -n auto`` on a GPU machine

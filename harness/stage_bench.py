@@ -3,7 +3,7 @@ candidate config forced, to see where a call's time goes and which configs the s
 
 Each stage is replayed from a CUDA graph (median of ``reps``) on the intermediates of one real call of the
 workload (inputs from the case builder, as in ``harness.bench``). A forced config whose output is not finite is
-reported as such (the sm90 wgmma hazard of DESIGN section 8 writes NaN rows) and never counts as the best.
+reported as such (the sm90 wgmma hazard of docs/exactness.md writes NaN rows) and never counts as the best.
 Candidates beyond a stage's shipped ``CONFIGS`` are only timed here: a config joins ``CONFIGS`` with the GPU
 evidence (docs/gpu-runs.md) and then runs in tests/test_kernel_stages.py's every-config check.
 """

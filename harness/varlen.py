@@ -1,4 +1,4 @@
-"""Varlen metadata for packed Mamba2 prefill batches (DESIGN section 3, vLLM's convention).
+"""Varlen metadata for packed Mamba2 prefill batches (docs/domain.md, vLLM's convention).
 
 Chunks are aligned to absolute token position: a sequence whose cached ``context`` is not a multiple of
 ``chunk_size`` first gets a partial chunk that fills up to the next boundary, then full chunks, then a possibly

@@ -16,7 +16,7 @@ from kernels.ssd import ssd_prefill  # noqa: E402  (must follow the TRITON_INTER
 
 
 class TritonSSDProvider:
-    """The provider interface of DESIGN section 5: a name, the paths it has, and ``ssd_prefill``."""
+    """The provider interface (docs/provider.md): a name, the paths it has, and ``ssd_prefill``."""
 
     name = "triton-ssd"
     supported_paths = frozenset({"snapshot", "indexed"})

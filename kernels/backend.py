@@ -1,7 +1,7 @@
 """What every stage kernel needs to know about where it runs: the GPU or Triton's interpreter.
 
 ``TRITON_INTERPRET`` is read once, when this module is imported (``harness.backend.configure`` sets it first).
-The interpreter emulates each program in numpy and cannot do everything the GPU does (DESIGN section 8):
+The interpreter emulates each program in numpy and cannot do everything the GPU does (docs/exactness.md):
 bf16 arithmetic and bf16 ``tl.dot`` are wrong there, and ``libdevice`` calls are not supported. Those differences
 are switched here, in one place, and passed to kernels as constexprs; the GPU keeps the production arithmetic.
 """
@@ -43,7 +43,7 @@ def dot_acc(acc, a, b, DOT_FP32_OPERANDS: tl.constexpr, FP32_DOT_PRECISION: tl.c
 # where softplus falls back to log(1 + exp(dt)).
 USE_LIBDEVICE = not INTERPRET
 
-# exp(x) is computed as exp2(x * LOG2E): on CUDA tl.math.exp2 equals torch.exp2 bit for bit (DESIGN section 8).
+# exp(x) is computed as exp2(x * LOG2E): on CUDA tl.math.exp2 equals torch.exp2 bit for bit (docs/exactness.md).
 # A tl.constexpr: the GPU compiler refuses plain Python globals inside @jit code (the interpreter does not).
 LOG2E = tl.constexpr(1.4426950408889634)
 

@@ -25,7 +25,7 @@ from kernels.backend import AUTOTUNE_DO_BENCH, DOT_FP32_OPERANDS, FP32_DOT_PRECI
 
 def miscompiles_on_sm90(config: triton.Config) -> bool:
     """Triton 3.6 lowers ``tl.dot(cb, x)`` (cb in registers) to wgmma and writes NaN/Inf rows on sm90 when
-    num_stages > 1, BLOCK_SIZE_M % 64 == 0 and num_warps % 4 == 0 (DESIGN section 8; vLLM drops these configs)."""
+    num_stages > 1, BLOCK_SIZE_M % 64 == 0 and num_warps % 4 == 0 (docs/exactness.md; vLLM drops these configs)."""
     return config.num_stages > 1 and config.kwargs["BLOCK_SIZE_M"] % 64 == 0 and config.num_warps % 4 == 0
 
 

@@ -1,4 +1,4 @@
-"""``ssd_prefill``: the five SSD stages composed, with the snapshot / indexed dispatch (DESIGN section 5).
+"""``ssd_prefill``: the five SSD stages composed, with the snapshot / indexed dispatch (docs/provider.md).
 
 Snapshot path: copy the initial states out of the cache first (fused Triton gather on CUDA, the PyTorch
 ``torch.where`` snapshot elsewhere), then state passing writes the exiting state of every chunk into the workspace and,
@@ -124,7 +124,7 @@ def ssd_prefill(
     states in the cache dtype; ``return_intermediate_states`` -> checkpoint: returns (C, H, P, N) chunk-end states in
     the workspace dtype and writes nothing into the cache.
 
-    Extensions beyond DESIGN section 5 (defaults keep its semantics): ``state_dtype`` is the workspace dtype (vLLM's
+    Extensions beyond docs/provider.md (defaults keep its semantics): ``state_dtype`` is the workspace dtype (vLLM's
     name; default the cache dtype); ``gather`` picks the snapshot copy (``fused``/``torch``; ``auto``: fused on
     CUDA); ``workspace_out``, a dict, receives the chosen ``path``, ``gather`` and the intermediates
     (``states``: the (C, H, P, N) workspace, exiting states on the snapshot path and entering states on the indexed

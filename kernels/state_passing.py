@@ -3,7 +3,7 @@
 Per head and state element, in fp32: at the first chunk of sequence ``b`` the state is ``initial_states[b]`` (or 0);
 then ``s = exp2(LOG2E * dA_cs[h, c, Q-1]) * s + states[c]`` and ``out[c] = s`` (the state *exiting* chunk c).
 The multiply-add is written as one expression so that Triton contracts it into an FMA on CUDA, which equals
-``torch.addcmul`` bit for bit (DESIGN section 8); the interpreter does not fuse (the ``interpreter`` profile).
+``torch.addcmul`` bit for bit (docs/exactness.md); the interpreter does not fuse (the ``interpreter`` profile).
 
 Optional direct writeback: at ``last_chunk_indices[b]`` the state is also stored into
 ``state_cache[final_state_indices[b]]`` in the cache dtype, skipped for negative slots.

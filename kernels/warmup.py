@@ -1,11 +1,11 @@
-"""Compile-only warmup registry: every specialization the SSD path can need, compiled at startup (DESIGN section 7).
+"""Compile-only warmup registry: every specialization the SSD path can need, compiled at startup (docs/checks.md).
 
 Triton compiles one binary per *specialization* of a kernel's arguments (``harness.guards.specialization``): pointer
 dtype and 16-byte alignment, int == 1 / multiple of 16 / other, constexpr values, launch options. Which classes a
 real call produces is decided by Mamba2 metadata, not by the model: index tensors are int32 or int64; they are
 contiguous (stride 1) or block-table columns ``bt[rows_before:, j]`` (stride = columns: a multiple of 16 or not),
 and such a column's pointer is 16-byte aligned only when ``(rows_before * columns + j) * itemsize % 16 == 0``
-(DESIGN section 8); the state cache has a padded row stride and a storage offset; the batch and chunk counts vary.
+(docs/exactness.md); the state cache has a padded row stride and a storage offset; the batch and chunk counts vary.
 Each kernel registers here, by parameter name, the classes it can see; ``warmup`` enumerates their product,
 computes every specialization key, compiles each distinct key once with ``JITFunction.warmup`` (nothing launches)
 and returns the keys, which the recompile guard then holds real calls to.

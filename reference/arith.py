@@ -1,4 +1,4 @@
-"""Arithmetic profiles: how the kernels round on each backend (DESIGN section 8), so the chunked reference can
+"""Arithmetic profiles: how the kernels round on each backend (docs/exactness.md), so the chunked reference can
 reproduce them.
 
 ``cuda``: exp as ``torch.exp2(LOG2E * x)`` in fp32, multiply-add as one fused ``torch.addcmul``, fp32 -> bf16/fp16

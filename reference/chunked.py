@@ -270,7 +270,7 @@ def chunked_ssd(x, dt, A, B, C, *, chunk_size, cu_seqlens, cu_chunk_seqlens, las
                 D=None, z=None, dt_bias=None, dt_softplus=False, dt_limit=(0.0, math.inf), state_cache,
                 initial_state_indices, has_initial_states, final_state_indices=None,
                 return_intermediate_states=False, profile=None):
-    """The five stages end to end with snapshot semantics (DESIGN section 5 keyword names).
+    """The five stages end to end with snapshot semantics (docs/provider.md keyword names).
 
     x (T,H,P), dt (T,H), A (H,), B/C (T,G,N), out (T,H,P) io dtype written in place; state_cache (slots,H,P,N).
     Returns None after direct writeback (``final_state_indices`` given), the chunk-end states (nchunks,H,P,N) in the

@@ -8,7 +8,7 @@ from reference.chunked import chunked_ssd
 
 
 class ReferenceProvider:
-    """Provider interface (DESIGN section 5) over ``chunked_ssd``; snapshot path only."""
+    """Provider interface (docs/provider.md) over ``chunked_ssd``; snapshot path only."""
 
     name = "reference"
     supported_paths = frozenset({"snapshot"})

@@ -1,4 +1,4 @@
-"""The bit-compare helpers catch what exactness means (DESIGN section 4) and pass identical tensors."""
+"""The bit-compare helpers catch what exactness means (docs/exactness.md) and pass identical tensors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fused initial-state gather vs the PyTorch ``torch.where`` snapshot, bit for bit (DESIGN section 4).
+"""Fused initial-state gather vs the PyTorch ``torch.where`` snapshot, bit for bit (docs/exactness.md).
 
 Also home of the paged-cache and index-view builders the other kernel tests import (``from test_gather import ...``).
 """

@@ -1,4 +1,4 @@
-"""Indexed path vs snapshot path through ``ssd_prefill``, bit for bit (DESIGN section 4): output, whole cache storage,
+"""Indexed path vs snapshot path through ``ssd_prefill``, bit for bit (docs/exactness.md): output, whole cache storage,
 and the indexed path's entering-state workspace vs the snapshot path's exiting states shifted by one chunk.
 Plus the dispatch rules: explicit ``indexed`` on an ineligible call raises ValueError naming the reason, and ``auto``
 on an ineligible call is the snapshot path."""

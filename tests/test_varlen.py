@@ -1,4 +1,4 @@
-"""Varlen metadata: properties under Hypothesis and the worked example of DESIGN section 3."""
+"""Varlen metadata: properties under Hypothesis and a worked example of the chunk rules in docs/domain.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""YAML test cases: the model, the schema and loader, the input builder and the corpus generator (DESIGN section 6)."""
+"""YAML test cases: the model, the schema and loader, the input builder and the corpus generator (docs/cases.md)."""
 
 from harness.cases.loader import dump_case, dump_case_list, load_case_file, load_cases
 from harness.cases.model import Case, Eligibility, SCHEMA_ID

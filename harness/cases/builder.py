@@ -80,7 +80,7 @@ class CaseInputs:
         return {k: t for k, t in self.tensor_fields().items() if k not in ("out", "cache_base", "state_cache")}
 
     def kwargs(self, path: str | None = None, final_state: str | None = None) -> dict:
-        """Keyword arguments of ``provider.ssd_prefill`` (DESIGN section 5); poisons ``out`` with NaN first.
+        """Keyword arguments of ``provider.ssd_prefill`` (docs/provider.md); poisons ``out`` with NaN first.
 
         ``path`` and ``final_state`` default to the case's call; a ``direct`` case may be called as ``returned`` or
         ``checkpoint`` (nothing written), not the other way round (it has no final slots).

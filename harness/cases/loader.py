@@ -1,7 +1,7 @@
 """Load ``ssd-case/1`` YAML files into ``Case`` objects, rejecting anything malformed or impossible.
 
 Every rejection is a ``CaseError`` naming the file, the key path, what was expected and what was found, raised when
-the file is collected (DESIGN section 6). ``dump_case`` writes YAML that loads back to an equal ``Case``.
+the file is collected (docs/cases.md). ``dump_case`` writes YAML that loads back to an equal ``Case``.
 """
 
 from __future__ import annotations

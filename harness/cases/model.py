@@ -1,4 +1,4 @@
-"""The case model: frozen dataclasses mirroring the YAML schema ``ssd-case/1`` (DESIGN section 6).
+"""The case model: frozen dataclasses mirroring the YAML schema ``ssd-case/1`` (docs/cases.md).
 
 A ``Case`` says everything needed to rebuild the same tensors and the same call: shape, dtypes, options, the
 sequences of the batch with their cache slots, the cache and index layouts, the call mode, the checks to run and
@@ -36,7 +36,7 @@ TORCH_DTYPES = {
 }
 SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "int32": "i32", "int64": "i64"}
 
-# Sizes up to which a case runs through the interpreter in reasonable time (the CPU tier, DESIGN section 7).
+# Sizes up to which a case runs through the interpreter in reasonable time (the CPU tier, docs/checks.md).
 CPU_MAX_TOKENS = 140  # admits 2 * 64 + 5: a partial, a full and a partial chunk
 CPU_MAX_STATE_ELEMENTS = 8192  # nheads * headdim * dstate
 CPU_MAX_CHUNK = 128
@@ -168,7 +168,7 @@ def default_family(case_id: str) -> str:
 
 
 def count_chunks(chunk_size: int, sequences: tuple[SequenceSpec, ...]) -> int:
-    """Chunks of the batch (DESIGN section 3), without validating: a partial first chunk up to the next boundary."""
+    """Chunks of the batch (docs/domain.md), without validating: a partial first chunk up to the next boundary."""
     total = 0
     for s in sequences:
         first = min(chunk_size - s.context % chunk_size, s.tokens)
@@ -217,7 +217,7 @@ class Case:
         return sum(s.tokens for s in self.sequences)
 
     def indexed_eligible(self) -> Eligibility:
-        """Indexed path rule (DESIGN section 5): one sequence, direct writeback, no intermediate states.
+        """Indexed path rule (docs/domain.md): one sequence, direct writeback, no intermediate states.
 
         Cache dtype equals the workspace dtype by construction (the workspace takes the cache dtype).
         """

@@ -1,4 +1,4 @@
-"""Named correctness checks (DESIGN sections 4 and 7), shared by the pytest plugin, the CLI and the fuzzer.
+"""Named correctness checks (docs/checks.md), shared by the pytest plugin, the CLI and the fuzzer.
 
 Importing this package registers every check. ``run_check`` is the one way to run one against a provider.
 """

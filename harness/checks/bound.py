@@ -1,5 +1,5 @@
 """``reference_bound``: the provider's output and final (or chunk-end) states vs the fp64 sequential reference,
-within ``harness.bounds``' derived bound (DESIGN section 4, bounded). Reports max ulp and relative error."""
+within ``harness.bounds``' derived bound (docs/exactness.md, bounded). Reports max ulp and relative error."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Kernel-level exact checks of our own kernels (DESIGN section 4): state passing teacher-forced on the kernels' own
+"""Kernel-level exact checks of our own kernels (docs/checks.md): state passing teacher-forced on the kernels' own
 chunk states and dA_cumsum vs ``reference.chunked.state_passing`` under the device's arithmetic profile, and the
 fused gather vs the ``torch.where`` snapshot. They test ``kernels/``, so they apply only when the provider is ours."""
 

@@ -1,4 +1,4 @@
-"""Path equivalence: the indexed path and ``auto`` must give the snapshot path's bits (DESIGN sections 1, 4, 5)."""
+"""Path equivalence: the indexed path and ``auto`` must give the snapshot path's bits (docs/checks.md)."""
 
 from __future__ import annotations
 

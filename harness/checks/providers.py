@@ -1,4 +1,4 @@
-"""Selecting a provider (DESIGN section 5): ``module:attr`` names any object with ``name`` and ``ssd_prefill``."""
+"""Selecting a provider (docs/provider.md): ``module:attr`` names any object with ``name`` and ``ssd_prefill``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Destructive-autotuning guard (DESIGN section 7, issue 4).
+"""Destructive-autotuning guard (docs/checks.md, issue 4).
 
 An autotuned kernel is launched once per config (and, on the GPU, many times per config) on the first call with a
 new tuning key. A kernel that reads what it writes (``x += 1``, or an initial state read from the same cache slot

@@ -1,4 +1,4 @@
-"""Recompile guard: after the startup warmup, a real call must not compile anything (DESIGN section 7).
+"""Recompile guard: after the startup warmup, a real call must not compile anything (docs/checks.md).
 
 On the GPU two independent witnesses are used: Triton's runtime compile hook (``knobs.runtime.jit_cache_hook``,
 called before every in-memory compile with the kernel and its cache key) and the per-device kernel caches of the

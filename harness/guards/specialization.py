@@ -1,4 +1,4 @@
-"""Specialization keys: what Triton would compile for a call, computed without compiling (DESIGN section 7).
+"""Specialization keys: what Triton would compile for a call, computed without compiling (docs/checks.md).
 
 Triton keys its per-device kernel cache on the *specialization* of every argument: a pointer's dtype and whether
 its address is 16-byte aligned, an int's width and whether it equals 1 or is a multiple of 16, every constexpr's
