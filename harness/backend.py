@@ -33,8 +33,8 @@ def resolve_device(requested: str = "auto") -> str:
 
 def gpus_for_workers(requested: str = "auto") -> list[str]:
     """The GPU ids to pin xdist workers to, decided without importing torch: the controller does this before any
-    worker starts, and importing torch for it (1.7 s, plus 0.2-0.4 s counting devices) delayed every worker on the
-    GPU runner (run 17). ``CUDA_VISIBLE_DEVICES`` when set, else the driver's count through NVML; none for
+    worker starts, so the time it would spend importing torch and counting devices through it would delay every
+    worker (docs/gpu-runs.md, run 17). ``CUDA_VISIBLE_DEVICES`` when set, else the driver's count through NVML; none for
     ``cpu``. Each worker still resolves its own device through torch (``configure``), so a machine whose torch
     cannot use its GPUs fails there with the reason, or (``auto``) runs the interpreter."""
     _check_requested(requested)
@@ -71,13 +71,13 @@ def create_cuda_context_in_background(library: str = "libcuda.so.1", driver=None
     side thread, through the driver API, while the main thread goes on importing torch and collecting. Returns the
     thread, or None where there is no driver. ``driver``: the loaded library (a stand-in, for tests).
 
-    GPU run 27: at the first items of a suite the host's cores were 70-80% idle for ~4.5 s, cold and warm alike:
-    16 workers per GPU each created their context at their first CUDA call, at the same moment, and the driver
-    creates them one at a time. Started as each worker is configured (xdist starts them ~0.1 s apart, and the
-    driver API needs no torch), the contexts come up one after another during start-up, whose imports keep the
-    cores busy anyway; ctypes lets go of the GIL for each call. A failure here is left to show again, with its
-    message, at the first real use (a test, with its node id). Join the thread before the process exits (the pytest
-    plugin does, in ``pytest_unconfigure``): a thread inside the driver at exit can crash the process (GPU run 28)."""
+    The driver creates the contexts of one GPU one at a time. Workers that each create theirs at their first CUDA
+    call do so together, at their first items, and queue while the host's cores idle (docs/gpu-runs.md, run 27).
+    Started as each worker is configured (xdist starts workers one after another, and the driver API needs no
+    torch), the contexts come up one after another during start-up, whose imports keep the cores busy anyway;
+    ctypes lets go of the GIL for each call. A failure here is left to show again, with its message, at the first
+    real use (a test, with its node id). Join the thread before the process exits (the pytest plugin does, in
+    ``pytest_unconfigure``): a thread still inside the driver at exit can crash the process."""
     import threading
 
     if driver is None:
@@ -120,17 +120,17 @@ SHARED_GPU_AUTOTUNE_MS = "1,5"
 
 def shorten_autotuning() -> None:
     """For processes that share a GPU with other test workers: their tuning timings are noise (the other workers'
-    kernels run in between), so measuring each config for 125 ms buys nothing, and dozens of tuning keys per worker
-    made it most of the GPU suite's time (GPU run 5). Any config is correct (every one is tested), so a short
-    budget changes nothing a check expects. A caller's own setting wins."""
+    kernels run in between), so measuring each config for Triton's default 25 + 100 ms buys nothing, while dozens
+    of tuning keys per worker multiply that cost (docs/gpu-runs.md, run 5). Any config is correct (every one is
+    tested), so a short budget changes nothing a check expects. A caller's own setting wins."""
     os.environ.setdefault(AUTOTUNE_BUDGET_ENV, SHARED_GPU_AUTOTUNE_MS)
 
 
 def share_autotuning_results() -> None:
     """Keep autotuning results in the Triton cache (shared by xdist workers), unless the caller chose otherwise.
 
-    Each process otherwise benchmarks every config of every tuning key itself (some 0.1 s per config), and the
-    suite has dozens of keys per worker. Which config wins never changes what a check expects: a check compares
+    Each process otherwise benchmarks every config of every tuning key itself, and the suite has dozens of keys per
+    worker. Which config wins never changes what a check expects: a check compares
     calls made in one process, with one tuned config per key, and tests/test_kernel_stages.py forces every config.
     Triton reads this when an autotuner is created, so it must be set before ``kernels`` is imported.
     """

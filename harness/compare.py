@@ -179,10 +179,10 @@ def assert_within_bound(
 ) -> BoundStats:
     """Raise unless ``|actual - expected| <= bound`` elementwise (NaN anywhere in actual fails; so does any Inf
     that expected does not have). ``expected`` is usually float64 ground truth; ``bound`` broadcasts against it.
-    Returns the measured ``BoundStats`` when it holds. Computed on ``actual``'s device: on the GPU runner a serving
-    case's output is 26M fp64 elements, and two dozen passes over them on one contended CPU thread were most of the
-    reference_bound check's time (GPU run 18); every operation here is exact or a comparison, so the device does
-    not change the verdict.
+    Returns the measured ``BoundStats`` when it holds. Computed on ``actual``'s device: a serving case's output is
+    tens of millions of fp64 elements and this makes two dozen elementwise passes over them, which on a CPU thread
+    shared with other workers dominate the reference_bound check (docs/gpu-runs.md, run 18); every operation here
+    is exact or a comparison, so the device does not change the verdict.
     """
     if actual.shape != expected.shape:
         raise Mismatch(

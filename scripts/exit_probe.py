@@ -1,9 +1,10 @@
 """How long CUDA processes take to exit together, and whether freeing their cached memory first helps.
 
-GPU run 25: the suite's last 3.3 s lay between the last worker finishing and the controller's end, when xdist asks
-all 32 workers (16 per GPU, ~2 GiB of cached memory each) to exit at once. Each mode starts N processes that hold
-memory the way a worker does (freed tensors stay in torch's caching allocator), waits until all are ready, then
-tells them to go and times until every one has exited:
+At the end of a suite xdist asks every worker (16 per GPU, each holding GiBs of cached device memory) to exit at
+once, and the time between the last worker finishing and the controller's end goes into those exits
+(docs/gpu-runs.md, run 25). Each mode starts N processes that hold memory the way a worker does (freed tensors
+stay in torch's caching allocator), waits until all are ready, then tells them to go and times until every one has
+exited:
   plain        exit as a worker does;
   early_free   ``torch.cuda.empty_cache()`` before they are ready (as a worker could when its last item is done,
                while others still run), then exit;

@@ -25,10 +25,10 @@ run_step() {  # name, command...: run under a time limit, tee the log, record wa
 for step in $steps; do
   case $step in
     env)
-      run_step env bash -c "nvidia-smi -L; $PY -c 'import torch, triton, numpy, sys; print(sys.version.split()[0], torch.__version__, triton.__version__, numpy.__version__, torch.cuda.get_device_name(), torch.cuda.device_count())'; echo commit \${COMMIT:-unknown}" ;;  # pass COMMIT=<sha>: the device copy's .git can be stale (run 7 printed an old HEAD)
+      run_step env bash -c "nvidia-smi -L; $PY -c 'import torch, triton, numpy, sys; print(sys.version.split()[0], torch.__version__, triton.__version__, numpy.__version__, torch.cuda.get_device_name(), torch.cuda.device_count())'; echo commit \${COMMIT:-unknown}" ;;  # pass COMMIT=<sha>: the device copy's .git can be stale, so its HEAD is not evidence
     pyc)  # set-up, as a pip-installed environment has it: the runner's image ships its libraries without byte-code and
-      # sets PYTHONDONTWRITEBYTECODE=1, so every process (16 workers, their subprocesses) compiled torch from source
-      # (~3 s each, run 15). Byte-code of the interpreter's libraries goes to a prefix; later steps read and write there.
+      # sets PYTHONDONTWRITEBYTECODE=1, so every process (16 workers, their subprocesses) compiles torch from source
+      # (scripts/compile_bytecode.sh). Byte-code of the interpreter's libraries goes to a prefix; later steps use it.
       export PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-$(mktemp -d)}
       run_step pyc bash -c "scripts/compile_bytecode.sh $PY && du -sh $PYTHONPYCACHEPREFIX" ;;
     suite|suite-warm)  # the whole suite as `make test` runs it (tests/ and cases/), after one warmup, under the recompile
@@ -66,7 +66,8 @@ for step in $steps; do
       run_step spawn-probe bash -c "$PY scripts/spawn_probe.py 8; $PY -X importtime -c pass 2>&1 | sort -t'|' -k2 -n | tail -n 6" ;;
     exit-probe)  # how long CUDA processes take to exit together (the suite's tail: xdist stops all workers at once)
       run_step exit-probe $PY scripts/exit_probe.py "${PROBE_PROCESSES:-32}" "$(nvidia-smi -L | wc -l)" ;;
-    recheck)  # the GPU findings of run 4 (docs/gpu-runs.md) with tracebacks: run this first next time
+    recheck)  # with tracebacks: the tests of scripts/gpu_run4.txt (the GPU findings of docs/gpu-runs.md run 4), the
+      # SSD tests and the corpus case that showed them
       run_step recheck $PY -m pytest -n "$WORKERS" --workers-per-gpu "$WORKERS" --device cuda -p no:cacheprovider \
         --tb=short -rfE $(cat scripts/gpu_run4.txt) tests/test_ssd_prefill.py \
         "cases/corpus/direct.yaml::direct-022-fp32-bf16-h11p19n32g1" ;;
@@ -89,7 +90,7 @@ for step in $steps; do
       run_step profile-ref bash -c "$PY -m cProfile -s cumtime -m harness repro cases/corpus/serving.yaml \
         --case serving-006-mixed-checkpoint-bf16-bf16 --check reference_bound --device cuda | head -n 80" ;;
     profile-warmup)  # where loading the corpus' specializations from a warm disk cache goes (a case's first item
-      # pays it per worker; ~50 ms a specialization in run 16): one process, after a suite step filled the cache
+      # pays it per worker): one process, after a suite step filled the cache
       run_step profile-warmup bash -c "$PY -m cProfile -o $OUT/warmup.prof -m harness warmup --device cuda --jobs 1 | tail -n 3; $PY -c \"import pstats; p = pstats.Stats('$OUT/warmup.prof'); p.sort_stats('cumulative').print_stats(45); p.sort_stats('tottime').print_stats(25)\" | grep -v '^$' | tail -n 80" ;;
     stages)  # each stage of the 4256-token prefill alone, as tuned and with every candidate config forced
       run_step stages $PY -m harness bench --stages --reps 100 --json "$OUT/stages.json" ;;

@@ -1,5 +1,5 @@
-"""Where an xdist worker's spawn goes: xdist starts its gateways one after another (GPU run 26: 32 workers started
-over 3.4 s, 70 ms apart at first, 150 ms later), so this times a bare interpreter, the site start-up, and execnet
+"""Where an xdist worker's spawn goes: xdist starts its gateways one after another, so the last worker starts only
+after every other one has (docs/gpu-runs.md, run 26). This times a bare interpreter, the site start-up, and execnet
 popen gateways made in sequence the way xdist makes them (one at a time, each with its remote-info round trip).
 Usage: python scripts/spawn_probe.py [GATEWAYS]."""
 

@@ -52,9 +52,9 @@ def _refuse_repeated_keys(base: type) -> type:
     return loader
 
 
-# The pure-Python loader words every error the case files report (tests/data/malformed/expected.yaml); libyaml's
-# parser, where PyYAML has it, loads good files: parsing the corpus in Python took ~1 s of each pytest worker's
-# start-up (every worker collects every case). A file libyaml rejects is parsed again in Python for the message.
+# The pure-Python loader words every error the case files report (tests/malformed/expected.yaml); libyaml's parser,
+# where PyYAML has it, loads good files faster, and every pytest worker parses every case file when it collects
+# (docs/gpu-runs.md, run 16). A file libyaml rejects is parsed again in Python for the message.
 _StrictLoader = _refuse_repeated_keys(yaml.SafeLoader)
 _FastStrictLoader = _refuse_repeated_keys(getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
