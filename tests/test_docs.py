@@ -1,0 +1,255 @@
+"""The documentation stays inside the repository and in step with the code.
+
+- No tracked file points at the old design brief outside the repository.
+- Every property of the case JSON Schema carries a description, and the schema command writes exactly the source.
+- Every schema field has a row in docs/cases.md, every registered check a section in docs/checks.md.
+- README links the design pages; every relative link in README.md and docs/*.md resolves, anchors included.
+
+Each helper is shown to report what it exists to catch (the ``*_reports_*`` tests), so none can pass vacuously.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from harness import cli
+from harness.cases.schema import SCHEMA, schema_json
+from harness.checks import check_names
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+
+# Spelled in pieces so that this file does not contain what it forbids.
+OUTSIDE_POINTERS = ("DESIGN" + ".md", "DESIGN" + " section", "../" + "shared")
+DESIGN_PAGES = ("docs/cases.md", "docs/checks.md", "docs/provider.md")
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def tracked_files(root: Path) -> list[Path]:
+    """Files git tracks under ``root`` that exist in the working tree; skips the test outside a git checkout."""
+    try:
+        proc = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=False)
+    except FileNotFoundError:
+        pytest.skip("git is not installed: cannot list the tracked files")
+    if proc.returncode != 0:
+        pytest.skip(f"{root} is not a git checkout: {proc.stderr.decode(errors='replace').strip()}")
+    names = [n for n in proc.stdout.decode().split("\0") if n]
+    return [root / n for n in names if (root / n).is_file()]
+
+
+def outside_pointers(texts: dict[str, str]) -> list[str]:
+    """``file:line: phrase`` for every line that points outside the repository."""
+    found = []
+    for name, text in texts.items():
+        for number, line in enumerate(text.splitlines(), 1):
+            for phrase in OUTSIDE_POINTERS:
+                if phrase in line:
+                    found.append(f"{name}:{number}: {phrase}")
+    return found
+
+
+def schema_properties(schema: dict) -> list[tuple[str, dict]]:
+    """(field path, schema node) of every property under the schema's definitions, recursively.
+
+    Paths as docs/cases.md names them: ``shape.nheads``, ``sequences[].context``, ``expect.xfail`` (a property
+    of an ``anyOf`` branch belongs to the field the branch describes). ``$ref`` nodes are not followed: the
+    referenced definition is walked itself."""
+    out: list[tuple[str, dict]] = []
+
+    def walk(node, prefix: str) -> None:
+        if not isinstance(node, dict):
+            return
+        for key, sub in node.get("properties", {}).items():
+            path = prefix + key
+            out.append((path, sub))
+            walk(sub, path + ".")
+        items = node.get("items")
+        if isinstance(items, dict) and "properties" in items:
+            walk(items, prefix.rstrip(".") + "[].")
+        for branch in node.get("anyOf", ()):
+            walk(branch, prefix)
+
+    for definition in schema.get("$defs", {}).values():
+        walk(definition, "")
+    walk(schema, "")
+    return out
+
+
+def missing_descriptions(schema: dict) -> list[str]:
+    """Field paths whose schema node has no non-empty ``description``."""
+    return sorted({path for path, node in schema_properties(schema)
+                   if not (isinstance(node.get("description"), str) and node["description"].strip())})
+
+
+def field_rows(doc: str) -> set[str]:
+    """Field names in the first cell of a markdown table row: ``| `shape.nheads` | ...``."""
+    return set(re.findall(r"^\|\s*`([^`]+)`\s*\|", doc, re.M))
+
+
+def undocumented_fields(doc: str, paths) -> list[str]:
+    rows = field_rows(doc)
+    return sorted(set(paths) - rows)
+
+
+def undocumented_checks(doc: str, names) -> list[str]:
+    """Check names without a ``### `name` `` section."""
+    sections = set(re.findall(r"^###\s+`([^`]+)`\s*$", doc, re.M))
+    return [n for n in names if n not in sections]
+
+
+def _outside_fences(text: str) -> str:
+    """The text with fenced code blocks blanked (headings and links there are code, not markdown)."""
+    kept, fenced = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            kept.append("")
+            continue
+        kept.append("" if fenced else line)
+    return "\n".join(kept)
+
+
+def heading_anchors(text: str) -> set[str]:
+    """GitHub's anchors for the headings of a markdown text (lower case, punctuation dropped, spaces to hyphens;
+    a repeated heading gets -1, -2, ...)."""
+    anchors: set[str] = set()
+    for title in re.findall(r"^#{1,6}\s+(.+?)\s*#*\s*$", _outside_fences(text), re.M):
+        slug = re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+        candidate, n = slug, 0
+        while candidate in anchors:
+            n += 1
+            candidate = f"{slug}-{n}"
+        anchors.add(candidate)
+    return anchors
+
+
+def relative_links(text: str) -> list[str]:
+    """Targets of markdown links that are not URLs (``[x](path#anchor)``), outside code blocks."""
+    targets = re.findall(r"\[[^\]]*\]\(([^)\s]+)\)", _outside_fences(text))
+    return [t for t in targets if not re.match(r"[a-z][a-z0-9+.-]*:", t)]
+
+
+def broken_links(page: Path, text: str) -> list[str]:
+    """``target: why`` for every relative link of ``page`` whose file or heading anchor does not exist."""
+    problems = []
+    for target in relative_links(text):
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists():
+            problems.append(f"{target}: no such file {file}")
+            continue
+        if anchor:
+            if file.suffix != ".md" or file.is_dir():
+                problems.append(f"{target}: anchor into a file that is not markdown")
+            elif anchor not in heading_anchors(file.read_text() if file != page else text):
+                problems.append(f"{target}: no heading with anchor #{anchor} in {file.name}")
+    return problems
+
+
+def markdown_pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+
+
+# ---------------------------------------------------------------- (a) nothing points outside
+
+
+def test_no_tracked_file_points_outside_the_repository():
+    texts = {str(p.relative_to(ROOT)): p.read_bytes().decode("utf-8", errors="replace") for p in tracked_files(ROOT)}
+    assert len(texts) > 50, f"only {len(texts)} tracked files: the listing is wrong"
+    assert outside_pointers(texts) == []
+
+
+def test_outside_pointer_check_reports_each_phrase():
+    texts = {"a.py": "x = 1\n# see " + OUTSIDE_POINTERS[1] + " 4\n", "b.md": "[d](" + OUTSIDE_POINTERS[2] + "/x)\n",
+             "c.txt": "the " + OUTSIDE_POINTERS[0] + " file\n", "ok.md": "see docs/exactness.md\n"}
+    assert outside_pointers(texts) == [
+        f"a.py:2: {OUTSIDE_POINTERS[1]}", f"b.md:1: {OUTSIDE_POINTERS[2]}", f"c.txt:1: {OUTSIDE_POINTERS[0]}"]
+
+
+# ---------------------------------------------------------------- (b) schema descriptions
+
+
+def test_every_schema_property_has_a_description():
+    paths = [p for p, _ in schema_properties(SCHEMA)]
+    assert {"schema", "cases", "shape.nheads", "sequences[].final_slot", "expect.xfail", "tiers.cpu"} <= set(paths)
+    assert missing_descriptions(SCHEMA) == []
+
+
+def test_missing_description_is_reported():
+    schema = copy.deepcopy(SCHEMA)
+    del schema["$defs"]["case"]["properties"]["sequences"]["items"]["properties"]["context"]["description"]
+    schema["$defs"]["case"]["properties"]["expect"]["anyOf"][1]["properties"]["xfail"]["description"] = " "
+    assert missing_descriptions(schema) == ["expect.xfail", "sequences[].context"]
+
+
+def test_schema_command_writes_the_source_with_its_descriptions(tmp_path, capsys):
+    out = tmp_path / "schema.json"
+    assert cli.main(["schema", "--out", str(out)]) == 0
+    assert out.read_text() == schema_json()
+    assert f"wrote {out}" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- (c) docs name every field and check
+
+
+def test_cases_page_has_a_row_for_every_schema_field():
+    paths = {p for p, _ in schema_properties(SCHEMA)}
+    assert len(paths) > 40
+    assert undocumented_fields((DOCS / "cases.md").read_text(), paths) == []
+
+
+def test_undocumented_field_is_reported():
+    doc = (DOCS / "cases.md").read_text()
+    without = "\n".join(line for line in doc.splitlines() if not line.startswith("| `cache.row_pad` |"))
+    paths = {p for p, _ in schema_properties(SCHEMA)}
+    assert undocumented_fields(without, paths) == ["cache.row_pad"]
+    # a field named only in prose or in a longer path's row is not documented
+    assert undocumented_fields("the `nheads` field\n| `shape.nheads.x` | int |\n", ["shape.nheads"]) == ["shape.nheads"]
+
+
+def test_checks_page_has_a_section_for_every_registered_check():
+    names = check_names()
+    assert len(names) >= 10
+    assert undocumented_checks((DOCS / "checks.md").read_text(), names) == []
+
+
+def test_undocumented_check_is_reported():
+    doc = (DOCS / "checks.md").read_text().replace("### `masked_state`\n", "### masked state\n")
+    assert undocumented_checks(doc, check_names()) == ["masked_state"]
+    assert undocumented_checks("### `a`\n", ["a", "b"]) == ["b"]
+
+
+# ---------------------------------------------------------------- (d) links
+
+
+def test_readme_links_the_design_pages():
+    links = {target.partition("#")[0] for target in relative_links((ROOT / "README.md").read_text())}
+    for page in DESIGN_PAGES:
+        assert page in links, f"README.md does not link {page}"
+        assert (ROOT / page).is_file(), f"README.md links {page}, which does not exist"
+
+
+@pytest.mark.parametrize("page", markdown_pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve(page):
+    text = page.read_text()
+    assert broken_links(page, text) == []
+
+
+def test_broken_links_are_reported():
+    page = DOCS / "checks.md"
+    text = ("[a](cases.md) [b](cases.md#expect-and-xfail) [c](nowhere.md) [d](cases.md#no-such-heading) "
+            "[e](#tiers) [f](#not-here) [g](https://example.org/x.md)\n```\n[h](in-code.md)\n```\n")
+    problems = broken_links(page, text + "\n## Tiers\n")
+    assert [p.split(":")[0] for p in problems] == ["nowhere.md", "cases.md#no-such-heading", "#not-here"]
+
+
+def test_heading_anchors_follow_githubs_rules():
+    text = "# Checks, guards and tiers\n## `gather_exact`\n## A (b/c)\n## A (b/c)\n```\n# not a heading\n```\n"
+    assert heading_anchors(text) == {"checks-guards-and-tiers", "gather_exact", "a-bc", "a-bc-1"}
