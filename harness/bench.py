@@ -203,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("bench: needs a CUDA device (timings under the interpreter mean nothing)", file=sys.stderr)
         return 2
-    from harness.backend import AUTOTUNE_BUDGET_ENV, AUTOTUNE_CACHE_ENV
+    from harness.backend import AUTOTUNE_CACHE_ENV
+    from kernels.environment import AUTOTUNE_BUDGET_ENV
 
     # The bench tunes for itself, at the kernels' full budget, before kernels are imported: tuning results a
     # parallel test run cached (short budget, on a shared GPU) must not pick the configs it times.

@@ -79,7 +79,6 @@ def stage_calls(provider, inputs, path: str, **extra) -> dict:
     kernel or None, its module's CONFIGS or [])."""
     from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, gather, state_passing
     from kernels import state_passing_indexed
-    from reference import snapshot as torch_snapshot
 
     kw = inputs.kwargs(path=path)
     ws: dict = {}
@@ -102,8 +101,8 @@ def stage_calls(provider, inputs, path: str, **extra) -> dict:
             init_slot_index=kw["initial_state_indices"][:1], has_initial_state=kw["has_initial_states"][:1],
             final_slot_index=kw["final_state_indices"][:1], out=states) or states, None, [])
     else:
-        # The snapshot copy the call made: the fused Triton gather or the PyTorch torch.where one.
-        copy = gather.gather_initial_states if ws["gather"] == "fused" else torch_snapshot.gather_initial_states
+        # The snapshot copy the call made: the fused Triton gather or the same copy in PyTorch ops.
+        copy = gather.gather_initial_states if ws["gather"] == "fused" else gather.gather_initial_states_torch
         calls[f"gather ({ws['gather']})"] = (lambda: copy(
             kw["state_cache"], kw["initial_state_indices"], kw["has_initial_states"]), None, [])
         calls["state_passing"] = (lambda: state_passing.state_passing(

@@ -9,10 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.backend import configure, profile_for
+from harness.backend import configure
+from kernels.environment import arithmetic_profile  # triton-free: importable before configure
 
 DEVICE = configure("auto")  # before any kernel module is imported
-PROFILE = profile_for(DEVICE)
+PROFILE = arithmetic_profile(DEVICE)
 
 from harness import bounds  # noqa: E402
 from harness.cases.builder import build_inputs  # noqa: E402

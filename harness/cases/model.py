@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from harness.varlen import VarlenMetadata, build_varlen_metadata
+from kernels import interface
 
 SCHEMA_ID = "ssd-case/1"
 
@@ -22,7 +23,6 @@ IO_DTYPES = ("float16", "bfloat16", "float32")
 STATE_DTYPES = ("float16", "bfloat16", "float32")
 D_MODES = ("none", "per_head", "per_channel")
 INDEX_LAYOUTS = ("contiguous", "block_table")
-INDEX_DTYPES = ("int32", "int64")
 FINAL_STATE_MODES = ("direct", "returned", "checkpoint")
 PATHS = ("auto", "snapshot", "indexed")
 EXPECT_KINDS = ("pass", "xfail")
@@ -35,6 +35,8 @@ TORCH_DTYPES = {
     "int64": torch.int64,
 }
 SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "int32": "i32", "int64": "i64"}
+# The slot-index dtypes ssd_prefill accepts (the interface's, ``kernels.interface``), by their YAML names.
+INDEX_DTYPES = tuple(name for name, dtype in TORCH_DTYPES.items() if dtype in interface.INDEX_DTYPES)
 
 # Sizes up to which a case runs through the interpreter in reasonable time (the CPU tier, DESIGN section 7).
 CPU_MAX_TOKENS = 140  # admits 2 * 64 + 5: a partial, a full and a partial chunk
@@ -219,13 +221,14 @@ class Case:
     def indexed_eligible(self) -> Eligibility:
         """Indexed path rule (DESIGN section 5): one sequence, direct writeback, no intermediate states.
 
-        Cache dtype equals the workspace dtype by construction (the workspace takes the cache dtype).
+        The rule is the interface's (``kernels.interface.indexed_ineligibility``), applied to the call the harness
+        makes for this case: its mode, its batch, and the workspace in the cache dtype (the harness passes none).
         """
-        if self.call.final_state != "direct":
-            return Eligibility(False, f"final_state is {self.call.final_state!r}, the indexed path needs 'direct'")
-        if self.batch != 1:
-            return Eligibility(False, f"{self.batch} sequences, the indexed path takes exactly one")
-        return Eligibility(True)
+        state = self.dtype.state_torch
+        reason = interface.indexed_ineligibility(interface.CallShape(
+            batch=self.batch, direct=self.call.final_state == "direct",
+            intermediate=self.call.final_state == "checkpoint", cache_dtype=state, state_dtype=state))
+        return Eligibility(reason is None, reason or "")
 
     def metadata(self) -> VarlenMetadata:
         return build_varlen_metadata(
