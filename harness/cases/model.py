@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable
 
 import torch
 
@@ -209,6 +210,26 @@ class Case:
     # Where the case came from; not part of its meaning, so not compared.
     source: Path | None = field(default=None, compare=False)
     index_in_file: int = field(default=0, compare=False)
+
+    @classmethod
+    def create(cls, id: str, *, shape: Shape, dtype: Dtypes | tuple[str, str],
+               sequences: Iterable[SequenceSpec | tuple], seed: int = 0, cache: CacheSpec | None = None,
+               **fields) -> "Case":
+        """A case with the schema's default for every field not given (what the loader fills in for a key a YAML
+        file leaves out): no description, default options, contiguous int32 indices, a direct call on path auto,
+        all checks, expected to pass, default input knobs, the CPU tier by size (``default_cpu_tier``) and the
+        family from the id. ``dtype`` may be ``(io, state)``; a sequence may be ``SequenceSpec``'s fields as a
+        tuple; ``cache`` defaults to a compact cache with one slot past the highest slot the sequences name.
+        ``fields``: any other ``Case`` field."""
+        sequences = tuple(s if isinstance(s, SequenceSpec) else SequenceSpec(*s) for s in sequences)
+        if cache is None:
+            slots = [s.init_slot for s in sequences] + [s.final_slot for s in sequences if s.final_slot is not None]
+            cache = CacheSpec(slots=max(slots) + 1)
+        defaults = dict(description="", options=Options(), indices=IndicesSpec(), call=CallSpec(), checks=("all",),
+                        expect=Expect(), inputs=InputKnobs(), tiers=Tiers(cpu=default_cpu_tier(shape, sequences)),
+                        family=default_family(id))
+        return cls(id=id, seed=seed, shape=shape, dtype=dtype if isinstance(dtype, Dtypes) else Dtypes(*dtype),
+                   sequences=sequences, cache=cache, **{**defaults, **fields})
 
     @property
     def batch(self) -> int:
