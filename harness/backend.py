@@ -33,9 +33,8 @@ def resolve_device(requested: str = "auto") -> str:
 
 def gpus_for_workers(requested: str = "auto") -> list[str]:
     """The GPU ids to pin xdist workers to, decided without importing torch: the controller does this before any
-    worker starts, so the time it would spend importing torch and counting devices through it would delay every
-    worker (docs/gpu-runs.md, run 17). ``CUDA_VISIBLE_DEVICES`` when set, else the driver's count through NVML; none for
-    ``cpu``. Each worker still resolves its own device through torch (``configure``), so a machine whose torch
+    worker starts, and every second it spends importing torch and counting devices delays every worker.
+    ``CUDA_VISIBLE_DEVICES`` when set, else the driver's count through NVML; none for ``cpu``. Each worker still resolves its own device through torch (``configure``), so a machine whose torch
     cannot use its GPUs fails there with the reason, or (``auto``) runs the interpreter."""
     _check_requested(requested)
     if requested == "cpu":
@@ -71,13 +70,13 @@ def create_cuda_context_in_background(library: str = "libcuda.so.1", driver=None
     side thread, through the driver API, while the main thread goes on importing torch and collecting. Returns the
     thread, or None where there is no driver. ``driver``: the loaded library (a stand-in, for tests).
 
-    The driver creates the contexts of one GPU one at a time. Workers that each create theirs at their first CUDA
-    call do so together, at their first items, and queue while the host's cores idle (docs/gpu-runs.md, run 27).
-    Started as each worker is configured (xdist starts workers one after another, and the driver API needs no
-    torch), the contexts come up one after another during start-up, whose imports keep the cores busy anyway;
-    ctypes lets go of the GIL for each call. A failure here is left to show again, with its message, at the first
-    real use (a test, with its node id). Join the thread before the process exits (the pytest plugin does, in
-    ``pytest_unconfigure``): a thread still inside the driver at exit can crash the process."""
+    The driver creates contexts one at a time: workers that each created theirs at their first CUDA call, at the
+    same moment, queued behind each other while the host's cores sat idle. Started as each worker is configured
+    (xdist starts them apart, and the driver API needs no torch), the contexts come up one after another during
+    start-up, whose imports keep the cores busy anyway; ctypes lets go of the GIL for each call. A failure here is
+    left to show again, with its message, at the first real use (a test, with its node id). Join the thread before
+    the process exits (the pytest plugin does, in ``pytest_unconfigure``): a thread inside the driver at exit can
+    crash the process."""
     import threading
 
     if driver is None:
@@ -100,7 +99,9 @@ def configure(requested: str = "auto") -> str:
     """Resolve the device and set ``TRITON_INTERPRET`` to match, before any kernel module is imported."""
     device = resolve_device(requested)
     want = "1" if device == "cpu" else "0"
-    if "kernels" in sys.modules and os.environ.get("TRITON_INTERPRET", "0") != want:
+    # kernels.backend is the module that reads the variable (once, when imported, before any kernel is defined);
+    # the package and its triton-free modules (kernels.environment, kernels.interface) may be imported earlier.
+    if "kernels.backend" in sys.modules and os.environ.get("TRITON_INTERPRET", "0") != want:
         raise RuntimeError(
             f"kernels were imported with TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '0')} "
             f"before the harness selected device {device!r}; select the device first"
@@ -112,17 +113,17 @@ def configure(requested: str = "auto") -> str:
 
 
 AUTOTUNE_CACHE_ENV = "TRITON_CACHE_AUTOTUNING"
-# The kernels' autotuning budget per config, "warmup_ms,rep_ms" (kernels/backend.py reads it when imported;
-# unset: Triton's 25,100).
-AUTOTUNE_BUDGET_ENV = "SSD_AUTOTUNE_MS"
 SHARED_GPU_AUTOTUNE_MS = "1,5"
 
 
 def shorten_autotuning() -> None:
     """For processes that share a GPU with other test workers: their tuning timings are noise (the other workers'
-    kernels run in between), so measuring each config for Triton's default 25 + 100 ms buys nothing, while dozens
-    of tuning keys per worker multiply that cost (docs/gpu-runs.md, run 5). Any config is correct (every one is
-    tested), so a short budget changes nothing a check expects. A caller's own setting wins."""
+    kernels run in between), so measuring each config for 125 ms buys nothing, and with dozens of tuning keys per
+    worker it would be most of the GPU suite's time. Any config is correct (every one is tested), so a short budget
+    changes nothing a check expects. A caller's own setting wins. Call after ``configure``: the variable's name is
+    the kernels' (``kernels.environment``), and importing the kernels package settles the interpreter choice."""
+    from kernels.environment import AUTOTUNE_BUDGET_ENV
+
     os.environ.setdefault(AUTOTUNE_BUDGET_ENV, SHARED_GPU_AUTOTUNE_MS)
 
 
@@ -144,8 +145,3 @@ def interpreting() -> bool:
 def current_device() -> str:
     """The device the kernels of this process run on, as ``--device`` spells it (after ``configure``)."""
     return "cpu" if interpreting() else "cuda"
-
-
-def profile_for(device: str) -> str:
-    """The arithmetic profile (``reference.chunked``) that our kernels follow on ``device``."""
-    return "interpreter" if resolve_device(device) == "cpu" else "cuda"

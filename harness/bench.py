@@ -13,7 +13,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -21,19 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from harness import DEFAULT_PROVIDER
-from harness.cases.model import (
-    CacheSpec,
-    CallSpec,
-    Case,
-    Dtypes,
-    Expect,
-    IndicesSpec,
-    InputKnobs,
-    Options,
-    SequenceSpec,
-    Shape,
-    Tiers,
-)
+from harness.cases.model import CacheSpec, Case, Dtypes, Options, SequenceSpec, Shape
+from harness.cuda_timing import time_events, time_graph
 
 SERVING_SHAPE = Shape(nheads=64, headdim=64, dstate=128, ngroups=1, chunk_size=256)
 
@@ -54,21 +42,15 @@ VARIANTS = {
 def workload_case(name: str) -> Case:
     """The bench workloads as cases (distinct init and final slots, so repeated calls see the same inputs)."""
     context, tokens, has_state = {"short-continuation": (4224, 32, True), "prefill-4256": (0, 4256, False)}[name]
-    return Case(
-        id=f"bench-{name}",
+    return Case.create(
+        f"bench-{name}",
         description=f"bench workload {name}",
         seed=2024,
         shape=SERVING_SHAPE,
         dtype=Dtypes(io="bfloat16", state="bfloat16"),
         options=Options(D="per_head", z=False, dt_bias=True, dt_softplus=True),
-        sequences=(SequenceSpec(context=context, tokens=tokens, init_slot=3, has_state=has_state, final_slot=5),),
-        cache=CacheSpec(slots=64, row_pad=0, offset=0, fill=0.0),
-        indices=IndicesSpec(layout="contiguous", dtype="int32"),
-        call=CallSpec(final_state="direct", path="auto"),
-        checks=("all",),
-        expect=Expect(),
-        inputs=InputKnobs(),
-        tiers=Tiers(cpu=False),
+        sequences=[SequenceSpec(context=context, tokens=tokens, init_slot=3, has_state=has_state, final_slot=5)],
+        cache=CacheSpec(slots=64, fill=0.0),
         family="bench",
     )
 
@@ -80,43 +62,6 @@ class Timing:
     events_us: float
     graph_us: float
     graph_error: str | None = None
-
-
-def _median_events(fn, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0)
-    return statistics.median(times)
-
-
-def time_events(fn, reps: int, warmup: int = 10) -> float:
-    """Median microseconds of one call, CUDA events around each call (launch overhead included)."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    return _median_events(fn, reps)
-
-
-def time_graph(fn, reps: int, warmup: int = 10) -> float:
-    """Median microseconds of one CUDA graph replay of ``fn`` (autotuning must be done before capture)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    for _ in range(warmup):
-        graph.replay()
-    torch.cuda.synchronize()
-    return _median_events(graph.replay, reps)
 
 
 def bench(workloads: list[str], variants: list[str], reps: int, provider) -> list[Timing]:
@@ -203,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("bench: needs a CUDA device (timings under the interpreter mean nothing)", file=sys.stderr)
         return 2
-    from harness.backend import AUTOTUNE_BUDGET_ENV, AUTOTUNE_CACHE_ENV
+    from harness.backend import AUTOTUNE_CACHE_ENV
+    from kernels.environment import AUTOTUNE_BUDGET_ENV
 
     # The bench tunes for itself, at the kernels' full budget, before kernels are imported: tuning results a
     # parallel test run cached (short budget, on a shared GPU) must not pick the configs it times.
@@ -215,8 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.stages:
         from harness import stage_bench
 
-        report = stage_bench.bench_stages(provider, args.workload or ["prefill-4256"],
-                                          (args.variant or ["snapshot-fused"])[0], args.reps)
+        variant = (args.variant or ["snapshot-fused"])[0]
+        cases = {w: workload_case(w) for w in args.workload or ["prefill-4256"]}
+        report = stage_bench.bench_stages(provider, cases, variant, VARIANTS[variant], args.reps)
         report["meta"] = _meta(args)
         if args.json:
             with open(args.json, "w") as fh:

@@ -375,7 +375,7 @@ def cmd_warmup(argv: list[str]) -> int:
     except (ValueError, RuntimeError) as exc:
         print(f"warmup: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
-    from kernels import warmup
+    from harness import warmup
 
     return int(warmup.main(argv) or 0)
 

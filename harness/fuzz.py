@@ -20,6 +20,7 @@ from hypothesis.errors import NoSuchExample
 
 from harness.cases.model import (
     CPU_MAX_CHUNK_HEADS,
+    INDEX_DTYPES,
     IO_DTYPES,
     STATE_DTYPES,
     CacheSpec,
@@ -28,12 +29,9 @@ from harness.cases.model import (
     Dtypes,
     Expect,
     IndicesSpec,
-    InputKnobs,
     Options,
     SequenceSpec,
     Shape,
-    Tiers,
-    default_cpu_tier,
     default_family,
 )
 from harness.varlen import build_varlen_metadata
@@ -83,7 +81,7 @@ def cases(draw, max_sequences: int = MAX_SEQUENCES) -> Case:
         slots=slots, row_pad=draw(st.integers(0, 5)), offset=draw(st.integers(0, 5)),
         fill=draw(st.sampled_from(["nan", 0.5])),
     )
-    index_dtype = draw(st.sampled_from(["int32", "int64"]))
+    index_dtype = draw(st.sampled_from(INDEX_DTYPES))
     if draw(st.booleans()):
         columns = draw(st.integers(2, 5))
         init_column, final_column = draw(st.permutations(range(columns)))[:2]
@@ -91,15 +89,10 @@ def cases(draw, max_sequences: int = MAX_SEQUENCES) -> Case:
                               final_column=final_column if direct else None, rows_before=draw(st.integers(0, 3)))
     else:
         indices = IndicesSpec(layout="contiguous", dtype=index_dtype)
-    eligible = direct and batch == 1
-    path = draw(st.sampled_from(["auto", "snapshot", "indexed"] if eligible else ["auto", "snapshot"]))
-    case_id = "fuzz-candidate"
-    return Case(
-        id=case_id, description="", seed=draw(st.integers(0, 2**16)), shape=shape, dtype=dtype, options=options,
-        sequences=sequences, cache=cache, indices=indices, call=CallSpec(final_state=final_state, path=path),
-        checks=("all",), expect=Expect("pass"), inputs=InputKnobs(), tiers=Tiers(cpu=default_cpu_tier(shape, sequences)),
-        family=default_family(case_id),
-    )
+    case = Case.create("fuzz-candidate", shape=shape, dtype=dtype, options=options, sequences=sequences, cache=cache,
+                       indices=indices, call=CallSpec(final_state=final_state))
+    path = draw(st.sampled_from(["auto", "snapshot", "indexed"] if case.indexed_eligible() else ["auto", "snapshot"]))
+    return replace(case, seed=draw(st.integers(0, 2**16)), call=CallSpec(final_state=final_state, path=path))
 
 
 def _sequence_lengths(draw, shape: Shape, max_sequences: int) -> list[tuple[int, int]]:

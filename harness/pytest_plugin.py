@@ -511,7 +511,7 @@ def _warmup_for(config: pytest.Config, case):
     warmup before its first test (each one compiled or loaded all the corpus' specializations first, GPU runs 8-11)."""
     if not config.getoption("recompile_guard"):
         return None
-    from kernels import warmup
+    from harness import warmup
 
     requests = warmup.requests_from_cases([case])
     done = config.stash.setdefault(_warmup_key, {})

@@ -17,7 +17,7 @@ import torch
 import triton
 from triton.runtime.errors import OutOfResources
 
-from harness.bench import time_graph
+from harness.cuda_timing import time_graph
 
 # Candidate configs timed beyond each stage's CONFIGS (serving shape: headdim 64, dstate 128, chunk 256).
 _C = triton.Config
@@ -79,7 +79,6 @@ def stage_calls(provider, inputs, path: str, **extra) -> dict:
     kernel or None, its module's CONFIGS or [])."""
     from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, gather, state_passing
     from kernels import state_passing_indexed
-    from reference import snapshot as torch_snapshot
 
     kw = inputs.kwargs(path=path)
     ws: dict = {}
@@ -102,8 +101,8 @@ def stage_calls(provider, inputs, path: str, **extra) -> dict:
             init_slot_index=kw["initial_state_indices"][:1], has_initial_state=kw["has_initial_states"][:1],
             final_slot_index=kw["final_state_indices"][:1], out=states) or states, None, [])
     else:
-        # The snapshot copy the call made: the fused Triton gather or the PyTorch torch.where one.
-        copy = gather.gather_initial_states if ws["gather"] == "fused" else torch_snapshot.gather_initial_states
+        # The snapshot copy the call made: the fused Triton gather or the same copy in PyTorch ops.
+        copy = gather.gather_initial_states if ws["gather"] == "fused" else gather.gather_initial_states_torch
         calls[f"gather ({ws['gather']})"] = (lambda: copy(
             kw["state_cache"], kw["initial_state_indices"], kw["has_initial_states"]), None, [])
         calls["state_passing"] = (lambda: state_passing.state_passing(
@@ -154,15 +153,16 @@ def time_stage(name: str, fn, kernel, configs: list, reps: int) -> list[StageTim
     return rows
 
 
-def bench_stages(provider, workloads: list[str], variant: str, reps: int) -> dict:
-    from harness.bench import VARIANTS, workload_case
+def bench_stages(provider, workloads: dict, variant: str, call: dict, reps: int) -> dict:
+    """Per workload (name -> ``Case``): the whole call's and every stage's timings, for the variant named ``variant``
+    whose ``ssd_prefill`` arguments are ``call`` (``path`` and any others, e.g. ``gather``)."""
     from harness.cases.builder import build_inputs
 
     report = {}
-    for workload in workloads:
-        inputs = build_inputs(workload_case(workload), "cuda")
-        path = VARIANTS[variant]["path"]
-        extra = {k: v for k, v in VARIANTS[variant].items() if k != "path"}
+    for workload, case in workloads.items():
+        inputs = build_inputs(case, "cuda")
+        path = call["path"]
+        extra = {k: v for k, v in call.items() if k != "path"}
         kw = inputs.kwargs(path=path)
         whole = time_graph(lambda: provider.ssd_prefill(**kw, **extra), reps)
         rows = []

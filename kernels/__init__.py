@@ -1,18 +1,15 @@
 """Our Triton kernels for the Mamba2 SSD prefill path, and the default provider (``kernels:provider``).
 
-``TRITON_INTERPRET`` is read when ``@triton.jit`` decorates a kernel, so it is settled here before any kernel module
-is imported: a CPU-only machine gets the interpreter unless the caller chose otherwise (``harness.backend.configure``
-normally sets it first).
+Triton reads ``TRITON_INTERPRET`` when it is imported and when ``@triton.jit`` decorates a kernel, so it is settled
+here, before any kernel module imports triton: a machine without a usable GPU gets the interpreter unless the caller
+chose otherwise (``harness.backend.configure`` normally sets it first). The package itself imports no kernel: the
+provider and ``ssd_prefill`` load on first access, so that ``kernels.environment`` and ``kernels.interface``
+(no triton) can be read before the backend is chosen.
 """
 
-import os
+from kernels.environment import settle_interpreter
 
-import torch
-
-if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-
-from kernels.ssd import ssd_prefill  # noqa: E402  (must follow the TRITON_INTERPRET decision)
+settle_interpreter()
 
 
 class TritonSSDProvider:
@@ -21,14 +18,25 @@ class TritonSSDProvider:
     name = "triton-ssd"
     supported_paths = frozenset({"snapshot", "indexed"})
 
-    @staticmethod
-    def ssd_prefill(*args, **kwargs):
-        return ssd_prefill(*args, **kwargs)
+    def __init__(self):
+        from kernels.ssd import ssd_prefill
+
+        self.ssd_prefill = ssd_prefill
 
     def __repr__(self) -> str:
         return f"<provider {self.name}>"
 
 
-provider = TritonSSDProvider()
+def __getattr__(name: str):
+    """``provider`` and ``ssd_prefill``, made (and kept) at their first access."""
+    if name == "provider":
+        value = TritonSSDProvider()
+    elif name == "ssd_prefill":
+        from kernels.ssd import ssd_prefill as value
+    else:
+        raise AttributeError(f"module 'kernels' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
 
 __all__ = ["provider", "ssd_prefill"]

@@ -1,6 +1,7 @@
 """What every stage kernel needs to know about where it runs: the GPU or Triton's interpreter.
 
-``TRITON_INTERPRET`` is read once, when this module is imported (``harness.backend.configure`` sets it first).
+``TRITON_INTERPRET`` is read once, when this module is imported (``kernels/__init__.py`` settles it first, unless the
+embedding process, e.g. ``harness.backend.configure``, already did).
 The interpreter emulates each program in numpy and cannot do everything the GPU does (docs/exactness.md):
 bf16 arithmetic and bf16 ``tl.dot`` are wrong there, and ``libdevice`` calls are not supported. Those differences
 are switched here, in one place, and passed to kernels as constexprs; the GPU keeps the production arithmetic.
@@ -14,9 +15,11 @@ import os
 import triton
 import triton.language as tl
 
-from harness.backend import AUTOTUNE_BUDGET_ENV
+from kernels.environment import AUTOTUNE_BUDGET_ENV, INTERPRET_ENV, arithmetic_profile
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+INTERPRET = os.environ.get(INTERPRET_ENV) == "1"
+# The reference arithmetic profile these kernels follow in this process.
+ARITHMETIC_PROFILE = arithmetic_profile("cpu" if INTERPRET else "cuda")
 
 # The interpreter cannot multiply bf16 operands in tl.dot: kernels cast both (already io-rounded) operands to fp32
 # there. Products of io-dtype values are exact in fp32 and accumulation is fp32 either way, so only the summation
@@ -57,7 +60,7 @@ def _interpreter_do_bench(kernel_call, quantiles=(0.5, 0.2, 0.8)):
 
 def autotune_budget_ms(raw: str | None) -> tuple[float, float]:
     """(warmup ms, repeat ms) the autotuner measures each config for: Triton's defaults (25, 100) unless
-    ``SSD_AUTOTUNE_MS`` says "warmup,rep" (harness.backend.shorten_autotuning: test workers sharing a GPU)."""
+    ``SSD_AUTOTUNE_MS`` says "warmup,rep" (processes that share a GPU shorten it)."""
     if not raw:
         return 25.0, 100.0
     try:
@@ -94,8 +97,11 @@ def least_overshoot(**block_over: str):
                    for block, arg in block_over.items())
 
     def prune(configs, named_args, **kwargs):
-        least = min(overshoot(c, named_args) for c in configs)
-        return [c for c in configs if overshoot(c, named_args) == least]
+        # Triton passes positional arguments by name in ``named_args`` and keyword arguments as ``kwargs``: the
+        # launchers pass everything by keyword.
+        sizes = {**named_args, **kwargs}
+        least = min(overshoot(c, sizes) for c in configs)
+        return [c for c in configs if overshoot(c, sizes) == least]
 
     return prune
 

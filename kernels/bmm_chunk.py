@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from kernels.backend import AUTOTUNE_DO_BENCH, DOT_FP32_OPERANDS, FP32_DOT_PRECISION, dot_acc, least_overshoot
+from kernels.interface import INDEX_DTYPES
 
 # Target shape: dstate 128, chunk 256, ngroups 1: few (chunk, group) pairs on short prefills, so the small tiles
 # keep enough programs in flight; BLOCK_SIZE_K >= 16 (tl.dot minimum).
@@ -94,7 +95,7 @@ def bmm_chunk(C: torch.Tensor, B: torch.Tensor, chunk_size: int, cu_chunk_seqlen
     """C, B (T, G, N) io dtype, cu_chunk_seqlens (C + 1,) -> CB (nchunks, G, Q, Q) fp32."""
     T, G, N = C.shape
     assert B.shape == C.shape and B.dtype == C.dtype, f"B: expected {tuple(C.shape)} {C.dtype}, found {tuple(B.shape)} {B.dtype}"
-    assert cu_chunk_seqlens.dim() == 1 and cu_chunk_seqlens.dtype in (torch.int32, torch.int64)
+    assert cu_chunk_seqlens.dim() == 1 and cu_chunk_seqlens.dtype in INDEX_DTYPES
     assert chunk_size >= 1 and chunk_size & (chunk_size - 1) == 0, f"chunk_size: power of two, found {chunk_size}"
     nchunks = cu_chunk_seqlens.numel() - 1
     CB = torch.empty(nchunks, G, chunk_size, chunk_size, device=C.device, dtype=torch.float32)
@@ -103,17 +104,20 @@ def bmm_chunk(C: torch.Tensor, B: torch.Tensor, chunk_size: int, cu_chunk_seqlen
         nchunks,
         G,
     )
-    bmm_chunk_kernel[grid](
-        C,
-        B,
-        cu_chunk_seqlens,
-        CB,
-        N,
-        chunk_size,
-        *C.stride(),
-        *B.stride(),
-        *CB.stride(),
+    bmm_chunk_kernel[grid](**launch_arguments(C, B, cu_chunk_seqlens, CB))
+    return CB
+
+
+def launch_arguments(C: torch.Tensor, B: torch.Tensor, cu_chunk_seqlens: torch.Tensor, CB: torch.Tensor) -> dict:
+    """The kernel's arguments by name for these tensors (the launcher's, and the warmup registry's on stand-ins);
+    the block sizes come from the autotuner's config."""
+    return dict(
+        C_ptr=C, B_ptr=B, cu_chunk_seqlens_ptr=cu_chunk_seqlens, CB_ptr=CB,
+        dstate=C.shape[2], chunk_size=CB.shape[2],
+        stride_C_token=C.stride(0), stride_C_group=C.stride(1), stride_C_dstate=C.stride(2),
+        stride_B_token=B.stride(0), stride_B_group=B.stride(1), stride_B_dstate=B.stride(2),
+        stride_CB_chunk=CB.stride(0), stride_CB_group=CB.stride(1), stride_CB_m=CB.stride(2),
+        stride_CB_n=CB.stride(3),
         DOT_FP32_OPERANDS=DOT_FP32_OPERANDS,
         FP32_DOT_PRECISION=FP32_DOT_PRECISION,
     )
-    return CB

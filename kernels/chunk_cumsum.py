@@ -15,6 +15,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from kernels.backend import LOG2E, USE_LIBDEVICE
+from kernels.interface import INDEX_DTYPES
 
 # Heads per program: small enough that (BLOCK_SIZE_H, chunk_size=256) fp32 tiles stay in registers.
 BLOCK_SIZE_H = 8
@@ -114,37 +115,38 @@ def chunk_cumsum(
     T, H = dt.shape
     assert A.shape == (H,) and A.dtype == torch.float32, f"A: expected ({H},) fp32, found {tuple(A.shape)} {A.dtype}"
     assert dt.dtype.is_floating_point, f"dt: expected a float dtype, found {dt.dtype}"
-    assert cu_chunk_seqlens.dim() == 1 and cu_chunk_seqlens.dtype in (torch.int32, torch.int64)
+    assert cu_chunk_seqlens.dim() == 1 and cu_chunk_seqlens.dtype in INDEX_DTYPES
     assert chunk_size >= 1 and chunk_size & (chunk_size - 1) == 0, f"chunk_size: power of two, found {chunk_size}"
     if dt_bias is not None:
         assert dt_bias.shape == (H,), f"dt_bias: expected ({H},), found {tuple(dt_bias.shape)}"
     nchunks = cu_chunk_seqlens.numel() - 1
     dt_out = torch.empty(H, nchunks, chunk_size, device=dt.device, dtype=torch.float32)
     dA_cumsum = torch.empty_like(dt_out)
-    has_limit = tuple(dt_limit) != (0.0, math.inf)
     grid = (nchunks, triton.cdiv(H, BLOCK_SIZE_H))
-    _chunk_cumsum_kernel[grid](
-        dt,
-        A,
-        dt_bias if dt_bias is not None else A,
-        cu_chunk_seqlens,
-        dt_out,
-        dA_cumsum,
-        H,
-        chunk_size,
-        float(dt_limit[0]),
-        float(dt_limit[1]),
-        dt.stride(0),
-        dt.stride(1),
-        A.stride(0),
-        dt_bias.stride(0) if dt_bias is not None else 0,
-        *dt_out.stride(),
-        *dA_cumsum.stride(),
+    _chunk_cumsum_kernel[grid](**launch_arguments(
+        dt, A, cu_chunk_seqlens, dt_out, dA_cumsum, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit))
+    return dA_cumsum, dt_out
+
+
+def launch_arguments(dt: torch.Tensor, A: torch.Tensor, cu_chunk_seqlens: torch.Tensor, dt_out: torch.Tensor,
+                     dA_cumsum: torch.Tensor, *, dt_bias: torch.Tensor | None, dt_softplus: bool,
+                     dt_limit: tuple[float, float]) -> dict:
+    """The kernel's arguments by name for these tensors (the launcher's, and the warmup registry's on stand-ins).
+    Without dt_bias, A stands in for its pointer (never read) and its stride is 0."""
+    H, _, chunk_size = dt_out.shape
+    return dict(
+        dt_ptr=dt, A_ptr=A, dt_bias_ptr=dt_bias if dt_bias is not None else A,
+        cu_chunk_seqlens_ptr=cu_chunk_seqlens, dt_out_ptr=dt_out, dA_cumsum_ptr=dA_cumsum,
+        nheads=H, chunk_size=chunk_size, dt_min=float(dt_limit[0]), dt_max=float(dt_limit[1]),
+        stride_dt_token=dt.stride(0), stride_dt_head=dt.stride(1), stride_A_head=A.stride(0),
+        stride_dt_bias_head=dt_bias.stride(0) if dt_bias is not None else 0,
+        stride_dt_out_head=dt_out.stride(0), stride_dt_out_chunk=dt_out.stride(1), stride_dt_out_pos=dt_out.stride(2),
+        stride_dA_cs_head=dA_cumsum.stride(0), stride_dA_cs_chunk=dA_cumsum.stride(1),
+        stride_dA_cs_pos=dA_cumsum.stride(2),
         HAS_DT_BIAS=dt_bias is not None,
         DT_SOFTPLUS=bool(dt_softplus),
-        HAS_DT_LIMIT=has_limit,
+        HAS_DT_LIMIT=tuple(dt_limit) != (0.0, math.inf),
         LOG1P_LIBDEVICE=USE_LIBDEVICE,
         BLOCK_SIZE_H=BLOCK_SIZE_H,
         BLOCK_SIZE_CHUNK=triton.next_power_of_2(chunk_size),
     )
-    return dA_cumsum, dt_out

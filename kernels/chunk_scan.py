@@ -10,9 +10,9 @@ headdim) tile of one chunk and head.
 
 Both paths run one binary. Which state enters a chunk is decided at run time (``prev_chunk_offset``,
 ``has_initial_states``; neither specialized) and read by a single load from a selected base pointer. With the
-choice as constexprs the two paths compiled to different code, and on the H200 their fp32 (tf32) dots then gave
-different bits for the same operand values (GPU run 4, docs/gpu-runs.md): the indexed path must equal the snapshot
-path bit for bit, so the arithmetic has to be literally the same code.
+choice as constexprs the two paths compile to different code, and the GPU compiler is then free to lower their fp32
+(tf32) dots differently, which gives different bits for the same operand values on the H200 (docs/gpu-runs.md): the
+indexed path must equal the snapshot path bit for bit, so the arithmetic has to be literally the same code.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import triton
 import triton.language as tl
 
 from kernels.backend import AUTOTUNE_DO_BENCH, DOT_FP32_OPERANDS, FP32_DOT_PRECISION, LOG2E, dot_acc, least_overshoot
+from kernels.interface import INDEX_DTYPES, STATE_DTYPES
+
 
 def miscompiles_on_sm90(config: triton.Config) -> bool:
     """Triton 3.6 lowers ``tl.dot(cb, x)`` (cb in registers) to wgmma and writes NaN/Inf rows on sm90 when
@@ -30,9 +32,9 @@ def miscompiles_on_sm90(config: triton.Config) -> bool:
 
 
 # Target shape: headdim 64, dstate 128, chunk 256. Every entry avoids the sm90 miscompile above (checked below and
-# in tests). On the 4256-token prefill (GPU run 9, `python -m harness bench --stages`) the first config takes 98 us
-# and the second 110; five others of the earlier list and eleven candidates took 120-270. The 32-wide config is the
-# least oversized one for small headdims and chunks (kernels.backend.least_overshoot keeps only it there).
+# in tests). The first two are the fastest of the candidates `python -m harness bench --stages` times on the
+# 4256-token prefill (docs/gpu-runs.md). The 32-wide config is the least oversized one for small headdims and chunks
+# (kernels.backend.least_overshoot keeps only it there).
 CONFIGS = [
     triton.Config({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64}, num_stages=1, num_warps=4),
     triton.Config({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32}, num_stages=1, num_warps=4),
@@ -44,7 +46,7 @@ if _bad:
 
 # dstate is covered in blocks of at most this many states (one block for the target dstate 128).
 MAX_BLOCK_SIZE_DSTATE = 128
-# tl.dot needs K >= 16 on the GPU ("Input shapes should have M >= 1, N >= 1 and K >= 16", GPU run 4 with dstate 8).
+# tl.dot needs K >= 16 on the GPU ("Input shapes should have M >= 1, N >= 1 and K >= 16"), even for dstate 8.
 MIN_BLOCK_SIZE_DSTATE = 16
 
 
@@ -248,10 +250,9 @@ def chunk_scan(
     assert H % G == 0, f"nheads {H} must be a multiple of ngroups {G}"
     for name, t in (("dt_out", dt_out), ("dA_cumsum", dA_cumsum)):
         assert t.shape == (H, nchunks, Q) and t.dtype == torch.float32, f"{name}: expected ({H}, {nchunks}, {Q}) fp32, found {tuple(t.shape)} {t.dtype}"
-    state_dtypes = (torch.float32, torch.float16, torch.bfloat16)
-    assert states.shape == (nchunks, H, P, N) and states.dtype in state_dtypes, f"states: expected ({nchunks}, {H}, {P}, {N}), found {tuple(states.shape)} {states.dtype}"
-    assert cu_chunk_seqlens.shape == (nchunks + 1,) and cu_chunk_seqlens.dtype in (torch.int32, torch.int64)
-    assert seq_idx.shape == (nchunks,) and seq_idx.dtype in (torch.int32, torch.int64)
+    assert states.shape == (nchunks, H, P, N) and states.dtype in STATE_DTYPES, f"states: expected ({nchunks}, {H}, {P}, {N}), found {tuple(states.shape)} {states.dtype}"
+    assert cu_chunk_seqlens.shape == (nchunks + 1,) and cu_chunk_seqlens.dtype in INDEX_DTYPES
+    assert seq_idx.shape == (nchunks,) and seq_idx.dtype in INDEX_DTYPES
     assert out.shape == x.shape and out.dtype == io, f"out: expected {tuple(x.shape)} {io}, found {tuple(out.shape)} {out.dtype}"
     if z is not None:
         assert z.shape == x.shape and z.dtype == io, f"z: expected {tuple(x.shape)} {io}, found {tuple(z.shape)} {z.dtype}"
@@ -264,42 +265,47 @@ def chunk_scan(
         assert initial_states.stride()[2:] == states.stride()[2:], f"initial_states: expected inner strides {states.stride()[2:]} like states, found {initial_states.stride()[2:]}"
     assert not (states_are_entering and initial_states is not None), "entering states already hold the initial states"
 
-    init = initial_states if initial_states is not None else states
-    init_strides = initial_states.stride()[:2] if initial_states is not None else (0, 0)
-    z_arg = z if z is not None else x
-    z_strides = z.stride() if z is not None else (0, 0, 0)
-    D_arg = D if D is not None else dt_out
-    D_strides = (D.stride(0), D.stride(1) if D.dim() == 2 else 0) if D is not None else (0, 0)
     grid = lambda META: (triton.cdiv(Q, META["BLOCK_SIZE_M"]) * triton.cdiv(P, META["BLOCK_SIZE_N"]), nchunks, H)  # noqa: E731
-    chunk_scan_kernel[grid](
-        CB,
-        x,
-        z_arg,
-        out,
-        dt_out,
-        dA_cumsum,
-        seq_idx,
-        C,
-        states,
-        D_arg,
-        init,
-        cu_chunk_seqlens,
-        0 if states_are_entering else 1,
-        int(initial_states is not None),
-        Q,
-        P,
-        N,
-        H // G,
-        *CB.stride(),
-        *x.stride(),
-        *z_strides,
-        *out.stride(),
-        *dt_out.stride(),
-        *dA_cumsum.stride(),
-        *C.stride(),
-        *states.stride(),
-        *init_strides,
-        *D_strides,
+    chunk_scan_kernel[grid](**launch_arguments(
+        CB, x, dt_out, dA_cumsum, C, states, cu_chunk_seqlens, seq_idx, out=out, D=D, z=z,
+        initial_states=initial_states, states_are_entering=states_are_entering))
+
+
+def launch_arguments(CB: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_cumsum: torch.Tensor,
+                     C: torch.Tensor, states: torch.Tensor, cu_chunk_seqlens: torch.Tensor, seq_idx: torch.Tensor, *,
+                     out: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None,
+                     initial_states: torch.Tensor | None, states_are_entering: bool) -> dict:
+    """The kernel's arguments by name for these tensors (the launcher's, and the warmup registry's on stand-ins);
+    the block sizes other than dstate's come from the autotuner's config. Absent z, D or initial states are
+    pointer placeholders of the same dtype (never read) with zero strides; D (H,) has stride 0 along headdim."""
+    _, G, Q, _ = CB.shape
+    _, H, P = x.shape
+    N = C.shape[-1]
+    init = initial_states if initial_states is not None else states
+    z_arg = z if z is not None else x
+    D_arg = D if D is not None else dt_out
+    return dict(
+        CB_ptr=CB, x_ptr=x, z_ptr=z_arg, out_ptr=out, dt_ptr=dt_out, dA_cumsum_ptr=dA_cumsum, seq_idx_ptr=seq_idx,
+        C_ptr=C, states_ptr=states, D_ptr=D_arg, initial_states_ptr=init, cu_chunk_seqlens_ptr=cu_chunk_seqlens,
+        prev_chunk_offset=0 if states_are_entering else 1,
+        has_initial_states=int(initial_states is not None),
+        chunk_size=Q, hdim=P, dstate=N, nheads_per_group=H // G,
+        stride_CB_chunk=CB.stride(0), stride_CB_group=CB.stride(1), stride_CB_m=CB.stride(2), stride_CB_k=CB.stride(3),
+        stride_x_token=x.stride(0), stride_x_head=x.stride(1), stride_x_hdim=x.stride(2),
+        stride_z_token=z.stride(0) if z is not None else 0,
+        stride_z_head=z.stride(1) if z is not None else 0,
+        stride_z_hdim=z.stride(2) if z is not None else 0,
+        stride_out_token=out.stride(0), stride_out_head=out.stride(1), stride_out_hdim=out.stride(2),
+        stride_dt_head=dt_out.stride(0), stride_dt_chunk=dt_out.stride(1), stride_dt_pos=dt_out.stride(2),
+        stride_dA_cs_head=dA_cumsum.stride(0), stride_dA_cs_chunk=dA_cumsum.stride(1),
+        stride_dA_cs_pos=dA_cumsum.stride(2),
+        stride_C_token=C.stride(0), stride_C_group=C.stride(1), stride_C_dstate=C.stride(2),
+        stride_states_chunk=states.stride(0), stride_states_head=states.stride(1),
+        stride_states_hdim=states.stride(2), stride_states_dstate=states.stride(3),
+        stride_init_batch=initial_states.stride(0) if initial_states is not None else 0,
+        stride_init_head=initial_states.stride(1) if initial_states is not None else 0,
+        stride_D_head=D.stride(0) if D is not None else 0,
+        stride_D_hdim=D.stride(1) if D is not None and D.dim() == 2 else 0,
         HAS_D=D is not None,
         HAS_Z=z is not None,
         DOT_FP32_OPERANDS=DOT_FP32_OPERANDS,

@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from kernels.backend import AUTOTUNE_DO_BENCH, DOT_FP32_OPERANDS, FP32_DOT_PRECISION, LOG2E, dot_acc, least_overshoot
+from kernels.interface import INDEX_DTYPES
 
 # Target shape: headdim 64, dstate 128, chunk 256. BLOCK_SIZE_K >= 16 (tl.dot minimum).
 CONFIGS = [
@@ -130,26 +131,30 @@ def chunk_state(
     assert H % G == 0, f"nheads {H} must be a multiple of ngroups {G}"
     assert Hd == H and dt_out.dtype == torch.float32, f"dt_out: expected ({H}, C, Q) fp32"
     assert dA_cumsum.shape == dt_out.shape and dA_cumsum.dtype == torch.float32, "dA_cumsum: expected dt_out's shape, fp32"
-    assert cu_chunk_seqlens.shape == (C + 1,) and cu_chunk_seqlens.dtype in (torch.int32, torch.int64)
+    assert cu_chunk_seqlens.shape == (C + 1,) and cu_chunk_seqlens.dtype in INDEX_DTYPES
     states = torch.empty(C, H, P, N, device=x.device, dtype=torch.float32)
     grid = lambda META: (triton.cdiv(P, META["BLOCK_SIZE_M"]) * triton.cdiv(N, META["BLOCK_SIZE_N"]), C, H)  # noqa: E731
-    chunk_state_kernel[grid](
-        x,
-        B,
-        dt_out,
-        dA_cumsum,
-        cu_chunk_seqlens,
-        states,
-        P,
-        N,
-        Q,
-        H // G,
-        *x.stride(),
-        *B.stride(),
-        *dt_out.stride(),
-        *dA_cumsum.stride(),
-        *states.stride(),
+    chunk_state_kernel[grid](**launch_arguments(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, states))
+    return states
+
+
+def launch_arguments(B: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_cumsum: torch.Tensor,
+                     cu_chunk_seqlens: torch.Tensor, states: torch.Tensor) -> dict:
+    """The kernel's arguments by name for these tensors (the launcher's, and the warmup registry's on stand-ins);
+    the block sizes come from the autotuner's config."""
+    _, H, P = x.shape
+    _, G, N = B.shape
+    return dict(
+        x_ptr=x, B_ptr=B, dt_ptr=dt_out, dA_cumsum_ptr=dA_cumsum, cu_chunk_seqlens_ptr=cu_chunk_seqlens,
+        states_ptr=states,
+        hdim=P, dstate=N, chunk_size=dt_out.shape[2], nheads_per_group=H // G,
+        stride_x_token=x.stride(0), stride_x_head=x.stride(1), stride_x_hdim=x.stride(2),
+        stride_B_token=B.stride(0), stride_B_group=B.stride(1), stride_B_dstate=B.stride(2),
+        stride_dt_head=dt_out.stride(0), stride_dt_chunk=dt_out.stride(1), stride_dt_pos=dt_out.stride(2),
+        stride_dA_cs_head=dA_cumsum.stride(0), stride_dA_cs_chunk=dA_cumsum.stride(1),
+        stride_dA_cs_pos=dA_cumsum.stride(2),
+        stride_states_chunk=states.stride(0), stride_states_head=states.stride(1),
+        stride_states_hdim=states.stride(2), stride_states_dstate=states.stride(3),
         DOT_FP32_OPERANDS=DOT_FP32_OPERANDS,
         FP32_DOT_PRECISION=FP32_DOT_PRECISION,
     )
-    return states

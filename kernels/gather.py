@@ -1,8 +1,9 @@
-"""Fused gather of initial states out of the paged cache (the snapshot path's copy, one kernel).
+"""Gather of initial states out of the paged cache: the snapshot path's copy.
 
 ``out[b] = state_cache[initial_state_indices[b]]`` where ``has_initial_states[b]``, else zeros, in the cache dtype.
-A pure data copy (no arithmetic), so it equals the PyTorch ``torch.where`` snapshot bit for bit. A masked-off row
-never reads its slot (it may hold NaN or be out of range).
+Two implementations of the same pure data copy (no arithmetic), equal bit for bit: the fused Triton kernel (one
+launch) and ``gather_initial_states_torch`` in PyTorch ops (``torch.where``, capturable in a CUDA graph). Neither
+reads a masked-off row's slot (it may hold NaN or be out of range).
 """
 
 from __future__ import annotations
@@ -11,15 +12,19 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.state_passing import INDEX_DTYPES
+from kernels.interface import INDEX_DTYPES, MASK_DTYPES
 
 BLOCK_SIZE = 1024
-MASK_DTYPES = (torch.bool, torch.uint8, torch.int8) + INDEX_DTYPES
-
 
 # The index and mask are read one element per program: specializing on their alignment or stride class would only
-# multiply binaries (block-table column views come in every class). Mirrors kernels.warmup.SCALAR_ONLY.
-@triton.jit(do_not_specialize=["stride_idx", "stride_has"], do_not_specialize_on_alignment=["idx_ptr", "has_ptr"])
+# multiply binaries (block-table column views come in every class), so they are compiled once for all classes.
+SCALAR_ONLY = {
+    "do_not_specialize": ("stride_idx", "stride_has"),
+    "do_not_specialize_on_alignment": ("idx_ptr", "has_ptr"),
+}
+
+
+@triton.jit(**SCALAR_ONLY)
 def _gather_initial_states_kernel(
     cache_ptr,  # (slots, H*P*N)
     idx_ptr,  # (Bt,) int32/int64
@@ -43,19 +48,26 @@ def _gather_initial_states_kernel(
     tl.store(out_ptr + b * stride_out_batch + offs, vals, mask=mask)
 
 
-def gather_initial_states(
-    state_cache: torch.Tensor, initial_state_indices: torch.Tensor, has_initial_states: torch.Tensor
-) -> torch.Tensor:
-    """Dense copy of the initial states.
-
-    state_cache (slots, H, P, N) with compact (H, P, N) (padded stride(0), storage offset allowed);
-    initial_state_indices (Bt,) int32/int64 and has_initial_states (Bt,) bool/int, possibly strided views.
-    Returns (Bt, H, P, N) in the cache dtype, zeros where the mask is false.
-    """
-    assert state_cache.dim() == 4, f"state_cache: expected (slots, H, P, N), found {tuple(state_cache.shape)}"
+def launch_arguments(state_cache: torch.Tensor, initial_state_indices: torch.Tensor, has_initial_states: torch.Tensor,
+                     out: torch.Tensor) -> dict:
+    """The kernel's arguments by name for these tensors (the launcher's, and the warmup registry's on stand-ins)."""
     _, H, P, N = state_cache.shape
-    assert state_cache.stride(3) == 1 and state_cache.stride(2) == N and state_cache.stride(1) == P * N, (
-        f"state_cache: (H, P, N) must be compact, found strides {state_cache.stride()}")
+    # A same-width view, not a copy: the kernel reads the mask as bytes.
+    has = has_initial_states.view(torch.uint8) if has_initial_states.dtype == torch.bool else has_initial_states
+    return dict(
+        cache_ptr=state_cache, idx_ptr=initial_state_indices, has_ptr=has, out_ptr=out,
+        row=H * P * N,
+        stride_cache_slot=state_cache.stride(0),
+        stride_idx=initial_state_indices.stride(0),
+        stride_has=has.stride(0),
+        stride_out_batch=out.stride(0),
+        BLOCK_SIZE=BLOCK_SIZE,
+    )
+
+
+def _check_inputs(state_cache: torch.Tensor, initial_state_indices: torch.Tensor,
+                  has_initial_states: torch.Tensor) -> None:
+    assert state_cache.dim() == 4, f"state_cache: expected (slots, H, P, N), found {tuple(state_cache.shape)}"
     assert initial_state_indices.dim() == 1, f"initial_state_indices: expected (Bt,), found {tuple(initial_state_indices.shape)}"
     batch = initial_state_indices.shape[0]
     assert initial_state_indices.dtype in INDEX_DTYPES, (
@@ -65,15 +77,39 @@ def gather_initial_states(
     assert has_initial_states.dtype in MASK_DTYPES, f"has_initial_states: expected bool or int, found {has_initial_states.dtype}"
     for name, t in (("initial_state_indices", initial_state_indices), ("has_initial_states", has_initial_states)):
         assert t.device == state_cache.device, f"{name}: on {t.device}, state_cache on {state_cache.device}"
-    # A same-width view, not a copy: the kernel reads the mask as bytes.
-    has = has_initial_states.view(torch.uint8) if has_initial_states.dtype == torch.bool else has_initial_states
 
+
+def gather_initial_states(
+    state_cache: torch.Tensor, initial_state_indices: torch.Tensor, has_initial_states: torch.Tensor
+) -> torch.Tensor:
+    """Dense copy of the initial states, by the fused kernel.
+
+    state_cache (slots, H, P, N) with compact (H, P, N) (padded stride(0), storage offset allowed);
+    initial_state_indices (Bt,) int32/int64 and has_initial_states (Bt,) bool/int, possibly strided views.
+    Returns (Bt, H, P, N) in the cache dtype, zeros where the mask is false.
+    """
+    _check_inputs(state_cache, initial_state_indices, has_initial_states)
+    _, H, P, N = state_cache.shape
+    assert state_cache.stride(3) == 1 and state_cache.stride(2) == N and state_cache.stride(1) == P * N, (
+        f"state_cache: (H, P, N) must be compact, found strides {state_cache.stride()}")
+    batch = initial_state_indices.shape[0]
     out = torch.empty((batch, H, P, N), dtype=state_cache.dtype, device=state_cache.device)
-    row = H * P * N
-    grid = (triton.cdiv(row, BLOCK_SIZE), batch)
-    _gather_initial_states_kernel[grid](
-        state_cache, initial_state_indices, has, out,
-        row, state_cache.stride(0), initial_state_indices.stride(0), has.stride(0), out.stride(0),
-        BLOCK_SIZE=BLOCK_SIZE,
-    )
+    grid = (triton.cdiv(H * P * N, BLOCK_SIZE), batch)
+    _gather_initial_states_kernel[grid](**launch_arguments(state_cache, initial_state_indices, has_initial_states, out))
     return out
+
+
+def gather_initial_states_torch(
+    state_cache: torch.Tensor, initial_state_indices: torch.Tensor, has_initial_states: torch.Tensor
+) -> torch.Tensor:
+    """The same copy in PyTorch ops (the snapshot path off CUDA, and ``gather="torch"``); any (H, P, N) layout.
+
+    A masked-off row reads slot 0 instead of its own (which may be out of range) and ``torch.where`` then takes
+    zeros for it: selecting, not multiplying by the mask, so a NaN in the slot read cannot leak. No data-dependent
+    shapes, so the copy can be captured in a CUDA graph.
+    """
+    _check_inputs(state_cache, initial_state_indices, has_initial_states)
+    has = has_initial_states.to(torch.bool)
+    slots = torch.where(has, initial_state_indices.to(torch.int64), 0)
+    rows = state_cache.index_select(0, slots)
+    return torch.where(has[:, None, None, None], rows, torch.zeros((), dtype=rows.dtype, device=rows.device))

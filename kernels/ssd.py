@@ -1,8 +1,8 @@
 """``ssd_prefill``: the five SSD stages composed, with the snapshot / indexed dispatch (docs/provider.md).
 
-Snapshot path: copy the initial states out of the cache first (fused Triton gather on CUDA, the PyTorch
-``torch.where`` snapshot elsewhere), then state passing writes the exiting state of every chunk into the workspace and,
-in direct mode, the final states into the cache. Chunk scan reads the dense copy, so a final slot that is also an
+Snapshot path: copy the initial states out of the cache first (fused Triton gather on CUDA, the same copy in
+PyTorch ops elsewhere: ``kernels.gather``), then state passing writes the exiting state of every chunk into the
+workspace and, in direct mode, the final states into the cache. Chunk scan reads the dense copy, so a final slot that is also an
 initial slot is safe to overwrite.
 
 Indexed path (one sequence, direct writeback, no intermediate states, cache dtype == workspace dtype): no copy.
@@ -14,7 +14,6 @@ Bit-identical to the snapshot path.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
@@ -22,67 +21,10 @@ from kernels.bmm_chunk import bmm_chunk
 from kernels.chunk_cumsum import chunk_cumsum
 from kernels.chunk_scan import chunk_scan
 from kernels.chunk_state import chunk_state
-from kernels.gather import gather_initial_states
+from kernels.gather import gather_initial_states, gather_initial_states_torch
+from kernels.interface import CallShape, choose_gather, choose_path
 from kernels.state_passing import state_passing
 from kernels.state_passing_indexed import state_passing_indexed
-from reference import snapshot as torch_snapshot
-
-PATHS = ("snapshot", "indexed", "auto")
-GATHERS = ("auto", "fused", "torch")
-
-
-@dataclass(frozen=True)
-class CallShape:
-    """What the path choice depends on."""
-
-    batch: int
-    direct: bool  # final_state_indices given: write final states into the cache
-    intermediate: bool  # return_intermediate_states: checkpoint mode
-    cache_dtype: torch.dtype
-    state_dtype: torch.dtype
-    on_cuda: bool
-
-    @property
-    def mode(self) -> str:
-        return "checkpoint" if self.intermediate else ("direct" if self.direct else "returned")
-
-
-def indexed_ineligibility(call: CallShape) -> str | None:
-    """Why the indexed path cannot run this call, or None when it can."""
-    if call.batch != 1:
-        return f"the indexed path needs exactly one sequence, this call has {call.batch}"
-    if call.intermediate:
-        return "the indexed path cannot return intermediate states (return_intermediate_states=True, checkpoint mode)"
-    if not call.direct:
-        return "the indexed path needs direct final-state writeback (final_state_indices), this call returns them"
-    if call.cache_dtype != call.state_dtype:
-        return (f"the indexed path needs the cache dtype ({call.cache_dtype}) to equal the state workspace dtype "
-                f"({call.state_dtype})")
-    return None
-
-
-def choose_path(path: str, call: CallShape) -> str:
-    """``snapshot`` or ``indexed``. An explicit ``indexed`` on an ineligible call raises ValueError naming the reason;
-    ``auto`` takes indexed only on CUDA (the interpreter may run it when asked for explicitly)."""
-    if path not in PATHS:
-        raise ValueError(f"path: expected one of {', '.join(PATHS)}, found {path!r}")
-    reason = indexed_ineligibility(call)
-    if path == "indexed":
-        if reason is not None:
-            raise ValueError(f"path='indexed': {reason}")
-        return "indexed"
-    if path == "auto" and reason is None and call.on_cuda:
-        return "indexed"
-    return "snapshot"
-
-
-def choose_gather(gather: str, on_cuda: bool) -> str:
-    """``fused`` (Triton kernel) or ``torch`` (reference.snapshot); ``auto`` is fused on CUDA only."""
-    if gather not in GATHERS:
-        raise ValueError(f"gather: expected one of {', '.join(GATHERS)}, found {gather!r}")
-    if gather == "auto":
-        return "fused" if on_cuda else "torch"
-    return gather
 
 
 def ssd_prefill(
@@ -116,8 +58,8 @@ def ssd_prefill(
     """Mamba2 SSD prefill over packed varlen sequences, writing ``out`` (T, H, P) in place.
 
     x (T, H, P), dt (T, H), A (H,) fp32, B, C (T, G, N), z (T, H, P) or None, D (H,) / (H, P) or None;
-    metadata as ``harness.varlen.VarlenMetadata.tensors()``; state_cache (slots, H, P, N) (padded stride(0) and a
-    storage offset allowed); initial_state_indices (Bt,) int32/int64, has_initial_states (Bt,) bool/int,
+    varlen metadata cu_seqlens (Bt + 1,), cu_chunk_seqlens (C + 1,), last_chunk_indices (Bt,), seq_idx (C,), each
+    int32/int64; state_cache (slots, H, P, N) (padded stride(0) and a storage offset allowed); initial_state_indices (Bt,) int32/int64, has_initial_states (Bt,) bool/int,
     final_state_indices (Bt,) or None, each possibly a strided view (negative final slot: write nothing).
 
     Modes: ``final_state_indices`` given -> direct writeback, returns None; None -> returns (Bt, H, P, N) final
@@ -176,12 +118,8 @@ def ssd_prefill(
         )
         result = None
     else:
-        if copy == "fused":
-            initial_states = gather_initial_states(state_cache, initial_state_indices, has_initial_states)
-        else:
-            initial_states = torch_snapshot.gather_initial_states(
-                state_cache, initial_state_indices, has_initial_states
-            )
+        gather_copy = gather_initial_states if copy == "fused" else gather_initial_states_torch
+        initial_states = gather_copy(state_cache, initial_state_indices, has_initial_states)
         result = None
         if call.mode == "direct":
             writeback = dict(

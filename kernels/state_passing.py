@@ -18,26 +18,25 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import AUTOTUNE_DO_BENCH, INTERPRET, LOG2E, least_overshoot
+from kernels.backend import ARITHMETIC_PROFILE, AUTOTUNE_DO_BENCH, LOG2E, least_overshoot
+from kernels.interface import INDEX_DTYPES
 
 # Kernels may only read constexpr globals.
 _LOG2E = tl.constexpr(LOG2E)
 
-# BLOCK_SIZE 256 and 512 tie on the serving shape (23.9 and 24.4 us for the 4256-token prefill, GPU run 9); 64 and
-# 128 launch too many programs (52, 33 us), 1024 and 2048 too few (29, 28 us). Two configs keep the tuner (and its
-# guard tests) in play at a third of the six-config list's compiles (the suite warms every config it can pick).
+# On the serving shape BLOCK_SIZE 256 and 512 tie; 64 and 128 launch too many programs, 1024 and 2048 too few
+# (measurements: docs/gpu-runs.md). Two configs keep the tuner (and its guard tests) in play at a third of a
+# six-config list's compiles (the suite warms every config it can pick).
 CONFIGS = [triton.Config({"BLOCK_SIZE": bs}) for bs in (256, 512)]
 
-INDEX_DTYPES = (torch.int32, torch.int64)
+# Metadata and index tensors are read one scalar at a time, nchunks is a loop bound: specializing on their
+# alignment or value class only multiplies binaries, so they are compiled once for all classes.
+SCALAR_ONLY = {
+    "do_not_specialize": ("nchunks", "stride_seq_idx", "stride_final_idx", "stride_last_chunk"),
+    "do_not_specialize_on_alignment": ("seq_idx_ptr", "final_idx_ptr", "last_chunk_ptr"),
+}
 
 
-def arithmetic_profile() -> str:
-    """The ``reference.chunked`` profile this module's arithmetic follows (fixed when kernels are imported)."""
-    return "interpreter" if INTERPRET else "cuda"
-
-
-# Under the interpreter the do_bench stand-in runs each trial once (so trial launches really happen) and keeps
-# the first config; on the GPU Triton's benchmarker picks.
 @triton.jit
 def recurrence_step(s, states_ptr, dA_cs_ptr, mask):
     """One chunk of the fp32 inter-chunk recurrence ``s = exp(dA_chunk_end) * s + chunk_state``, shared by the
@@ -48,12 +47,11 @@ def recurrence_step(s, states_ptr, dA_cs_ptr, mask):
     return scale * s + new
 
 
+# Under the interpreter the do_bench stand-in runs each trial once (so trial launches really happen) and keeps
+# the first config; on the GPU Triton's benchmarker picks.
 @triton.autotune(configs=CONFIGS, key=["dim"], do_bench=AUTOTUNE_DO_BENCH,
                  prune_configs_by={"early_config_prune": least_overshoot(BLOCK_SIZE="dim")})
-# Metadata and index tensors are read one scalar at a time: specializing on their alignment or stride class only
-# multiplies binaries. Mirrors kernels.warmup.SCALAR_ONLY.
-@triton.jit(do_not_specialize=["nchunks", "stride_seq_idx", "stride_final_idx", "stride_last_chunk"],
-            do_not_specialize_on_alignment=["seq_idx_ptr", "final_idx_ptr", "last_chunk_ptr"])
+@triton.jit(**SCALAR_ONLY)
 def _state_passing_kernel(
     states_ptr,  # (C, H, P*N) fp32
     out_ptr,  # (C, H, P*N) out dtype
@@ -151,18 +149,17 @@ def state_passing(
     states (C, H, P, N) fp32; dA_cumsum (H, C, Q) fp32; seq_idx (C,) int; initial_states (Bt, H, P, N) or None;
     state_cache (slots, H, P, N) with compact (P, N) (padded stride(0), storage offset allowed) together with
     final_state_indices (Bt,) and last_chunk_indices (Bt,) int32/int64, possibly strided views.
-    ``profile``, when given, must be the arithmetic profile this kernel follows here (``arithmetic_profile()``).
+    ``profile``, when given, must be the arithmetic profile this kernel follows here (``ARITHMETIC_PROFILE``).
     Returns (C, H, P, N) ``out_dtype``.
     """
-    if profile is not None and profile != arithmetic_profile():
-        raise ValueError(f"profile: this kernel follows {arithmetic_profile()!r} here, asked for {profile!r}")
+    if profile is not None and profile != ARITHMETIC_PROFILE:
+        raise ValueError(f"profile: this kernel follows {ARITHMETIC_PROFILE!r} here, asked for {profile!r}")
     assert states.dim() == 4 and states.dtype == torch.float32, f"states: expected (C,H,P,N) fp32, found {states.dtype}"
     C, H, P, N = states.shape
     assert states.stride(3) == 1 and states.stride(2) == N, f"states: (P, N) must be compact, found {states.stride()}"
     assert dA_cumsum.dim() == 3 and tuple(dA_cumsum.shape[:2]) == (H, C), (
         f"dA_cumsum: expected ({H}, {C}, Q), found {tuple(dA_cumsum.shape)}")
     assert dA_cumsum.dtype == torch.float32, f"dA_cumsum: expected fp32, found {dA_cumsum.dtype}"
-    Q = dA_cumsum.shape[2]
     _check_index("seq_idx", seq_idx, C)
     write_cache = state_cache is not None
     if write_cache:
@@ -182,23 +179,35 @@ def state_passing(
         assert t is None or t.device == states.device, f"{name}: on {t.device}, states on {states.device}"
 
     out = torch.empty((C, H, P, N), dtype=out_dtype, device=states.device)
-    dim = P * N
+    grid = lambda meta: (triton.cdiv(P * N, meta["BLOCK_SIZE"]), H)  # noqa: E731
+    _state_passing_kernel[grid](**launch_arguments(
+        states, dA_cumsum, seq_idx, out, initial_states=initial_states, state_cache=state_cache,
+        final_state_indices=final_state_indices, last_chunk_indices=last_chunk_indices))
+    return out
+
+
+def launch_arguments(states: torch.Tensor, dA_cumsum: torch.Tensor, seq_idx: torch.Tensor, out: torch.Tensor, *,
+                     initial_states: torch.Tensor | None, state_cache: torch.Tensor | None,
+                     final_state_indices: torch.Tensor | None, last_chunk_indices: torch.Tensor | None) -> dict:
+    """The kernel's arguments by name for these tensors (the launcher's, and the warmup registry's on stand-ins).
+    Without initial states or a cache writeback, placeholders fill the pointer arguments the kernel never reads."""
+    C, H, P, N = states.shape
+    write_cache = state_cache is not None
     init = initial_states if initial_states is not None else states  # placeholder pointer, never read
     cache = state_cache if write_cache else out  # placeholder pointer, never written
     final_idx = final_state_indices if write_cache else seq_idx
     last_chunk = last_chunk_indices if write_cache else seq_idx
-    grid = lambda meta: (triton.cdiv(dim, meta["BLOCK_SIZE"]), H)  # noqa: E731
-    _state_passing_kernel[grid](
-        states, out, dA_cumsum, init, seq_idx, cache, final_idx, last_chunk,
-        dim, C, Q,
-        states.stride(0), states.stride(1),
-        out.stride(0), out.stride(1),
-        dA_cumsum.stride(0), dA_cumsum.stride(1), dA_cumsum.stride(2),
-        init.stride(0), init.stride(1),
-        seq_idx.stride(0),
-        cache.stride(0), cache.stride(1),
-        final_idx.stride(0), last_chunk.stride(0),
+    return dict(
+        states_ptr=states, out_ptr=out, dA_cs_ptr=dA_cumsum, init_ptr=init, seq_idx_ptr=seq_idx, cache_ptr=cache,
+        final_idx_ptr=final_idx, last_chunk_ptr=last_chunk,
+        dim=P * N, nchunks=C, chunk_size=dA_cumsum.shape[2],
+        stride_states_chunk=states.stride(0), stride_states_head=states.stride(1),
+        stride_out_chunk=out.stride(0), stride_out_head=out.stride(1),
+        stride_dA_head=dA_cumsum.stride(0), stride_dA_chunk=dA_cumsum.stride(1), stride_dA_q=dA_cumsum.stride(2),
+        stride_init_batch=init.stride(0), stride_init_head=init.stride(1),
+        stride_seq_idx=seq_idx.stride(0),
+        stride_cache_slot=cache.stride(0), stride_cache_head=cache.stride(1),
+        stride_final_idx=final_idx.stride(0), stride_last_chunk=last_chunk.stride(0),
         HAS_INIT=initial_states is not None,
         WRITE_CACHE=write_cache,
     )
-    return out

@@ -19,16 +19,20 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.state_passing import INDEX_DTYPES, recurrence_step
-
+from kernels.interface import INDEX_DTYPES, MASK_DTYPES
+from kernels.state_passing import recurrence_step
 
 BLOCK_SIZE = 512
 
-
 # Slot indices and the mask are single scalars, nchunks a loop bound: specializing on them only multiplies
-# binaries. Mirrors kernels.warmup.SCALAR_ONLY.
-@triton.jit(do_not_specialize=["nchunks"],
-            do_not_specialize_on_alignment=["init_slot_ptr", "has_init_ptr", "final_slot_ptr"])
+# binaries, so they are compiled once for all classes.
+SCALAR_ONLY = {
+    "do_not_specialize": ("nchunks",),
+    "do_not_specialize_on_alignment": ("init_slot_ptr", "has_init_ptr", "final_slot_ptr"),
+}
+
+
+@triton.jit(**SCALAR_ONLY)
 def _state_passing_indexed_kernel(
     states_ptr,  # (C, H, P*N) fp32
     out_ptr,  # (C, H, P*N) cache dtype: entering states
@@ -119,21 +123,30 @@ def state_passing_indexed(
     assert out.stride(3) == 1 and out.stride(2) == N, f"out: (P, N) must be compact, found {out.stride()}"
     _check_slot_view("init_slot_index", init_slot_index, INDEX_DTYPES)
     _check_slot_view("final_slot_index", final_slot_index, INDEX_DTYPES)
-    _check_slot_view("has_initial_state", has_initial_state, (torch.bool, torch.uint8, torch.int8) + INDEX_DTYPES)
+    _check_slot_view("has_initial_state", has_initial_state, MASK_DTYPES)
     for name, t in (("dA_cumsum", dA_cumsum), ("state_cache", state_cache), ("init_slot_index", init_slot_index),
                     ("has_initial_state", has_initial_state), ("final_slot_index", final_slot_index), ("out", out)):
         assert t.device == states.device, f"{name}: on {t.device}, states on {states.device}"
+    grid = (triton.cdiv(P * N, BLOCK_SIZE), H)
+    _state_passing_indexed_kernel[grid](**launch_arguments(
+        states, dA_cumsum, state_cache=state_cache, init_slot_index=init_slot_index,
+        has_initial_state=has_initial_state, final_slot_index=final_slot_index, out=out))
+
+
+def launch_arguments(states: torch.Tensor, dA_cumsum: torch.Tensor, *, state_cache: torch.Tensor,
+                     init_slot_index: torch.Tensor, has_initial_state: torch.Tensor, final_slot_index: torch.Tensor,
+                     out: torch.Tensor) -> dict:
+    """The kernel's arguments by name for these tensors (the launcher's, and the warmup registry's on stand-ins)."""
+    nchunks, _, P, N = states.shape
     # A same-width view, not a copy: the kernel reads the mask as bytes.
     has_init = has_initial_state.view(torch.uint8) if has_initial_state.dtype == torch.bool else has_initial_state
-
-    dim = P * N
-    grid = (triton.cdiv(dim, BLOCK_SIZE), H)
-    _state_passing_indexed_kernel[grid](
-        states, out, dA_cumsum, state_cache, init_slot_index, has_init, final_slot_index,
-        dim, C, dA_cumsum.shape[2],
-        states.stride(0), states.stride(1),
-        out.stride(0), out.stride(1),
-        dA_cumsum.stride(0), dA_cumsum.stride(1), dA_cumsum.stride(2),
-        state_cache.stride(0), state_cache.stride(1),
+    return dict(
+        states_ptr=states, out_ptr=out, dA_cs_ptr=dA_cumsum, cache_ptr=state_cache, init_slot_ptr=init_slot_index,
+        has_init_ptr=has_init, final_slot_ptr=final_slot_index,
+        dim=P * N, nchunks=nchunks, chunk_size=dA_cumsum.shape[2],
+        stride_states_chunk=states.stride(0), stride_states_head=states.stride(1),
+        stride_out_chunk=out.stride(0), stride_out_head=out.stride(1),
+        stride_dA_head=dA_cumsum.stride(0), stride_dA_chunk=dA_cumsum.stride(1), stride_dA_q=dA_cumsum.stride(2),
+        stride_cache_slot=state_cache.stride(0), stride_cache_head=state_cache.stride(1),
         BLOCK_SIZE=BLOCK_SIZE,
     )

@@ -8,9 +8,9 @@ import torch
 
 from harness import bounds
 from harness.compare import Mismatch, assert_bits_equal, assert_within_bound
+from harness.random_inputs import make_inputs
 from harness.varlen import build_varlen_metadata
 from reference import arith, chunked
-from reference.random_inputs import make_inputs
 
 
 def test_unit_roundoff_and_gamma():

@@ -9,41 +9,24 @@ import pytest
 import torch
 
 from harness.cases.builder import build_inputs, generator_for
-from harness.cases.model import (
-    CacheSpec,
-    CallSpec,
-    Case,
-    Dtypes,
-    Expect,
-    IndicesSpec,
-    InputKnobs,
-    Options,
-    SequenceSpec,
-    Shape,
-    Tiers,
-)
+from harness.cases.model import CacheSpec, CallSpec, Case, IndicesSpec, Options, SequenceSpec, Shape, Tiers
 from harness.compare import int_view, storage_bytes
 
 
 def make_case(**changes) -> Case:
     """Two sequences (one masked) over a padded, offset cache with block-table indices."""
-    case = Case(
-        id="builder-test",
-        description="",
+    case = Case.create(
+        "builder-test",
         seed=11,
         shape=Shape(nheads=3, headdim=5, dstate=16, ngroups=3, chunk_size=16),
-        dtype=Dtypes("bfloat16", "float16"),
+        dtype=("bfloat16", "float16"),
         options=Options(D="per_channel", z=True, dt_bias=True, dt_softplus=True),
-        sequences=(SequenceSpec(5, 20, 2, True, 4), SequenceSpec(0, 7, 1, False, 2)),
+        sequences=[(5, 20, 2, True, 4), (0, 7, 1, False, 2)],
         cache=CacheSpec(slots=6, row_pad=3, offset=5, fill=-7.25),
         indices=IndicesSpec("block_table", "int32", columns=5, init_column=1, final_column=3, rows_before=1),
-        call=CallSpec("direct", "auto"),
-        checks=("all",),
-        expect=Expect(),
-        inputs=InputKnobs(),
-        tiers=Tiers(cpu=True),
         family="builder",
     )
+    assert case.tiers == Tiers(cpu=True)
     return replace(case, **changes)
 
 

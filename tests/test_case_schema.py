@@ -206,3 +206,16 @@ def test_nan_fill_spellings_mean_the_same(tmp_path):
 def test_case_error_format():
     err = CaseError("x.yaml", "sequences[0].tokens", "an integer >= 1", "0")
     assert str(err) == "x.yaml: sequences[0].tokens: expected an integer >= 1, found 0"
+
+
+def test_case_create_fills_in_the_schema_defaults(tmp_path):
+    """``Case.create`` given only what a minimal YAML case says equals that case as loaded (its defaults are the
+    loader's, the cache is sized to the slots named); a field it is given wins over the default."""
+    from harness.cases.model import Case, CallSpec, Shape
+
+    (loaded,) = load_case_file(_write(tmp_path, "minimal.yaml", MINIMAL))
+    fields = dict(shape=Shape(nheads=2, headdim=4, dstate=16, ngroups=1, chunk_size=16), dtype=("float32", "float32"),
+                  sequences=[(3, 20, 0, True, 1)])
+    assert Case.create("minimal-1", **fields) == loaded
+    snapshot = Case.create("minimal-1", **fields, call=CallSpec(path="snapshot"))
+    assert snapshot != loaded and snapshot.call == CallSpec(final_state="direct", path="snapshot")

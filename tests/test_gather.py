@@ -1,4 +1,5 @@
-"""Fused initial-state gather vs the PyTorch ``torch.where`` snapshot, bit for bit (docs/exactness.md).
+"""The kernels' initial-state gathers (the fused Triton kernel and the PyTorch-ops copy) vs the reference
+``torch.where`` snapshot, bit for bit (docs/exactness.md).
 
 Also home of the paged-cache and index-view builders the other kernel tests import (``from test_gather import ...``).
 """
@@ -13,13 +14,14 @@ from harness.backend import configure
 DEVICE = configure("auto")  # before any kernel module is imported
 
 from harness.compare import Mismatch, assert_bits_equal, assert_storage_equal, storage_bytes  # noqa: E402
-from kernels.gather import gather_initial_states  # noqa: E402
+from kernels.gather import gather_initial_states, gather_initial_states_torch  # noqa: E402
 from reference import snapshot as torch_snapshot  # noqa: E402
 
 H, P, N = 3, 5, 16
 STATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INT_VIEW = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
 QUIET_NAN_WITH_PAYLOAD = {torch.float32: 0x7FC01234, torch.float16: 0x7E01, torch.bfloat16: 0x7FC3}
+COPIES = {"fused": gather_initial_states, "torch": gather_initial_states_torch}
 
 
 def paged_cache(slots, dtype, *, heads=H, headdim=P, dstate=N, row_pad=24, offset=7, fill=float("nan"), seed=0,
@@ -68,15 +70,26 @@ def _gather_case(dtype, index_dtype, layout, mask_dtype):
 @pytest.mark.parametrize("index_dtype", (torch.int32, torch.int64), ids=str)
 @pytest.mark.parametrize("layout", ("contiguous", "block_table"))
 @pytest.mark.parametrize("mask_dtype", (torch.bool, torch.int32), ids=str)
-def test_gather_equals_torch_where(dtype, index_dtype, layout, mask_dtype):
+@pytest.mark.parametrize("copy", list(COPIES))
+def test_gather_equals_torch_where(dtype, index_dtype, layout, mask_dtype, copy):
     base, cache, idx, mask = _gather_case(dtype, index_dtype, layout, mask_dtype)
     before = storage_bytes(base)
-    got = gather_initial_states(cache, idx, mask)
+    got = COPIES[copy](cache, idx, mask)
     want = torch_snapshot.gather_initial_states(cache, idx, mask)
-    assert_bits_equal(got, want, what="fused gather vs torch.where snapshot")
+    assert_bits_equal(got, want, what=f"{copy} gather vs torch.where snapshot")
     assert_storage_equal(base, before, what="cache storage after gather")
     # The masked rows point at NaN slots: zeros prove they were never read (not read-then-masked into NaN).
     assert not torch.isnan(got[1]).any() and not torch.isnan(got[3]).any()
+
+
+@pytest.mark.parametrize("copy", list(COPIES))
+def test_a_masked_row_never_reads_its_slot(copy):
+    """A masked-off row's slot may be out of the cache's range (padding rows of a block table): never read."""
+    base, cache = paged_cache(3, torch.float32)
+    idx = index_view([1, 1000], torch.int64, "block_table")
+    got = COPIES[copy](cache, idx, torch.tensor([True, False], device=DEVICE))
+    assert_bits_equal(got[0], cache[1], what=f"{copy} gather, read row")
+    assert_bits_equal(got[1], torch.zeros_like(cache[1]), what=f"{copy} gather, masked row")
 
 
 def test_gather_check_catches_a_read_masked_slot():

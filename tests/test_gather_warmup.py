@@ -24,9 +24,11 @@ from harness.guards.recompile import (  # noqa: E402,F401
     guard_no_recompile,
     no_recompile,
 )
-from harness.guards.specialization import _gpu_view, kernel_name, specialization_key  # noqa: E402
+from harness.guards.specialization import kernel_name, specialization_key  # noqa: E402
+from harness.warmup import warmup  # noqa: E402
 from kernels import gather  # noqa: E402
-from kernels.warmup import SCALAR_ONLY, ModelShape, warmup  # noqa: E402
+from kernels.specialization import gpu_view  # noqa: E402
+from kernels.warmup import ModelShape  # noqa: E402
 
 SHAPE = ModelShape(nheads=2, headdim=4, dstate=8, ngroups=1, chunk_size=16)
 STATE_DTYPES = (torch.float32, torch.float16)
@@ -135,7 +137,7 @@ def startup_warmup():
 
 def _specialized(param_name: str, flag: str) -> bool:
     """Whether the gather kernel specializes this argument (reads the decorator flags, not the key machinery)."""
-    param = next(p for p in _gpu_view(KERNEL).params if p.name == param_name)
+    param = next(p for p in gpu_view(KERNEL).params if p.name == param_name)
     return not getattr(param, flag)
 
 
@@ -182,7 +184,7 @@ def test_negative_control_stride1_warmup_then_column_view_fires():
     cache, idx, mask, _ = build(case)
     if not _needs_more_than_stride1(idx, mask):
         pytest.skip("the gather kernel no longer specializes index stride or alignment: column views cannot "
-                    "recompile it (the SCALAR_ONLY decision applied); the toy kernel in test_recompile_guard.py "
+                    "recompile it (its SCALAR_ONLY decision); the toy kernel in test_recompile_guard.py "
                     "keeps showing that the guard fires")
     with cold_gpu_cache():
         narrow = _stride1_only()
@@ -193,10 +195,10 @@ def test_negative_control_stride1_warmup_then_column_view_fires():
 
 
 def test_scalar_only_arguments_decision():
-    """Decision (kernels.warmup.SCALAR_ONLY): the gather reads one index and one mask element per program, so
+    """Decision (kernels.gather.SCALAR_ONLY): the gather reads one index and one mask element per program, so
     their alignment and stride classes only multiply binaries. Measure what the decorator flags would save."""
     full = warmup("cpu", SHAPE, [torch.float32], STATE_DTYPES, kernels=["gather"])
-    decided = SCALAR_ONLY[kernel_name(KERNEL)]
+    decided = gather.SCALAR_ONLY
     unspecialized = {p for flag in decided.values() for p in flag}
     assert unspecialized <= set(KERNEL.arg_names if hasattr(KERNEL, "arg_names") else []), unspecialized
     # keys with the decided arguments reduced to their type: what the kernel compiles once the flags are applied

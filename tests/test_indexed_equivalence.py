@@ -16,7 +16,8 @@ from harness.cases.builder import build_inputs  # noqa: E402
 from harness.cases.model import IndicesSpec  # noqa: E402
 from harness.compare import Mismatch, assert_bits_equal, storage_bytes  # noqa: E402
 from kernels import ssd as ssd_module  # noqa: E402
-from kernels.ssd import CallShape, choose_path, ssd_prefill  # noqa: E402
+from kernels.interface import CallShape, choose_path  # noqa: E402
+from kernels.ssd import ssd_prefill  # noqa: E402
 from test_ssd_prefill import make_case  # noqa: E402
 
 

@@ -21,10 +21,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from harness.backend import configure, profile_for
+from harness.backend import configure
+from kernels.environment import arithmetic_profile  # triton-free: importable before configure
 
 DEVICE = configure("auto")  # sets TRITON_INTERPRET before the kernel modules below are imported
-PROFILE = profile_for(DEVICE)
+PROFILE = arithmetic_profile(DEVICE)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -358,18 +358,19 @@ def test_autotuning_results_are_shared_through_the_cache_on_cuda_only(monkeypatc
 
 def test_autotuning_budget_is_shortened_only_when_asked_and_parsed_strictly(monkeypatch):
     from kernels.backend import autotune_budget_ms
+    from kernels.environment import AUTOTUNE_BUDGET_ENV
 
     assert autotune_budget_ms(None) == (25.0, 100.0) and autotune_budget_ms("") == (25.0, 100.0)
     assert autotune_budget_ms(backend.SHARED_GPU_AUTOTUNE_MS) == (1.0, 5.0)
     for bad in ("5", "1,0", "-1,5", "a,b", "1,2,3"):
         with pytest.raises(ValueError, match="SSD_AUTOTUNE_MS=.*expected 'warmup_ms,rep_ms'"):
             autotune_budget_ms(bad)
-    monkeypatch.delenv(backend.AUTOTUNE_BUDGET_ENV, raising=False)
+    monkeypatch.delenv(AUTOTUNE_BUDGET_ENV, raising=False)
     backend.shorten_autotuning()
-    assert os.environ[backend.AUTOTUNE_BUDGET_ENV] == backend.SHARED_GPU_AUTOTUNE_MS
-    monkeypatch.setenv(backend.AUTOTUNE_BUDGET_ENV, "25,100")
+    assert os.environ[AUTOTUNE_BUDGET_ENV] == backend.SHARED_GPU_AUTOTUNE_MS
+    monkeypatch.setenv(AUTOTUNE_BUDGET_ENV, "25,100")
     backend.shorten_autotuning()
-    assert os.environ[backend.AUTOTUNE_BUDGET_ENV] == "25,100"
+    assert os.environ[AUTOTUNE_BUDGET_ENV] == "25,100"
 
 
 def test_one_xdist_run_merges_reports_keeps_units_together_and_starts_the_costliest_first(tmp_path):

@@ -63,7 +63,7 @@ def test_stand_ins_match_real_tensors():
 
 
 def test_do_not_specialize_collapses_scalar_only_classes():
-    """The mechanism behind the per-kernel decision (kernels.warmup.SCALAR_ONLY): one binary for all classes."""
+    """The mechanism behind each kernel's SCALAR_ONLY decision (e.g. kernels.gather): one binary for all classes."""
     table = torch.zeros(8, 5, dtype=torch.int32, device=DEVICE)
     keys = {_key(_copy_scalar_unspecialized, table[:, j], s).key for j in range(5) for s in (1, 5, 32)}
     assert len(keys) == 1, keys
@@ -139,8 +139,8 @@ def test_compile_hook_records_and_never_decides(monkeypatch):
 
 
 def test_cold_in_memory_cache_restores_what_it_set_aside():
-    """A test that needs a cold kernel must not leave the worker's warmed binaries behind it (GPU run 8: cases run
-    after such a test compiled and failed the guard). The cache is empty inside and the same entries after, also
+    """A test that needs a cold kernel must not leave the worker's warmed binaries behind it (cases run after such a
+    test would compile and fail the guard). The cache is empty inside and the same entries after, also
     when the block raises. Runs on a bare JITFunction (no GPU needed: nothing is launched)."""
     from triton.runtime.jit import JITFunction
 

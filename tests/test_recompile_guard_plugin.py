@@ -53,7 +53,7 @@ def test_each_model_request_is_warmed_once_before_its_first_item(pytester, tmp_p
     """Lazy warmups: one per distinct model request of the selected cases (cases sharing shape, dtypes and options
     share it), none for cases not run, each printed before the item that needed it."""
     from harness.cases.loader import load_case_file
-    from kernels.warmup import requests_from_cases
+    from harness.warmup import requests_from_cases
 
     text = cases_with_twin()
     path = tmp_path / "tiny.yaml"
@@ -76,7 +76,7 @@ def test_each_model_request_is_warmed_once_before_its_first_item(pytester, tmp_p
                     "probe in tests/test_recompile_guard.py")
 def test_narrower_warmup_makes_the_guard_fire(pytester, monkeypatch):
     """Negative control: a warmup without the case's per-head D leaves chunk scan's D class unwarmed."""
-    from kernels import warmup
+    from harness import warmup
 
     real = warmup.requests_from_cases
 

@@ -11,8 +11,8 @@ import torch
 
 from harness import bounds
 from harness.compare import Mismatch, assert_bits_equal, assert_within_bound
+from harness.random_inputs import SsdInputs, make_inputs
 from reference import chunked
-from reference.random_inputs import SsdInputs, make_inputs
 from reference.sequential import Shadows, process_dt, sequential_ssd
 from reference.sequential import ground_truth as sequential_ground_truth
 

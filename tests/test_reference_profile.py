@@ -220,5 +220,15 @@ def test_unfused_mul_add_is_caught_on_gpu(on_gpu):
         assert_bits_equal(got32, torch.stack(rows), what="fp32 recurrence, unfused, GPU")
 
 
+def test_the_kernels_name_a_profile_the_reference_has():
+    """One rule says which profile the kernels follow on a device (``kernels.environment``); the reference defines
+    the profiles. Each device maps to a distinct one of them, and a device the rule does not know is refused."""
+    from kernels.environment import arithmetic_profile
+
+    assert sorted(arithmetic_profile(d) for d in ("cpu", "cuda")) == sorted(arith.PROFILES)
+    with pytest.raises(ValueError, match="device"):
+        arithmetic_profile("auto")
+
+
 if __name__ == "__main__":
     _child(sys.argv[1], sys.argv[2])

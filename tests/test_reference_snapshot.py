@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from harness.compare import Mismatch, assert_bits_equal, assert_storage_equal, storage_bytes
+from harness.random_inputs import make_inputs
 from reference import provider
 from reference.chunked import chunked_ssd
-from reference.random_inputs import make_inputs
 from reference.snapshot import gather_initial_states, write_final_states
 
 H, P, N = 3, 5, 4

@@ -9,15 +9,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.backend import configure, profile_for
+from harness.backend import configure
+from kernels.environment import arithmetic_profile  # triton-free: importable before configure
 
 DEVICE = configure("auto")  # before any kernel module is imported
-PROFILE = profile_for(DEVICE)
+PROFILE = arithmetic_profile(DEVICE)
 
 from harness import bounds  # noqa: E402
 from harness.cases.builder import build_inputs  # noqa: E402
 from harness.cases.model import (  # noqa: E402
-    CacheSpec, CallSpec, Case, Dtypes, Expect, IndicesSpec, InputKnobs, Options, SequenceSpec, Shape, Tiers,
+    CacheSpec, CallSpec, Case, IndicesSpec, Options, Shape, Tiers,
 )
 from harness.checks.bound import ground_truth_for  # noqa: E402
 from harness.compare import Mismatch, assert_bits_equal, assert_within_bound, storage_bytes  # noqa: E402
@@ -33,14 +34,12 @@ def make_case(sequences, *, io="float32", state="float32", headdim=5, options=AL
     """A case, small by default (nheads 3, dstate 16, chunk 64). ``sequences``: (context, tokens, init_slot, has_state,
     final_slot) tuples. The builder fills every slot with random states, masked-off init slots with NaN and every
     gap (``offset`` elements before slot 0, ``row_pad`` after each row) with ``fill``."""
-    return Case(
-        id=case_id, description="kernel unit test", seed=seed,
+    return Case.create(
+        case_id, description="kernel unit test", seed=seed,
         shape=Shape(nheads=nheads, headdim=headdim, dstate=dstate, ngroups=ngroups, chunk_size=chunk_size),
-        dtype=Dtypes(io=io, state=state), options=options,
-        sequences=tuple(SequenceSpec(*s) for s in sequences),
+        dtype=(io, state), options=options, sequences=sequences,
         cache=CacheSpec(slots=slots, row_pad=row_pad, offset=offset, fill=fill), indices=indices,
-        call=CallSpec(final_state=mode, path="auto"), checks=("all",), expect=Expect(), inputs=InputKnobs(),
-        tiers=Tiers(cpu=DEVICE == "cpu"), family="unit",
+        call=CallSpec(final_state=mode), tiers=Tiers(cpu=DEVICE == "cpu"), family="unit",
     )
 
 

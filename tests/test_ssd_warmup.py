@@ -25,26 +25,20 @@ from harness.guards.specialization import (  # noqa: E402
     recording_launches,
 )
 from harness.varlen import build_varlen_metadata  # noqa: E402
+from harness.warmup import main, warmup_all  # noqa: E402
 from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, gather, ssd  # noqa: E402
 from kernels import state_passing as sp  # noqa: E402
 from kernels import state_passing_indexed as spi  # noqa: E402
-from kernels.warmup import (  # noqa: E402
-    ModelShape,
-    int_values,
-    main,
-    registered,
-    representatives,
-    warmup_all,
-)
+from kernels.warmup import ModelShape, int_values, registered, representatives  # noqa: E402
 
 # GPU: compile the fixtures' warmups in parallel processes (into the disk cache) before loading them here. Four: the
 # three warmups here run at once in three xdist workers and share their compiles (harness.compile_claims), and each
-# child imports torch; with 8, 4 and 2 children the two-GPU cold suite took 33.5, 28.8 and 34.6 s (GPU run 32: 8
-# cost 24 torch imports on a busy host, 2 left the fixture's warmup the longest item, 23 s).
+# child imports torch, so more children cost more than they save on a busy host and fewer leave the fixture's warmup
+# the longest item (the measurements: docs/gpu-runs.md).
 WARMUP_JOBS = min(4, os.cpu_count() or 1)
 # Under xdist the tests that share the module fixtures (hundreds of GPU compiles on a cold cache) are one work unit:
 # the fixtures run in one worker, not in every worker that takes one of those tests. The other tests of the module
-# spread: as one unit they held a worker 31 s on a cold two-GPU run, the longest unit of the suite (GPU run 18).
+# spread: as one unit they would hold one worker longer than any other unit of the suite on a cold cache.
 shares_full_warmup = pytest.mark.xdist_group("ssd_warmup")
 
 SHAPE = ModelShape(nheads=2, headdim=4, dstate=8, ngroups=1, chunk_size=8)  # Q < 16: nchunks enters the classes
@@ -163,9 +157,8 @@ DOT_STAGES = ("chunk_state", "bmm_chunk", "chunk_scan")
 
 def test_narrow_dtype_warmup_fires_on_the_dot_stages():
     """Negative control: warm fp32 io only, call with fp16 io: the io-typed stages would compile. Only those stages
-    are warmed (the others' fp32 binaries are compiles that show nothing here: on a cold two-GPU run this warmup,
-    outside the fixtures' group, took 7-13 s, GPU runs 19-20); the guard must name each of them (on the GPU it
-    names every kernel that compiles in the block)."""
+    are warmed (the others' fp32 binaries would be cold GPU compiles, outside the fixtures' group, that show nothing
+    here); the guard must name each of them (on the GPU it names every kernel that compiles in the block)."""
     narrow = warmup_all(DEVICE, [_request(io=torch.float32)], kernels=DOT_STAGES, jobs=WARMUP_JOBS)
     with pytest.raises(RecompileError) as err:
         with guard_no_recompile([KERNELS[name] for name in DOT_STAGES], warmed=narrow.keys):
@@ -182,7 +175,7 @@ def test_per_head_d_warmup_covers_per_channel_calls():
     the narrow warmup would lack the call's key and this test fails naming stride_D_hdim."""
     shape, io, state, options = _request()
     # Every kernel is warmed, not chunk_scan alone: on the GPU the guard fails on any compile in the block, whichever
-    # kernel it is (GPU run 21 caught a chunk_scan-only warmup here; the interpreter compares chunk_scan's keys only).
+    # kernel it is (the interpreter compares chunk_scan's keys only).
     narrow = warmup_all(DEVICE, [(shape, io, state, {**options, "d_kinds": ("none", "per_head")})], jobs=WARMUP_JOBS)
     with guard_no_recompile([chunk_scan.chunk_scan_kernel], warmed=narrow.keys):
         _call(D="per_channel")()
@@ -208,9 +201,9 @@ def test_nchunks_parity_is_a_class_when_chunks_are_short(full_warmup):
 def test_int_values_follow_the_kernels_flags():
     """The enumeration is pruned only where the kernel ignores the class (read from its decorator lists)."""
     k = sp._state_passing_kernel
-    from harness.guards.specialization import _gpu_view
+    from kernels.specialization import gpu_view
 
-    params = {p.name: p for p in _gpu_view(k).params}
+    params = {p.name: p for p in gpu_view(k).params}
     values = (1, 16, 3)
     expected = values[:1] if params["nchunks"].do_not_specialize else values
     assert int_values(k, "nchunks", values) == expected
@@ -258,7 +251,7 @@ def test_rotation_and_parts_do_not_change_the_warmed_keys():
 def test_parallel_warmup_names_a_failing_part():
     """``jobs``: a child that fails (here: a registration that does not exist) is reported with its part and its
     error, not swallowed; the parent then never claims the binaries are in the cache."""
-    from kernels.warmup import _compile_in_children
+    from harness.warmup import _compile_in_children
 
     with pytest.raises(RuntimeError, match=r"parallel compile failed:\npart 0/2 \(exit 1\):(.|\n)*no registration named"):
         _compile_in_children([_request()], ["no_such_kernel"], jobs=2)
@@ -272,7 +265,8 @@ def test_parallel_warmup_names_a_failing_part():
 def test_parallel_warmup_starts_children_only_at_the_first_compile(monkeypatch, cache, spawned_after):
     """``jobs``: the processes start at the first specialization the disk cache lacks; this process still loads
     every specialization (the GPU path, driven here with the compile itself stubbed out)."""
-    import kernels.warmup as w
+    import harness.warmup as w
+    from kernels.warmup import plan as plan_of
 
     loaded, spawns = [], []
     entries = {"n": 0}
@@ -287,12 +281,12 @@ def test_parallel_warmup_starts_children_only_at_the_first_compile(monkeypatch, 
         if cache == "cold-from-3" and len(loaded) >= 3 and not spawns:
             entries["n"] += 1  # this one compiled: a new cache entry
 
-    monkeypatch.setattr(w, "_compile_one", compile_one)
+    monkeypatch.setattr(w, "compile_spec", compile_one)
     monkeypatch.setattr(w, "_disk_cache_entries", disk_entries)
     monkeypatch.setattr(w, "_compile_in_children", lambda requests, names, jobs: spawns.append(len(loaded)) or 1.5)
     requests = [(ModelShape(2, 4, 16, 1, 8), (torch.float16,), (torch.float32,))]
     report = w.warmup_all("cuda", requests, jobs=4)
-    plan, _ = w._plan(requests, w.registered())
+    plan, _ = plan_of(requests)
     assert len(loaded) == len(plan) and report.compiled == len(report.keys)
     assert spawns == ([] if spawned_after is None else [spawned_after])
     assert report.parallel_seconds == (0.0 if spawned_after is None else 1.5)

@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.backend import configure, profile_for
+from harness.backend import configure
+from kernels.environment import arithmetic_profile  # triton-free: importable before configure
 
 DEVICE = configure("auto")  # before any kernel module is imported
-PROFILE = profile_for(DEVICE)
+PROFILE = arithmetic_profile(DEVICE)
 
 from harness.compare import Mismatch, assert_bits_equal, assert_storage_equal, storage_bytes  # noqa: E402
 from harness.varlen import build_varlen_metadata  # noqa: E402

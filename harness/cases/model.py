@@ -11,10 +11,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable
 
 import torch
 
 from harness.varlen import VarlenMetadata, build_varlen_metadata
+from kernels import interface
 
 SCHEMA_ID = "ssd-case/1"
 
@@ -22,7 +24,6 @@ IO_DTYPES = ("float16", "bfloat16", "float32")
 STATE_DTYPES = ("float16", "bfloat16", "float32")
 D_MODES = ("none", "per_head", "per_channel")
 INDEX_LAYOUTS = ("contiguous", "block_table")
-INDEX_DTYPES = ("int32", "int64")
 FINAL_STATE_MODES = ("direct", "returned", "checkpoint")
 PATHS = ("auto", "snapshot", "indexed")
 EXPECT_KINDS = ("pass", "xfail")
@@ -35,6 +36,8 @@ TORCH_DTYPES = {
     "int64": torch.int64,
 }
 SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "int32": "i32", "int64": "i64"}
+# The slot-index dtypes ssd_prefill accepts (the interface's, ``kernels.interface``), by their YAML names.
+INDEX_DTYPES = tuple(name for name, dtype in TORCH_DTYPES.items() if dtype in interface.INDEX_DTYPES)
 
 # Sizes up to which a case runs through the interpreter in reasonable time (the CPU tier, docs/checks.md).
 CPU_MAX_TOKENS = 140  # admits 2 * 64 + 5: a partial, a full and a partial chunk
@@ -208,6 +211,26 @@ class Case:
     source: Path | None = field(default=None, compare=False)
     index_in_file: int = field(default=0, compare=False)
 
+    @classmethod
+    def create(cls, id: str, *, shape: Shape, dtype: Dtypes | tuple[str, str],
+               sequences: Iterable[SequenceSpec | tuple], seed: int = 0, cache: CacheSpec | None = None,
+               **fields) -> "Case":
+        """A case with the schema's default for every field not given (what the loader fills in for a key a YAML
+        file leaves out): no description, default options, contiguous int32 indices, a direct call on path auto,
+        all checks, expected to pass, default input knobs, the CPU tier by size (``default_cpu_tier``) and the
+        family from the id. ``dtype`` may be ``(io, state)``; a sequence may be ``SequenceSpec``'s fields as a
+        tuple; ``cache`` defaults to a compact cache with one slot past the highest slot the sequences name.
+        ``fields``: any other ``Case`` field."""
+        sequences = tuple(s if isinstance(s, SequenceSpec) else SequenceSpec(*s) for s in sequences)
+        if cache is None:
+            slots = [s.init_slot for s in sequences] + [s.final_slot for s in sequences if s.final_slot is not None]
+            cache = CacheSpec(slots=max(slots) + 1)
+        defaults = dict(description="", options=Options(), indices=IndicesSpec(), call=CallSpec(), checks=("all",),
+                        expect=Expect(), inputs=InputKnobs(), tiers=Tiers(cpu=default_cpu_tier(shape, sequences)),
+                        family=default_family(id))
+        return cls(id=id, seed=seed, shape=shape, dtype=dtype if isinstance(dtype, Dtypes) else Dtypes(*dtype),
+                   sequences=sequences, cache=cache, **{**defaults, **fields})
+
     @property
     def batch(self) -> int:
         return len(self.sequences)
@@ -219,13 +242,14 @@ class Case:
     def indexed_eligible(self) -> Eligibility:
         """Indexed path rule (docs/domain.md): one sequence, direct writeback, no intermediate states.
 
-        Cache dtype equals the workspace dtype by construction (the workspace takes the cache dtype).
+        The rule is the interface's (``kernels.interface.indexed_ineligibility``), applied to the call the harness
+        makes for this case: its mode, its batch, and the workspace in the cache dtype (the harness passes none).
         """
-        if self.call.final_state != "direct":
-            return Eligibility(False, f"final_state is {self.call.final_state!r}, the indexed path needs 'direct'")
-        if self.batch != 1:
-            return Eligibility(False, f"{self.batch} sequences, the indexed path takes exactly one")
-        return Eligibility(True)
+        state = self.dtype.state_torch
+        reason = interface.indexed_ineligibility(interface.CallShape(
+            batch=self.batch, direct=self.call.final_state == "direct",
+            intermediate=self.call.final_state == "checkpoint", cache_dtype=state, state_dtype=state))
+        return Eligibility(reason is None, reason or "")
 
     def metadata(self) -> VarlenMetadata:
         return build_varlen_metadata(

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-from harness.backend import profile_for
 from harness.checks.base import Check
 from harness.checks.calls import run_call
 from harness.checks.registry import register
 from harness.compare import Mismatch, assert_within_bound
+from kernels.environment import arithmetic_profile
 
 
 def ground_truth_for(inputs, exit_offsets=None):
@@ -46,7 +46,7 @@ def _reference_bound(ctx) -> dict:
     mode = case.call.final_state
     exit_offsets = pristine.cu_chunk_seqlens[1:] if mode == "checkpoint" else None
     truth, shadows, chunk_shadow = ground_truth_for(pristine, exit_offsets)
-    backend = profile_for(ctx.device)
+    backend = arithmetic_profile(ctx.device)
     terms = bounds.input_error_terms(
         pristine.dt, pristine.A, cu_chunk_seqlens=pristine.cu_chunk_seqlens, seq_idx=pristine.seq_idx,
         dt_bias=pristine.dt_bias, dt_softplus=case.options.dt_softplus, dt_limit=case.options.dt_limit,

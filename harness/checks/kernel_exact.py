@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import torch
 
-from harness.backend import profile_for
 from harness.checks.base import Check
 from harness.checks.paths import eligibility
 from harness.checks.registry import register
 from harness.compare import assert_bits_equal, assert_storage_equal, storage_bytes
+from kernels.environment import arithmetic_profile
 
 
 def _ours(provider, provider_spec: str) -> tuple[bool, str]:
@@ -37,7 +37,7 @@ def _state_passing_exact(ctx) -> dict:
     from kernels.state_passing import state_passing
     from reference import chunked, snapshot
 
-    profile = profile_for(ctx.device)
+    profile = arithmetic_profile(ctx.device)
     kernel_in, ref_in = ctx.inputs(), ctx.inputs()
     dA_cumsum, states = _teacher_inputs(kernel_in)
     initial = snapshot.gather_initial_states(

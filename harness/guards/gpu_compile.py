@@ -1,16 +1,16 @@
 """Compile launches for a GPU target on a machine without a GPU (Triton's wheel ships ``ptxas``).
 
-The interpreter accepts code the GPU compiler rejects: a plain Python float global inside ``@jit`` code (GPU run 1,
-``LOG2E``; run 2, ``SOFTPLUS_THRESHOLD``), a ``tl.dot`` with K < 16 (run 4, dstate 8). CPU CI would stay green on
-both. Here the launches a real SSD call makes under the interpreter are captured (``capturing_launches``), reduced
+The interpreter accepts code the GPU compiler rejects: a plain Python float global inside ``@jit`` code (the GPU
+compiler reads only constexpr globals), a ``tl.dot`` with K < 16 (a small dstate). CPU CI would stay green on both.
+Here the launches a real SSD call makes under the interpreter are captured (``capturing_launches``), reduced
 to what Triton specializes on (dtypes, 16-byte alignment, ints, constexprs, launch options), and every distinct
 specialization is compiled for sm_90 exactly as ``JITFunction.run`` would (same binder, same packing of signature,
 constexprs, attributes and options), without a driver or a device.
 
 The compiles run in a fresh child process started with ``TRITON_INTERPRET=0`` in its environment, so that every jit
 function in it (ours and Triton's own libraries) is a plain ``JITFunction``: in the interpreting process the code
-generator ran into the interpreter's patched ``tl.tensor`` operators ("'ir.block_argument' object has no attribute
-'dtype'"), and a child that switched the variable after start-up still held interpreted library functions
+generator meets the interpreter's patched ``tl.tensor`` operators ("'ir.block_argument' object has no attribute
+'dtype'"), and a process that switches the variable after start-up still holds interpreted library functions
 (gluon's ``assert knobs.runtime.interpret or isinstance(fn, JITFunction)``).
 """
 
@@ -27,7 +27,8 @@ from typing import Any, Iterable
 
 import torch
 
-from harness.guards.specialization import Launch, kernel_name, specialization_key
+from harness.guards.specialization import Launch
+from kernels.specialization import gpu_view, kernel_name, options_as_run_sees_them, specialization_key
 
 # The H200 (Hopper, compute capability 9.0, warp size 32) as (backend, arch, warp size).
 SM90 = ("cuda", 90, 32)
@@ -101,13 +102,11 @@ def compile_launch(launch: PortableLaunch, target: tuple = SM90) -> Any:
     from triton.compiler.compiler import make_backend
     from triton.runtime.jit import create_function_from_signature
 
-    from harness.guards.specialization import _gpu_view, _options_as_run_sees_them
-
     gpu = GPUTarget(*target)
-    view = _gpu_view(_resolve(launch.kernel))
+    view = gpu_view(_resolve(launch.kernel))
     backend = make_backend(gpu)
     binder = create_function_from_signature(view.signature, view.params, backend)
-    kwargs = _options_as_run_sees_them(view, launch.kwargs)
+    kwargs = options_as_run_sees_them(view, launch.kwargs)
     bound_args, specialization, options = binder(*launch.args, **kwargs)
     options, signature, constexprs, attrs = view._pack_args(backend, kwargs, bound_args, specialization, options)
     return triton.compile(ASTSource(view, signature, constexprs, attrs), target=gpu, options=options.__dict__)

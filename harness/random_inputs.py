@@ -1,5 +1,9 @@
 """Realistic random SSD inputs for the reference tests (x, B, C ~ N(0,1) in the io dtype; raw dt with dt_bias and
-softplus giving dt ~ 0.02..0.4; A = -exp(U(0,1)); D ~ N(0,1)); generated on the CPU from a seed."""
+softplus giving dt ~ 0.02..0.4; A = -exp(U(0,1)); D ~ N(0,1)); generated on the CPU from a seed.
+
+Here and not in ``reference``: building inputs needs the varlen metadata (``harness.varlen``), and the oracle must not
+depend on the harness that uses it. The references take the metadata as tensors, like any provider.
+"""
 
 from __future__ import annotations
 
