@@ -56,7 +56,7 @@ for step in $steps; do
     startup)  # where a worker's start-up goes: environment, imports, one collection (cold then warm byte-code
       # caches, and a cProfile of it), and 16 xdist workers that start, collect everything and run nothing
       run_step startup-env bash -c "env | grep -E '^(PYTHON|PYTEST)' ; echo dont_write_bytecode=\$($PY -c 'import sys; print(sys.dont_write_bytecode)')"
-      run_step startup-imports bash -c "$PY -X importtime -c 'import harness.pytest_plugin, triton' 2> $OUT/startup-importtime.txt; sort -t'|' -k2 -n $OUT/startup-importtime.txt | tail -n 12"
+      run_step startup-imports bash -c "$PY -X importtime -c 'import ssd_pytest.plugin, triton' 2> $OUT/startup-importtime.txt; sort -t'|' -k2 -n $OUT/startup-importtime.txt | tail -n 12"
       find . -name __pycache__ -not -path './.git/*' -prune -exec rm -rf {} + ; rm -rf "${PYTHONPYCACHEPREFIX:-/nonexistent}$PWD"
       run_step startup-collect-cold $PY -m pytest --collect-only -q -p no:cacheprovider --device cuda
       run_step startup-collect-warm $PY -m pytest --collect-only -q -p no:cacheprovider --device cuda
