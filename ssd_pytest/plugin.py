@@ -3,7 +3,7 @@
 This module holds the options and the hooks; each hook hands its work to one of ssd_pytest's modules (``items``,
 ``workers``, ``xdist_scheduling``, ``sharding``, ``recompile``, ``reporting``). Loaded by the ``pytest11`` entry
 point when the package is installed, else by the checkout's root ``conftest.py``. Options (group "ssd-harness"):
-``--device``, ``--provider``, ``--workers-per-gpu``, ``--json-report``, ``--shard``, ``--durations-from``,
+``--device``, ``--provider``, ``--workers-per-gpu``, ``--ssd-report``, ``--shard``, ``--durations-from``,
 ``--recompile-guard``.
 """
 
@@ -27,12 +27,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="the ssd_prefill provider under test (default: kernels:provider)")
     group.addoption("--workers-per-gpu", type=int, default=1, metavar="N",
                     help="with -n auto on a GPU machine: xdist workers per GPU (default 1)")
-    group.addoption("--json-report", default=None, metavar="FILE",
+    group.addoption("--ssd-report", default=None, metavar="FILE",
                     help="write one merged JSON report (every item's outcome, duration, mismatch summary)")
     group.addoption("--shard", default=None, metavar="K/N",
                     help="run only shard K of N (deterministic, balanced by expected cost)")
     group.addoption("--durations-from", default=None, metavar="REPORT",
-                    help="a JSON report of an earlier run (--json-report): its item durations are the expected "
+                    help="a JSON report of an earlier run (--ssd-report): its item durations are the expected "
                          "costs that balance --shard and, under -n, hand out the longest work first")
     group.addoption("--recompile-guard", action="store_true",
                     help="before a case's first item, a compile-only warmup of its model configuration (once per "

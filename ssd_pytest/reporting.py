@@ -1,5 +1,5 @@
 """The harness's view of a pytest run: one ``ItemRecord`` per item as it is decided (appended live to the report's
-parts with ``--json-report``), each process's part at its end, the merged report, and the terminal summary."""
+parts with ``--ssd-report``), each process's part at its end, the merged report, and the terminal summary."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ _records_key = pytest.StashKey[list]()
 
 
 def report_path(config: pytest.Config) -> str | None:
-    return config.getoption("json_report")
+    return config.getoption("ssd_report")
 
 
 def configure(config: pytest.Config) -> None:
@@ -109,7 +109,7 @@ def merged_records(config: pytest.Config) -> list[ItemRecord]:
 
 
 def write_report(session: pytest.Session) -> None:
-    """With --json-report: each process writes its part; the process that ran alone, or the xdist controller once
+    """With --ssd-report: each process writes its part; the process that ran alone, or the xdist controller once
     every worker has, merges the parts into the report."""
     config = session.config
     path = report_path(config)

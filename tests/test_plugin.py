@@ -411,7 +411,7 @@ def test_one_xdist_run_merges_reports_keeps_units_together_and_starts_the_costli
          # on a busy host that outlasts execnet's 5 s grace before it interrupts the worker, whose early exit
          # (the last cleanup) then never runs.
          "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-k", "determinism or reference_bound or test_g or test_f",
-         "--junitxml", str(junit), "--json-report", str(report), "--provider", "reference:provider",
+         "--junitxml", str(junit), "--ssd-report", str(report), "--provider", "reference:provider",
          "--durations-from", str(earlier)],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300,
     )
@@ -487,7 +487,7 @@ def test_second(slow):
     pass
 """)
     report = pytester.path / "r.json"
-    result = run_inner(pytester, "--json-report", str(report))
+    result = run_inner(pytester, "--ssd-report", str(report))
     result.assert_outcomes(passed=2)
     durations = {i["nodeid"].rsplit("::", 1)[1]: i["duration"] for i in json.loads(report.read_text())["items"]}
     assert durations["test_first"] >= 0.5 > durations["test_second"], durations
