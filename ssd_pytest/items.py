@@ -4,6 +4,7 @@ cases, a ``CaseNode`` one case (its built inputs are shared by its checks), a ``
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -16,11 +17,14 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 _provider_key = pytest.StashKey[dict]()  # provider spec -> (provider, or None and why it is unusable)
 _case_ids_key = pytest.StashKey[dict]()  # case id -> the file that defines it
+_bad_files_key = pytest.StashKey["BadCaseFiles"]()
 
 
 def configure(config: pytest.Config) -> None:
     config.stash[_provider_key] = {}
     config.stash[_case_ids_key] = {}
+    config.stash[_bad_files_key] = BadCaseFiles()
+    config.pluginmanager.register(config.stash[_bad_files_key], "ssd-harness-bad-case-files")
 
 
 def _explicit_paths(config: pytest.Config) -> list[Path]:
@@ -52,8 +56,35 @@ def is_case_file(file_path: Path, config: pytest.Config) -> bool:
     return False
 
 
-class CaseCollectionError(Exception):
-    """A case file that cannot become items; shown as the loader's one-line message, not a traceback."""
+class BadCaseFiles:
+    """The case files of this run that could not become items (bound to its config). pytest stops before the first
+    item when collection had errors, unless ``--continue-on-collection-errors``; a bad case file is its one
+    collection error and must not keep the other files' items from running. So when every collection error is a
+    case file's, this run continues past them (they still make its exit status non-zero); any other collection
+    error stops it as usual."""
+
+    def __init__(self):
+        self.case_files: set[str] = set()
+        self.others: set[str] = set()
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed and report.nodeid not in self.case_files:
+            self.others.add(report.nodeid)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtestloop(self, session: pytest.Session):
+        option = session.config.option
+        if not self.case_files or self.others or option.continue_on_collection_errors:
+            return (yield)
+        option.continue_on_collection_errors = True
+        try:
+            return (yield)
+        finally:
+            option.continue_on_collection_errors = False
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 class CaseFile(pytest.File):
@@ -65,24 +96,27 @@ class CaseFile(pytest.File):
         try:
             cases = load_case_file(self.path)
         except CaseError as exc:
-            raise CaseCollectionError(str(exc)) from None
+            self._fail(str(exc))
+        except Exception as exc:  # noqa: BLE001 - whatever loading raises is this file's error, not the session's
+            self._fail(f"{self.path}: (file): expected a case file, found {type(exc).__name__}: {_one_line(str(exc))}")
         seen = self.config.stash[_case_ids_key]
+        nodes = []
         for case in cases:
             other = seen.setdefault(case.id, str(self.path))
             if other != str(self.path):
-                raise CaseCollectionError(
-                    f"{self.path}: id: expected an id unique across files, found {case.id!r} also in {other}"
-                )
+                self._fail(f"{self.path}: id: expected an id unique across files, found {case.id!r} also in {other}")
             try:
                 checks = selected_checks(case)
             except ValueError as exc:
-                raise CaseCollectionError(f"{self.path}: {exc}") from None
-            yield CaseNode.from_parent(self, name=case.id, case=case, checks=checks)
+                self._fail(f"{self.path}: {exc}")
+            nodes.append(CaseNode.from_parent(self, name=case.id, case=case, checks=checks))
+        return nodes
 
-    def repr_failure(self, excinfo, style=None):
-        if excinfo.errisinstance(CaseCollectionError):
-            return str(excinfo.value)
-        return super().repr_failure(excinfo, style)
+    def _fail(self, message: str) -> NoReturn:
+        """This file's one collection error: ``message`` alone (pytest shows a ``CollectError`` without a
+        traceback); the other files' items still run (``BadCaseFiles``)."""
+        self.config.stash[_bad_files_key].case_files.add(self.nodeid)
+        raise self.CollectError(message) from None
 
 
 class CaseNode(pytest.Collector):

@@ -93,9 +93,26 @@ class Recorder:
                     start=start,
                 )
             )
-            path = report_path(config)
-            if path and not is_xdist_controller(config):
-                append_live(path, process_name(), config.stash[_records_key][-1])
+            self._keep(config.stash[_records_key][-1])
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        """A file (or other collector) that could not be collected is an error of the run, recorded under its node
+        id: the summary and the report must not read "no failures" when a case file never ran."""
+        if not report.failed:
+            return
+        text = str(report.longrepr).strip() if report.longrepr else ""
+        self.config.stash[_records_key].append(
+            ItemRecord(nodeid=report.nodeid, outcome="error", source=report.nodeid.split("::", 1)[0],
+                       summary=text.splitlines()[-1] if text else "", message=text[-MESSAGE_CHARS:],
+                       worker=os.environ.get("PYTEST_XDIST_WORKER", ""))
+        )
+        self._keep(self.config.stash[_records_key][-1])
+
+    def _keep(self, record: ItemRecord) -> None:
+        """With --ssd-report, every process that collects or runs items appends each record to its live part."""
+        path = report_path(self.config)
+        if path and not is_xdist_controller(self.config):
+            append_live(path, process_name(), record)
 
 
 def merged_records(config: pytest.Config) -> list[ItemRecord]:
