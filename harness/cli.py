@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     times = sub.add_parser("times", help="where a run spent its time, from a JSON report (by check and family)",
                            description="Time per check family and case family from a report written by "
-                                       "`run --json` or pytest --json-report, slowest first; for pytest reports "
+                                       "`run --json` or pytest --ssd-report, slowest first; for pytest reports "
                                        "also each process's start-up and the Triton compiles (harness.timeline).")
     times.add_argument("report", type=Path)
     times.add_argument("--by", action="append", choices=("check", "family", "worker"), default=None,

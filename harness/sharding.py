@@ -56,7 +56,7 @@ def select(items: Iterable[tuple[str, float]], k: int, n: int) -> set[str]:
 
 
 class ItemCosts:
-    """Expected seconds per test item, measured: the durations of an earlier run's JSON report (``--json-report``,
+    """Expected seconds per test item, measured: the durations of an earlier run's JSON report (``--ssd-report``,
     passed back as ``--durations-from``). An item the report lacks (new, or skipped then) costs the median measured
     item, so it is neither hoarded first nor starved last."""
 

@@ -44,7 +44,7 @@ for step in $steps; do
       (while :; do echo "$(date +%s.%N) $(head -n 1 /proc/stat)"; sleep 0.5; done) > "$OUT/$name-cpu.log" 2>&1 &
       cpu=$!
       run_step "$name" ${PIN:-} $PY -m pytest -q -n "$WORKERS" --workers-per-gpu "${WPG:-$WORKERS}" --device cuda \
-        -p no:cacheprovider --recompile-guard --durations-from "${DURATIONS:-scripts/gpu-durations.json}" --json-report "$OUT/$name-report.json" --junit-xml "$OUT/$name-junit.xml" \
+        -p no:cacheprovider --recompile-guard --durations-from "${DURATIONS:-scripts/gpu-durations.json}" --ssd-report "$OUT/$name-report.json" --junit-xml "$OUT/$name-junit.xml" \
         --durations 30 -rfE --tb=short ${SUITE_ARGS:-}
       kill $smi $cpu 2>/dev/null
       # A killed run leaves its workers' live parts; times merges them (and failures.txt keeps every failure's report).
@@ -56,7 +56,7 @@ for step in $steps; do
     startup)  # where a worker's start-up goes: environment, imports, one collection (cold then warm byte-code
       # caches, and a cProfile of it), and 16 xdist workers that start, collect everything and run nothing
       run_step startup-env bash -c "env | grep -E '^(PYTHON|PYTEST)' ; echo dont_write_bytecode=\$($PY -c 'import sys; print(sys.dont_write_bytecode)')"
-      run_step startup-imports bash -c "$PY -X importtime -c 'import harness.pytest_plugin, triton' 2> $OUT/startup-importtime.txt; sort -t'|' -k2 -n $OUT/startup-importtime.txt | tail -n 12"
+      run_step startup-imports bash -c "$PY -X importtime -c 'import ssd_pytest.plugin, triton' 2> $OUT/startup-importtime.txt; sort -t'|' -k2 -n $OUT/startup-importtime.txt | tail -n 12"
       find . -name __pycache__ -not -path './.git/*' -prune -exec rm -rf {} + ; rm -rf "${PYTHONPYCACHEPREFIX:-/nonexistent}$PWD"
       run_step startup-collect-cold $PY -m pytest --collect-only -q -p no:cacheprovider --device cuda
       run_step startup-collect-warm $PY -m pytest --collect-only -q -p no:cacheprovider --device cuda
@@ -78,7 +78,7 @@ for step in $steps; do
     cases)
       export TRITON_CACHE_DIR=$(mktemp -d)
       run_step cases $PY -m pytest cases -q -n "$WORKERS" --workers-per-gpu "$WORKERS" --device cuda -p no:cacheprovider \
-        --json-report "$OUT/cases-report.json" --junitxml "$OUT/cases-junit.xml" ;;
+        --ssd-report "$OUT/cases-report.json" --junitxml "$OUT/cases-junit.xml" ;;
     cases-warm)
       run_step cases-warm $PY -m pytest cases -q -n "$WORKERS" --workers-per-gpu "$WORKERS" --device cuda -p no:cacheprovider ;;
     warmup)  # the corpus warmup from a cold cache: compiled by WORKERS processes, then loaded in this one

@@ -21,7 +21,7 @@ def collect(pytester, *paths: Path) -> tuple[list[str], str]:
     """``pytest --collect-only -q PATHS`` with the plugin, in this process (a fresh interpreter costs 10 s on a
     busy GPU host, run 8). The session's device: in one process the backend cannot switch (harness.backend)."""
     result = pytester.runpytest_inprocess("--collect-only", "-q", "--device", current_device(), "-p", "no:cacheprovider",
-                                          "-p", "harness.pytest_plugin", "--rootdir", str(ROOT), *map(str, paths))
+                                          "-p", "ssd_pytest.plugin", "--rootdir", str(ROOT), *map(str, paths))
     out = "\n".join(result.outlines)
     assert result.ret == 0, out + "\n".join(result.errlines)
     return [line for line in result.outlines if "::" in line], out

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from harness import backend
-from harness import pytest_plugin as plugin
 from harness.compile_claims import CLAIMS_ENV
 from harness.report import ItemRecord, Report, merge_reports, summary_lines
+from ssd_pytest import plugin, workers, xdist_scheduling
+from ssd_pytest.items import is_case_file
 from tests import broken_providers as bp
 
 pytest_plugins = ["pytester"]
@@ -42,7 +43,7 @@ def tiny(pytester) -> Path:
 
 def run_inner(pytester, *args):
     """An in-process pytest session with the plugin, on the interpreter."""
-    return pytester.runpytest_inprocess("-p", "harness.pytest_plugin", "--device", DEVICE, "-p", "no:cacheprovider",
+    return pytester.runpytest_inprocess("-p", "ssd_pytest.plugin", "--device", DEVICE, "-p", "no:cacheprovider",
                                         "-rsx", *args)
 
 
@@ -71,7 +72,7 @@ def test_items_are_file_case_check_and_unsupported_paths_skip_with_reason(pytest
 def test_malformed_yaml_is_a_collection_error_naming_file_key_expected_found(pytester):
     bad = pytester.makefile(".yaml", bad=bp.TINY_CASES.replace("chunk_size: 16}", "chunk_size: 24}", 1))
     result = run_inner(pytester, str(bad))
-    assert result.ret == 2
+    assert result.ret == pytest.ExitCode.TESTS_FAILED  # a collection error; the other files would still run
     assert f"{bad}: cases[0].shape.chunk_size: expected a power of two >= 16, found 24" in result.stdout.lines
     assert "Traceback" not in result.stdout.str()
 
@@ -80,7 +81,7 @@ def test_duplicate_ids_across_files_name_both_files(pytester):
     first = pytester.makefile(".yaml", first=bp.TINY_CASES)
     second = pytester.makefile(".yaml", second=bp.TINY_CASES)
     result = run_inner(pytester, str(first), str(second), "--collect-only")
-    assert result.ret == 2
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines([f"{second}: id: expected an id unique across files, found 'tiny-direct' also in {first}"])
 
 
@@ -129,31 +130,31 @@ def test_shards_cover_every_item_once(pytester, tiny):
 
 
 def test_workers_are_pinned_to_gpus_round_robin(monkeypatch, tmp_path):
-    assert [plugin.gpu_for_worker(f"gw{i}", ["0", "1"]) for i in range(5)] == ["0", "1", "0", "1", "0"]
-    assert plugin.gpu_for_worker("gw3", ["4", "6", "7"]) == "4"
+    assert [workers.gpu_for_worker(f"gw{i}", ["0", "1"]) for i in range(5)] == ["0", "1", "0", "1", "0"]
+    assert workers.gpu_for_worker("gw3", ["4", "6", "7"]) == "4"
     with pytest.raises(ValueError):
-        plugin.gpu_for_worker("master", ["0"])
-    monkeypatch.setenv(plugin.GPU_LIST_ENV, "2,3")
+        workers.gpu_for_worker("master", ["0"])
+    monkeypatch.setenv(workers.GPU_LIST_ENV, "2,3")
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    plugin._pin_worker("gw1")
+    workers.pin_worker("gw1")
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "3"
-    # The Triton cache stays shared across workers (atomic publish makes that safe; see _pin_worker).
+    # The Triton cache stays shared across workers (atomic publish makes that safe; see workers.pin_worker).
     assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path)
 
 
 def test_xdist_work_units_are_whole_cases():
-    assert plugin.case_scope("cases/corpus/direct.yaml::direct-001-x::reference_bound") == \
+    assert xdist_scheduling.case_scope("cases/corpus/direct.yaml::direct-001-x::reference_bound") == \
         "cases/corpus/direct.yaml::direct-001-x"
-    assert plugin.case_scope("c.yml::one::determinism") == "c.yml::one"
+    assert xdist_scheduling.case_scope("c.yml::one::determinism") == "c.yml::one"
     # Python tests are each their own unit: one slow parametrized file must not land on one worker.
-    assert plugin.case_scope("tests/test_gather.py::test_x[a-b]") == "tests/test_gather.py::test_x[a-b]"
-    assert plugin.case_scope("tests/test_a.py::TestK::test_m") == "tests/test_a.py::TestK::test_m"
+    assert xdist_scheduling.case_scope("tests/test_gather.py::test_x[a-b]") == "tests/test_gather.py::test_x[a-b]"
+    assert xdist_scheduling.case_scope("tests/test_a.py::TestK::test_m") == "tests/test_a.py::TestK::test_m"
     # xdist_group(name), as the workers report it: one unit per group name.
     groups = {"tests/test_ssd_warmup.py::test_x[a-b]": "ssd_warmup", "tests/test_ssd_warmup.py::test_y": "ssd_warmup"}
-    assert plugin.case_scope("tests/test_ssd_warmup.py::test_x[a-b]", groups) == \
-        plugin.case_scope("tests/test_ssd_warmup.py::test_y", groups) == "xdist_group:ssd_warmup"
-    assert plugin.case_scope("tests/test_a.py::test_z", groups) == "tests/test_a.py::test_z"
+    assert xdist_scheduling.case_scope("tests/test_ssd_warmup.py::test_x[a-b]", groups) == \
+        xdist_scheduling.case_scope("tests/test_ssd_warmup.py::test_y", groups) == "xdist_group:ssd_warmup"
+    assert xdist_scheduling.case_scope("tests/test_a.py::test_z", groups) == "tests/test_a.py::test_z"
 
 
 def test_second_units_go_to_the_nodes_with_the_cheapest_first_units(tmp_path, monkeypatch):
@@ -164,10 +165,11 @@ def test_second_units_go_to_the_nodes_with_the_cheapest_first_units(tmp_path, mo
     costs = {f"tests/test_t.py::test_{c}": float(c) for c in (40, 30, 20, 10, 4, 3, 2, 1)}
     earlier = tmp_path / "earlier.json"
     Report([ItemRecord(n, "passed", duration=d) for n, d in costs.items()]).write(earlier)
-    monkeypatch.delenv(plugin.GROUPS_FILE_ENV, raising=False)
+    monkeypatch.delenv(xdist_scheduling.GROUPS_FILE_ENV, raising=False)
     options = {"dist": "load", "durations_from": str(earlier), "tx": ["4*popen"]}
     config = SimpleNamespace(getoption=lambda name, default=None: options.get(name, default),
-                             getvalue=lambda name: options[name], option=SimpleNamespace(), stash=pytest.Stash())
+                             getvalue=lambda name: options[name], option=SimpleNamespace(loadscopereorder=True),
+                             stash=pytest.Stash())
 
     class Node:
         def __init__(self, name):
@@ -193,11 +195,11 @@ def test_second_units_go_to_the_nodes_with_the_cheapest_first_units(tmp_path, mo
 
 
 def test_cpu_threads_are_shared_fairly_among_workers():
-    assert plugin.cpu_threads_per_worker(14, 16) == 1
-    assert plugin.cpu_threads_per_worker(4, 16) == 4
-    assert plugin.cpu_threads_per_worker(2, 2) == 1
-    assert plugin.cpu_threads_per_worker(1, 8) == 8
-    assert plugin.cpu_threads_per_worker(0, 8) == 8
+    assert workers.cpu_threads_per_worker(14, 16) == 1
+    assert workers.cpu_threads_per_worker(4, 16) == 4
+    assert workers.cpu_threads_per_worker(2, 2) == 1
+    assert workers.cpu_threads_per_worker(1, 8) == 8
+    assert workers.cpu_threads_per_worker(0, 8) == 8
 
 
 def test_auto_workers_on_cpu_is_one_per_core(pytestconfig, monkeypatch):
@@ -224,9 +226,9 @@ def test_only_an_xdist_controller_that_starts_workers_skips_the_device_set_up(py
         def getoption(self, name):
             return {"collectonly": self.collectonly}[name]
 
-    assert plugin._is_xdist_controller(Config())
+    assert workers.is_xdist_controller(Config())
     for not_controller in (Config(collectonly=True), Config(dist="no", tx=()), Config(worker=True)):
-        assert not plugin._is_xdist_controller(not_controller)
+        assert not workers.is_xdist_controller(not_controller)
     # At collection time the kernels' backend is set, or a module reading it (tests do: DEVICE) gets the wrong one.
     pytester.makepyfile(test_backend_set="""
         import os
@@ -237,7 +239,7 @@ def test_only_an_xdist_controller_that_starts_workers_skips_the_device_set_up(py
     """)
     env = {**os.environ, "SSD_TEST_DEVICE": DEVICE, "PYTHONPATH": str(ROOT)}
     env.pop("TRITON_INTERPRET", None)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", "--device", DEVICE, "-n", "2",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "ssd_pytest.plugin", "--device", DEVICE, "-n", "2",
                            "--collect-only", "-q", "-p", "no:cacheprovider", str(pytester.path)],
                           cwd=pytester.path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "1 test collected" in proc.stdout, proc.stdout + proc.stderr
@@ -323,22 +325,18 @@ def test_report_merge_and_summary_group_failures():
 def test_yaml_fixtures_under_tests_are_not_collected_as_cases():
     """The malformed files are fixtures: `pytest tests` (and the testpaths default) must not collect them as cases,
     while naming one explicitly still makes it a case (whose error is then reported: the malformed-YAML tests)."""
-    from types import SimpleNamespace
-
-    from harness.pytest_plugin import _is_case_file
-
     def config(*args):
         return SimpleNamespace(args=list(args), rootpath=ROOT, invocation_params=SimpleNamespace(dir=ROOT))
 
     fixture = ROOT / "tests/malformed/xfail_without_reason.yaml"
     corpus = next((ROOT / "cases/corpus").glob("*.yaml"))
     assert fixture.exists()
-    assert not _is_case_file(fixture, config("tests"))
-    assert not _is_case_file(fixture, config())  # testpaths default
-    assert not _is_case_file(fixture, config(str(ROOT)))
-    assert _is_case_file(fixture, config("tests/malformed/xfail_without_reason.yaml"))
-    assert _is_case_file(corpus, config("tests")) and _is_case_file(corpus, config())
-    assert not _is_case_file(ROOT / ".github/workflows/ci-cpu.yml", config(str(ROOT)))
+    assert not is_case_file(fixture, config("tests"))
+    assert not is_case_file(fixture, config())  # testpaths default
+    assert not is_case_file(fixture, config(str(ROOT)))
+    assert is_case_file(fixture, config("tests/malformed/xfail_without_reason.yaml"))
+    assert is_case_file(corpus, config("tests")) and is_case_file(corpus, config())
+    assert not is_case_file(ROOT / ".github/workflows/ci-cpu.yml", config(str(ROOT)))
 
 
 def test_autotuning_results_are_shared_through_the_cache_on_cuda_only(monkeypatch):
@@ -409,15 +407,18 @@ def test_one_xdist_run_merges_reports_keeps_units_together_and_starts_the_costli
         f"        atexit.register(lambda: open({str(tmp_path)!r} + '/atexit-' + os.environ['PYTEST_XDIST_WORKER'], 'w'))\n")
     junit, report = tmp_path / "junit.xml", tmp_path / "report.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", str(tmp_path), "--device", "cpu", "-n", "2",
-         "-p", "no:cacheprovider", "-k", "determinism or reference_bound or test_g or test_f",
-         "--junitxml", str(junit), "--json-report", str(report), "--provider", "reference:provider",
+        [sys.executable, "-m", "pytest", "-p", "ssd_pytest.plugin", str(tmp_path), "--device", "cpu", "-n", "2",
+         # Hypothesis's plugin imports hypothesis in each worker's terminal summary, after xdist's workerfinished:
+         # on a busy host that outlasts execnet's 5 s grace before it interrupts the worker, whose early exit
+         # (the last cleanup) then never runs.
+         "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-k", "determinism or reference_bound or test_g or test_f",
+         "--junitxml", str(junit), "--ssd-report", str(report), "--provider", "reference:provider",
          "--durations-from", str(earlier)],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ssd-harness summary" in proc.stdout and "no failures" in proc.stdout
-    # Workers leave without the interpreter's shutdown once xdist has their results (_exit_worker_now), and xdist
+    # Workers leave without the interpreter's shutdown once xdist has their results (workers.exit_worker_now), and xdist
     # takes that as a normal end, not a crash.
     assert not list(tmp_path.glob("atexit-*")), "a worker went through the interpreter's shutdown"
     assert "Not properly terminated" not in proc.stdout + proc.stderr and "crashed" not in proc.stdout
@@ -436,7 +437,7 @@ def test_one_xdist_run_merges_reports_keeps_units_together_and_starts_the_costli
     workers_of_case: dict[str, set] = {}
     for i in case_items:
         workers_of_case.setdefault(i["case_id"], set()).add(i["worker"])
-    # xdist work units are whole cases (plugin.case_scope): a case's inputs are built on one worker only.
+    # xdist work units are whole cases (xdist_scheduling.case_scope): a case's inputs are built on one worker only.
     assert all(len(w) == 1 for w in workers_of_case.values()), workers_of_case
     assert not (tmp_path / "report.json.parts").exists() or not any((tmp_path / "report.json.parts").iterdir())
     cases_xml = ET.parse(junit).getroot().iter("testcase")
@@ -487,7 +488,7 @@ def test_second(slow):
     pass
 """)
     report = pytester.path / "r.json"
-    result = run_inner(pytester, "--json-report", str(report))
+    result = run_inner(pytester, "--ssd-report", str(report))
     result.assert_outcomes(passed=2)
     durations = {i["nodeid"].rsplit("::", 1)[1]: i["duration"] for i in json.loads(report.read_text())["items"]}
     assert durations["test_first"] >= 0.5 > durations["test_second"], durations

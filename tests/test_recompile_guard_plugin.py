@@ -26,7 +26,7 @@ def _kernels_imported_outside():
 
 def run_guarded(pytester, *args, select="tiny-direct"):
     tiny = pytester.makefile(".yaml", tiny=bp.TINY_CASES)
-    return pytester.runpytest_inprocess("-p", "harness.pytest_plugin", "--device", DEVICE, "-p", "no:cacheprovider",
+    return pytester.runpytest_inprocess("-p", "ssd_pytest.plugin", "--device", DEVICE, "-p", "no:cacheprovider",
                                         "-s", "--recompile-guard", str(tiny), "-k", select, *args)
 
 
@@ -62,7 +62,7 @@ def test_each_model_request_is_warmed_once_before_its_first_item(pytester, tmp_p
     distinct = {repr(requests_from_cases([c])) for c in cases}
     assert len(distinct) == len(cases) - 1  # the twin shares tiny-direct's request
     tiny = pytester.makefile(".yaml", tiny=text)
-    result = pytester.runpytest_inprocess("-p", "harness.pytest_plugin", "--device", DEVICE, "-p", "no:cacheprovider",
+    result = pytester.runpytest_inprocess("-p", "ssd_pytest.plugin", "--device", DEVICE, "-p", "no:cacheprovider",
                                           "-s", "--recompile-guard", str(tiny), "-k", "determinism")
     warmups = [line for line in result.outlines if "warmup:" in line and "specializations" in line]
     assert result.ret == 0, result.stdout.str()[-3000:]

@@ -1,4 +1,4 @@
-"""xdist workers share one Triton cache directory (harness/pytest_plugin.py, _pin_worker). That is safe because
+"""xdist workers share one Triton cache directory (ssd_pytest/workers.py, pin_worker). That is safe because
 Triton's FileCacheManager publishes every file with an atomic os.replace from a private temp dir: concurrent writers
 of the same entry and a concurrent reader never see a partial file. Shown here with real processes, and the reader's
 check shown to catch a writer that is not atomic."""

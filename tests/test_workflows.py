@@ -94,7 +94,7 @@ def test_nightly_uses_only_existing_harness_commands_and_pytest_options(pytestco
         m = re.search(r'PYTEST_ARGS="([^"]*)"', line)
         if m:
             options |= {tok.split("=")[0] for tok in shlex.split(m.group(1)) if tok.startswith("--")}
-    assert {"--device", "--recompile-guard", "--shard", "--json-report"} <= options
+    assert {"--device", "--recompile-guard", "--shard", "--ssd-report"} <= options
     assert not defined(pytestconfig, "--no-such-option")  # the check can fail
     missing = [opt for opt in sorted(options) if not defined(pytestconfig, opt)]
     assert not missing, f"pytest options used by nightly-gpu.yml but not defined: {missing}"

@@ -1,0 +1,137 @@
+"""pytest plugin: YAML cases become items ``<file>::<case id>::<check>`` (docs/checks.md).
+
+This module holds the options and the hooks; each hook hands its work to one of ssd_pytest's modules (``items``,
+``workers``, ``xdist_scheduling``, ``sharding``, ``recompile``, ``reporting``). Loaded by the ``pytest11`` entry
+point when the package is installed, else by the checkout's root ``conftest.py``. Options (group "ssd-harness"):
+``--device``, ``--provider``, ``--workers-per-gpu``, ``--ssd-report``, ``--shard``, ``--durations-from``,
+``--recompile-guard``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from harness import DEFAULT_PROVIDER, backend, timeline
+from ssd_pytest import items as case_items
+from ssd_pytest import reporting, sharding, state, workers, xdist_scheduling
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("ssd-harness", "Mamba2 SSD correctness harness")
+    group.addoption("--device", choices=backend.DEVICES, default="auto",
+                    help="cuda, or cpu (Triton interpreter); auto = cuda when visible. Default: auto")
+    group.addoption("--provider", default=None, metavar="MODULE:ATTR",
+                    help="the ssd_prefill provider under test (default: kernels:provider)")
+    group.addoption("--workers-per-gpu", type=int, default=1, metavar="N",
+                    help="with -n auto on a GPU machine: xdist workers per GPU (default 1)")
+    group.addoption("--ssd-report", default=None, metavar="FILE",
+                    help="write one merged JSON report (every item's outcome, duration, mismatch summary)")
+    group.addoption("--shard", default=None, metavar="K/N",
+                    help="run only shard K of N (deterministic, balanced by expected cost)")
+    group.addoption("--durations-from", default=None, metavar="REPORT",
+                    help="a JSON report of an earlier run (--ssd-report): its item durations are the expected "
+                         "costs that balance --shard and, under -n, hand out the longest work first")
+    group.addoption("--recompile-guard", action="store_true",
+                    help="before a case's first item, a compile-only warmup of its model configuration (once per "
+                         "configuration and worker); then fail any case item during which a kernel compiles (GPU) or "
+                         "launches a specialization that warmup did not produce (interpreter)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    return workers.auto_num_workers(config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    return xdist_scheduling.make_scheduler(config, log)
+
+
+class _WorkersFinished:
+    """xdist controller: notes when a worker has finished its session (the last one's time is kept); the
+    controller's session ends once every worker process has exited. Bound to its config, which xdist's hook does
+    not pass."""
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error) -> None:
+        timeline.mark(self.config.stash[state.PHASES], "workers_finished")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[state.PHASES] = timeline.new_phases()
+    config.stash[state.LEDGER] = None
+    worker_id = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker_id and workers.is_xdist_worker(config):
+        workers.start_worker(config, worker_id)
+    requested = config.getoption("device")
+    try:
+        if workers.is_xdist_controller(config):
+            xdist_scheduling.share_groups_file()
+            config.stash[state.DEVICE] = workers.prepare_workers(requested)
+            config.pluginmanager.register(_WorkersFinished(config), "ssd-harness-workers-finished")
+        else:
+            config.stash[state.DEVICE] = backend.configure(requested)  # before any kernel module is imported
+            config.stash[state.LEDGER] = timeline.install_compile_ledger()
+            if config.stash[state.DEVICE] == "cuda" and workers.xdist_worker_count() > 1:
+                backend.shorten_autotuning()
+    except (ValueError, RuntimeError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+    case_items.configure(config)
+    reporting.configure(config)
+    config.addinivalue_line("markers", "ssd_case: an item generated from a YAML case")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    timeline.mark(session.config.stash[state.PHASES], "configured")  # every plugin's pytest_configure has run
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector):
+    if case_items.is_case_file(file_path, parent.config):
+        return case_items.CaseFile.from_parent(parent, path=file_path)
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    sharding.keep_shard(config, items)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reports the collection to the controller
+def pytest_collection_finish(session: pytest.Session) -> None:
+    timeline.mark(session.config.stash[state.PHASES], "collected")
+    xdist_scheduling.write_xdist_groups(session)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    ledger = item.config.stash.get(state.LEDGER, None)
+    if ledger is not None:
+        ledger.origin = item.nodeid  # compiles from here to the next item's setup are this item's
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    reporting.write_report(session)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    reporting.terminal_summary(terminalreporter, config)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    spec = config.getoption("provider") or DEFAULT_PROVIDER
+    return [f"ssd-harness: device={config.stash[state.DEVICE]} provider={spec}"]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    workers.join_cuda_context(config)
+    if workers.is_xdist_worker(config):
+        return
+    xdist_scheduling.remove_groups_file()
+    workers.release_workers_resources()

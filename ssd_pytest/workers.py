@@ -1,0 +1,151 @@
+"""The processes of a pytest run: the xdist controller, which runs no kernels and prepares its workers, and each
+worker's life (GPU pinning, its CUDA context on a side thread, torch's thread share, its early exit)."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tempfile
+
+import pytest
+
+from harness import backend, compile_claims
+from ssd_pytest import private_api
+
+GPU_LIST_ENV = "SSD_HARNESS_VISIBLE_GPUS"  # set by the controller, read by workers
+
+_cuda_context_key = pytest.StashKey[object]()  # an xdist worker's context-creating thread (backend)
+
+
+def worker_index(worker_id: str | None) -> int | None:
+    """``gw3`` -> 3; None for the controller or a plain run."""
+    m = re.fullmatch(r"gw(\d+)", worker_id or "")
+    return int(m.group(1)) if m else None
+
+
+def xdist_worker_count() -> int:
+    """Workers in this xdist run (1 without xdist), as xdist tells each worker."""
+    return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+
+
+def gpu_for_worker(worker_id: str, visible: list[str]) -> str:
+    """Round-robin: worker gw<N> gets ``visible[N % len(visible)]``."""
+    index = worker_index(worker_id)
+    if index is None or not visible:
+        raise ValueError(f"gpu_for_worker: expected a gw<N> worker id and GPUs, found {worker_id!r}, {visible}")
+    return visible[index % len(visible)]
+
+
+def cpu_threads_per_worker(workers: int, cores: int) -> int:
+    """torch's intra-op threads for one of ``workers`` processes on ``cores`` cores: a fair share, at least one.
+    Each process otherwise starts one thread per core, and N workers' CPU work (references, input building) then
+    fights over N times as many threads as cores."""
+    return max(1, cores // max(1, workers))
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: one worker per GPU (times --workers-per-gpu) on a GPU machine, else one per CPU core."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # xdist's own override wins
+    try:
+        gpus = backend.gpus_for_workers(config.getoption("device"))
+    except ValueError:
+        gpus = []  # pytest_configure reports it
+    if gpus:
+        return max(1, len(gpus) * max(1, config.getoption("workers_per_gpu")))
+    return usable_cores()
+
+
+def is_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def is_xdist_controller(config: pytest.Config) -> bool:
+    """This process starts xdist workers and runs no test itself: xdist's own condition for its distributed session
+    (a distribution mode with workers, and not ``--collect-only``, where the process collects by itself). Set by
+    xdist's ``pytest_cmdline_main``, so it holds from ``pytest_configure`` on."""
+    return (not is_xdist_worker(config) and not config.getoption("collectonly")
+            and getattr(config.option, "dist", "no") != "no" and bool(getattr(config.option, "tx", None)))
+
+
+def process_name() -> str:
+    """``gw<N>`` in an xdist worker, ``main`` elsewhere: the name of this process's report part."""
+    return os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
+# ---------------------------------------------------------------- the controller
+
+
+def _claims_dir_for_this_run() -> str:
+    """harness.compile_claims: one folder of compile claims per xdist session, removed when it ends."""
+    return os.path.join(tempfile.gettempdir(), f"ssd-harness-compile-claims-{os.getpid()}")
+
+
+def prepare_workers(requested_device: str) -> str:
+    """In the xdist controller, which runs no kernels: list the GPUs once, without torch (backend.gpus_for_workers),
+    and name the compile-claims folder the workers share; the workers inherit the environment when xdist spawns
+    them and each resolves its device itself. Returns the device the workers will use."""
+    os.environ[compile_claims.CLAIMS_ENV] = _claims_dir_for_this_run()  # workers share their warmups' compiles
+    gpus = backend.gpus_for_workers(requested_device)
+    if gpus:
+        os.environ[GPU_LIST_ENV] = ",".join(gpus)
+    return "cuda" if gpus else "cpu"
+
+
+def release_workers_resources() -> None:
+    """In the controller at its end: remove the compile-claims folder this run created."""
+    claims = os.environ.get(compile_claims.CLAIMS_ENV)
+    if claims and claims == _claims_dir_for_this_run():
+        import shutil
+
+        shutil.rmtree(claims, ignore_errors=True)
+        del os.environ[compile_claims.CLAIMS_ENV]
+
+
+# ---------------------------------------------------------------- a worker
+
+
+def pin_worker(worker_id: str) -> None:
+    """Runs in a worker before anything touches CUDA: one GPU. The Triton cache directory stays shared: Triton's
+    FileCacheManager.put writes each file into a private temp dir and publishes it with an atomic os.replace, and
+    writes a kernel's group file only after its children, so a worker sees either nothing (and compiles itself) or a
+    complete binary. Sharing lets N workers compile each specialization once instead of N times."""
+    gpus = [g for g in os.environ.get(GPU_LIST_ENV, "").split(",") if g]
+    if gpus:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu_for_worker(worker_id, gpus)
+
+
+def start_worker(config: pytest.Config, worker_id: str) -> None:
+    """An xdist worker's set-up, before its device is configured: the early exit as its last cleanup, one GPU, the
+    CUDA context created on a side thread while the worker imports and collects, a fair share of torch's threads."""
+    config.add_cleanup(lambda: exit_worker_now(config))  # registered first: the last cleanup to run
+    pin_worker(worker_id)
+    if config.getoption("device") != "cpu" and os.environ.get(GPU_LIST_ENV):
+        config.stash[_cuda_context_key] = backend.create_cuda_context_in_background()
+    import torch
+
+    torch.set_num_threads(cpu_threads_per_worker(xdist_worker_count(), usable_cores()))
+
+
+def join_cuda_context(config: pytest.Config) -> None:
+    thread = config.stash.get(_cuda_context_key, None)
+    if thread is not None:
+        thread.join(timeout=120)  # never exit while it is inside the driver
+
+
+def exit_worker_now(config: pytest.Config) -> None:
+    """An xdist worker's last cleanup: leave without the interpreter's shutdown, once xdist has the worker's results
+    (``private_api.finished_worker_exit_status``) and its report part is written. The process's teardown, on a GPU
+    mostly the driver destroying its CUDA context (one at a time per GPU), then overlaps the items other workers
+    still run, instead of every worker waiting for the last one and all tearing down together at the end."""
+    status = private_api.finished_worker_exit_status(config)
+    if status is None:
+        return  # the interpreter's own shutdown
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
