@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,18 @@ def _obj(properties: dict, required: tuple[str, ...] = ()) -> dict:
     return node
 
 
+# Every count, length, offset and index of a case is at most INT32_MAX: the call passes token offsets, chunk offsets
+# and slot ids in int32 tensors (Mamba2's metadata, and the default index dtype), so no larger value can be a valid
+# call. Bounding each integer here also turns a 400-digit number into an error naming its key. Whether the tensors a
+# case implies fit a device is checked from their products (harness.cases.limits).
+INT32_MAX = 2**31 - 1
+INT32_MIN = -(2**31)
+
+
+def _count(minimum: int) -> dict:
+    return _int(minimum, INT32_MAX)
+
+
 _BOOL = {"type": "boolean"}
 _NUMBER = {"type": "number"}
 
@@ -77,11 +90,11 @@ CASE_PROPERTIES: dict[str, Any] = {
     "seed": _int(0, 2**63 - 1),
     "shape": _obj(
         {
-            "nheads": _int(1),
-            "headdim": _int(1),
-            "dstate": _int(1),
-            "ngroups": _int(1),
-            "chunk_size": _int(16),
+            "nheads": _count(1),
+            "headdim": _count(1),
+            "dstate": _count(1),
+            "ngroups": _count(1),
+            "chunk_size": _count(16),
         },
         ("nheads", "headdim", "dstate", "ngroups", "chunk_size"),
     ),
@@ -100,20 +113,20 @@ CASE_PROPERTIES: dict[str, Any] = {
         "minItems": 1,
         "items": _obj(
             {
-                "context": _int(0),
-                "tokens": _int(1),
-                "init_slot": _int(),
+                "context": _count(0),
+                "tokens": _count(1),
+                "init_slot": _int(INT32_MIN, INT32_MAX),
                 "has_state": _BOOL,
-                "final_slot": _int(),
+                "final_slot": _int(INT32_MIN, INT32_MAX),
             },
             ("context", "tokens", "init_slot", "has_state"),
         ),
     },
     "cache": _obj(
         {
-            "slots": _int(1),
-            "row_pad": _int(0),
-            "offset": _int(0),
+            "slots": _count(1),
+            "row_pad": _count(0),
+            "offset": _count(0),
             "fill": {"anyOf": [{"const": "nan"}, _NUMBER]},
         },
         ("slots",),
@@ -122,10 +135,10 @@ CASE_PROPERTIES: dict[str, Any] = {
         {
             "layout": {"enum": list(INDEX_LAYOUTS)},
             "dtype": {"enum": list(INDEX_DTYPES)},
-            "columns": _int(1),
-            "init_column": _int(0),
-            "final_column": _int(0),
-            "rows_before": _int(0),
+            "columns": _count(1),
+            "init_column": _count(0),
+            "final_column": _count(0),
+            "rows_before": _count(0),
         },
         ("layout",),
     ),
@@ -187,6 +200,11 @@ def schema_json() -> str:
     return json.dumps(SCHEMA, indent=2, sort_keys=True) + "\n"
 
 
+# Longer found values are shortened in messages (a 400-digit number, a pasted blob): the start and the length say
+# what was found without burying the key path.
+_SHOWN_CHARS = 40
+
+
 def describe(value: Any) -> str:
     """How a found value is shown in an error: YAML spelling for scalars, the kind for collections."""
     if value is None:
@@ -199,8 +217,13 @@ def describe(value: Any) -> str:
         if math.isinf(value):
             return ".inf" if value > 0 else "-.inf"
         return repr(value)
-    if isinstance(value, (int, str)):
-        return repr(value)
+    if isinstance(value, int):
+        digits = len(str(abs(value)))
+        return repr(value) if digits <= _SHOWN_CHARS else f"an integer of {digits} digits"
+    if isinstance(value, str):
+        if len(value) <= _SHOWN_CHARS:
+            return repr(value)
+        return f"a string of {len(value)} characters, {value[:_SHOWN_CHARS]!r}..."
     if isinstance(value, dict):
         return "a mapping"
     if isinstance(value, list):
@@ -248,9 +271,9 @@ def expected_text(node: dict) -> str:
         word = "an integer" if kind == "integer" else "a number"
         lo, hi = node.get("minimum"), node.get("maximum")
         if lo is not None and hi is not None:
-            return f"{word} in [{lo}, {hi}]"
+            return f"{word} in [{_bound(lo)}, {_bound(hi)}]"
         if lo is not None:
-            return f"{word} >= {lo}"
+            return f"{word} >= {_bound(lo)}"
         return word
     if kind == "boolean":
         return "true or false"
@@ -272,6 +295,34 @@ def expected_text(node: dict) -> str:
         required = node.get("required")
         return f"a mapping with {', '.join(required)}" if required else "a mapping"
     raise ValueError(f"schema node without a type: {node}")
+
+
+def _bound(value: int | float) -> str:
+    """A schema bound in words: the int32 and int64 limits as powers of two, other values as written."""
+    for bits in (31, 63):
+        if value == 2**bits - 1:
+            return f"2^{bits} - 1"
+        if value == -(2**bits):
+            return f"-2^{bits}"
+    return str(value)
+
+
+def _range_text(node: dict, value: int | float) -> str:
+    """What a number out of its node's range should have been: the side it crossed."""
+    word = "an integer" if node["type"] == "integer" else "a number"
+    lo, hi = node.get("minimum"), node.get("maximum")
+    if lo is not None and not value >= lo:
+        return f"{word} >= {_bound(lo)}"
+    return f"{word} <= {_bound(hi)}"
+
+
+def _fits_a_float(value: int | float) -> bool:
+    """Whether ``float(value)`` succeeds: Python ints are unbounded, a 64-bit float stops near 1.8e308."""
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
 
 
 def _join(path: str, key: str) -> str:
@@ -318,9 +369,11 @@ def validate(value: Any, node: dict | None = None, path: str = "") -> None:
     if not _type_ok(value, kind):
         raise SchemaViolation(where, expected_text(node), describe(value))
     if kind in ("integer", "number"):
+        if kind == "number" and not _fits_a_float(value):
+            raise SchemaViolation(where, f"{expected_text(node)} that a 64-bit float can hold", describe(value))
         lo, hi = node.get("minimum"), node.get("maximum")
         if (lo is not None and not value >= lo) or (hi is not None and not value <= hi):
-            raise SchemaViolation(where, expected_text(node), describe(value))
+            raise SchemaViolation(where, _range_text(node, value), describe(value))
     elif kind == "string":
         if len(value) < node.get("minLength", 0) or ("pattern" in node and not re.search(node["pattern"], value)):
             raise SchemaViolation(where, expected_text(node), describe(value))
@@ -331,11 +384,17 @@ def validate(value: Any, node: dict | None = None, path: str = "") -> None:
             if "items" in node:
                 validate(item, node["items"], f"{path}[{i}]")
         if node.get("uniqueItems"):
-            seen: list = []
+            # Hashable items (strings, numbers) go in a set: a long list stays linear, not quadratic.
+            hashed: set = set()
+            others: list = []
             for i, item in enumerate(value):
-                if item in seen:
+                bucket = hashed if isinstance(item, Hashable) else others
+                if item in bucket:
                     raise SchemaViolation(f"{path}[{i}]", "no repeated items", f"{describe(item)} again")
-                seen.append(item)
+                if bucket is hashed:
+                    hashed.add(item)
+                else:
+                    others.append(item)
     elif kind == "object":
         props = node.get("properties", {})
         if node.get("additionalProperties") is False:
