@@ -142,7 +142,6 @@ def _plan(cases, errors, only: list[str] | None) -> tuple[list[tuple[object, str
     a check that does not exist (their cases do not run, as pytest does not collect them)."""
     from harness.checks import selected_checks
 
-    _check_names(only)
     bad = [(e.file, str(e)) for e in errors]
     by_file: dict[str, list] = defaultdict(list)
     for case in cases:
@@ -214,6 +213,7 @@ def cmd_run(args) -> int:
     from harness.checks import run_check
     from harness.report import Report, summary_lines
 
+    _check_names(args.check)
     device, provider, spec = _target(args)
     paths = args.paths or [DEFAULT_CASES]
     loaded = load_each(_case_files(paths))

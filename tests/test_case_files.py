@@ -361,3 +361,9 @@ def test_fuzz_finding_that_does_not_load_back_leaves_no_file(tmp_path, monkeypat
     monkeypatch.undo()
     written = write_finding(case, out)
     assert [p.name for p in out.iterdir()] == [written.name] and load_case_file(written) == [case]
+
+
+def test_a_utf8_byte_order_mark_is_allowed(tmp_path):
+    path = tmp_path / "bom.yaml"
+    path.write_bytes(b"\xef\xbb\xbf" + GOOD.encode())
+    assert [c.id for c in load_case_file(path)] == ["good-1"]

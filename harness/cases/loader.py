@@ -10,6 +10,7 @@ the schema and the combination and size rules (harness.cases.limits) then name t
 
 from __future__ import annotations
 
+import codecs
 import math
 import os
 from dataclasses import dataclass
@@ -41,11 +42,12 @@ from harness.cases.limits import check_sizes
 from harness.cases.schema import CaseError, SchemaViolation, describe, validate
 
 
-# A case file is read whole and parsed into Python objects (tens of bytes of memory per byte of YAML, ~3 s per MB on
-# one core), by every pytest worker at collection. The largest generated file is ~60 KB; 1 MiB leaves room for
-# ~2,000 cases in one file and keeps the worst file to seconds, where a stray 50 MB file would cost each worker
-# minutes and gigabytes. A larger corpus is split into several files.
+# A case file is read whole and parsed into Python objects (~30 bytes of memory per byte of YAML, 1-2 s of CPU per
+# MB), by every pytest worker at collection. The largest generated file is ~60 KB; 1 MiB leaves room for ~2,000
+# cases in one file and keeps the worst file to about a second, where a stray 50 MB file would cost each worker over
+# a minute and 1.5 GB. A larger corpus is split into several files.
 MAX_FILE_BYTES = 2**20
+_MAX_INT_CHARS = 4300  # Python's default limit on reading a decimal integer (sys.get_int_max_str_digits)
 
 
 class _ValueProblem(yaml.constructor.ConstructorError):
@@ -75,8 +77,8 @@ def _strict(base: type) -> type:
         return base.construct_mapping(loader, node, deep=deep)
 
     def construct_int(loader, node: yaml.ScalarNode) -> int:
-        # Python refuses to read longer decimal integers (sys.get_int_max_str_digits), and a long base-60 literal
-        # (1:2:3:...) costs quadratic time to build; no key takes an integer anywhere near this long.
+        # Python refuses to read longer decimal integers, and a long base-60 literal (1:2:3:...) costs quadratic
+        # time to build; no key takes an integer anywhere near this long.
         if len(node.value) > _MAX_INT_CHARS:
             raise _ValueProblem(f"an integer of at most {_MAX_INT_CHARS} characters",
                                 f"an integer of {len(node.value)} characters", node.start_mark)
@@ -96,8 +98,6 @@ def _strict(base: type) -> type:
     return loader
 
 
-_MAX_INT_CHARS = 4300
-
 # libyaml's parser, where PyYAML has it, reads every file once: parsing the corpus in pure Python took ~1 s of each
 # pytest worker's start-up (every worker collects every case). The pure-Python parser words syntax errors better
 # (tests/malformed/expected.yaml), so a file libyaml cannot parse is parsed again in Python for the message only.
@@ -116,8 +116,10 @@ def _read_text(path: Path) -> str:
     if len(data) > MAX_FILE_BYTES:
         raise CaseError(path, "(file)", f"a case file of at most {MAX_FILE_BYTES:,} bytes (split the cases into "
                         "several files: every pytest worker reads every file)", f"{max(size, len(data)):,} bytes")
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8):]
     try:
-        return data.decode("utf-8-sig")
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
         line_start = data.rfind(b"\n", 0, e.start) + 1
         line = data.count(b"\n", 0, e.start) + 1
@@ -132,7 +134,7 @@ def _parse_yaml(path: Path, text: str) -> Any:
         raise _yaml_error(path, text, e) from None  # raised by our constructors: same marks, same words in Python
     except yaml.YAMLError as e:
         first: yaml.YAMLError = e
-    except RecursionError:
+    except RecursionError:  # the pure-Python parser (where PyYAML lacks libyaml) recurses once per nesting level
         raise CaseError(path, "(file)", "YAML nested at most a few hundred levels deep",
                         "nesting too deep to read") from None
     try:
@@ -146,7 +148,8 @@ def _parse_yaml(path: Path, text: str) -> Any:
 
 
 def _yaml_error(path: Path, text: str, e: yaml.YAMLError) -> CaseError:
-    if isinstance(e, yaml.reader.ReaderError):
+    # The pure-Python reader gives a character index into ``text`` (libyaml's own reader errors are shown as is).
+    if isinstance(e, yaml.reader.ReaderError) and isinstance(e.character, int) and e.character >= 0:
         line = text.count("\n", 0, e.position) + 1
         column = e.position - (text.rfind("\n", 0, e.position) + 1) + 1
         return CaseError(path, f"line {line}", "valid YAML",
