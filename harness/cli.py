@@ -1,7 +1,10 @@
 """``python -m harness``: run, repro, validate, generate, schema, fuzz, times, warmup and bench (each with ``--help``).
 
-The same ``harness.checks.run_check`` serves this CLI and the pytest plugin. Exit status: 0 when everything passed,
-1 on any failure (including a strict XPASS), 2 when the command could not run (bad case file, unusable provider).
+The same ``harness.checks.run_check`` serves this CLI and the pytest plugin, and the same rule
+(``harness.cases.files``) says which files are cases. Exit status: 0 when everything passed, 1 on any failure
+(including a strict XPASS, an error, and a bad case file among good ones, which still run), 2 when the command could
+not run (no case files, an unusable provider, unknown check names) or nothing ran: no item was selected, or every item
+was skipped or unsupported. Nothing run is never a pass.
 """
 
 from __future__ import annotations
@@ -112,37 +115,52 @@ def _target(args) -> tuple[str, object, str]:
     return device, provider, spec
 
 
-def _load(paths: list[Path]):
-    from harness.cases.loader import load_cases
-    from harness.cases.schema import CaseError
+def _case_files(paths: list[Path]) -> list[Path]:
+    """The case files named or under the folders named; a missing path or a named non-case file is unusable."""
+    from harness.cases.files import case_files, not_case_files
 
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
         raise Unusable(f"no such file or folder: {', '.join(missing)}")
-    try:
-        cases = load_cases(paths)
-    except CaseError as exc:
-        raise Unusable(str(exc)) from None
-    if not cases:
-        raise Unusable(f"no cases found under {', '.join(map(str, paths))} (nothing run is not a pass)")
-    return cases
+    wrong = not_case_files(paths)
+    if wrong:
+        raise Unusable(f"not a case file (a case file ends in .yaml or .yml): {', '.join(map(str, wrong))}")
+    files = case_files(paths)
+    if not files:
+        raise Unusable(f"no case files under {', '.join(map(str, paths))} ({NO_CASE_FILES_HINT})")
+    return files
 
 
-def _plan(cases, only: list[str] | None) -> list[tuple[object, str]]:
-    from harness.checks import check_names, selected_checks
+NO_CASE_FILES_HINT = ("a case file ends in .yaml or .yml; under the repository's tests/ folder only files named "
+                      "one by one count")
 
-    if only:
-        unknown = sorted(set(only) - set(check_names()))
-        if unknown:
-            raise Unusable(f"--check: unknown {unknown}; known: {', '.join(check_names())}")
-    plan = []
+
+def _check_names(only: list[str] | None) -> None:
+    from harness.checks import check_names
+
+    unknown = sorted(set(only or ()) - set(check_names()))
+    if unknown:
+        raise Unusable(f"--check: unknown {unknown}; known: {', '.join(check_names())}")
+
+
+def _plan(cases, errors, only: list[str] | None) -> tuple[list[tuple[object, str]], list[tuple[str, str]]]:
+    """The (case, check) items to run, and the bad files as (file, message): the loader's errors, and files naming
+    a check that does not exist (their cases do not run, as pytest does not collect them)."""
+    from harness.checks import selected_checks
+
+    bad = [(e.file, str(e)) for e in errors]
+    by_file: dict[str, list] = defaultdict(list)
     for case in cases:
+        by_file[str(case.source)].append(case)
+    plan = []
+    for source, file_cases in by_file.items():
         try:
-            names = [n for n, _ in selected_checks(case)]
+            selected = [(case, [n for n, _ in selected_checks(case)]) for case in file_cases]
         except ValueError as exc:
-            raise Unusable(f"{case.source}: {exc}") from None
-        plan += [(case, n) for n in names if not only or n in only]
-    return plan
+            bad.append((source, f"{source}: {exc}"))
+            continue
+        plan += [(case, n) for case, names in selected for n in names if not only or n in only]
+    return plan, bad
 
 
 def _record(result, nodeid: str, start: float):
@@ -155,10 +173,23 @@ def _record(result, nodeid: str, start: float):
     )
 
 
+def _bad_file_record(file: str, message: str):
+    """A bad case file as an error record: what pytest reports for a file it cannot collect."""
+    from harness.report import ItemRecord
+
+    return ItemRecord(nodeid=file, outcome="error", source=file, summary=message, message=message, start=time.time())
+
+
+def _nothing_ran(records) -> bool:
+    """No case item reached a verdict: none ran, or every one was skipped or unsupported."""
+    return not any(r.check and r.outcome not in ("skipped", "unsupported") for r in records)
+
+
 def _table(records) -> list[str]:
     by_check: dict[str, Counter] = defaultdict(Counter)
     for r in records:
-        by_check[r.check][r.outcome] += 1
+        if r.check:  # bad files are listed apart
+            by_check[r.check][r.outcome] += 1
     width = max([len("check")] + [len(c) for c in by_check])
     head = f"{'check':<{width}}  " + " ".join(f"{c:>11}" for c in TABLE_COLUMNS)
     lines = [head, "-" * len(head)]
@@ -184,15 +215,26 @@ def _context_for(case, provider, device, spec, cache: dict):
 
 
 def cmd_run(args) -> int:
+    from harness.cases.loader import load_each
     from harness.checks import run_check
     from harness.report import Report, summary_lines
 
+    _check_names(args.check)
     device, provider, spec = _target(args)
-    cases = _load(args.paths or [DEFAULT_CASES])
-    plan = _plan(cases, args.check)
+    paths = args.paths or [DEFAULT_CASES]
+    loaded = load_each(_case_files(paths))
+    plan, bad = _plan(loaded.cases, loaded.errors, args.check)
+    if not plan and not bad:
+        raise Unusable(f"nothing to run: no check of the {len(loaded.cases)} cases under {', '.join(map(str, paths))}"
+                       f" is selected{' by --check ' + ', '.join(args.check) if args.check else ''}")
     repro_device = None if args.device == "auto" else args.device
-    print(f"ssd-harness run: {len(cases)} cases, {len(plan)} items, device={device}, provider={spec}", flush=True)
+    print(f"ssd-harness run: {len(loaded.cases)} cases, {len(plan)} items, {len(bad)} bad case files, "
+          f"device={device}, provider={spec}", flush=True)
     records, failures, contexts, last_note = [], 0, {}, ""
+    for file, message in bad:
+        records.append(_bad_file_record(file, message))
+        failures += 1
+        print(f"ERROR       {message}", flush=True)
     case_number = {case_id: k for k, case_id in enumerate(dict.fromkeys(c.id for c, _ in plan), 1)}
     ncases = len(case_number)
     for i, (case, check) in enumerate(plan, 1):
@@ -212,20 +254,31 @@ def cmd_run(args) -> int:
             print("    repro: " + result.repro, flush=True)
     print()
     print("\n".join(_table(records)))
+    if bad:
+        print(f"bad case files (not run): {len(bad)}")
+        print("\n".join(f"  {file}" for file, _ in bad))
     print("\n".join(summary_lines(records)))
     if args.json:
         Report(items=records, meta={"device": device, "provider": spec, "command": "run"}).write(args.json)
         print(f"json report: {args.json}")
+    if _nothing_ran(records):
+        print(f"error: nothing ran: {len(plan)} items, none passed or failed"
+              f"{' (every case file is bad)' if not plan else ' (every item was skipped or unsupported)'}",
+              file=sys.stderr)
+        return EXIT_UNUSABLE
     return EXIT_FAILED if failures else EXIT_OK
 
 
 def cmd_repro(args) -> int:
+    from harness.cases.files import not_case_files
     from harness.cases.loader import load_case_file
     from harness.cases.schema import CaseError
     from harness.checks import run_check, selected_checks
 
     if not args.file.is_file():
         raise Unusable(f"no such case file: {args.file}")
+    if not_case_files([args.file]):
+        raise Unusable(f"not a case file (a case file ends in .yaml or .yml): {args.file}")
     try:
         cases = load_case_file(args.file)
     except CaseError as exc:
@@ -234,63 +287,65 @@ def cmd_repro(args) -> int:
         cases = [c for c in cases if c.id == args.case]
         if not cases:
             raise Unusable(f"{args.file}: no case with id {args.case!r}")
+    _check_names(args.check)
+    items = []
+    for case in cases:
+        try:
+            items += [(case, n) for n in (args.check or [n for n, _ in selected_checks(case)])]
+        except ValueError as exc:
+            raise Unusable(f"{args.file}: {exc}") from None
+    if not items:
+        raise Unusable(f"{args.file}: nothing to run: no check applies to "
+                       f"{'case ' + repr(args.case) if args.case else 'its cases'}")
     device, provider, spec = _target(args)
     repro_device = None if args.device == "auto" else args.device
-    failed = 0
+    failed, verdicts = 0, 0
     contexts: dict = {}
-    for case in cases:
-        names = args.check or [n for n, _ in selected_checks(case)]
-        print(case.summary())
-        for check in names:
-            try:
-                result = run_check(case, check, provider, device=device, provider_spec=spec,
-                                   repro_device=repro_device,
-                                   context=_context_for(case, provider, device, spec, contexts))
-            except KeyError as exc:
-                raise Unusable(str(exc.args[0])) from None
-            failed += result.status.is_failure
-            print(f"{result.status.value.upper()}: {case.id}::{check} ({result.duration:.2f}s)")
-            if result.reason:
-                print(f"  reason: {result.reason}")
-            if result.message:
-                print(result.message)
-            for key, value in result.stats.items():
-                print(f"  {key}: {value}")
+    shown = None
+    for case, check in items:
+        if case is not shown:
+            print(case.summary())
+            shown = case
+        result = run_check(case, check, provider, device=device, provider_spec=spec, repro_device=repro_device,
+                           context=_context_for(case, provider, device, spec, contexts))
+        failed += result.status.is_failure
+        verdicts += result.status.value not in ("skipped", "unsupported")
+        print(f"{result.status.value.upper()}: {case.id}::{check} ({result.duration:.2f}s)")
+        if result.reason:
+            print(f"  reason: {result.reason}")
+        if result.message:
+            print(result.message)
+        for key, value in result.stats.items():
+            print(f"  {key}: {value}")
+    if not verdicts:
+        print(f"error: nothing ran: all {len(items)} items were skipped or unsupported", file=sys.stderr)
+        return EXIT_UNUSABLE
     return EXIT_FAILED if failed else EXIT_OK
 
 
 def cmd_validate(args) -> int:
-    from harness.cases.loader import case_files, load_case_file, load_cases
-    from harness.cases.schema import CaseError
+    from harness.cases.files import case_files, not_case_files
+    from harness.cases.loader import load_each
     from harness.checks import selected_checks
 
-    missing = [str(p) for p in args.paths if not p.exists()]
-    errors = [f"no such file or folder: {m}" for m in missing]
+    errors = [f"no such file or folder: {p}" for p in args.paths if not p.exists()]
+    errors += [f"not a case file (a case file ends in .yaml or .yml): {p}" for p in not_case_files(args.paths)]
     files = case_files([p for p in args.paths if p.exists()])
-    count = 0
-    for f in files:
+    if not files and not errors:
+        raise Unusable(f"no case files under {', '.join(map(str, args.paths))} ({NO_CASE_FILES_HINT})")
+    loaded = load_each(files)  # each file parsed once; every bad file reported
+    errors += [str(e) for e in loaded.errors]
+    for case in loaded.cases:
         try:
-            cases = load_case_file(f)
-        except CaseError as exc:
-            errors.append(str(exc))
-            continue
-        count += len(cases)
-        for case in cases:
-            try:
-                selected_checks(case)
-            except ValueError as exc:
-                errors.append(f"{f}: {exc}")
-    if not errors:
-        try:
-            load_cases(files)  # ids unique across files
-        except CaseError as exc:
-            errors.append(str(exc))
+            selected_checks(case)
+        except ValueError as exc:
+            errors.append(f"{case.source}: {exc}")
     for e in errors:
         print(e)
     if errors:
         print(f"{len(errors)} error(s) in {len(files)} file(s)")
         return EXIT_FAILED
-    print(f"ok: {count} cases in {len(files)} files")
+    print(f"ok: {len(loaded.cases)} cases in {len(files)} files")
     return EXIT_OK
 
 
@@ -312,17 +367,22 @@ def cmd_schema(args) -> int:
 
 
 def cmd_fuzz(args) -> int:
-    from harness.fuzz import fuzz
+    from harness.fuzz import NoFailure, NothingTried, fuzz
 
     if args.budget < 1:
         raise Unusable(f"--budget: expected an integer >= 1, found {args.budget}")
+    _check_names(args.check)
     device, provider, spec = _target(args)
     start = time.perf_counter()
-    found = fuzz(provider, budget=args.budget, out_dir=args.out, device=device, provider_spec=spec,
-                 checks=args.check, seed=args.seed)
+    try:
+        found = fuzz(provider, budget=args.budget, out_dir=args.out, device=device, provider_spec=spec,
+                     checks=args.check, seed=args.seed)
+    except NothingTried as exc:
+        raise Unusable(f"fuzz: nothing ran: {exc}") from None
     took = time.perf_counter() - start
-    if found is None:
-        print(f"fuzz: no failure in {args.budget} examples ({took:.1f}s), provider={spec}, device={device}")
+    if isinstance(found, NoFailure):
+        print(f"fuzz: no failure in {found.examples} examples, {found.items} items ({took:.1f}s), "
+              f"provider={spec}, device={device}")
         return EXIT_OK
     print(f"fuzz: {found.check} failed; shrunk case written to {found.path} ({took:.1f}s)")
     print(found.summary)
@@ -352,6 +412,8 @@ def cmd_times(args) -> int:
     else:
         raise Unusable(f"{args.report}: no such report")
     records = report.items
+    if not records:
+        raise Unusable(f"{args.report}: no items (the run it reports ran nothing)")
     for by in args.by or ["check", "family"]:
         print("\n".join(timing_lines(records, by=by, top=args.top)))
     timed = [r for r in records if r.start is not None]

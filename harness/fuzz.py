@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import random
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -123,6 +125,19 @@ class Finding:
     repro: str
 
 
+@dataclass
+class NoFailure:
+    """The search ended without a failure, after this many drawn cases and checks that reached a verdict."""
+
+    examples: int
+    items: int
+
+
+class NothingTried(Exception):
+    """No drawn case ran a check to a verdict (every check was filtered out, skipped or unsupported): no failure
+    found means nothing here."""
+
+
 class _Search:
     """The predicate Hypothesis minimises: "some check fails", narrowed to the first failing check once seen."""
 
@@ -130,16 +145,20 @@ class _Search:
         self.provider, self.device, self.spec, self.only = provider, device, provider_spec, checks
         self.target: str | None = None
         self.last_summary = ""
+        self.examples = 0
+        self.items = 0  # checks run to a verdict (not skipped or unsupported)
 
     def fails(self, case: Case) -> bool:
-        from harness.checks import CheckContext, run_check, selected_checks
+        from harness.checks import CheckContext, Status, run_check, selected_checks
 
+        self.examples += 1
         names = [n for n, _ in selected_checks(case) if not self.only or n in self.only]
         if self.target is not None:
             names = [n for n in names if n == self.target]
         ctx = CheckContext(case, self.provider, self.device, self.spec)
         for name in names:
             result = run_check(case, name, self.provider, device=self.device, provider_spec=self.spec, context=ctx)
+            self.items += result.status not in (Status.SKIPPED, Status.UNSUPPORTED)
             if result.status.is_failure:
                 self.target = name
                 self.last_summary = result.summary
@@ -158,21 +177,32 @@ def _named(case: Case, check: str, provider_spec: str, device: str, summary: str
 
 
 def write_finding(case: Case, out_dir: Path) -> Path:
-    """Write ``case`` as ``<out_dir>/<id>.yaml`` and check it loads back to the same case."""
+    """Write ``case`` as ``<out_dir>/<id>.yaml`` once it loads back to the same case.
+
+    It is written under a name unique to this call first (a case file other runs and collectors skip: not .yaml),
+    checked, then renamed into place; nothing is left behind when the check fails."""
     from harness.cases.loader import dump_case, load_case_file
 
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{case.id}.yaml"
-    path.write_text(dump_case(case))
-    loaded = load_case_file(path)
-    if loaded != [case]:
-        raise RuntimeError(f"{path}: the written case does not load back to the case that failed")
+    fd, name = tempfile.mkstemp(prefix=f".{case.id}.", suffix=".yaml.tmp", dir=out_dir)
+    tmp = Path(name)
+    try:
+        os.fchmod(fd, 0o644)  # mkstemp's 0600 would make the case file private to this user
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(dump_case(case))
+        if load_case_file(tmp) != [case]:  # equality ignores where a case was loaded from
+            raise RuntimeError(f"{path}: the written case does not load back to the case that failed")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 
 def fuzz(provider, *, budget: int, out_dir: Path, device: str, provider_spec: str,
-         checks: list[str] | None = None, seed: int = 0) -> Finding | None:
-    """Try ``budget`` cases; on a failure shrink it, write it to ``out_dir`` and return the finding."""
+         checks: list[str] | None = None, seed: int = 0) -> Finding | NoFailure:
+    """Try ``budget`` cases; on a failure shrink it, write it to ``out_dir`` and return the finding. Raises
+    ``NothingTried`` when no check reached a verdict."""
     from harness.checks import repro_line
 
     search = _Search(provider, device, provider_spec, checks)
@@ -181,7 +211,11 @@ def fuzz(provider, *, budget: int, out_dir: Path, device: str, provider_spec: st
     try:
         minimal = find(cases(), search.fails, settings=config, random=random.Random(seed))
     except NoSuchExample:
-        return None
+        if not search.items:
+            only = f" (--check {', '.join(checks)})" if checks else ""
+            raise NothingTried(f"no check{only} passed or failed on any of {search.examples} drawn cases: each was "
+                               "filtered out, skipped or unsupported") from None
+        return NoFailure(examples=search.examples, items=search.items)
     check = search.target
     search.fails(minimal)  # the summary of the minimal case itself (Hypothesis tried others after it)
     named = _named(minimal, check, provider_spec, device, search.last_summary)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -69,11 +70,18 @@ class Report:
         }
 
     def write(self, path: str | os.PathLike) -> Path:
+        """Write through a file unique to this call next to ``path``, renamed into place (readers never see half a
+        report, and two runs writing the same report never share the temporary file); removed on any failure."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n")
-        tmp.replace(path)  # readers never see half a report
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            os.fchmod(fd, 0o644)  # mkstemp's 0600 would make the report private to this user
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n")
+            os.replace(name, path)
+        finally:
+            Path(name).unlink(missing_ok=True)
         return path
 
     @classmethod

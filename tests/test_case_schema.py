@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from harness.cases import CaseError, dump_case, load_case_file, load_cases
-from harness.cases.loader import _FastStrictLoader, _StrictLoader, case_files
+from harness.cases.files import case_files
+from harness.cases.loader import _FastStrictLoader, _StrictLoader
 from harness.cases.model import Expect, InputKnobs, Tiers, count_chunks
 from harness.cases.schema import SCHEMA, SCHEMA_FILE, schema_json
 

@@ -114,7 +114,7 @@ def test_validate_reports_file_key_path_expected_found(tmp_path, tiny_file):
 
 def test_unusable_inputs_exit_2_with_the_reason(tmp_path):
     empty = harness("run", str(tmp_path), "--device", DEVICE)
-    assert empty.returncode == 2 and "no cases found" in empty.stderr
+    assert empty.returncode == 2 and "no case files under" in empty.stderr
     bad_provider = harness("run", str(tmp_path), "--device", DEVICE, "--provider", "no_such_module:provider")
     assert bad_provider.returncode == 2 and "cannot import 'no_such_module'" in bad_provider.stderr
 

@@ -2,11 +2,18 @@
 
 Every rejection is a ``CaseError`` naming the file, the key path, what was expected and what was found, raised when
 the file is collected (docs/cases.md). ``dump_case`` writes YAML that loads back to an equal ``Case``.
+
+Each file is read once (at most MAX_FILE_BYTES of UTF-8) and parsed once; what YAML itself cannot express wrongly
+(a key that is a list, a number too long to read or overflowing a float) is refused while parsing, with its line;
+the schema and the combination and size rules (harness.cases.limits) then name the key.
 """
 
 from __future__ import annotations
 
+import codecs
 import math
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -30,15 +37,37 @@ from harness.cases.model import (
     default_cpu_tier,
     default_family,
 )
+from harness.cases.files import case_files
+from harness.cases.limits import check_sizes
 from harness.cases.schema import CaseError, SchemaViolation, describe, validate
 
 
-def _refuse_repeated_keys(base: type) -> type:
-    """A loader on ``base`` that refuses repeated mapping keys (PyYAML silently keeps the last one)."""
+# A case file is read whole and parsed into Python objects (~30 bytes of memory per byte of YAML, 1-2 s of CPU per
+# MB), by every pytest worker at collection. The largest generated file is ~60 KB; 1 MiB leaves room for ~2,000
+# cases in one file and keeps the worst file to about a second, where a stray 50 MB file would cost each worker over
+# a minute and 1.5 GB. A larger corpus is split into several files.
+MAX_FILE_BYTES = 2**20
+_MAX_INT_CHARS = 4300  # Python's default limit on reading a decimal integer (sys.get_int_max_str_digits)
+
+
+class _ValueProblem(yaml.constructor.ConstructorError):
+    """A scalar or key YAML reads but no case can hold, with what was expected and found (not YAML's wording)."""
+
+    def __init__(self, expected: str, found: str, mark):
+        super().__init__(None, None, f"expected {expected}, found {found}", mark)
+        self.expected, self.found = expected, found
+
+
+def _strict(base: type) -> type:
+    """A loader on ``base`` that refuses repeated mapping keys (PyYAML silently keeps the last one), keys that are
+    lists or mappings, integers too long for Python to read, and floats that overflow to infinity."""
 
     def construct_mapping(loader, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                kind = "a list" if isinstance(key_node, yaml.SequenceNode) else "a mapping"
+                raise _ValueProblem("a key that is a name or a number", f"{kind} as a key", key_node.start_mark)
             key = loader.construct_object(key_node, deep=True)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
@@ -47,36 +76,92 @@ def _refuse_repeated_keys(base: type) -> type:
             seen[key] = key_node.start_mark.line
         return base.construct_mapping(loader, node, deep=deep)
 
+    def construct_int(loader, node: yaml.ScalarNode) -> int:
+        # Python refuses to read longer decimal integers, and a long base-60 literal (1:2:3:...) costs quadratic
+        # time to build; no key takes an integer anywhere near this long.
+        if len(node.value) > _MAX_INT_CHARS:
+            raise _ValueProblem(f"an integer of at most {_MAX_INT_CHARS} characters",
+                                f"an integer of {len(node.value)} characters", node.start_mark)
+        return yaml.constructor.SafeConstructor.construct_yaml_int(loader, node)
+
+    def construct_float(loader, node: yaml.ScalarNode) -> float:
+        value = yaml.constructor.SafeConstructor.construct_yaml_float(loader, node)
+        if math.isinf(value) and "inf" not in node.value.lower():
+            raise _ValueProblem("a number a 64-bit float can hold (.inf for infinity)",
+                                f"{describe(node.value)}, which overflows to infinity", node.start_mark)
+        return value
+
     loader = type(f"Strict{base.__name__}", (base,), {})
     loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+    loader.add_constructor("tag:yaml.org,2002:int", construct_int)
+    loader.add_constructor("tag:yaml.org,2002:float", construct_float)
     return loader
 
 
-# The pure-Python loader words every error the case files report (tests/malformed/expected.yaml); libyaml's parser,
-# where PyYAML has it, loads good files faster, and every pytest worker parses every case file when it collects
-# (docs/gpu-runs.md, run 16). A file libyaml rejects is parsed again in Python for the message.
-_StrictLoader = _refuse_repeated_keys(yaml.SafeLoader)
-_FastStrictLoader = _refuse_repeated_keys(getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+# libyaml's parser, where PyYAML has it, reads every file once: parsing the corpus in pure Python took ~1 s of each
+# pytest worker's start-up (every worker collects every case). The pure-Python parser words syntax errors better
+# (tests/malformed/expected.yaml), so a file libyaml cannot parse is parsed again in Python for the message only.
+_StrictLoader = _strict(yaml.SafeLoader)
+_FastStrictLoader = _strict(getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
-def _parse_yaml(path: Path) -> Any:
+def _read_text(path: Path) -> str:
+    """The file's text: at most MAX_FILE_BYTES of UTF-8 (a byte-order mark allowed)."""
     try:
-        text = path.read_text()
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_FILE_BYTES + 1)
+            size = os.fstat(fh.fileno()).st_size
     except OSError as e:
-        raise CaseError(path, "(file)", "a readable file", f"{type(e).__name__}: {e.strerror or e}") from e
+        raise CaseError(path, "(file)", "a readable file", f"{type(e).__name__}: {e.strerror or e}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise CaseError(path, "(file)", f"a case file of at most {MAX_FILE_BYTES:,} bytes (split the cases into "
+                        "several files: every pytest worker reads every file)", f"{max(size, len(data)):,} bytes")
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8):]
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line_start = data.rfind(b"\n", 0, e.start) + 1
+        line = data.count(b"\n", 0, e.start) + 1
+        raise CaseError(path, f"line {line}", "UTF-8 text",
+                        f"byte 0x{data[e.start]:02x}, not UTF-8 (column {e.start - line_start + 1})") from None
+
+
+def _parse_yaml(path: Path, text: str) -> Any:
     try:
         return yaml.load(text, Loader=_FastStrictLoader)  # noqa: S506 - a safe loader subclass
-    except yaml.YAMLError:
-        pass
+    except yaml.constructor.ConstructorError as e:
+        raise _yaml_error(path, text, e) from None  # raised by our constructors: same marks, same words in Python
+    except yaml.YAMLError as e:
+        first: yaml.YAMLError = e
+    except RecursionError:  # the pure-Python parser (where PyYAML lacks libyaml) recurses once per nesting level
+        raise CaseError(path, "(file)", "YAML nested at most a few hundred levels deep",
+                        "nesting too deep to read") from None
     try:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.MarkedYAMLError as e:
+        yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        raise _yaml_error(path, text, e) from None
+    except RecursionError:
+        pass  # nesting libyaml refuses is past Python's recursion limit here: libyaml's words
+    # Also when the Python parser accepts what libyaml refused: a file loads the same everywhere or not at all.
+    raise _yaml_error(path, text, first) from None
+
+
+def _yaml_error(path: Path, text: str, e: yaml.YAMLError) -> CaseError:
+    # The pure-Python reader gives a character index into ``text`` (libyaml's own reader errors are shown as is).
+    if isinstance(e, yaml.reader.ReaderError) and isinstance(e.character, int) and e.character >= 0:
+        line = text.count("\n", 0, e.position) + 1
+        column = e.position - (text.rfind("\n", 0, e.position) + 1) + 1
+        return CaseError(path, f"line {line}", "valid YAML",
+                         f"character U+{e.character:04X}, {e.reason} (column {column})")
+    if isinstance(e, yaml.MarkedYAMLError):
         mark = e.problem_mark or e.context_mark
         where = f"line {mark.line + 1}" if mark is not None else "(file)"
         column = f" (column {mark.column + 1})" if mark is not None else ""
-        raise CaseError(path, where, "valid YAML", f"{e.problem or e}{column}") from e
-    except yaml.YAMLError as e:
-        raise CaseError(path, "(file)", "valid YAML", str(e)) from e
+        if isinstance(e, _ValueProblem):
+            return CaseError(path, where, e.expected, f"{e.found}{column}")
+        return CaseError(path, where, "valid YAML", f"{e.problem or e}{column}")
+    return CaseError(path, "(file)", "valid YAML", str(e))
 
 
 def _float_or_nan_str(value: Any) -> str | float:
@@ -219,6 +304,9 @@ def check_combinations(case: Case, data: dict) -> None:
             raise SchemaViolation("call.path", f"auto or snapshot (indexed is ineligible: {eligible.reason})", "'indexed'")
 
     knobs = case.inputs
+    for name, value in vars(knobs).items():
+        if not math.isfinite(value):
+            raise SchemaViolation(f"inputs.{name}", "a finite number (inputs are drawn from it)", describe(value))
     if knobs.A_max < knobs.A_min:
         raise SchemaViolation("inputs.A_max", f"a number >= A_min ({knobs.A_min})", describe(knobs.A_max))
     if knobs.A_min <= 0:
@@ -269,7 +357,7 @@ def load_case_file(path: str | Path) -> list[Case]:
 
 def _load_file(path: Path) -> tuple[list[Case], bool]:
     """The file's cases and whether they were listed under ``cases:`` (for key paths in errors)."""
-    data = _parse_yaml(path)
+    data = _parse_yaml(path, _read_text(path))
     if not isinstance(data, dict):
         raise CaseError(path, "(top level)", "a mapping", describe(data))
     # The schema id comes first: a file of another schema should not be judged by this one's keys.
@@ -288,6 +376,7 @@ def _load_file(path: Path) -> tuple[list[Case], bool]:
         case = _case_from_dict(item, path, i)
         try:
             check_combinations(case, item)
+            check_sizes(case)
         except SchemaViolation as v:
             raise _case_error(path, prefix, v) from None
         if case.id in first_index:
@@ -304,33 +393,45 @@ def _join(prefix: str, key: str) -> str:
     return f"{prefix}.{key}" if prefix else key
 
 
-def case_files(paths: Iterable[str | Path]) -> list[Path]:
-    """Files named, plus ``*.yaml`` under directories (recursive), in sorted order."""
-    files: list[Path] = []
-    for p in paths:
-        p = Path(p)
-        if p.is_dir():
-            files.extend(sorted(q for q in p.rglob("*.yaml") if q.is_file()))
-        else:
-            files.append(p)
-    return files
+@dataclass
+class LoadedFiles:
+    """The cases of every good file, and one error per bad file."""
+
+    cases: list[Case]
+    errors: list[CaseError]
+
+
+def load_each(files: Iterable[str | Path]) -> LoadedFiles:
+    """Load each file once; a bad file becomes its error and the others still load. An id already used by an earlier
+    file makes the later file bad (as pytest collects it: the first file's cases keep their id)."""
+    cases: list[Case] = []
+    errors: list[CaseError] = []
+    seen: dict[str, Case] = {}
+    for f in map(Path, files):
+        try:
+            file_cases, listed = _load_file(f)
+            for case in file_cases:
+                if case.id in seen:
+                    key = f"cases[{case.index_in_file}].id" if listed else "id"
+                    raise CaseError(
+                        f, key, "an id unique across the corpus",
+                        f"{case.id!r}, already used in {seen[case.id].source}",
+                    )
+        except CaseError as exc:
+            errors.append(exc)
+            continue
+        seen.update((case.id, case) for case in file_cases)
+        cases.extend(file_cases)
+    return LoadedFiles(cases, errors)
 
 
 def load_cases(paths: Iterable[str | Path]) -> list[Case]:
-    """Cases from files and directories; ids must be unique across all of them."""
-    cases: list[Case] = []
-    seen: dict[str, Case] = {}
-    for f in case_files(paths):
-        file_cases, listed = _load_file(f)
-        for case in file_cases:
-            if case.id in seen:
-                key = f"cases[{case.index_in_file}].id" if listed else "id"
-                raise CaseError(
-                    f, key, "an id unique across the corpus", f"{case.id!r}, already used in {seen[case.id].source}"
-                )
-            seen[case.id] = case
-            cases.append(case)
-    return cases
+    """Cases from files and directories (``harness.cases.files``); ids must be unique across all of them. Raises the
+    first bad file's ``CaseError``."""
+    loaded = load_each(case_files(paths))
+    if loaded.errors:
+        raise loaded.errors[0]
+    return loaded.cases
 
 
 def case_to_dict(case: Case, with_schema: bool = True) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,18 @@ def _obj(properties: dict, required: tuple[str, ...] = (), *, doc: str) -> dict:
     return node
 
 
+# Every count, length, offset and index of a case is at most INT32_MAX: the call passes token offsets, chunk offsets
+# and slot ids in int32 tensors (Mamba2's metadata, and the default index dtype), so no larger value can be a valid
+# call. Bounding each integer here also turns a 400-digit number into an error naming its key. Whether the tensors a
+# case implies fit a device is checked from their products (harness.cases.limits).
+INT32_MAX = 2**31 - 1
+INT32_MIN = -(2**31)
+
+
+def _count(minimum: int, *, doc: str) -> dict:
+    return _int(minimum, INT32_MAX, doc=doc)
+
+
 _NUMBER = {"type": "number"}  # an array item or anyOf branch: not a property, so no description of its own
 
 
@@ -108,11 +121,11 @@ CASE_PROPERTIES: dict[str, Any] = {
                                    "name, then copied to the device."),
     "shape": _obj(
         {
-            "nheads": _int(1, doc="H: SSM heads."),
-            "headdim": _int(1, doc="P: channels per head."),
-            "dstate": _int(1, doc="N: state size per channel."),
-            "ngroups": _int(1, doc="G: B/C groups; must divide nheads (head h uses group h // (nheads // ngroups))."),
-            "chunk_size": _int(16, doc="Q: tokens per chunk; a power of two >= 16."),
+            "nheads": _count(1, doc="H: SSM heads."),
+            "headdim": _count(1, doc="P: channels per head."),
+            "dstate": _count(1, doc="N: state size per channel."),
+            "ngroups": _count(1, doc="G: B/C groups; must divide nheads (head h uses group h // (nheads // ngroups))."),
+            "chunk_size": _count(16, doc="Q: tokens per chunk; a power of two >= 16."),
         },
         ("nheads", "headdim", "dstate", "ngroups", "chunk_size"),
         doc="Model dimensions of the call.",
@@ -145,12 +158,12 @@ CASE_PROPERTIES: dict[str, Any] = {
         "description": "The batch, in order: one entry per sequence.",
         "items": _obj(
             {
-                "context": _int(0, doc="Tokens already processed (in the cache); sets the chunk alignment."),
-                "tokens": _int(1, doc="New tokens of this call."),
-                "init_slot": _int(doc="Cache slot the initial state is read from; in [0, cache.slots) even when "
+                "context": _count(0, doc="Tokens already processed (in the cache); sets the chunk alignment."),
+                "tokens": _count(1, doc="New tokens of this call."),
+                "init_slot": _int(INT32_MIN, INT32_MAX, doc="Cache slot the initial state is read from; in [0, cache.slots) even when "
                                       "has_state is false (the slot then holds NaN)."),
                 "has_state": _bool("false: the initial state is masked (must act as zeros) and its slot holds NaN."),
-                "final_slot": _int(doc="Slot the final state is written to; required with call.final_state direct "
+                "final_slot": _int(INT32_MIN, INT32_MAX, doc="Slot the final state is written to; required with call.final_state direct "
                                        "and forbidden otherwise; negative: padded sequence, nothing is written."),
             },
             ("context", "tokens", "init_slot", "has_state"),
@@ -159,9 +172,9 @@ CASE_PROPERTIES: dict[str, Any] = {
     },
     "cache": _obj(
         {
-            "slots": _int(1, doc="Slots of the paged state cache (slots, H, P, N)."),
-            "row_pad": _int(0, doc="Extra elements after each slot row: stride(0) = H*P*N + row_pad. Default: 0."),
-            "offset": _int(0, doc="Storage offset (elements) of slot 0 in the backing storage. Default: 0."),
+            "slots": _count(1, doc="Slots of the paged state cache (slots, H, P, N)."),
+            "row_pad": _count(0, doc="Extra elements after each slot row: stride(0) = H*P*N + row_pad. Default: 0."),
+            "offset": _count(0, doc="Storage offset (elements) of slot 0 in the backing storage. Default: 0."),
             "fill": {
                 "anyOf": [{"const": "nan"}, _NUMBER],
                 "description": "Value of every storage element outside the slot rows (gaps, bytes before the "
@@ -176,11 +189,11 @@ CASE_PROPERTIES: dict[str, Any] = {
             "layout": _enum(INDEX_LAYOUTS, doc="contiguous: (batch,) tensors; block_table: columns of a "
                                                "(rows_before + batch, columns) table (strided, possibly unaligned)."),
             "dtype": _enum(INDEX_DTYPES, doc="dtype of the slot index tensors. Default: int32."),
-            "columns": _int(1, doc="block_table only (required): columns of the table, i.e. the index stride."),
-            "init_column": _int(0, doc="block_table only (required): column holding the initial slots."),
-            "final_column": _int(0, doc="block_table only: column holding the final slots; required with "
+            "columns": _count(1, doc="block_table only (required): columns of the table, i.e. the index stride."),
+            "init_column": _count(0, doc="block_table only (required): column holding the initial slots."),
+            "final_column": _count(0, doc="block_table only: column holding the final slots; required with "
                                         "call.final_state direct, forbidden otherwise."),
-            "rows_before": _int(0, doc="block_table only: table rows before the batch's rows (shifts the column "
+            "rows_before": _count(0, doc="block_table only: table rows before the batch's rows (shifts the column "
                                        "view's address). Default: 0."),
         },
         ("layout",),
@@ -279,6 +292,11 @@ def schema_json() -> str:
     return json.dumps(SCHEMA, indent=2, sort_keys=True) + "\n"
 
 
+# Longer found values are shortened in messages (a 400-digit number, a pasted blob): the start and the length say
+# what was found without burying the key path.
+_SHOWN_CHARS = 40
+
+
 def describe(value: Any) -> str:
     """How a found value is shown in an error: YAML spelling for scalars, the kind for collections."""
     if value is None:
@@ -291,8 +309,13 @@ def describe(value: Any) -> str:
         if math.isinf(value):
             return ".inf" if value > 0 else "-.inf"
         return repr(value)
-    if isinstance(value, (int, str)):
-        return repr(value)
+    if isinstance(value, int):
+        digits = len(str(abs(value)))
+        return repr(value) if digits <= _SHOWN_CHARS else f"an integer of {digits} digits"
+    if isinstance(value, str):
+        if len(value) <= _SHOWN_CHARS:
+            return repr(value)
+        return f"a string of {len(value)} characters, {value[:_SHOWN_CHARS]!r}..."
     if isinstance(value, dict):
         return "a mapping"
     if isinstance(value, list):
@@ -340,9 +363,9 @@ def expected_text(node: dict) -> str:
         word = "an integer" if kind == "integer" else "a number"
         lo, hi = node.get("minimum"), node.get("maximum")
         if lo is not None and hi is not None:
-            return f"{word} in [{lo}, {hi}]"
+            return f"{word} in [{_bound(lo)}, {_bound(hi)}]"
         if lo is not None:
-            return f"{word} >= {lo}"
+            return f"{word} >= {_bound(lo)}"
         return word
     if kind == "boolean":
         return "true or false"
@@ -364,6 +387,34 @@ def expected_text(node: dict) -> str:
         required = node.get("required")
         return f"a mapping with {', '.join(required)}" if required else "a mapping"
     raise ValueError(f"schema node without a type: {node}")
+
+
+def _bound(value: int | float) -> str:
+    """A schema bound in words: the int32 and int64 limits as powers of two, other values as written."""
+    for bits in (31, 63):
+        if value == 2**bits - 1:
+            return f"2^{bits} - 1"
+        if value == -(2**bits):
+            return f"-2^{bits}"
+    return str(value)
+
+
+def _range_text(node: dict, value: int | float) -> str:
+    """What a number out of its node's range should have been: the side it crossed."""
+    word = "an integer" if node["type"] == "integer" else "a number"
+    lo, hi = node.get("minimum"), node.get("maximum")
+    if lo is not None and not value >= lo:
+        return f"{word} >= {_bound(lo)}"
+    return f"{word} <= {_bound(hi)}"
+
+
+def _fits_a_float(value: int | float) -> bool:
+    """Whether ``float(value)`` succeeds: Python ints are unbounded, a 64-bit float stops near 1.8e308."""
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
 
 
 def _join(path: str, key: str) -> str:
@@ -410,9 +461,11 @@ def validate(value: Any, node: dict | None = None, path: str = "") -> None:
     if not _type_ok(value, kind):
         raise SchemaViolation(where, expected_text(node), describe(value))
     if kind in ("integer", "number"):
+        if kind == "number" and not _fits_a_float(value):
+            raise SchemaViolation(where, f"{expected_text(node)} that a 64-bit float can hold", describe(value))
         lo, hi = node.get("minimum"), node.get("maximum")
         if (lo is not None and not value >= lo) or (hi is not None and not value <= hi):
-            raise SchemaViolation(where, expected_text(node), describe(value))
+            raise SchemaViolation(where, _range_text(node, value), describe(value))
     elif kind == "string":
         if len(value) < node.get("minLength", 0) or ("pattern" in node and not re.search(node["pattern"], value)):
             raise SchemaViolation(where, expected_text(node), describe(value))
@@ -423,11 +476,17 @@ def validate(value: Any, node: dict | None = None, path: str = "") -> None:
             if "items" in node:
                 validate(item, node["items"], f"{path}[{i}]")
         if node.get("uniqueItems"):
-            seen: list = []
+            # Hashable items (strings, numbers) go in a set: a long list stays linear, not quadratic.
+            hashed: set = set()
+            others: list = []
             for i, item in enumerate(value):
-                if item in seen:
+                bucket = hashed if isinstance(item, Hashable) else others
+                if item in bucket:
                     raise SchemaViolation(f"{path}[{i}]", "no repeated items", f"{describe(item)} again")
-                seen.append(item)
+                if bucket is hashed:
+                    hashed.add(item)
+                else:
+                    others.append(item)
     elif kind == "object":
         props = node.get("properties", {})
         if node.get("additionalProperties") is False:
