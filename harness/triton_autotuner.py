@@ -8,7 +8,8 @@ of their own get a deterministic stand-in (``use_interpreter_benchmarker``). Bot
 
 - ``Autotuner.run(self, *args, **kwargs)``: every launch of an autotuned kernel goes through it (``kernel[grid](...)``
   through ``KernelInterface.__getitem__``, ``triton.heuristics`` wrappers through ``self.fn.run``), so wrapping it on
-  the class sees every autotuner a call launches, whoever wrote the kernel.
+  the class sees every autotuner a call launches, whoever wrote the kernel (a subclass that overrides ``run``
+  without calling it would go unseen).
 - ``Autotuner.cache``: dict tuning key -> chosen ``Config``; a key found there is not tuned again.
 - ``Autotuner.cache_results``: the instance's switch for the disk cache of tuning results, fixed when the autotuner
   is created (from its ``cache_results=`` argument or ``knobs.autotuning.cache``, the process-wide switch, which is
