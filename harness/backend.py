@@ -96,7 +96,9 @@ def create_cuda_context_in_background(library: str = "libcuda.so.1", driver=None
 
 
 def configure(requested: str = "auto") -> str:
-    """Resolve the device and set ``TRITON_INTERPRET`` to match, before any kernel module is imported."""
+    """Resolve the device and set ``TRITON_INTERPRET`` to match, before any kernel module is imported. Under the
+    interpreter, autotuners without a benchmarker of their own get a deterministic stand-in
+    (``harness.triton_autotuner.use_interpreter_benchmarker``)."""
     device = resolve_device(requested)
     want = "1" if device == "cpu" else "0"
     # kernels.backend is the module that reads the variable (once, when imported, before any kernel is defined);
@@ -109,6 +111,12 @@ def configure(requested: str = "auto") -> str:
     os.environ["TRITON_INTERPRET"] = want
     if device == "cuda":
         share_autotuning_results()
+    else:
+        # Triton's default autotuning benchmarker needs a GPU driver: without a stand-in, any provider's autotuned
+        # kernel that brings no benchmarker of its own fails at its first launch under the interpreter.
+        from harness.triton_autotuner import use_interpreter_benchmarker
+
+        use_interpreter_benchmarker()
     return device
 
 

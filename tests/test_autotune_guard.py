@@ -17,6 +17,7 @@ import triton.language as tl  # noqa: E402
 from harness.guards.autotune import (  # noqa: E402
     DestructiveAutotuning,
     FakeBench,
+    NothingTuned,
     StorageSnapshot,
     check_autotune_safe,
     fresh_autotune_state,
@@ -78,13 +79,13 @@ INTERPRETED = DEVICE != "cuda"
 def test_inplace_increment_is_flagged_and_names_kernel_and_config():
     x = torch.zeros(10, device=DEVICE)
     with pytest.raises(DestructiveAutotuning) as err:
-        check_autotune_safe(increment, [_inplace_increment], args=(x,))
+        check_autotune_safe(increment, args=(x,))
     text, report = str(err.value), err.value.report
     (choices,) = report.chosen.values()
     chosen = choices[0].split(": ", 1)[1]  # "BLOCK: 4, num_warps: ..." (the GPU benchmarker picks either config)
     assert "_inplace_increment" in text and chosen in text, text
     assert chosen.startswith(("BLOCK: 4,", "BLOCK: 8,")), chosen
-    assert "storage of tensor0" in text, text
+    assert "storage of arg0" in text, text
     assert report.configs_benchmarked == len(TWO_CONFIGS), report
     assert f"{report.trials} trial launches" in text, text
     # every trial launch adds one, then the chosen config once: the count is exact on both backends
@@ -99,7 +100,7 @@ def test_fake_bench_repeats_trials_like_the_gpu_benchmarker():
     x = torch.zeros(6, device=DEVICE)
     bench = FakeBench(reps=5)
     with pytest.raises(DestructiveAutotuning, match=r"10 trial launches"):
-        check_autotune_safe(increment, [_inplace_increment], args=(x,), do_bench=bench)
+        check_autotune_safe(increment, args=(x,), do_bench=bench)
     assert torch.equal(x, torch.full_like(x, 11.0)), x
 
 
@@ -113,7 +114,7 @@ def test_trials_are_counted_through_any_benchmarker():
 
     x = torch.zeros(5, device=DEVICE)
     with pytest.raises(DestructiveAutotuning, match=r"6 trial launches over 2 config benchmarks") as err:
-        check_autotune_safe(increment, [_inplace_increment], args=(x,), do_bench=plain_bench)
+        check_autotune_safe(increment, args=(x,), do_bench=plain_bench)
     assert err.value.report.trials == 6
     assert torch.equal(x, torch.full_like(x, 7.0)), x
 
@@ -121,7 +122,7 @@ def test_trials_are_counted_through_any_benchmarker():
 def test_read_only_kernel_passes_and_reports_choice():
     x = torch.arange(12, dtype=torch.float32, device=DEVICE)
     y = torch.full_like(x, float("nan"))
-    report = check_autotune_safe(scaled_copy, [_scaled_copy], args=(x, y))
+    report = check_autotune_safe(scaled_copy, args=(x, y))
     assert torch.equal(y, 2 * x)
     assert report.configs_benchmarked == len(TWO_CONFIGS) and report.storages == 2, report
     (choices,) = report.chosen.values()
@@ -135,10 +136,10 @@ def test_read_only_kernel_passes_and_reports_choice():
 def test_aliased_slots_are_flagged_distinct_slots_pass():
     cache = torch.arange(24, dtype=torch.float32, device=DEVICE).reshape(3, 8)
     distinct = (torch.tensor([0], device=DEVICE), torch.tensor([2], device=DEVICE))
-    check_autotune_safe(functools.partial(slot_update, cache, *distinct), [_read_slot_write_slot])
+    check_autotune_safe(functools.partial(slot_update, cache, *distinct))
     same = (torch.tensor([1], device=DEVICE), torch.tensor([1], device=DEVICE))
     with pytest.raises(DestructiveAutotuning, match="_read_slot_write_slot"):
-        check_autotune_safe(functools.partial(slot_update, cache, *same), [_read_slot_write_slot])
+        check_autotune_safe(functools.partial(slot_update, cache, *same))
 
 
 def test_aliases_share_one_snapshot_and_restore_together():
@@ -155,25 +156,42 @@ def test_aliases_share_one_snapshot_and_restore_together():
     assert torch.equal(other, torch.zeros(2, device=DEVICE)), other
 
 
-def test_fresh_state_clears_and_restores_tuning_cache():
+def test_fresh_state_retunes_a_tuned_key_and_restores_the_cache():
+    """A key tuned before the state is tuned again inside it (the autotuner is found at its launch, not from a
+    list), and the cache, the disk-cache switch and the benchmarker are as before afterwards."""
+    from triton import knobs
+
     x = torch.zeros(4, device=DEVICE)
-    with fresh_autotune_state([_scaled_copy], FakeBench()):
+    scaled_copy(x, torch.empty_like(x))  # tunes this key outside any guard
+    before, disk, bench = dict(_scaled_copy.cache), knobs.autotuning.cache, _scaled_copy.__dict__.get("do_bench")
+    assert len(before) >= 1
+    with fresh_autotune_state(FakeBench()) as state:
+        assert state.tuners == [] and knobs.autotuning.cache is False
         scaled_copy(x, torch.empty_like(x))
-        assert len(_scaled_copy.cache) == 1
-    before = dict(_scaled_copy.cache)
-    with fresh_autotune_state([_scaled_copy], FakeBench()) as (tuner,):
-        assert tuner.cache == {}
-    assert _scaled_copy.cache == before
+        assert state.tuners == [_scaled_copy] and len(_scaled_copy.cache) == 1
+        assert _scaled_copy.cache_results is False
+        assert state.trials.configs == len(TWO_CONFIGS), state.trials.configs  # tuned again, though tuned before
+    assert _scaled_copy.cache == before and knobs.autotuning.cache == disk
+    assert _scaled_copy.__dict__.get("do_bench") is bench
 
 
 def test_guard_refuses_to_pass_when_nothing_was_tuned():
     x = torch.zeros(4, device=DEVICE)
-    with pytest.raises(DestructiveAutotuning, match="checked nothing"):
-        check_autotune_safe(lambda t: None, [_scaled_copy], args=(x,))
+    with pytest.raises(NothingTuned, match="launched no Triton autotuner"):
+        check_autotune_safe(lambda t: None, args=(x,))
+
+
+def test_guard_refuses_to_pass_when_the_autotuners_ran_no_trial():
+    single = triton.autotune(configs=TWO_CONFIGS[:1], key=["n"])(_scaled_copy.fn)
+    x = torch.arange(4, dtype=torch.float32, device=DEVICE)
+    with pytest.raises(NothingTuned, match="none ran a tuning trial") as err:
+        check_autotune_safe(lambda a, b: single[_grid(4)](a, b, 4), args=(x, torch.empty_like(x)))
+    assert err.value.report.autotuners and "_scaled_copy" in err.value.report.autotuners[0], err.value.report
 
 
 # ---- the project's kernels --------------------------------------------------------------------------------------
 
+from harness.guards.specialization import kernel_name  # noqa: E402
 from harness.varlen import build_varlen_metadata  # noqa: E402
 from kernels import bmm_chunk, chunk_scan, chunk_state, ssd  # noqa: E402
 from kernels import state_passing as sp  # noqa: E402
@@ -232,7 +250,7 @@ def test_snapshot_state_passing_with_direct_writeback_is_safe():
                              state_cache=cache, final_state_indices=torch.tensor([2, 0], device=DEVICE),
                              last_chunk_indices=torch.tensor([1, 4], device=DEVICE))
     with every_config_tried([sp._state_passing_kernel]):
-        report = check_autotune_safe(call, [sp._state_passing_kernel])
+        report = check_autotune_safe(call)
     assert report.configs_benchmarked == len(sp.CONFIGS), report
     assert report.trials == len(sp.CONFIGS) if INTERPRETED else report.trials >= 6 * len(sp.CONFIGS), report
 
@@ -263,15 +281,14 @@ def test_indexed_state_passing_under_an_autotuner_is_flagged_when_slots_alias():
     states, dA, cache, has, out = _indexed_inputs()
     same = torch.tensor([1], dtype=torch.int32, device=DEVICE)
     with pytest.raises(DestructiveAutotuning, match="_state_passing_indexed_kernel") as err:
-        check_autotune_safe(_indexed_with_autotuner, [_indexed_autotuned],
-                            args=(states, dA, cache, same, has, same, out))
+        check_autotune_safe(_indexed_with_autotuner, args=(states, dA, cache, same, has, same, out))
     # The report names the config the tuner chose (on the GPU the fastest, under the interpreter the first).
     chosen = [c for configs in err.value.report.chosen.values() for c in configs]
     assert chosen and all(c in str(err.value) for c in chosen) and "chosen configs:" in str(err.value)
     assert any("BLOCK_SIZE: " in c for c in chosen)
     # distinct slots: the same autotuned kernel is harmless, so the guard is not just flagging every autotuner
     states, dA, cache, has, out = _indexed_inputs()
-    check_autotune_safe(_indexed_with_autotuner, [_indexed_autotuned],
+    check_autotune_safe(_indexed_with_autotuner,
                         args=(states, dA, cache, torch.tensor([1], device=DEVICE), has,
                               torch.tensor([3], device=DEVICE), out))
 
@@ -280,7 +297,9 @@ def test_ssd_snapshot_path_autotuned_stages_are_safe():
     inputs = _ssd_inputs([3, 0], [13, 9])
     call = functools.partial(_call_ssd, inputs, init=[1, 1], final=[1, 2], path="snapshot")
     with every_config_tried(SNAPSHOT_TUNED):
-        report = check_autotune_safe(call, SNAPSHOT_TUNED, args=())
+        report = check_autotune_safe(call)
+    # found by the hook on Triton's autotuner, not from a list: exactly the snapshot path's four autotuned stages
+    assert sorted(report.autotuners) == sorted(kernel_name(k) for k in SNAPSHOT_TUNED), report.autotuners
     assert len(report.chosen) == len(SNAPSHOT_TUNED)
     assert all(len(v) == 1 for v in report.chosen.values()), report.chosen  # each stage tuned once
     configs = sum(len(k.configs) for k in SNAPSHOT_TUNED)
@@ -295,9 +314,9 @@ def test_issue4_fresh_tuning_indexed_first_with_aliased_slot_equals_snapshot():
 
     snap_in = _ssd_inputs([5], [19], seed=3)
     idx_in = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in snap_in.items()}
-    with fresh_autotune_state(SNAPSHOT_TUNED):
+    with fresh_autotune_state():
         _call_ssd(idx_in, init=[2], final=[2], path="indexed")
-    with fresh_autotune_state(SNAPSHOT_TUNED):
+    with fresh_autotune_state():
         _call_ssd(snap_in, init=[2], final=[2], path="snapshot")
     assert_bits_equal(idx_in["out"], snap_in["out"], what="output, indexed first vs snapshot")
     assert_storage_equal(idx_in["state_cache"], storage_bytes(snap_in["state_cache"]), what="state cache",

@@ -27,7 +27,7 @@ from tests import broken_providers as bp
 
 EXPECTED_CHECKS = {
     "indexed_vs_snapshot", "auto_vs_snapshot", "untouched_storage", "masked_state", "readonly_inputs",
-    "returned_shapes", "determinism", "reference_bound", "state_passing_exact", "gather_exact",
+    "returned_shapes", "determinism", "reference_bound", "state_passing_exact", "gather_exact", "autotune_idempotent",
 }
 
 

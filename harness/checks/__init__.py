@@ -3,7 +3,7 @@
 Importing this package registers every check. ``run_check`` is the one way to run one against a provider.
 """
 
-from harness.checks.base import Check, CheckContext, CheckResult, Status
+from harness.checks.base import Check, CheckContext, CheckResult, NotApplicable, Status
 from harness.checks.providers import DEFAULT_PROVIDER, ProviderError, load_provider, supported_paths
 from harness.checks.registry import check_names, get_check, register, selected_checks
 
@@ -13,6 +13,7 @@ from harness.checks import storage as _storage  # noqa: E402,F401
 from harness.checks import states as _states  # noqa: E402,F401
 from harness.checks import bound as _bound  # noqa: E402,F401
 from harness.checks import kernel_exact as _kernel_exact  # noqa: E402,F401
+from harness.checks import autotune as _autotune  # noqa: E402,F401
 
 from harness.checks.runner import repro_line, run_check  # noqa: E402
 
@@ -21,6 +22,7 @@ __all__ = [
     "CheckContext",
     "CheckResult",
     "DEFAULT_PROVIDER",
+    "NotApplicable",
     "ProviderError",
     "Status",
     "check_names",

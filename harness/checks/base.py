@@ -4,6 +4,8 @@ A check is ``applies(case, provider) -> (bool, reason)`` plus ``run(ctx) -> dict
 ``harness.compare.Mismatch`` on failure. Applicability has two layers so that nothing disappears silently:
 ``case_applies`` depends on the case alone and decides which checks ``checks: [all]`` expands to (collection);
 ``needs_paths`` / ``provider_applies`` depend on the provider and turn into an *unsupported* skip at run time.
+Where only running the provider shows that there is nothing to check (a provider that launches no autotuner),
+``run`` raises ``NotApplicable`` with the reason, which becomes a skip, never a pass.
 """
 
 from __future__ import annotations
@@ -13,6 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from harness.checks.providers import provider_name, supported_paths
+
+
+class NotApplicable(Exception):
+    """Raised by a check's ``run`` when the call it made showed that the check has nothing to judge; the message
+    is the reason the skip reports."""
 
 
 def _always(case) -> tuple[bool, str]:

@@ -6,7 +6,7 @@ import shlex
 import time
 import traceback
 
-from harness.checks.base import CheckContext, CheckResult, Status
+from harness.checks.base import CheckContext, CheckResult, NotApplicable, Status
 from harness.checks.providers import DEFAULT_PROVIDER
 from harness.checks.registry import get_check
 from harness.compare import Mismatch
@@ -45,7 +45,8 @@ def run_check(
 
     ``context`` lets several checks of one case share the built inputs. Failures carry the Mismatch report, the case
     summary and the repro line; a case with ``expect: xfail`` turns a failure into XFAILED and a pass into XPASSED
-    (strict: a stale xfail does not hide).
+    (strict: a stale xfail does not hide). A check that finds nothing to judge (``NotApplicable``) is SKIPPED with
+    its reason, whatever the case expects.
     """
     check = get_check(check_name)
     result = CheckResult(
@@ -72,6 +73,10 @@ def run_check(
     failure = ""
     try:
         result.stats = dict(check.run(ctx) or {})
+    except NotApplicable as exc:
+        result.status, result.reason = Status.SKIPPED, f"not applicable: {exc}"
+        result.duration = time.perf_counter() - start
+        return result
     except Mismatch as exc:
         result.status = Status.FAILED
         result.stats = dict(exc.stats)

@@ -3,35 +3,39 @@
 An autotuned kernel is launched once per config (and, on the GPU, many times per config) on the first call with a
 new tuning key. A kernel that reads what it writes (``x += 1``, or an initial state read from the same cache slot
 the final state is written to) leaves different bytes after tuning than one clean launch would: the first call in
-a fresh process then differs from every later call. The guard:
+a fresh process then differs from every later call. Tuning results live in each autotuner's in-memory cache and in
+the disk cache, so whether a call tunes at all depends on what ran before it; the guard takes that out of the
+picture. ``check_autotune_safe``:
 
 1. snapshots the storage of every tensor argument once per storage (aliases share one snapshot and are restored
    together, so a cache and a view into it stay consistent);
-2. clears the autotuners' in-memory caches with the disk autotune cache off, so the call really tunes;
-3. runs the call (trials run; under the interpreter through a deterministic ``do_bench`` stand-in, since there is
-   no GPU benchmarker there). Every tuner's benchmarker is wrapped by a ``TrialCount`` that counts the configs
-   benchmarked and every trial launch (each ``kernel_call`` the benchmarker makes): on the GPU that is Triton's
-   ``do_bench`` (one warmup call, five estimate calls, then as many warmup and timed repetitions as fit in 25 and
-   100 ms), under the interpreter the stand-in; the count is the same mechanism on both;
+2. runs the call inside ``fresh_autotune_state``: every Triton autotuner the call launches, whoever's kernel it is,
+   is found at its first launch (a hook on ``Autotuner.run``) and made to tune from scratch there: its in-memory
+   cache emptied, the disk cache off, so a tuning key tuned earlier in the process is tuned again. Trials run (under
+   the interpreter through the deterministic ``FakeBench``, since there is no GPU benchmarker there). Every tuner's
+   benchmarker is wrapped by a ``TrialCount`` that counts the configs benchmarked and every trial launch (each
+   ``kernel_call`` the benchmarker makes): on the GPU that is Triton's ``do_bench`` (one warmup call, five estimate
+   calls, then as many warmup and timed repetitions as fit in 25 and 100 ms), under the interpreter the stand-in;
+3. raises ``NothingTuned`` when the call launched no autotuner or none ran a trial: nothing was checked;
 4. saves what the tuned call left, restores the snapshot and runs the call again with the chosen configs cached (a
    replay; any tuning during it is an error);
-5. compares every storage byte for byte, reporting the autotuned kernels with their chosen configs.
+5. compares every storage byte for byte, and the returned tensors bit for bit, reporting the autotuned kernels with
+   their chosen configs.
 
-Version notes (Triton 3.4 .. 3.9): ``Autotuner.cache`` (tuning key -> Config), ``cache_results`` and the
-``do_bench`` cached_property (instance ``__dict__`` override) are present throughout; ``knobs.autotuning.cache`` is
-the global disk-cache switch from 3.4 on.
+Every autotuner gets back its cache, disk-cache switch and benchmarker when the guard ends, so the rest of the
+process sees none of it. The Triton internals this relies on are in ``harness.triton_autotuner``.
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
-from triton import knobs
 
-from harness.compare import Mismatch, assert_storage_equal, storage_bytes
+from harness import triton_autotuner as tt
+from harness.compare import Mismatch, assert_bits_equal, assert_storage_equal, storage_bytes
 from harness.guards.specialization import kernel_name
 
 
@@ -44,11 +48,19 @@ class DestructiveAutotuning(AssertionError):
         self.report = report
 
 
+class NothingTuned(Exception):
+    """The call launched no autotuner, or none ran a tuning trial: the guard had nothing to check. ``report`` says
+    which autotuners were launched."""
+
+    def __init__(self, message: str, report: "AutotuneReport"):
+        super().__init__(message)
+        self.report = report
+
+
 class TrialCount:
     """Wraps autotuner benchmarkers: counts configs benchmarked (``configs``, one per benchmarker call) and trial
     launches (``launches``, one per ``kernel_call`` the benchmarker makes). Backend-independent: the autotuner
-    hands every trial to ``self.do_bench(kernel_call, quantiles=...)`` (``Autotuner._bench``), whichever
-    benchmarker that is."""
+    hands every trial to its benchmarker (``harness.triton_autotuner``), whichever benchmarker that is."""
 
     def __init__(self):
         self.configs = 0
@@ -91,61 +103,94 @@ class FakeBench:
         return [t for _ in quantiles] if quantiles else t
 
 
-def _no_tuning(kernel_call, quantiles=None, **_):
-    raise DestructiveAutotuning("the replay tried to tune: the tuning key changed between the tuned call and the "
-                                "replay, so the chosen config cannot be re-run")
+class TuningFromScratch:
+    """What ``fresh_autotune_state`` yields: the autotuners launched so far (in order of first launch), the trial
+    count, and the switch to replay mode."""
 
+    def __init__(self, do_bench: Callable | None):
+        self.tuners: list[Any] = []
+        self.trials = TrialCount()
+        self.tuned_in_replay: list[str] = []
+        self._do_bench = do_bench
+        self._saved: dict[int, tt.TunerState] = {}
+        self._replaying = False
 
-def _autotuners(kernels: Iterable[Any]) -> list[Any]:
-    found = []
-    for k in kernels:
-        if not (hasattr(k, "configs") and hasattr(k, "cache")):
-            raise TypeError(f"{k!r} is not an autotuned kernel (triton.autotune)")
-        found.append(k)
-    return found
+    def launched(self, tuner: Any) -> None:
+        """At an autotuner's first launch inside the state: remember it as found, then make it tune from scratch."""
+        if id(tuner) in self._saved:
+            return
+        self._saved[id(tuner)] = tt.save_state(tuner)
+        self.tuners.append(tuner)
+        tt.forget_tuning(tuner)
+        if self._replaying:
+            tt.set_benchmarker(tuner, self._no_tuning(tuner))
+        else:
+            own = self._do_bench if self._do_bench is not None else tt.benchmarker(tuner)
+            tt.set_benchmarker(tuner, self.trials.wrap(own))
+
+    def replay(self) -> None:
+        """From now on, tuning is an error: every launch must find its key tuned already."""
+        self._replaying = True
+        for t in self.tuners:
+            tt.set_benchmarker(t, self._no_tuning(t))
+
+    def _no_tuning(self, tuner: Any) -> Callable:
+        def refuse(kernel_call, *args, **kwargs):
+            self.tuned_in_replay.append(kernel_name(tuner))
+            raise DestructiveAutotuning(
+                f"the replay tried to tune {kernel_name(tuner)}: its tuning key changed between the tuned call and "
+                "the replay (or it was not launched in the tuned call), so the chosen config cannot be re-run")
+
+        return refuse
+
+    def chosen(self) -> dict[str, list[str]]:
+        """Kernel -> the config chosen per tuning key, for the keys tuned inside the state."""
+        return {kernel_name(t): [f"key {k}: {cfg}" for k, cfg in tt.tuned_configs(t).items()] for t in self.tuners}
+
+    def restore(self) -> None:
+        for t in self.tuners:
+            tt.restore_state(t, self._saved[id(t)])
 
 
 @contextlib.contextmanager
-def fresh_autotune_state(kernels: Iterable[Any], do_bench: Callable | None = None) -> Iterator[list[Any]]:
-    """Empty in-memory tuning caches, disk autotune cache off, optional ``do_bench`` stand-in; restored on exit.
+def fresh_autotune_state(do_bench: Callable | None = None) -> Iterator[TuningFromScratch]:
+    """Every autotuner launched inside tunes from scratch: in-memory cache emptied at its first launch, disk cache
+    off, benchmarker counted (``do_bench`` instead of its own when given). Each one's cache, disk-cache switch and
+    benchmarker are restored on exit.
 
-    Under the interpreter ``do_bench=None`` installs a ``FakeBench`` (the GPU benchmarker does not exist there).
+    Under the interpreter ``do_bench=None`` installs a ``FakeBench`` for every autotuner, including ones that bring
+    their own benchmarker (a GPU one cannot run there).
     """
-    tuners = _autotuners(kernels)
-    if do_bench is None and knobs.runtime.interpret:
+    tt.require_supported()
+    if do_bench is None and tt.interpreting():
         do_bench = FakeBench()
-    saved = [(t, dict(t.cache), t.cache_results, t.__dict__.get("do_bench", None), "do_bench" in t.__dict__)
-             for t in tuners]
-    disk = knobs.autotuning.cache
-    knobs.autotuning.cache = False
+    state = TuningFromScratch(do_bench)
     try:
-        for t in tuners:
-            t.cache.clear()
-            t.cache_results = False
-            if do_bench is not None:
-                t.__dict__["do_bench"] = do_bench  # overrides the cached_property for this instance
-        yield tuners
+        with tt.disk_cache_off(), tt.launches_reported(state.launched):
+            yield state
     finally:
-        knobs.autotuning.cache = disk
-        for t, cache, cache_results, bench, had_bench in saved:
-            t.cache.clear()
-            t.cache.update(cache)
-            t.cache_results = cache_results
-            if had_bench:
-                t.__dict__["do_bench"] = bench
-            else:
-                t.__dict__.pop("do_bench", None)
+        state.restore()
 
 
-def _tensors_in(obj: Any, out: list[torch.Tensor]) -> None:
+def _named_tensors(obj: Any, name: str, out: list[tuple[str, torch.Tensor]]) -> None:
     if isinstance(obj, torch.Tensor):
-        out.append(obj)
+        out.append((name, obj))
     elif isinstance(obj, (list, tuple)):
-        for o in obj:
-            _tensors_in(o, out)
+        for i, o in enumerate(obj):
+            _named_tensors(o, f"{name}[{i}]", out)
     elif isinstance(obj, dict):
-        for o in obj.values():
-            _tensors_in(o, out)
+        for k, o in obj.items():
+            _named_tensors(o, f"{name}[{k!r}]" if name else str(k), out)
+
+
+def call_tensors(call: Callable, args: tuple, kwargs: dict) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every tensor in ``args``, ``kwargs`` and, for a ``functools.partial``, its bound
+    arguments: positional ones as ``argN``, keyword ones by their keyword."""
+    found: list[tuple[str, torch.Tensor]] = []
+    for i, a in enumerate(list(getattr(call, "args", ())) + list(args)):
+        _named_tensors(a, f"arg{i}", found)
+    _named_tensors({**getattr(call, "keywords", {}), **kwargs}, "", found)
+    return found
 
 
 @dataclass
@@ -172,7 +217,11 @@ class StorageSnapshot:
         return snap
 
     def restore(self) -> None:
-        for t, saved in zip(self.tensors, self.saved):
+        self.write(self.saved)
+
+    def write(self, contents: list[torch.Tensor]) -> None:
+        """Put ``contents`` (one uint8 copy per storage, as ``current`` gives) back into the storages."""
+        for t, saved in zip(self.tensors, contents):
             whole = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
             whole.copy_(saved.to(t.device))
 
@@ -186,53 +235,72 @@ class AutotuneReport:
     trials: int = 0  # trial launches (every kernel_call of every benchmarker, GPU or stand-in)
     storages: int = 0
     configs_benchmarked: int = 0  # benchmarker calls: one per (tuning key, config) tried
+    autotuners: list[str] = field(default_factory=list)  # every autotuner launched, in order of first launch
+
+    def as_stats(self) -> dict:
+        return {"autotuners": self.autotuners, "chosen": self.chosen, "trial_launches": self.trials,
+                "configs_benchmarked": self.configs_benchmarked, "storages": self.storages}
 
 
-def _describe_choices(tuners: list[Any]) -> dict[str, list[str]]:
-    return {kernel_name(t): [f"key {k}: {cfg}" for k, cfg in t.cache.items()] for t in tuners}
+def _returned_copies(returned: Any) -> list[tuple[str, torch.Tensor]]:
+    found: list[tuple[str, torch.Tensor]] = []
+    _named_tensors(returned, "returned", found)
+    return [(name, t.detach().clone()) for name, t in found]
+
+
+def _compare_returned(replayed: Any, tuned: list[tuple[str, torch.Tensor]]) -> list[str]:
+    now = _returned_copies(replayed)
+    if [n for n, _ in now] != [n for n, _ in tuned]:
+        return [f"returned tensors: the tuned call returned {[n for n, _ in tuned]}, the replay {[n for n, _ in now]}"]
+    failures = []
+    for (name, got), (_, expected) in zip(now, tuned):
+        try:
+            assert_bits_equal(got, expected, what=f"{name} (replay vs tuned call)")
+        except Mismatch as e:
+            failures.append(e.report)
+    return failures
 
 
 def check_autotune_safe(
     call: Callable[..., Any],
-    kernels: Iterable[Any],
     *,
     args: tuple = (),
     kwargs: dict | None = None,
     do_bench: Callable | None = None,
 ) -> AutotuneReport:
-    """Run ``call(*args, **kwargs)`` with tuning from scratch and prove the trials left no trace.
+    """Run ``call(*args, **kwargs)`` with every autotuner it launches tuning from scratch and prove the trials left
+    no trace.
 
-    kernels: the autotuned kernels (``triton.autotune`` objects) the call may tune. Tensors are found in ``args``,
-    ``kwargs`` and, for a ``functools.partial``, its bound arguments. Raises ``DestructiveAutotuning`` naming the
-    storage, the differing bytes and the kernels' chosen configs; returns what was tuned otherwise. Leaves the
-    tensors as the tuned call left them.
+    Tensors are found in ``args``, ``kwargs`` and, for a ``functools.partial``, its bound arguments. Raises
+    ``DestructiveAutotuning`` naming the storage, the differing bytes and the kernels' chosen configs,
+    ``NothingTuned`` when no autotuner ran a trial; returns what was tuned otherwise. Leaves the tensors as the
+    tuned call left them.
     """
     kwargs = dict(kwargs or {})
-    found: list[torch.Tensor] = []
-    _tensors_in(list(getattr(call, "args", ())) + list(args), found)
-    _tensors_in({**getattr(call, "keywords", {}), **kwargs}, found)
-    if not found:
+    named = call_tensors(call, args, kwargs)
+    if not named:
         raise ValueError("check_autotune_safe: the call has no tensor arguments to snapshot")
-    named = [(f"tensor{i} {tuple(t.shape)} {t.dtype}", t) for i, t in enumerate(found)]
     snap = StorageSnapshot.take(named)
-    bench = do_bench if do_bench is not None else (FakeBench() if knobs.runtime.interpret else None)
-    count = TrialCount()
-    with fresh_autotune_state(kernels, bench) as tuners:
-        for t in tuners:
-            # t.do_bench: the stand-in just installed, else the tuner's own (its do_bench= or the GPU benchmarker)
-            t.__dict__["do_bench"] = count.wrap(t.do_bench)
-        call(*args, **kwargs)
-        chosen = _describe_choices(tuners)
-        report = AutotuneReport(chosen, count.launches, len(snap.tensors), count.configs)
-        if not any(chosen.values()) or count.launches == 0:
-            raise DestructiveAutotuning(
-                "no autotuner tuned during the call (single-config kernels or none launched): the guard checked "
-                f"nothing; watched: {sorted(chosen)}", report)
+    with fresh_autotune_state(do_bench) as state:
+        returned = _returned_copies(call(*args, **kwargs))
+        report = AutotuneReport(state.chosen(), state.trials.launches, len(snap.tensors), state.trials.configs,
+                                [kernel_name(t) for t in state.tuners])
+        if not state.tuners:
+            raise NothingTuned("the call launched no Triton autotuner, so there was no tuning to check", report)
+        if state.trials.launches == 0:
+            raise NothingTuned(f"the call launched the autotuners {report.autotuners} but none ran a tuning trial "
+                               "(one config per tuning key), so there was no tuning to check", report)
         tuned = snap.current()
         snap.restore()
-        for t in tuners:
-            t.__dict__["do_bench"] = _no_tuning
-        call(*args, **kwargs)
+        state.replay()
+        try:
+            replayed = call(*args, **kwargs)
+        except DestructiveAutotuning as e:
+            e.report = report
+            raise
+        if state.tuned_in_replay:  # raised inside the call, which may have swallowed it
+            raise DestructiveAutotuning(f"the replay tried to tune {sorted(set(state.tuned_in_replay))}: the tuning "
+                                        "keys changed between the tuned call and the replay", report)
     failures = []
     for t, name, after_tuning in zip(snap.tensors, snap.names, tuned):
         try:
@@ -240,11 +308,10 @@ def check_autotune_safe(
                                  element=t.dtype)
         except Mismatch as e:
             failures.append(e.report)
-    # leave the tensors as the tuned call left them
-    for t, after_tuning in zip(snap.tensors, tuned):
-        torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage()).copy_(after_tuning.to(t.device))
+    failures += _compare_returned(replayed, returned)
+    snap.write(tuned)  # leave the tensors as the tuned call left them
     if failures:
-        configs = "\n".join(f"  {k}: " + "; ".join(v) for k, v in chosen.items())
+        configs = "\n".join(f"  {k}: " + "; ".join(v) for k, v in report.chosen.items())
         raise DestructiveAutotuning(
             "autotuning trials changed memory: replaying the chosen config(s) once from the snapshot differs from "
             f"what the tuned call left ({report.trials} trial launches over {report.configs_benchmarked} "

@@ -1,0 +1,183 @@
+"""The Triton autotuner internals the harness relies on, in one place, checked against the running Triton.
+
+The autotuning guard (``harness.guards.autotune``) makes every autotuner a call launches tune from scratch, counts
+its trial launches and puts everything back afterwards; under the interpreter, autotuners that bring no benchmarker
+of their own get a deterministic stand-in (``use_interpreter_benchmarker``). Both reach into
+``triton.runtime.autotuner.Autotuner``, which is not a public API. What is relied on, for Triton 3.4 .. 3.9
+(``VERIFIED``; ``require_supported`` refuses other versions and a class that lacks any of it):
+
+- ``Autotuner.run(self, *args, **kwargs)``: every launch of an autotuned kernel goes through it (``kernel[grid](...)``
+  through ``KernelInterface.__getitem__``, ``triton.heuristics`` wrappers through ``self.fn.run``), so wrapping it on
+  the class sees every autotuner a call launches, whoever wrote the kernel (a subclass that overrides ``run``
+  without calling it would go unseen).
+- ``Autotuner.cache``: dict tuning key -> chosen ``Config``; a key found there is not tuned again.
+- ``Autotuner.cache_results``: the instance's switch for the disk cache of tuning results, fixed when the autotuner
+  is created (from its ``cache_results=`` argument or ``knobs.autotuning.cache``, the process-wide switch, which is
+  therefore not enough alone for autotuners that exist already).
+- ``Autotuner.do_bench``: a ``functools.cached_property`` giving the benchmarker: the ``do_bench=`` argument (kept as
+  ``_do_bench``), else ``driver.active.get_benchmarker()``, which needs a GPU driver and fails under the interpreter.
+  An entry in the instance ``__dict__`` overrides it. ``Autotuner._bench`` hands every trial to
+  ``self.do_bench(kernel_call, quantiles=...)``, one call per config benchmarked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import triton
+from triton import knobs
+from triton.runtime.autotuner import Autotuner
+
+VERIFIED = ((3, 4), (3, 9))  # (major, minor) range, both ends included
+_INSTANCE_ATTRS = ("cache", "cache_results", "_do_bench", "configs")
+_ABSENT = object()
+
+
+class UnsupportedTriton(RuntimeError):
+    """The running Triton is not one whose autotuner internals the harness was checked against."""
+
+
+def _version() -> tuple[int, int]:
+    major, minor = triton.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+def require_supported() -> None:
+    """Raise ``UnsupportedTriton`` naming what differs, unless this Triton's ``Autotuner`` is as described above."""
+    where = f"harness/triton_autotuner.py relies on Autotuner internals verified for Triton {VERIFIED[0][0]}." \
+            f"{VERIFIED[0][1]} .. {VERIFIED[1][0]}.{VERIFIED[1][1]}"
+    lo, hi = VERIFIED
+    if not lo <= _version() <= hi:
+        raise UnsupportedTriton(f"Triton {triton.__version__}: {where}; check each one listed in that module "
+                                "against this version, then widen VERIFIED")
+    missing = []
+    if not callable(Autotuner.__dict__.get("run")):
+        missing.append("Autotuner.run")
+    if not callable(Autotuner.__dict__.get("_bench")):
+        missing.append("Autotuner._bench")
+    if not isinstance(Autotuner.__dict__.get("do_bench"), functools.cached_property):
+        missing.append("Autotuner.do_bench as a functools.cached_property")
+    params = inspect.signature(Autotuner.__init__).parameters
+    missing += [f"Autotuner(..., {p}=)" for p in ("do_bench", "cache_results") if p not in params]
+    if not hasattr(knobs.autotuning, "cache"):
+        missing.append("knobs.autotuning.cache")
+    if missing:
+        raise UnsupportedTriton(f"Triton {triton.__version__} lacks {', '.join(missing)}: {where}")
+
+
+def _checked(tuner: Any) -> Any:
+    for name in _INSTANCE_ATTRS:
+        if not hasattr(tuner, name):
+            raise UnsupportedTriton(f"Triton {triton.__version__}: autotuner {tuner!r} has no attribute {name!r}, "
+                                    "which harness/triton_autotuner.py relies on")
+    return tuner
+
+
+def interpreting() -> bool:
+    return bool(knobs.runtime.interpret)
+
+
+@dataclass
+class TunerState:
+    """What the guard changes on one autotuner, as it found it."""
+
+    cache: dict
+    cache_results: bool
+    bench_override: Any  # the instance's own ``do_bench`` entry, or _ABSENT
+
+
+def save_state(tuner: Any) -> TunerState:
+    _checked(tuner)
+    return TunerState(dict(tuner.cache), tuner.cache_results, tuner.__dict__.get("do_bench", _ABSENT))
+
+
+def restore_state(tuner: Any, state: TunerState) -> None:
+    tuner.cache.clear()
+    tuner.cache.update(state.cache)
+    tuner.cache_results = state.cache_results
+    if state.bench_override is _ABSENT:
+        tuner.__dict__.pop("do_bench", None)
+    else:
+        tuner.__dict__["do_bench"] = state.bench_override
+
+
+def forget_tuning(tuner: Any) -> None:
+    """Make the next launch of every tuning key tune: empty in-memory cache, no disk cache."""
+    tuner.cache.clear()
+    tuner.cache_results = False
+
+
+def tuned_configs(tuner: Any) -> dict:
+    """Tuning key -> chosen config, as the autotuner holds them now."""
+    return dict(tuner.cache)
+
+
+def benchmarker(tuner: Any) -> Callable:
+    """The benchmarker the autotuner would use now (an override, its ``do_bench=``, or Triton's default)."""
+    return tuner.do_bench
+
+
+def set_benchmarker(tuner: Any, bench: Callable) -> None:
+    tuner.__dict__["do_bench"] = bench  # shadows the cached_property for this instance
+
+
+@contextlib.contextmanager
+def disk_cache_off() -> Iterator[None]:
+    """Autotuners created meanwhile do not use the disk cache of tuning results (existing ones: ``forget_tuning``)."""
+    saved = knobs.autotuning.cache
+    knobs.autotuning.cache = False
+    try:
+        yield
+    finally:
+        knobs.autotuning.cache = saved
+
+
+@contextlib.contextmanager
+def launches_reported(on_launch: Callable[[Any], None]) -> Iterator[None]:
+    """Call ``on_launch(autotuner)`` at every launch of any autotuned kernel, before it tunes or runs."""
+    wrapped = Autotuner.__dict__["run"]
+
+    @functools.wraps(wrapped)
+    def run(self, *args, **kwargs):
+        on_launch(self)
+        return wrapped(self, *args, **kwargs)
+
+    Autotuner.run = run
+    try:
+        yield
+    finally:
+        Autotuner.run = wrapped
+
+
+def interpreter_do_bench(kernel_call: Callable, quantiles=(0.5, 0.2, 0.8), **_):
+    """Benchmarker for the interpreter, which has no GPU timer: run the trial once (so what a trial launch does to
+    memory still happens) and report equal times, so the first config (after pruning) wins, reproducibly."""
+    kernel_call()
+    return [1.0] * len(quantiles) if quantiles else 1.0
+
+
+class _InterpreterDefault(functools.cached_property):
+    """``Autotuner.do_bench`` that falls back to ``interpreter_do_bench`` where Triton's default needs a GPU."""
+
+
+def use_interpreter_benchmarker() -> None:
+    """Under the interpreter, autotuners without a ``do_bench=`` of their own use ``interpreter_do_bench`` instead
+    of Triton's default, which needs a GPU driver; without this every autotuned kernel that is not ours fails at its
+    first launch there. Autotuners that bring a benchmarker keep it. Idempotent; a no-op outside the interpreter."""
+    if not interpreting() or isinstance(Autotuner.__dict__.get("do_bench"), _InterpreterDefault):
+        return
+    require_supported()
+    default = Autotuner.__dict__["do_bench"].func
+
+    def do_bench(self):
+        if self._do_bench is None and interpreting():
+            return interpreter_do_bench
+        return default(self)
+
+    prop = _InterpreterDefault(do_bench)
+    prop.__set_name__(Autotuner, "do_bench")
+    Autotuner.do_bench = prop
