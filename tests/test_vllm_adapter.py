@@ -97,10 +97,9 @@ cases:
 """
 
 PASSING = {
-    "vllm-direct": ["auto_vs_snapshot", "untouched_storage", "readonly_inputs", "determinism", "returned_shapes",
-                    "reference_bound"],
+    "vllm-direct": ["auto_vs_snapshot", "untouched_storage", "readonly_inputs", "determinism", "reference_bound"],
     "vllm-batch-fp16": ["untouched_storage", "masked_state", "reference_bound"],
-    "vllm-returned": ["returned_shapes", "masked_state", "reference_bound"],
+    "vllm-returned": ["returned_shapes", "reference_bound"],
     "vllm-checkpoint": ["returned_shapes", "untouched_storage", "reference_bound"],
 }
 
@@ -145,6 +144,23 @@ def test_small_cases_pass_through_the_harness(cases, vllm_provider, device, case
     for check in PASSING[case_id]:
         result = run_check(case, check, vllm_provider, device=device, provider_spec=SPEC, context=context)
         assert result.status is Status.PASSED, (check, result.status, result.message or result.reason)
+
+
+@needs_ops
+def test_a_mapping_that_drops_an_argument_is_caught(cases, vllm_provider, device):
+    """Negative control for the test above: vLLM called without dt_softplus (an argument the adapter must pass on)
+    fails reference_bound on the same case."""
+
+    class DropsSoftplus:
+        name = "vllm-without-dt_softplus"
+        supported_paths = vllm_provider.supported_paths
+
+        def ssd_prefill(self, *args, dt_softplus=False, **kwargs):
+            return vllm_provider.ssd_prefill(*args, dt_softplus=False, **kwargs)
+
+    assert cases["vllm-direct"].options.dt_softplus
+    result = run_check(cases["vllm-direct"], "reference_bound", DropsSoftplus(), device=device, provider_spec=SPEC)
+    assert result.status is Status.FAILED and "exceed the derived bound" in result.summary, result.summary
 
 
 @needs_ops
