@@ -164,6 +164,21 @@ def test_a_mapping_that_drops_an_argument_is_caught(cases, vllm_provider, device
 
 
 @needs_ops
+def test_checkpoint_mode_with_final_slots_writes_nothing(cases, vllm_provider, device):
+    """Ours: checkpoint mode writes nothing whatever final_state_indices holds. vLLM asserts against the pair, so
+    the adapter must not hand it the cache: the call returns the chunk-end states and leaves the storage as it was."""
+    case = cases["vllm-direct"]
+    inputs = _inputs(case, device)
+    kwargs = inputs.kwargs(final_state="checkpoint")
+    kwargs["final_state_indices"] = inputs.final_state_indices
+    before = inputs.cache_base.clone()
+    returned = vllm_provider.ssd_prefill(**kwargs)
+    nchunks = inputs.cu_chunk_seqlens.numel() - 1
+    assert tuple(returned.shape) == (nchunks, *inputs.state_cache.shape[1:]), tuple(returned.shape)
+    assert_bits_equal(inputs.cache_base, before, what="cache storage after a checkpoint call with final slots")
+
+
+@needs_ops
 def test_indexed_path_is_unsupported_not_passed(cases, vllm_provider, device):
     result = run_check(cases["vllm-direct"], "indexed_vs_snapshot", vllm_provider, device=device, provider_spec=SPEC)
     assert result.status is Status.UNSUPPORTED and "lacks the indexed path" in result.reason, result.reason
