@@ -1,0 +1,232 @@
+"""vLLM's Mamba2 SSD prefill kernels as a harness provider: ``--provider peers.vllm_ssd:provider``.
+
+Imports vLLM's ``mamba_chunk_scan_combined_varlen`` (ops/ssd_combined.py) and ``gather_initial_states``
+(ops/gather_initial_states.py), from:
+
+1. the folder ``SSD_HARNESS_VLLM_OPS`` names, when that variable is set (an explicit choice wins);
+2. else an installed ``vllm``;
+3. else the assembled folder ``.peers/vllm-0.33.0`` of this repository (``python scripts/assemble_vllm_ops.py``
+   writes it from the vLLM 0.33.0 wheel: vLLM's own files, unchanged, plus stand-ins for the rest of vLLM).
+
+When none of them has the ops, importing this module raises ImportError naming the import that failed and the
+command that assembles the ops. ``provider.source`` says where the ops came from.
+
+The call, mapped onto vLLM's arguments: x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens,
+last_chunk_indices, seq_idx, out, D, z, dt_bias, dt_softplus and dt_limit pass through under the same names.
+The initial states are a dense copy made first by vLLM's ``gather_initial_states(state_cache,
+initial_state_indices, has_initial_states)`` (zeros where the mask is false), passed as ``initial_states``
+for every call (the snapshot path). ``state_dtype`` is the cache dtype, as vLLM's Mamba2 mixer passes it. Direct
+writeback passes ``final_states_out=state_cache, final_state_indices=final_state_indices`` (vLLM's kernel stores
+each final state into its slot); returned mode passes neither and returns vLLM's ``states[last_chunk_indices]``;
+checkpoint mode passes ``return_intermediate_states=True`` and no cache, so nothing is written.
+
+Where our contract and vLLM 0.33's differ:
+
+- **No indexed path.** vLLM always reads initial states from a dense copy: ``supported_paths`` is {"snapshot"}
+  and ``path="indexed"`` raises ValueError (the harness then reports indexed checks as unsupported).
+- **Negative final slots.** Ours: a negative final slot (a padded sequence) writes nothing. vLLM 0.33's state
+  passing kernel (ssd_state_passing.py, ``HAS_FINAL_STATES``) stores at ``slot * stride(0)`` without a
+  ``slot >= 0`` test, i.e. before the start of the cache (out of bounds, or into whatever precedes it), although
+  causal_conv1d, called with the same index tensor in the same layer, skips ``PAD_SLOT_ID`` (-1). The provider
+  refuses such calls with NotImplementedError rather than let vLLM write outside the cache (which under Triton's
+  interpreter is a write into the process's heap). Reading the indices costs a device sync; inside CUDA graph
+  capture they cannot be read, and the call goes through unchecked.
+- **Checkpoint mode with final slots.** Ours writes nothing in checkpoint mode whatever ``final_state_indices``
+  holds; vLLM asserts that the two are not combined, so checkpoint mode never passes the cache.
+- **has_initial_states** may be int in ours; vLLM's gather asserts bool, so an int mask is passed as ``mask != 0``.
+- **No extensions.** ``state_dtype``, ``gather`` and ``workspace_out`` (extensions of ``kernels:provider``) are not
+  accepted: a call with them fails with TypeError naming the keyword.
+- **Under Triton's interpreter (CPU tensors)** vLLM's ``gather_initial_states`` wrapper asserts CUDA/XPU tensors,
+  so the provider launches the wrapper's own kernel (``_gather_initial_states_kernel``) with the wrapper's
+  arguments (launch_pdl off, as on a device without programmatic dependent launch). And since the interpreter has
+  no GPU benchmarker, each of vLLM's SSD autotuners gets a deterministic one there (each trial runs once, equal
+  times: the first config wins). Calls with bf16 x/B/C give garbage there (|out| ~ 1e10, reference_bound fails):
+  Triton 3.6's interpreter keeps bf16 values as their uint16 bit patterns and its ``tl.dot`` multiplies those
+  integers (``InterpreterBuilder.create_dot`` converts only 8-bit floats). vLLM's kernels dot bf16 tiles; ours widen
+  them to fp32 under the interpreter (``kernels.backend.DOT_FP32_OPERANDS``). Not a vLLM fault: with the
+  interpreter's dot widening bf16 operands, the same cases pass. bf16 is for the GPU tier.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+OPS_ENV = "SSD_HARNESS_VLLM_OPS"
+VLLM_VERSION = "0.33.0"
+DEFAULT_OPS_DIR = Path(__file__).resolve().parents[1] / ".peers" / f"vllm-{VLLM_VERSION}"
+ASSEMBLE_COMMAND = "python scripts/assemble_vllm_ops.py"
+OPS = "vllm.model_executor.layers.mamba.ops"
+COMBINED = f"{OPS}.ssd_combined"
+GATHER = f"{OPS}.gather_initial_states"
+# vLLM keywords the mapping relies on: a vLLM whose function lacks one cannot be driven faithfully.
+NEEDED_KEYWORDS = ("chunk_size", "cu_seqlens", "cu_chunk_seqlens", "last_chunk_indices", "seq_idx", "out", "D", "z",
+                   "dt_bias", "initial_states", "dt_softplus", "dt_limit", "return_intermediate_states",
+                   "state_dtype", "final_states_out", "final_state_indices")
+
+
+def _import_from_folder(folder: Path, why: str):
+    """The two ops modules from an assembled folder; ImportError with the assemble command when it lacks them."""
+    marker = folder / Path(*COMBINED.split(".")).with_suffix(".py")
+    if not marker.is_file():
+        raise ImportError(
+            f"peers.vllm_ssd: cannot import mamba_chunk_scan_combined_varlen from {COMBINED}: {why}, and the "
+            f"assembled ops folder {folder} has no {marker.relative_to(folder)}. Assemble vLLM {VLLM_VERSION}'s "
+            f"ops there with: {ASSEMBLE_COMMAND} --out {folder}   (or install vllm, or set {OPS_ENV} to an "
+            f"assembled folder)")
+    loaded = sys.modules.get("vllm")
+    if loaded is not None and not str(getattr(loaded, "__file__", "")).startswith(str(folder)):
+        raise ImportError(f"peers.vllm_ssd: {OPS_ENV}={folder} asks for the assembled ops, but this process already "
+                          f"imported vllm from {getattr(loaded, '__file__', '?')}")
+    sys.path.insert(0, str(folder))
+    try:
+        combined, gather = importlib.import_module(COMBINED), importlib.import_module(GATHER)
+    finally:
+        sys.path.remove(str(folder))
+    manifest = folder / "ASSEMBLED.json"
+    version = json.loads(manifest.read_text())["vllm_version"] if manifest.is_file() else "unknown"
+    return combined, gather, version, f"vLLM {version} ops assembled in {folder}"
+
+
+def _import_ops():
+    """(ssd_combined module, gather module, vLLM version, where they came from), in the order the module says."""
+    chosen = os.environ.get(OPS_ENV)
+    if chosen:
+        return _import_from_folder(Path(chosen).resolve(), f"{OPS_ENV} names this folder")
+    try:
+        import vllm
+    except ImportError as exc:
+        return _import_from_folder(DEFAULT_OPS_DIR, f"vllm is not installed ({exc})")
+    combined, gather = importlib.import_module(COMBINED), importlib.import_module(GATHER)
+    version = getattr(vllm, "__version__", "unknown")
+    return combined, gather, version, f"installed vllm {version} ({os.path.dirname(vllm.__file__)})"
+
+
+_combined, _gather_module, VERSION, SOURCE = _import_ops()
+mamba_chunk_scan_combined_varlen = _combined.mamba_chunk_scan_combined_varlen
+gather_initial_states = _gather_module.gather_initial_states
+
+_missing = [k for k in NEEDED_KEYWORDS if k not in inspect.signature(mamba_chunk_scan_combined_varlen).parameters]
+if _missing:
+    raise ImportError(f"peers.vllm_ssd: {SOURCE}: mamba_chunk_scan_combined_varlen has no keyword(s) {_missing}; "
+                      f"the adapter maps onto vLLM {VLLM_VERSION}'s signature")
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _interpreter_bench(kernel_call, quantiles=(0.5, 0.2, 0.8), **_):
+    """The interpreter has no GPU timer: run the trial once (trials still happen) and report equal times."""
+    kernel_call()
+    return [1.0] * len(quantiles)
+
+
+def _install_interpreter_benchmarker() -> list[str]:
+    """Give every autotuner in vLLM's imported ops modules the deterministic benchmarker (an instance attribute
+    over Triton's ``do_bench`` cached property). Returns the tuned kernels' names."""
+    from triton.runtime.autotuner import Autotuner
+
+    names = []
+    for module_name, module in list(sys.modules.items()):
+        if not module_name.startswith(OPS + ".") or module is None:
+            continue
+        for attr, value in vars(module).items():
+            if isinstance(value, Autotuner) and "do_bench" not in value.__dict__:
+                value.__dict__["do_bench"] = _interpreter_bench
+                names.append(f"{module_name.rsplit('.', 1)[1]}.{attr}")
+    return names
+
+
+INTERPRETER_AUTOTUNERS = _install_interpreter_benchmarker() if _interpreting() else []
+
+
+def _snapshot(state_cache: torch.Tensor, indices: torch.Tensor, has_initial: torch.Tensor) -> torch.Tensor:
+    """vLLM's dense initial-state copy (zeros where the mask is false)."""
+    if has_initial.dtype != torch.bool:
+        has_initial = has_initial != 0
+    if state_cache.is_cuda or state_cache.is_xpu:
+        return gather_initial_states(state_cache, indices, has_initial)
+    if not _interpreting():
+        raise RuntimeError("peers.vllm_ssd: CPU tensors need Triton's interpreter (TRITON_INTERPRET=1; "
+                           "python -m harness --device cpu sets it)")
+    # The wrapper's launch, without its CUDA/XPU assertion.
+    import triton
+
+    assert state_cache[0].is_contiguous(), "state_cache: each (H, P, N) row must be dense"
+    row = state_cache[0].numel()
+    out = torch.empty((indices.numel(), *state_cache.shape[1:]), dtype=state_cache.dtype, device=state_cache.device)
+    block = min(triton.next_power_of_2(row), 1024)
+    _gather_module._gather_initial_states_kernel[(triton.cdiv(row, block), indices.numel())](
+        state_cache, indices, has_initial, out, state_cache.stride(0), indices.stride(0), has_initial.stride(0),
+        row_size=row, BLOCK_SIZE=block, num_warps=8, launch_pdl=False,
+    )
+    return out
+
+
+def _refuse_negative_slots(final_state_indices: torch.Tensor) -> None:
+    if final_state_indices.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    negative = (final_state_indices < 0).nonzero().flatten().tolist()
+    if negative:
+        slots = final_state_indices.tolist()
+        raise NotImplementedError(
+            f"vLLM {VERSION}: final_state_indices {slots} has negative slots for sequences {negative}; vLLM's state "
+            "passing writes a final state at slot * stride(0) without skipping negative slots "
+            "(ssd_state_passing.py, HAS_FINAL_STATES), i.e. outside the cache, where our contract writes nothing")
+
+
+class VllmSSDProvider:
+    """vLLM's ``mamba_chunk_scan_combined_varlen`` behind the harness's ``ssd_prefill`` (snapshot path only)."""
+
+    name = f"vllm-{VERSION}-ssd"
+    supported_paths = frozenset({"snapshot"})
+    source = SOURCE
+
+    def ssd_prefill(self, x, dt, A, B, C, *, chunk_size, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx,
+                    out, D=None, z=None, dt_bias=None, dt_softplus=False, dt_limit=(0.0, math.inf), state_cache,
+                    initial_state_indices, has_initial_states, final_state_indices=None,
+                    return_intermediate_states=False, path="auto"):
+        if path == "indexed":
+            raise ValueError(f"path='indexed': vLLM {VERSION} has no indexed path (it always reads initial states "
+                             "from a dense copy: snapshot only)")
+        if path not in ("auto", "snapshot"):
+            raise ValueError(f"path: expected one of auto, snapshot, indexed; found {path!r}")
+        direct = final_state_indices is not None and not return_intermediate_states
+        if direct:
+            _refuse_negative_slots(final_state_indices)
+        initial_states = _snapshot(state_cache, initial_state_indices, has_initial_states)
+        return mamba_chunk_scan_combined_varlen(
+            x, dt, A, B, C,
+            chunk_size=chunk_size,
+            cu_seqlens=cu_seqlens,
+            cu_chunk_seqlens=cu_chunk_seqlens,
+            last_chunk_indices=last_chunk_indices,
+            seq_idx=seq_idx,
+            out=out,
+            D=D,
+            z=z,
+            dt_bias=dt_bias,
+            initial_states=initial_states,
+            dt_softplus=dt_softplus,
+            dt_limit=dt_limit,
+            return_intermediate_states=bool(return_intermediate_states),
+            state_dtype=state_cache.dtype,
+            final_states_out=state_cache if direct else None,
+            final_state_indices=final_state_indices if direct else None,
+        )
+
+    def __repr__(self) -> str:
+        return f"<provider {self.name} from {self.source}>"
+
+
+provider = VllmSSDProvider()
+
+__all__ = ["provider", "VllmSSDProvider", "mamba_chunk_scan_combined_varlen", "gather_initial_states"]

@@ -1,0 +1,347 @@
+"""The vLLM peer adapter (peers/vllm_ssd.py) and the script that assembles vLLM's ops (scripts/assemble_vllm_ops.py).
+
+Without the ops the adapter must fail to import with the import it needed and the command that assembles them. With
+them (``python scripts/assemble_vllm_ops.py`` writes ``.peers/vllm-0.33.0``, or an installed vllm), small cases
+pass the harness's checks, and the two differences of contract the adapter declares are shown to be real: vLLM 0.33
+stores a negative slot's final state outside the cache (so the adapter refuses such calls), and it has no indexed
+path. The assembly itself is tested on small hand-made wheels: what it extracts, and that it stops on an import it
+cannot account for and on a file whose hash does not match the wheel's RECORD.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import importlib.util
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import backend
+from harness.cases.loader import load_case_file
+from harness.checks import ProviderError, Status, load_provider, run_check
+from harness.compare import assert_bits_equal
+
+REPO = Path(__file__).resolve().parents[1]
+SPEC = "peers.vllm_ssd:provider"
+ASSEMBLE = "python scripts/assemble_vllm_ops.py"
+OPS_FOLDER = REPO / ".peers" / "vllm-0.33.0"
+
+
+def _ops_available() -> bool:
+    return (OPS_FOLDER / "vllm/model_executor/layers/mamba/ops/ssd_combined.py").is_file() or (
+        importlib.util.find_spec("vllm") is not None)
+
+
+needs_ops = pytest.mark.skipif(
+    not _ops_available(),
+    reason=f"vLLM's SSD ops are not assembled ({OPS_FOLDER} is absent and vllm is not installed): run {ASSEMBLE}")
+
+CASES = """\
+schema: ssd-case/1
+cases:
+  - id: vllm-direct
+    description: one sequence continuing from a real state, direct writeback into another slot, padded rows
+    seed: 21
+    shape: {nheads: 2, headdim: 4, dstate: 16, ngroups: 1, chunk_size: 16}
+    dtype: {io: float32, state: float32}
+    options: {D: per_head, z: true, dt_bias: true, dt_softplus: true, dt_limit: [0.01, 0.5]}
+    sequences:
+      - {context: 5, tokens: 20, init_slot: 1, has_state: true, final_slot: 2}
+    cache: {slots: 4, row_pad: 3, offset: 2, fill: nan}
+    indices: {layout: contiguous, dtype: int32}
+    call: {final_state: direct, path: auto}
+  - id: vllm-batch-fp16
+    description: two fp16 sequences, the first masked over a NaN slot, crossed slots from a block-table column
+    seed: 22
+    shape: {nheads: 2, headdim: 4, dstate: 16, ngroups: 2, chunk_size: 16}
+    dtype: {io: float16, state: float32}
+    options: {D: per_channel}
+    sequences:
+      - {context: 0, tokens: 10, init_slot: 0, has_state: false, final_slot: 1}
+      - {context: 17, tokens: 20, init_slot: 1, has_state: true, final_slot: 0}
+    cache: {slots: 3, row_pad: 2, offset: 1, fill: nan}
+    indices: {layout: block_table, dtype: int64, columns: 4, init_column: 0, final_column: 2, rows_before: 1}
+    call: {final_state: direct, path: auto}
+  - id: vllm-returned
+    description: two sequences returning fp16 final states (nothing written)
+    seed: 23
+    shape: {nheads: 2, headdim: 4, dstate: 16, ngroups: 1, chunk_size: 16}
+    dtype: {io: float32, state: float16}
+    sequences:
+      - {context: 3, tokens: 9, init_slot: 0, has_state: true}
+      - {context: 0, tokens: 12, init_slot: 1, has_state: false}
+    cache: {slots: 2}
+    call: {final_state: returned, path: auto}
+  - id: vllm-checkpoint
+    description: one sequence over three chunks returning every chunk-end state
+    seed: 24
+    shape: {nheads: 2, headdim: 4, dstate: 16, ngroups: 1, chunk_size: 16}
+    dtype: {io: float32, state: float32}
+    sequences:
+      - {context: 0, tokens: 40, init_slot: 0, has_state: true}
+    cache: {slots: 1}
+    call: {final_state: checkpoint, path: auto}
+  - id: vllm-negative-final
+    description: a padded sequence (final slot -1) whose slot -1 lies inside the cache's storage (offset = one row)
+    seed: 25
+    shape: {nheads: 2, headdim: 4, dstate: 16, ngroups: 1, chunk_size: 16}
+    dtype: {io: float32, state: float32}
+    sequences:
+      - {context: 4, tokens: 20, init_slot: 0, has_state: true, final_slot: -1}
+    cache: {slots: 2, offset: 128, fill: -7.25}
+    call: {final_state: direct, path: auto}
+"""
+
+PASSING = {
+    "vllm-direct": ["auto_vs_snapshot", "untouched_storage", "readonly_inputs", "determinism", "reference_bound"],
+    "vllm-batch-fp16": ["untouched_storage", "masked_state", "reference_bound"],
+    "vllm-returned": ["returned_shapes", "reference_bound"],
+    "vllm-checkpoint": ["returned_shapes", "untouched_storage", "reference_bound"],
+}
+
+
+@pytest.fixture(scope="module")
+def device() -> str:
+    return "cpu" if backend.interpreting() else "cuda"
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory) -> dict:
+    path = tmp_path_factory.mktemp("cases") / "vllm.yaml"
+    path.write_text(CASES)
+    return {c.id: c for c in load_case_file(path)}
+
+
+@pytest.fixture(scope="module")
+def vllm_provider():
+    return load_provider(SPEC)
+
+
+def test_missing_ops_name_the_import_and_the_assemble_command(tmp_path, monkeypatch):
+    """An assembled-ops folder without the ops: the provider cannot load, and says which import failed, where it
+    looked and which command assembles the ops."""
+    monkeypatch.setenv("SSD_HARNESS_VLLM_OPS", str(tmp_path))
+    monkeypatch.delitem(sys.modules, "peers.vllm_ssd", raising=False)
+    with pytest.raises(ProviderError) as info:
+        load_provider(SPEC)
+    message = str(info.value)
+    for expected in ("mamba_chunk_scan_combined_varlen", "vllm.model_executor.layers.mamba.ops.ssd_combined",
+                     str(tmp_path), "SSD_HARNESS_VLLM_OPS", ASSEMBLE):
+        assert expected in message, (expected, message)
+
+
+@needs_ops
+@pytest.mark.parametrize("case_id", sorted(PASSING))
+def test_small_cases_pass_through_the_harness(cases, vllm_provider, device, case_id):
+    from harness.checks import CheckContext
+
+    case = cases[case_id]
+    context = CheckContext(case, vllm_provider, device, SPEC)
+    for check in PASSING[case_id]:
+        result = run_check(case, check, vllm_provider, device=device, provider_spec=SPEC, context=context)
+        assert result.status is Status.PASSED, (check, result.status, result.message or result.reason)
+
+
+@needs_ops
+def test_a_mapping_that_drops_an_argument_is_caught(cases, vllm_provider, device):
+    """Negative control for the test above: vLLM called without dt_softplus (an argument the adapter must pass on)
+    fails reference_bound on the same case."""
+
+    class DropsSoftplus:
+        name = "vllm-without-dt_softplus"
+        supported_paths = vllm_provider.supported_paths
+
+        def ssd_prefill(self, *args, dt_softplus=False, **kwargs):
+            return vllm_provider.ssd_prefill(*args, dt_softplus=False, **kwargs)
+
+    assert cases["vllm-direct"].options.dt_softplus
+    result = run_check(cases["vllm-direct"], "reference_bound", DropsSoftplus(), device=device, provider_spec=SPEC)
+    assert result.status is Status.FAILED and "exceed the derived bound" in result.summary, result.summary
+
+
+@needs_ops
+def test_checkpoint_mode_with_final_slots_writes_nothing(cases, vllm_provider, device):
+    """Ours: checkpoint mode writes nothing whatever final_state_indices holds. vLLM asserts against the pair, so
+    the adapter must not hand it the cache: the call returns the chunk-end states and leaves the storage as it was."""
+    case = cases["vllm-direct"]
+    inputs = _inputs(case, device)
+    kwargs = inputs.kwargs(final_state="checkpoint")
+    kwargs["final_state_indices"] = inputs.final_state_indices
+    before = inputs.cache_base.clone()
+    returned = vllm_provider.ssd_prefill(**kwargs)
+    nchunks = inputs.cu_chunk_seqlens.numel() - 1
+    assert tuple(returned.shape) == (nchunks, *inputs.state_cache.shape[1:]), tuple(returned.shape)
+    assert_bits_equal(inputs.cache_base, before, what="cache storage after a checkpoint call with final slots")
+
+
+@needs_ops
+def test_indexed_path_is_unsupported_not_passed(cases, vllm_provider, device):
+    result = run_check(cases["vllm-direct"], "indexed_vs_snapshot", vllm_provider, device=device, provider_spec=SPEC)
+    assert result.status is Status.UNSUPPORTED and "lacks the indexed path" in result.reason, result.reason
+    with pytest.raises(ValueError, match="no indexed path"):
+        inputs = _inputs(cases["vllm-direct"], device)
+        vllm_provider.ssd_prefill(**inputs.kwargs(path="indexed"))
+
+
+def _inputs(case, device):
+    from harness.cases.builder import build_inputs
+
+    return build_inputs(case, device)
+
+
+@needs_ops
+def test_vllm_stores_a_negative_slots_final_state_before_the_cache(cases, device):
+    """The root cause of the refusal below: called directly, vLLM 0.33 writes the final state of a sequence whose
+    final slot is -1 into the row before slot 0 (here inside the storage, one row of offset), instead of nothing.
+    If a vLLM release guards negative slots, this fails: drop the refusal in peers/vllm_ssd.py then."""
+    from peers import vllm_ssd
+
+    case = cases["vllm-negative-final"]
+    inputs = _inputs(case, device)
+    returned = _inputs(case, device)
+    kwargs = returned.kwargs(final_state="returned")
+    want = vllm_ssd.provider.ssd_prefill(**kwargs)[0]  # the sequence's final state, in the cache dtype
+
+    kwargs = inputs.kwargs()
+    row = inputs.state_cache[0].numel()
+    before = inputs.cache_base.clone()
+    vllm_ssd.mamba_chunk_scan_combined_varlen(
+        kwargs["x"], kwargs["dt"], kwargs["A"], kwargs["B"], kwargs["C"], chunk_size=kwargs["chunk_size"],
+        cu_seqlens=kwargs["cu_seqlens"], cu_chunk_seqlens=kwargs["cu_chunk_seqlens"],
+        last_chunk_indices=kwargs["last_chunk_indices"], seq_idx=kwargs["seq_idx"], out=kwargs["out"],
+        initial_states=vllm_ssd._snapshot(inputs.state_cache, inputs.initial_state_indices,
+                                          inputs.has_initial_states),
+        state_dtype=inputs.state_cache.dtype, final_states_out=inputs.state_cache,
+        final_state_indices=inputs.final_state_indices)
+    assert inputs.state_cache.storage_offset() == row
+    assert_bits_equal(inputs.cache_base[:row].view_as(want), want, what="the row before slot 0 (slot -1)")
+    assert_bits_equal(inputs.cache_base[row:], before[row:], what="the cache's own slots")
+
+
+@needs_ops
+def test_negative_final_slot_is_refused_before_anything_is_written(cases, vllm_provider, device):
+    case = cases["vllm-negative-final"]
+    inputs = _inputs(case, device)
+    before = inputs.cache_base.clone()
+    with pytest.raises(NotImplementedError, match=r"negative slots for sequences \[0\].*HAS_FINAL_STATES"):
+        vllm_provider.ssd_prefill(**inputs.kwargs())
+    assert_bits_equal(inputs.cache_base, before, what="cache storage after the refused call")
+    result = run_check(case, "untouched_storage", vllm_provider, device=device, provider_spec=SPEC)
+    assert result.status is Status.ERROR and "NotImplementedError" in result.summary, result.summary
+
+
+# --- the assembly script, on hand-made wheels --------------------------------------------------------------------
+
+OPS = "vllm/model_executor/layers/mamba/ops"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("assemble_vllm_ops", REPO / "scripts" / "assemble_vllm_ops.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _record_line(name: str, data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{name},sha256={digest},{len(data)}"
+
+
+def _wheel(path: Path, files: dict[str, str], *, tamper: str | None = None) -> Path:
+    """A wheel holding ``files`` and a RECORD of their hashes (``tamper``: that file's content differs from its
+    RECORD entry)."""
+    wheel = path / "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    record = []
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, text in files.items():
+            data = text.encode()
+            record.append(_record_line(name, data))
+            z.writestr(name, data + (b"# changed\n" if name == tamper else b""))
+        z.writestr("vllm-0.33.0.dist-info/licenses/LICENSE", "Apache License 2.0\n")
+        record.append(_record_line("vllm-0.33.0.dist-info/licenses/LICENSE", b"Apache License 2.0\n"))
+        record.append("vllm-0.33.0.dist-info/RECORD,,")
+        z.writestr("vllm-0.33.0.dist-info/RECORD", "\n".join(record) + "\n")
+    return wheel
+
+
+MINI_OPS = {
+    f"{OPS}/__init__.py": "",
+    f"{OPS}/ssd_combined.py": "from vllm.triton_utils import triton\nfrom .helper import f\n"
+                              "from vllm.platforms import current_platform\n"
+                              "if current_platform.is_cpu():\n"
+                              "    import vllm.model_executor.layers.mamba.ops.cpu.mamba_ssm as cpu\n",
+    f"{OPS}/helper.py": "from vllm.logger import init_logger\ndef f():\n    return 1\n",
+    f"{OPS}/gather_initial_states.py": "from vllm.triton_utils import tl, triton\n",
+    f"{OPS}/unused.py": "import vllm.engine\n",
+}
+
+
+def test_assembly_extracts_the_import_closure_and_writes_stand_ins(tmp_path):
+    script = _script()
+    out = tmp_path / "ops"
+    written = {path: origin for path, origin, _ in script.assemble(_wheel(tmp_path, MINI_OPS), out, "0.33.0")}
+    extracted = {p for p, o in written.items() if o == "vllm 0.33.0 wheel"}
+    assert extracted == {f"{OPS}/__init__.py", f"{OPS}/ssd_combined.py", f"{OPS}/helper.py",
+                         f"{OPS}/gather_initial_states.py"}, extracted  # not unused.py: nothing imports it
+    for name in extracted:
+        assert (out / name).read_text() == MINI_OPS[name]  # unchanged
+    standins = {p for p, o in written.items() if o.startswith("stand-in")}
+    assert {"vllm/triton_utils.py", "vllm/platforms.py", "vllm/logger.py", "vllm/__init__.py",
+            "vllm/model_executor/layers/mamba/__init__.py"} <= standins, standins
+    assert (out / "LICENSE").read_text() == "Apache License 2.0\n"
+    assert not (out / OPS / "cpu").exists()
+
+
+def test_assembly_stops_on_an_import_it_cannot_account_for(tmp_path):
+    ops = dict(MINI_OPS)
+    ops[f"{OPS}/helper.py"] = "from vllm.distributed import get_tp_group\n"
+    with pytest.raises(SystemExit, match=r"helper.py line 1: imports vllm.distributed, which is neither"):
+        _script().assemble(_wheel(tmp_path, ops), tmp_path / "ops", "0.33.0")
+    assert not (tmp_path / "ops").exists()
+
+
+def test_assembly_stops_on_a_name_a_stand_in_lacks(tmp_path):
+    ops = dict(MINI_OPS)
+    ops[f"{OPS}/helper.py"] = "from vllm.triton_utils import tldevice\n"
+    with pytest.raises(SystemExit, match=r"imports \['tldevice'\] from vllm.triton_utils"):
+        _script().assemble(_wheel(tmp_path, ops), tmp_path / "ops", "0.33.0")
+
+
+def test_assembly_stops_on_a_file_that_does_not_match_the_record(tmp_path):
+    with pytest.raises(SystemExit, match=r"helper.py does not match its sha256"):
+        _script().assemble(_wheel(tmp_path, MINI_OPS, tamper=f"{OPS}/helper.py"), tmp_path / "ops", "0.33.0")
+
+
+@pytest.mark.skipif(not (OPS_FOLDER / "ASSEMBLED.json").is_file(), reason=f"{OPS_FOLDER} absent: run {ASSEMBLE}")
+def test_assembled_folder_is_small_and_all_python_from_the_wheel_is_vllms():
+    """The folder travels to the GPU runner with the working tree (64 MiB for everything): it stays small."""
+    import json
+
+    manifest = json.loads((OPS_FOLDER / "ASSEMBLED.json").read_text())
+    total = sum(p.stat().st_size for p in OPS_FOLDER.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    assert total < 1 << 20, total
+    assert manifest["vllm_version"] == "0.33.0"
+    assert f"{OPS}/ssd_combined.py" in manifest["files"] and f"{OPS}/gather_initial_states.py" in manifest["files"]
+
+
+def test_interpreter_gather_matches_the_torch_snapshot_where_vllm_asserts_cuda(device):
+    """Under the interpreter the adapter launches vLLM's gather kernel itself (the wrapper asserts CUDA/XPU); the
+    copy must be the torch.where snapshot's, masked NaN rows included."""
+    if not _ops_available():
+        pytest.skip(f"vLLM's SSD ops are not assembled: run {ASSEMBLE}")
+    from peers import vllm_ssd
+    from reference import snapshot
+
+    base = torch.randn(5 * 40 + 3).to(torch.float16)
+    cache = base.as_strided((5, 2, 4, 4), (40, 16, 4, 1), 3)
+    cache[2].fill_(float("nan"))
+    table = torch.tensor([[9, 4], [9, 2], [9, 0]], dtype=torch.int32)
+    indices = table[:, 1]  # a strided column
+    has = torch.tensor([True, False, True])
+    got = vllm_ssd._snapshot(cache.to(device), indices.to(device), has.to(device))
+    want = snapshot.gather_initial_states(cache, indices, has)
+    assert_bits_equal(got.cpu(), want, what="vLLM gather vs torch.where snapshot")
