@@ -2,7 +2,7 @@
 
 ``kernels`` (the Triton kernels, liftable into an engine) and ``reference`` (the independent oracle) import nothing
 of each other or of ``harness``; ``harness`` sits on both; ``ssd_pytest`` (the pytest machinery) sits on ``harness``,
-which must not import it. The import graph is read from the source with ``ast``: every ``import`` statement counts,
+which must not import it; ``peers`` (adapters for other engines' kernels) and the rest never import each other. The import graph is read from the source with ``ast``: every ``import`` statement counts,
 those inside functions too (a deferred import still ties the layers together), and relative imports are resolved.
 An import cycle among the repository's modules fails as well, with the cycle spelled out.
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("kernels", "reference", "harness", "ssd_pytest")
+PACKAGES = ("kernels", "reference", "harness", "ssd_pytest", "peers")
 # (importer's package, imported package) pairs that break the layering, with the reason reported.
 FORBIDDEN = {
     ("kernels", "harness"): "kernels must be liftable into an engine without the harness",
@@ -25,6 +25,11 @@ FORBIDDEN = {
     ("reference", "kernels"): "the oracle must be independent of the kernels it judges",
     ("reference", "harness"): "the oracle must not depend on the harness that uses it",
     ("harness", "ssd_pytest"): "the pytest machinery sits on top of the harness, not under it",
+    # Adapters for other engines' kernels are providers like any user's: the harness loads them by name.
+    **{("peers", p): "a peer adapter is a provider: it stands on its engine alone, as a user's would"
+       for p in ("harness", "kernels", "reference", "ssd_pytest")},
+    **{(p, "peers"): "nothing depends on a peer adapter; the harness loads it by name (--provider)"
+       for p in ("harness", "kernels", "reference", "ssd_pytest")},
 }
 
 

@@ -54,7 +54,7 @@ def test_the_console_script_is_the_cli_and_every_package_ships():
     assert (module, attr) == ("harness.cli", "main") and callable(cli.main)
     include = project["tool"]["setuptools"]["packages"]["find"]["include"]
     top_level = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests"}
-    assert top_level == {"harness", "kernels", "reference", "ssd_pytest"}, top_level
+    assert top_level == {"harness", "kernels", "reference", "ssd_pytest", "peers"}, top_level
     assert all(f"{name}*" in include for name in top_level), include  # with their sub-packages (harness.cases, ...)
 
 
