@@ -270,10 +270,10 @@ def _run_plan(args, runner, device: str, spec: str) -> int:
     from harness.isolation import IsolationError
     from harness.report import Report, summary_lines
 
+    runner.start()  # the child's imports overlap with loading the cases
     cases = _load(args.paths or [DEFAULT_CASES])
     plan = _plan(cases, args.check)
     live = _live_report(args.json)
-    runner.start()  # the child's start-up overlaps with the rest of this one's
     repro_device = None if args.device == "auto" else args.device
     print(f"ssd-harness run: {len(cases)} cases, {len(plan)} items, device={device}, provider={spec}, "
           f"isolation={runner.mode}, item time limit: {runner.limit.describe()}", flush=True)

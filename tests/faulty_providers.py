@@ -126,3 +126,18 @@ exits_hard = ExitsHard()
 crashes_once = CrashesOnce()
 sticky_device_error = StickyDeviceError()
 raises_keyboard_interrupt = RaisesKeyboardInterrupt()
+
+
+class LaunchesUnwarmed(_Broken):
+    """Not a fault of the results: our kernels, plus one launch per call without ``D`` (on copies, result
+    discarded), a specialization that a case with ``D`` does not warm. The recompile guard must fail it."""
+
+    breakage = "launches a kernel specialization outside the case's model request"
+
+    def call(self, *args, out, state_cache, **kwargs):
+        if kwargs.get("D") is not None:
+            self.inner.ssd_prefill(*args, **{**kwargs, "D": None}, out=out.clone(), state_cache=state_cache.clone())
+        return self.inner.ssd_prefill(*args, out=out, state_cache=state_cache, **kwargs)
+
+
+launches_unwarmed = LaunchesUnwarmed()

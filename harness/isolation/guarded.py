@@ -58,8 +58,9 @@ class RecompileGuard:
             if result.status in (Status.SKIPPED, Status.UNSUPPORTED):
                 return result
             fired = f"recompile guard (after warmup: {report.summary()}):\n{exc}"
-            lines = str(exc).splitlines()  # a title, then one line per problem
-            summary = f"recompile guard: {(lines[1] if len(lines) > 1 else lines[0]).strip()}"
+            lines = [line.strip() for line in str(exc).splitlines()[1:]] or [str(exc)]  # after the title
+            first = lines[0] if not lines[0].endswith(":") or len(lines) == 1 else f"{lines[0]} {lines[1]}"
+            summary = f"recompile guard: {first}"
             if result.status.is_failure:
                 result.message = f"{result.message}\n{fired}"
             else:

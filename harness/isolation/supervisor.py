@@ -216,8 +216,12 @@ class Supervisor:
         return stack
 
     def close(self) -> None:
-        """Tell the child to finish and wait briefly for it; kill it if it does not."""
+        """Tell the child to finish and wait briefly for it; kill it if it does not, or if it never became ready
+        (a caller that gives up before the first item does not wait for the child's imports)."""
         if self._proc is None:
+            return
+        if not self._ready:
+            self._stop(dump=False)
             return
         try:
             self._channel.send(protocol.Close())
