@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import os
+import pickle
 import signal
 import sys
 import traceback
@@ -79,7 +80,7 @@ def serve(channel, worker) -> int:
         _flush()
         try:
             channel.send(reply)
-        except (TypeError, AttributeError, ValueError) as exc:  # a stat that does not pickle: send it as text
+        except (pickle.PicklingError, TypeError, AttributeError, ValueError) as exc:  # a stat that does not pickle
             if isinstance(reply, protocol.ItemDone):
                 reply.result.stats = {k: repr(v) for k, v in reply.result.stats.items()}
                 channel.send(reply)
@@ -114,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
 
         provider = load_provider(hello.provider_spec)
     except BaseException as exc:  # noqa: BLE001 - the supervisor reports it as an unusable provider
-        channel.send(protocol.Unusable(_one_line(exc)))
+        from harness.checks.providers import ProviderError
+
+        channel.send(protocol.Unusable(str(exc) if isinstance(exc, ProviderError) else _one_line(exc)))
         return 0
     worker = Worker(provider, device, hello.provider_spec, interrupts_are_errors=True,
                     warmup_first=hello.warmup_first)

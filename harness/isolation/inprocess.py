@@ -20,7 +20,7 @@ class InProcess:
     def __init__(self, provider_spec: str, device: str, *, provider=None, warmup_first: float = 0.0):
         """``provider``: the loaded provider, or None to load ``provider_spec`` at ``start``."""
         self.provider_spec, self.device, self.warmup_first = provider_spec, device, warmup_first
-        self.limit = TimeLimit(math.inf, "none in-process")
+        self.limit = TimeLimit(math.inf, "no limit in-process")
         self.restarts: list = []
         self.processes = 0
         self._provider = provider

@@ -11,18 +11,18 @@ TIMEOUT_ENV = "SSD_HARNESS_ITEM_TIMEOUT"
 MODES = ("process", "none")
 DEFAULT_MODE = "process"
 
-# Seconds one item may take before its process is killed. CPU: the slowest item of the corpus under Triton's
-# interpreter, the first check of its case (which also builds the inputs), takes a small fraction of this on a
-# loaded two-core host; a hung item still ends within two minutes. CUDA: an item that meets a cold Triton cache
-# compiles every kernel specialization its call needs, serially, in that one process (a whole model request warmed
-# serially by one process takes about 40 s cold); five minutes leaves room for a slow host and a cold cache.
+# Seconds one item may take before its process is killed. CPU: a hung item must end within two minutes; the slowest
+# corpus item under Triton's interpreter (a check that calls our kernels several times on one of the larger cases)
+# stays well inside that even on a host whose cores are shared several times over. CUDA: an item that meets a cold
+# Triton cache first compiles, serially in its one process, every kernel specialization its calls need; the limit
+# leaves room for that on a slow host, far above any warm item.
 DEFAULT_TIMEOUTS = {"cpu": 120.0, "cuda": 300.0}
 
 
 @dataclass(frozen=True)
 class TimeLimit:
     seconds: float  # math.inf: no limit
-    origin: str  # where the number came from, for the message of an item that ran past it
+    origin: str  # where the number came from ("limit from --item-timeout"), for an item that ran past it
 
     def describe(self) -> str:
         return "none" if math.isinf(self.seconds) else f"{self.seconds:g} s ({self.origin})"
@@ -46,11 +46,12 @@ def item_timeout(value: float | str | None, device: str) -> TimeLimit:
     elif os.environ.get(TIMEOUT_ENV, "").strip():
         source, raw = TIMEOUT_ENV, os.environ[TIMEOUT_ENV]
     else:
-        return TimeLimit(DEFAULT_TIMEOUTS[device], f"default on {device}; set by --item-timeout or {TIMEOUT_ENV}")
+        return TimeLimit(DEFAULT_TIMEOUTS[device],
+                         f"default limit on {device}; change it with --item-timeout or {TIMEOUT_ENV}")
     try:
         seconds = float(raw)
     except (TypeError, ValueError):
         seconds = math.nan
     if not (seconds >= 0) or math.isinf(seconds):
         raise ValueError(f"{source}: expected seconds (a number >= 0; 0 = no limit), found {raw!r}")
-    return TimeLimit(math.inf if seconds == 0 else seconds, f"from {source}")
+    return TimeLimit(math.inf if seconds == 0 else seconds, f"limit from {source}")

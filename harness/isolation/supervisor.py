@@ -76,7 +76,7 @@ class Supervisor:
         elif timeout is None:
             self.limit = item_timeout(None, device)
         else:
-            self.limit = TimeLimit(math.inf if timeout == 0 else float(timeout), "given to the supervisor")
+            self.limit = TimeLimit(math.inf if timeout == 0 else float(timeout), "limit given to the supervisor")
         self.start_seconds = start_timeout or max(MIN_START_SECONDS, self.limit.seconds)
         self.restarts: list[Restart] = []
         self.processes = 0  # children started
@@ -149,7 +149,7 @@ class Supervisor:
             return channel.recv(deadline), None, time.monotonic() - began
         except TimeoutError:
             stack = self._stop(dump=True)
-            cause = f"timed out after {deadline_seconds:g} s (limit {self.limit.origin})"
+            cause = f"timed out after {deadline_seconds:g} s ({self.limit.origin})"
             fault = (cause, f"where it was when stopped:\n{stack}" if stack.strip() else "")
         except (ChannelClosed, BrokenPipeError):
             code, stack = self._reap()
