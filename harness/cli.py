@@ -1,16 +1,22 @@
 """``python -m harness``: run, repro, validate, generate, schema, fuzz, times, warmup and bench (each with ``--help``).
 
 The same ``harness.checks.run_check`` serves this CLI and the pytest plugin, and the same rule
-(``harness.cases.files``) says which files are cases. Exit status: 0 when everything passed, 1 on any failure
-(including a strict XPASS, an error, and a bad case file among good ones, which still run), 2 when the command could
-not run (no case files, an unusable provider, unknown check names) or nothing ran: no item was selected, or every item
-was skipped or unsupported. Nothing run is never a pass.
+(``harness.cases.files``) says which files are cases. ``run``, ``repro`` and ``fuzz`` run each item in a supervised
+child process (``harness.isolation``): a provider that crashes, exits, hangs or poisons its device is an error of the
+item it was running, and the rest still run. Exit status: 0 when everything passed, 1 on any failure (including a
+strict XPASS, an error, and a bad case file among good ones, which still run), 2 when the command could not run (no
+case files, an unusable provider, unknown check names, an unwritable report) or nothing ran: no item was selected,
+or every item was skipped or unsupported. Nothing run is never a pass. 130 when interrupted (Ctrl-C or SIGTERM;
+``run --json`` still writes what finished).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+import threading
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -19,7 +25,7 @@ from harness import backend
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CASES = REPO_ROOT / "cases"
-EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE, EXIT_INTERRUPTED = 0, 1, 2, 130
 TABLE_COLUMNS = ("passed", "failed", "error", "xpassed", "xfailed", "skipped", "unsupported")
 
 
@@ -34,6 +40,19 @@ def _add_target_options(p: argparse.ArgumentParser) -> None:
                    help="the ssd_prefill provider under test (default: kernels:provider)")
 
 
+def _add_isolation_options(p: argparse.ArgumentParser) -> None:
+    from harness.isolation import DEFAULT_TIMEOUTS, ISOLATION_ENV, TIMEOUT_ENV
+
+    p.add_argument("--isolation", choices=("process", "none"), default=None,
+                   help="process: each item runs in a supervised child process, replaced after a crash, a hang or "
+                        "a sticky device error (default); none: in this process, for pdb (no time limit). "
+                        f"Default from {ISOLATION_ENV}")
+    p.add_argument("--item-timeout", default=None, metavar="SECONDS",
+                   help=f"an item running longer is stopped and reported as an error (0: no limit; default from "
+                        f"{TIMEOUT_ENV}, else " + ", ".join(f"{s:g} s on {d}" for d, s in DEFAULT_TIMEOUTS.items())
+                        + ")")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -46,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="only this check (repeatable)")
     run.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the JSON report here")
     run.add_argument("--quiet", action="store_true", help="no per-item progress lines")
+    _add_isolation_options(run)
 
     repro = sub.add_parser("repro", help="run one case file (one case / check) and print the full report",
                            description="Re-run a failing item and print what differed in full.")
@@ -54,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     repro.add_argument("--check", action="append", default=None, metavar="NAME",
                        help="check name (repeatable; default: the case's checks)")
     _add_target_options(repro)
+    _add_isolation_options(repro)
 
     validate = sub.add_parser("validate", help="load case files and report every error (exit 1 on any)",
                               description="Validate case files: schema, combinations, unique ids, check names.")
@@ -115,6 +136,69 @@ def _target(args) -> tuple[str, object, str]:
     return device, provider, spec
 
 
+def _runner(args):
+    """Configure the backend, read the isolation settings and check the provider spec; returns (runner, device,
+    spec). The runner starts nothing yet. With process isolation the provider is imported by the child alone, so
+    a provider whose import crashes cannot take this process with it."""
+    from harness.checks.providers import DEFAULT_PROVIDER, ProviderError, check_provider_spec, load_provider
+    from harness.isolation import isolation_mode, item_timeout, open_runner
+
+    try:
+        device = backend.configure(args.device)
+        mode = isolation_mode(args.isolation)
+        limit = item_timeout(args.item_timeout, device)
+    except (ValueError, RuntimeError) as exc:
+        raise Unusable(str(exc)) from None
+    if mode == "none" and args.item_timeout is not None:
+        raise Unusable("--item-timeout: with --isolation none items run in this process, where nothing can stop "
+                       "one; use --isolation process")
+    spec = args.provider or DEFAULT_PROVIDER
+    try:
+        provider = load_provider(spec) if mode == "none" else None
+        if provider is None:
+            check_provider_spec(spec)
+    except ProviderError as exc:
+        raise Unusable(str(exc)) from None
+    return open_runner(spec, device, isolation=mode, timeout=limit, provider=provider), device, spec
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """SIGTERM (a CI time limit, ``kill``) stops the run like Ctrl-C, so that it still reports what finished."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _live_report(path: Path | None):
+    """The ``--json`` report, created before the first item; an unwritable path is refused (exit 2)."""
+    from harness.report import LiveReport
+
+    if path is None:
+        return None
+    try:
+        return LiveReport(path)
+    except OSError as exc:
+        raise Unusable(f"--json {path}: cannot write the report there ({exc.strerror or exc}); nothing was run")
+
+
+def _restart_lines(runner) -> list[str]:
+    if not runner.restarts:
+        return []
+    lines = [f"provider process restarts: {len(runner.restarts)} ({runner.processes} processes started)"]
+    lines += [f"  after {r.item}: {r.cause}" for r in runner.restarts]
+    return lines
+
+
 def _case_files(paths: list[Path]) -> list[Path]:
     """The case files named or under the folders named; a missing path or a named non-case file is unusable."""
     from harness.cases.files import case_files, not_case_files
@@ -164,12 +248,13 @@ def _plan(cases, errors, only: list[str] | None) -> tuple[list[tuple[object, str
 
 
 def _record(result, nodeid: str, start: float):
-    from harness.report import ItemRecord
+    from harness.report import MESSAGE_CHARS, ItemRecord
 
     return ItemRecord(
         nodeid=nodeid, outcome=result.status.value, duration=result.duration, case_id=result.case_id,
         check=result.check, family=result.family, source=result.source, seed=result.seed,
         max_ulp=result.max_ulp, reason=result.reason, summary=result.summary, repro=result.repro, start=start,
+        message=result.message[:MESSAGE_CHARS] if result.status.is_failure else "",
     )
 
 
@@ -201,79 +286,119 @@ def _table(records) -> list[str]:
     return lines
 
 
-def _context_for(case, provider, device, spec, cache: dict):
-    """One CheckContext per case, so the checks of a case share its built inputs."""
-    from harness.checks import CheckContext
-
-    if cache.get("case") is not case:
-        cache.clear()
-        cache["case"], cache["ctx"] = case, CheckContext(case, provider, device, spec)
-    return cache["ctx"]
-
-
 # ---------------------------------------------------------------- commands
 
 
 def cmd_run(args) -> int:
     from harness.cases.loader import load_each
-    from harness.checks import run_check
-    from harness.report import Report, summary_lines
+    from harness.checks.providers import ProviderError
+    from harness.isolation import IsolationError
 
     _check_names(args.check)
-    device, provider, spec = _target(args)
     paths = args.paths or [DEFAULT_CASES]
-    loaded = load_each(_case_files(paths))
-    plan, bad = _plan(loaded.cases, loaded.errors, args.check)
-    if not plan and not bad:
-        raise Unusable(f"nothing to run: no check of the {len(loaded.cases)} cases under {', '.join(map(str, paths))}"
-                       f" is selected{' by --check ' + ', '.join(args.check) if args.check else ''}")
+    files = _case_files(paths)
+    runner, device, spec = _runner(args)
+    try:
+        runner.start()  # the child's imports overlap with loading the cases
+        loaded = load_each(files)
+        plan, bad = _plan(loaded.cases, loaded.errors, args.check)
+        if not plan and not bad:
+            raise Unusable(f"nothing to run: no check of the {len(loaded.cases)} cases under "
+                           f"{', '.join(map(str, paths))} is selected"
+                           f"{' by --check ' + ', '.join(args.check) if args.check else ''}")
+        return _run_plan(args, runner, device, spec, loaded.cases, plan, bad)
+    except (ProviderError, IsolationError) as exc:
+        raise Unusable(str(exc)) from None
+    finally:
+        runner.close()
+
+
+def _run_plan(args, runner, device: str, spec: str, cases, plan, bad) -> int:
+    from harness.checks.providers import ProviderError
+    from harness.isolation import IsolationError
+    from harness.report import Report, summary_lines
+
+    live = _live_report(args.json)
     repro_device = None if args.device == "auto" else args.device
-    print(f"ssd-harness run: {len(loaded.cases)} cases, {len(plan)} items, {len(bad)} bad case files, "
-          f"device={device}, provider={spec}", flush=True)
-    records, failures, contexts, last_note = [], 0, {}, ""
+    print(f"ssd-harness run: {len(cases)} cases, {len(plan)} items, {len(bad)} bad case files, device={device}, "
+          f"provider={spec}, isolation={runner.mode}, item time limit: {runner.limit.describe()}", flush=True)
+    records, failures, last_note = [], 0, ""
+    interrupted, aborted, in_flight = False, "", None
     for file, message in bad:
-        records.append(_bad_file_record(file, message))
+        record = _bad_file_record(file, message)
+        records.append(record)
+        if live is not None:
+            live.append(record)
         failures += 1
         print(f"ERROR       {message}", flush=True)
     case_number = {case_id: k for k, case_id in enumerate(dict.fromkeys(c.id for c, _ in plan), 1)}
     ncases = len(case_number)
-    for i, (case, check) in enumerate(plan, 1):
-        start = time.time()
-        result = run_check(case, check, provider, device=device, provider_spec=spec, repro_device=repro_device,
-                           context=_context_for(case, provider, device, spec, contexts))
-        records.append(_record(result, f"{case.source}::{case.id}::{check}", start))
-        failures += result.status.is_failure
-        if not args.quiet or result.status.is_failure:
-            note = result.summary or result.reason
-            note, last_note = ("" if note == last_note and not result.summary else note), note
-            print(f"[{i}/{len(plan)} case {case_number[case.id]}/{ncases}] {result.status.value.upper():<11} "
-                  f"{case.id}::{check} "
-                  f"({result.duration:.2f}s) failures so far: {failures}" + (f"\n    {note}" if note else ""),
-                  flush=True)
-        if result.status.is_failure:
-            print("    repro: " + result.repro, flush=True)
+    with _sigterm_interrupts():
+        try:
+            for i, (case, check) in enumerate(plan, 1):
+                start, in_flight = time.time(), f"{case.source}::{case.id}::{check}"
+                restarts = len(runner.restarts)
+                result = runner.run(case, check, repro_device=repro_device)
+                record = _record(result, in_flight, start)
+                records.append(record)
+                in_flight = None
+                if live is not None:
+                    live.append(record)
+                failures += result.status.is_failure
+                if not args.quiet or result.status.is_failure:
+                    note = result.summary or result.reason
+                    note, last_note = ("" if note == last_note and not result.summary else note), note
+                    print(f"[{i}/{len(plan)} case {case_number[case.id]}/{ncases}] "
+                          f"{result.status.value.upper():<11} {case.id}::{check} "
+                          f"({result.duration:.2f}s) failures so far: {failures}" + (f"\n    {note}" if note else ""),
+                          flush=True)
+                if result.status.is_failure:
+                    print("    repro: " + result.repro, flush=True)
+                for restart in runner.restarts[restarts:]:
+                    if restart.cause != result.summary:  # a sticky device error: the item's own error differs
+                        print(f"    provider process replaced: {restart.cause}", flush=True)
+        except KeyboardInterrupt:
+            interrupted = True
+            print(f"\ninterrupted: {len(records)} of {len(plan)} items finished"
+                  + (f"; {in_flight} was running and is not reported" if in_flight else ""), flush=True)
+        except (ProviderError, IsolationError) as exc:
+            aborted = str(exc)
+            print(f"\nstopped: {aborted}", flush=True)
+    status = (EXIT_INTERRUPTED if interrupted else EXIT_UNUSABLE if aborted else
+              EXIT_FAILED if failures else EXIT_OK)
     print()
     print("\n".join(_table(records)))
     if bad:
         print(f"bad case files (not run): {len(bad)}")
         print("\n".join(f"  {file}" for file, _ in bad))
     print("\n".join(summary_lines(records)))
-    if args.json:
-        Report(items=records, meta={"device": device, "provider": spec, "command": "run"}).write(args.json)
+    print("\n".join(_restart_lines(runner)) or "provider process restarts: 0")
+    if interrupted or aborted:
+        print(f"{'INTERRUPTED' if interrupted else 'STOPPED'}: {len(records)} of {len(plan)} collected items reported;"
+              f" an unfinished run is not a pass (exit {status})")
+    if live is not None:
+        meta = {"device": device, "provider": spec, "command": "run", "collected": len(plan),
+                "reported": len(records), "interrupted": interrupted, "in_flight": in_flight, "aborted": aborted,
+                "exit_status": status, **runner.describe()}
+        live.finish(Report(items=records, meta=meta))
         print(f"json report: {args.json}")
-    if _nothing_ran(records):
+    if aborted:
+        raise Unusable(aborted)
+    if status == EXIT_OK and _nothing_ran(records):
         print(f"error: nothing ran: {len(plan)} items, none passed or failed"
               f"{' (every case file is bad)' if not plan else ' (every item was skipped or unsupported)'}",
               file=sys.stderr)
         return EXIT_UNUSABLE
-    return EXIT_FAILED if failures else EXIT_OK
+    return status
 
 
 def cmd_repro(args) -> int:
     from harness.cases.files import not_case_files
     from harness.cases.loader import load_case_file
     from harness.cases.schema import CaseError
-    from harness.checks import run_check, selected_checks
+    from harness.checks import selected_checks
+    from harness.checks.providers import ProviderError
+    from harness.isolation import IsolationError
 
     if not args.file.is_file():
         raise Unusable(f"no such case file: {args.file}")
@@ -297,26 +422,34 @@ def cmd_repro(args) -> int:
     if not items:
         raise Unusable(f"{args.file}: nothing to run: no check applies to "
                        f"{'case ' + repr(args.case) if args.case else 'its cases'}")
-    device, provider, spec = _target(args)
+    runner, device, spec = _runner(args)
     repro_device = None if args.device == "auto" else args.device
-    failed, verdicts = 0, 0
-    contexts: dict = {}
-    shown = None
-    for case, check in items:
-        if case is not shown:
-            print(case.summary())
-            shown = case
-        result = run_check(case, check, provider, device=device, provider_spec=spec, repro_device=repro_device,
-                           context=_context_for(case, provider, device, spec, contexts))
-        failed += result.status.is_failure
-        verdicts += result.status.value not in ("skipped", "unsupported")
-        print(f"{result.status.value.upper()}: {case.id}::{check} ({result.duration:.2f}s)")
-        if result.reason:
-            print(f"  reason: {result.reason}")
-        if result.message:
-            print(result.message)
-        for key, value in result.stats.items():
-            print(f"  {key}: {value}")
+    failed, verdicts, shown = 0, 0, None
+    try:
+        with _sigterm_interrupts():
+            for case, check in items:
+                if case is not shown:
+                    print(case.summary())
+                    shown = case
+                result = runner.run(case, check, repro_device=repro_device)
+                failed += result.status.is_failure
+                verdicts += result.status.value not in ("skipped", "unsupported")
+                print(f"{result.status.value.upper()}: {case.id}::{check} ({result.duration:.2f}s)")
+                if result.reason:
+                    print(f"  reason: {result.reason}")
+                if result.message:
+                    print(result.message)
+                for key, value in result.stats.items():
+                    print(f"  {key}: {value}")
+    except KeyboardInterrupt:
+        print("interrupted")
+        return EXIT_INTERRUPTED
+    except (ProviderError, IsolationError) as exc:
+        raise Unusable(str(exc)) from None
+    finally:
+        runner.close()
+    for line in _restart_lines(runner):
+        print(line)
     if not verdicts:
         print(f"error: nothing ran: all {len(items)} items were skipped or unsupported", file=sys.stderr)
         return EXIT_UNUSABLE

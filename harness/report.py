@@ -4,7 +4,7 @@ the short terminal summary that groups failures by check and by case family.
 Each xdist worker appends every record, as it is decided, to ``<report>.parts/<worker>.jsonl`` (so a run killed by a
 time limit still leaves what it did) and writes ``<report>.parts/<worker>.json`` when its session ends; the
 controller merges the parts (``merge_parts``) and writes one file. ``merge_parts`` also recovers a killed run from
-the live files. The CLI writes the same model directly.
+the live files. The CLI writes the same model, live as well (``LiveReport``).
 """
 
 from __future__ import annotations
@@ -169,6 +169,38 @@ def merge_parts(report_path: str | os.PathLike, meta: dict | None = None, remove
         if folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
     return merged
+
+
+class LiveReport:
+    """A report written while its run goes on (the CLI's ``run --json``): created only where the report can be
+    written, refused (OSError) before the first item otherwise; each record appended at once, as one line, to
+    ``<report>.parts/<worker>.jsonl`` (what a killed run leaves: ``merge_parts`` and ``harness times`` read it);
+    the whole report written by ``finish``, which then removes the live part. A report left by an earlier run at
+    the same path is removed at the start, so that a killed run never leaves one that reads as its own."""
+
+    def __init__(self, path: str | os.PathLike, worker: str = "cli"):
+        self.path, self.worker = Path(path), worker
+        if self.path.is_dir():
+            raise IsADirectoryError(f"{self.path}: is a folder, not a file")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        probe = self.path.with_name(self.path.name + ".tmp")  # the file Report.write renames into place
+        probe.write_text("")
+        probe.unlink()
+        self.path.unlink(missing_ok=True)
+        clear_parts(self.path)
+        self.live = parts_dir(self.path) / f"{worker}.jsonl"
+        self.live.parent.mkdir(parents=True, exist_ok=True)
+        self.live.write_text("")
+
+    def append(self, record: ItemRecord) -> None:
+        append_live(self.path, self.worker, record)
+
+    def finish(self, report: Report) -> Path:
+        path = report.write(self.path)
+        self.live.unlink(missing_ok=True)
+        if not any(self.live.parent.iterdir()):
+            self.live.parent.rmdir()
+        return path
 
 
 def clear_parts(report_path: str | os.PathLike) -> None:

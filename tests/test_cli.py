@@ -47,6 +47,13 @@ def test_python_dash_m_harness_is_cli_main(tiny_file):
     assert ok.returncode == 0 and "ok: 3 cases in 1 files" in ok.stdout, ok.stdout + ok.stderr
 
 
+@pytest.fixture(autouse=True)
+def _items_in_this_process(monkeypatch):
+    """``run`` and ``repro`` here run their items in this process (``--isolation none``), for the reason above: a
+    child per command would start torch again. tests/test_isolation.py runs them in the child, the default."""
+    monkeypatch.setenv("SSD_HARNESS_ISOLATION", "none")
+
+
 @pytest.fixture(scope="module")
 def tiny_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("cli") / "tiny.yaml"

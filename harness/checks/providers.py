@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 from harness import DEFAULT_PROVIDER
 
@@ -29,6 +30,20 @@ def load_provider(spec: str = DEFAULT_PROVIDER):
     if not callable(getattr(obj, "ssd_prefill", None)):
         raise ProviderError(f"--provider {spec}: {attr!r} has no callable ssd_prefill")
     return obj
+
+
+def check_provider_spec(spec: str) -> None:
+    """Raise ``ProviderError`` when ``spec`` cannot name a provider (its form, or a module that does not exist),
+    without importing the module: a process that only supervises the one importing it learns of a typo at once."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ProviderError(f"--provider: expected module:attr, found {spec!r}")
+    try:
+        found = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError) as exc:
+        raise ProviderError(f"--provider {spec}: cannot import {module_name!r}: {exc}") from exc
+    if found is None:
+        raise ProviderError(f"--provider {spec}: cannot import {module_name!r}: No module named {module_name!r}")
 
 
 def supported_paths(provider) -> frozenset[str]:

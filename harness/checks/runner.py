@@ -40,6 +40,7 @@ def run_check(
     provider_spec: str = DEFAULT_PROVIDER,
     repro_device: str | None = None,
     context: CheckContext | None = None,
+    interrupts_are_errors: bool = False,
 ) -> CheckResult:
     """Run ``check_name`` on ``case`` against ``provider`` on ``device`` ("cuda" or "cpu").
 
@@ -47,17 +48,14 @@ def run_check(
     summary and the repro line; a case with ``expect: xfail`` turns a failure into XFAILED and a pass into XPASSED
     (strict: a stale xfail does not hide). A check that finds nothing to judge (``NotApplicable``) is SKIPPED with
     its reason, whatever the case expects.
+
+    Anything the check or provider raises is an ERROR of this item, ``SystemExit`` included (a provider calling
+    ``sys.exit`` must not end the run, let alone with its status). ``KeyboardInterrupt`` is the user's Ctrl-C in
+    the process that runs the front end, so it propagates; a process that ignores SIGINT (``harness.isolation``'s
+    child) knows any ``KeyboardInterrupt`` came from provider code and passes ``interrupts_are_errors=True``.
     """
     check = get_check(check_name)
-    result = CheckResult(
-        case_id=case.id,
-        check=check_name,
-        status=Status.PASSED,
-        source=str(case.source),
-        family=str(getattr(case, "family", "")),
-        seed=getattr(case, "seed", None),
-        repro=repro_line(case, check_name, provider_spec, repro_device),
-    )
+    result = _blank_result(case, check_name, provider_spec, repro_device)
     ok, reason = check.applies(case, provider, provider_spec)
     if not ok:
         result.status = Status.UNSUPPORTED if reason.startswith("unsupported") else Status.SKIPPED
@@ -81,15 +79,48 @@ def run_check(
         result.status = Status.FAILED
         result.stats = dict(exc.stats)
         failure = exc.report
-    except Exception:  # noqa: BLE001 - a crashing provider is a finding, reported with its traceback
+    except BaseException as exc:  # noqa: BLE001 - a crashing provider is a finding, reported with its traceback
+        if isinstance(exc, KeyboardInterrupt) and not interrupts_are_errors:
+            raise
         result.status = Status.ERROR
         failure = traceback.format_exc()
+        if not isinstance(exc, Exception):
+            failure = failure.rstrip() + " (raised inside the check: an error of this item, not the end of the run)"
     result.duration = time.perf_counter() - start
 
     if failure:
         result.summary = failure.strip().splitlines()[-1 if result.status is Status.ERROR else 0]
         result.message = f"{check_name} failed\n{failure.rstrip()}\ncase: {case.summary()}\nrepro: {result.repro}"
+    return apply_expect(result, case)
 
+
+def _blank_result(case, check_name: str, provider_spec: str, repro_device: str | None) -> CheckResult:
+    return CheckResult(
+        case_id=case.id,
+        check=check_name,
+        status=Status.PASSED,
+        source=str(case.source),
+        family=str(getattr(case, "family", "")),
+        seed=getattr(case, "seed", None),
+        repro=repro_line(case, check_name, provider_spec, repro_device),
+    )
+
+
+def fault_result(case, check_name: str, cause: str, *, detail: str = "", duration: float = 0.0,
+                 provider_spec: str = DEFAULT_PROVIDER, repro_device: str | None = None) -> CheckResult:
+    """The ERROR of an item whose check never returned a result: the process running it died or was stopped
+    (``harness.isolation``). ``cause`` is the one-line summary; ``detail`` what else is known (a traceback dumped by
+    the dying process). The case's ``expect`` applies as for any other failure."""
+    result = _blank_result(case, check_name, provider_spec, repro_device)
+    result.status, result.summary, result.duration = Status.ERROR, cause, duration
+    body = cause + (f"\n{detail.rstrip()}" if detail.strip() else "")
+    result.message = f"{check_name} failed\n{body}\ncase: {case.summary()}\nrepro: {result.repro}"
+    return apply_expect(result, case)
+
+
+def apply_expect(result: CheckResult, case) -> CheckResult:
+    """``expect: xfail``: a failure becomes XFAILED, a pass XPASSED (strict); other expectations change nothing."""
+    check_name = result.check
     expect = getattr(case, "expect", None)
     if expect is not None and getattr(expect, "kind", "pass") == "xfail":
         if result.status.is_failure:

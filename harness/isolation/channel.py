@@ -1,0 +1,58 @@
+"""Messages between the supervisor and its child: pickled objects, each behind an 8-byte length, over two pipes that
+belong to the pair alone (stdout and stderr stay free for what kernels and providers print).
+
+Both ends are our own code started by ``Supervisor``; pickle carries the cases and results as they are.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import struct
+import time
+
+HEADER = struct.Struct("!Q")
+READ_SIZE = 1 << 20
+
+
+class ChannelClosed(EOFError):
+    """The other end closed its pipe (in the supervisor: the child is gone, or going)."""
+
+
+class Channel:
+    def __init__(self, read_fd: int, write_fd: int):
+        self.read_fd, self.write_fd = read_fd, write_fd
+
+    def send(self, message) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        view = memoryview(HEADER.pack(len(data)) + data)
+        while view:
+            view = view[os.write(self.write_fd, view):]
+
+    def recv(self, deadline: float | None = None):
+        """The next message. ``deadline`` (time.monotonic()): raise TimeoutError when it passes before a whole
+        message arrived; raise ChannelClosed at end of file."""
+        size = HEADER.unpack(self._read(HEADER.size, deadline))[0]
+        return pickle.loads(self._read(size, deadline))
+
+    def _read(self, n: int, deadline: float | None) -> bytes:
+        chunks, left = [], n
+        while left:
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not select.select([self.read_fd], [], [], remaining)[0]:
+                    raise TimeoutError
+            chunk = os.read(self.read_fd, min(left, READ_SIZE))
+            if not chunk:
+                raise ChannelClosed
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+
+    def close(self) -> None:
+        for fd in (self.read_fd, self.write_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass

@@ -1,0 +1,131 @@
+"""The supervised child: ``python -m harness.isolation.child READ_FD WRITE_FD TRACE_FILE PARENT_PID``.
+
+It configures itself like its parent (``protocol.Hello``: sys.path, device, provider), answers ``Ready`` or
+``Unusable``, then runs one request at a time until ``Close`` or the end of its input. Provider faults that Python
+can catch become the item's ERROR here (``Worker``, with ``interrupts_are_errors``: SIGINT is ignored, so a
+KeyboardInterrupt is the provider's). Faults that end the process (a segfault, ``os._exit``, a kill at the time
+limit) are the supervisor's to report: faulthandler writes the Python stack of a fatal signal, and of SIGUSR1 (sent
+before a kill at the time limit), to TRACE_FILE, which the supervisor adds to the item's report. After an item
+leaves a sticky device error (``sticky``) the child reports it and exits.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import os
+import pickle
+import signal
+import sys
+import traceback
+
+# The child's own exit status after a sticky device error (the supervisor expects it and starts a fresh process).
+STICKY_EXIT = 75
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """Linux: the kernel kills this process when the parent dies (a supervisor killed without closing its child
+    must not leave it running a hung item). Elsewhere the end of the request pipe ends the child between items."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def serve(channel, worker) -> int:
+    from harness.isolation import protocol
+
+    while True:
+        try:
+            request = channel.recv()
+        except EOFError:
+            return 0
+        if isinstance(request, protocol.Close):
+            return 0
+        if isinstance(request, protocol.RunItem):
+            try:
+                result = worker.run(request.case, request.check, repro_device=request.repro_device,
+                                    guard=request.guard)
+            except BaseException as exc:  # noqa: BLE001 - the harness's own failure, still this item's ERROR
+                from harness.checks.runner import fault_result
+
+                result = fault_result(request.case, request.check, f"the harness failed to run the item: "
+                                      f"{_one_line(exc)}", detail=traceback.format_exc(),
+                                      provider_spec=worker.provider_spec, repro_device=request.repro_device)
+            reply = protocol.ItemDone(result, worker.sticky(result))
+        elif isinstance(request, protocol.Warmup):
+            try:
+                report = worker.warmup(request.case)
+                reply = protocol.Warmed(summary=report.summary(), seconds=report.seconds, keys=len(report.keys))
+            except BaseException as exc:  # noqa: BLE001 - reported to the supervisor, which decides
+                reply = protocol.Warmed(error=f"{_one_line(exc)}\n{traceback.format_exc()}")
+                reply.sticky = worker.sticky_text(reply.error)
+        else:
+            raise TypeError(f"harness.isolation.child: unknown request {type(request).__name__}")
+        _flush()
+        try:
+            channel.send(reply)
+        except (pickle.PicklingError, TypeError, AttributeError, ValueError) as exc:  # a stat that does not pickle
+            if isinstance(reply, protocol.ItemDone):
+                reply.result.stats = {k: repr(v) for k, v in reply.result.stats.items()}
+                channel.send(reply)
+            else:
+                raise exc
+        if reply.sticky:
+            _flush()
+            os._exit(STICKY_EXIT)  # no teardown: a poisoned CUDA context can hang or crash at exit
+
+
+def main(argv: list[str] | None = None) -> int:
+    read_fd, write_fd, trace_path, parent_pid = (argv if argv is not None else sys.argv[1:])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _exit_with_parent(int(parent_pid))
+    trace = open(trace_path, "w", encoding="utf-8")  # noqa: SIM115 - open for the process's lifetime
+    faulthandler.enable(trace, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=trace, all_threads=True)
+
+    from harness.isolation import protocol
+    from harness.isolation.channel import Channel
+
+    channel = Channel(int(read_fd), int(write_fd))
+    hello = channel.recv()
+    sys.path[:] = list(dict.fromkeys(hello.sys_path + sys.path))
+    try:
+        from harness import backend
+
+        device = backend.configure(hello.device)
+        from harness.checks import load_provider
+        from harness.checks.providers import provider_name
+        from harness.isolation.worker import Worker
+
+        provider = load_provider(hello.provider_spec)
+    except BaseException as exc:  # noqa: BLE001 - the supervisor reports it as an unusable provider
+        from harness.checks.providers import ProviderError
+
+        channel.send(protocol.Unusable(str(exc) if isinstance(exc, ProviderError) else _one_line(exc)))
+        return 0
+    worker = Worker(provider, device, hello.provider_spec, interrupts_are_errors=True,
+                    warmup_first=hello.warmup_first)
+    channel.send(protocol.Ready(os.getpid(), device, provider_name(provider)))
+    return serve(channel, worker)
+
+
+if __name__ == "__main__":
+    code = main()
+    _flush()
+    os._exit(code)  # without torch's and CUDA's teardown, which a closing supervisor does not wait for

@@ -1,0 +1,70 @@
+"""What the supervisor and its child say to each other (``channel.Channel`` carries these)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+# ---- supervisor -> child
+
+
+@dataclass
+class Hello:
+    """The first message: how to configure the child like its parent."""
+
+    sys_path: list[str]
+    device: str
+    provider_spec: str
+    warmup_first: float = 0.0
+
+
+@dataclass
+class RunItem:
+    case: object
+    check: str
+    repro_device: str | None = None
+    guard: bool = False  # under the recompile guard (warming the case's model request first, once per request)
+
+
+@dataclass
+class Warmup:
+    """Warm the case's model request for the recompile guard, without running a check."""
+
+    case: object
+
+
+@dataclass
+class Close:
+    pass
+
+
+# ---- child -> supervisor
+
+
+@dataclass
+class Ready:
+    pid: int
+    device: str
+    provider_name: str
+
+
+@dataclass
+class Unusable:
+    """The provider could not be loaded (or the device not configured): the message says why."""
+
+    message: str
+
+
+@dataclass
+class ItemDone:
+    result: object  # harness.checks.CheckResult
+    sticky: str = ""  # non-empty: the child must not run another item (harness.isolation.sticky); it exits next
+
+
+@dataclass
+class Warmed:
+    summary: str = ""
+    error: str = ""  # non-empty: the warmup raised (its traceback)
+    sticky: str = ""
+    seconds: float = 0.0
+    keys: int = field(default=0)

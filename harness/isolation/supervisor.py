@@ -1,0 +1,282 @@
+"""The supervisor: runs items in a child process (``harness.isolation.child``) and turns every way that child can
+fail into a result of the item it was running, then starts a fresh child for the next item.
+
+- The child dies during an item (a segfault, ``os._exit``, any exit): the item is an ERROR, "the process running
+  the provider died: SIGSEGV (signal 11)" or "... exited with status N during the call", with the Python stack that
+  faulthandler wrote at the fatal signal.
+- The item runs past the time limit: the child is asked for its stack (SIGUSR1), killed with its process group,
+  and the item is an ERROR "timed out after N s (limit from ...)" with that stack.
+- The child reports a sticky device error after an item (``harness.isolation.sticky``): the item keeps its own
+  result, and the child, which exits by itself, is replaced.
+
+A replaced child is recorded in ``restarts`` (which item, why). The child is started lazily, at the first request,
+and kept for every later one; ``start()`` starts it early without waiting for it (its imports then overlap the
+caller's own work). Nothing is retried: an item that crashed its process is reported, never run again as passed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from harness.checks.base import CheckResult
+from harness.checks.providers import ProviderError
+from harness.checks.runner import fault_result
+from harness.isolation import protocol
+from harness.isolation.channel import Channel, ChannelClosed
+from harness.isolation.settings import TimeLimit, item_timeout
+
+# How long a new child may take to import torch, configure the device and load the provider: at least this, and at
+# least the item limit (a provider's import can be as slow as a call).
+MIN_START_SECONDS = 120.0
+TRACE_CHARS = 6000  # of a dying child's stack dump kept in the item's report
+DUMP_WAIT_SECONDS = 2.0  # for the stack dump of a timed-out child before it is killed
+EXIT_WAIT_SECONDS = 10.0  # for a child that closed its channel (or was told to close) to exit by itself
+
+
+class IsolationError(RuntimeError):
+    """The child could not start, or failed outside an item (a warmup); the message says why in one line."""
+
+
+@dataclass(frozen=True)
+class Restart:
+    item: str  # "<case id>::<check>", or "warmup of <case id>"
+    cause: str
+
+
+def describe_exit(returncode: int, during: str = "during the call") -> str:
+    """One line for a child's end: "... died: SIGSEGV (signal 11)" / "... exited with status 0 during the call"."""
+    if returncode < 0:
+        number = -returncode
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = "signal"
+        return f"the process running the provider died: {name} (signal {number})"
+    return f"the process running the provider exited with status {returncode} {during}".rstrip()
+
+
+class Supervisor:
+    mode = "process"
+
+    def __init__(self, provider_spec: str, device: str, *, timeout: TimeLimit | float | None = None,
+                 warmup_first: float = 0.0, start_timeout: float | None = None):
+        """``device``: resolved ("cpu" or "cuda"). ``timeout``: seconds per item (0: none), a TimeLimit, or None
+        for ``SSD_HARNESS_ITEM_TIMEOUT`` / the device's default. ``warmup_first``: see kernels.warmup."""
+        self.provider_spec, self.device, self.warmup_first = provider_spec, device, warmup_first
+        if isinstance(timeout, TimeLimit):
+            self.limit = timeout
+        elif timeout is None:
+            self.limit = item_timeout(None, device)
+        else:
+            self.limit = TimeLimit(math.inf if timeout == 0 else float(timeout), "limit given to the supervisor")
+        self.start_seconds = start_timeout or max(MIN_START_SECONDS, self.limit.seconds)
+        self.restarts: list[Restart] = []
+        self.processes = 0  # children started
+        self.provider_name = ""
+        self._proc: subprocess.Popen | None = None
+        self._channel: Channel | None = None
+        self._trace: Path | None = None
+        self._ready = False
+
+    # ---- the child's life
+
+    def start(self) -> None:
+        """Start a child unless one is running; returns at once (``run`` waits for it to be ready)."""
+        if self._proc is not None:
+            return
+        request_r, request_w = os.pipe()
+        reply_r, reply_w = os.pipe()
+        fd, trace = tempfile.mkstemp(prefix="ssd-harness-child-", suffix=".trace")
+        os.close(fd)
+        root = str(Path(__file__).resolve().parents[2])  # where ``harness`` is imported from, for ``-m``
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        try:
+            # Its own session: a terminal's Ctrl-C reaches the front end alone, which stops the child itself, and
+            # a kill at the time limit reaches whatever the child started (warmup compile processes).
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "harness.isolation.child", str(request_r), str(reply_w), trace,
+                 str(os.getpid())],
+                pass_fds=(request_r, reply_w), stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        finally:
+            os.close(request_r)
+            os.close(reply_w)
+        self.processes += 1
+        self._trace, self._ready = Path(trace), False
+        self._channel = Channel(reply_r, request_w)
+        self._channel.send(protocol.Hello(list(sys.path), self.device, self.provider_spec, self.warmup_first))
+
+    def _ready_channel(self) -> Channel:
+        if self._proc is not None and self._proc.poll() is not None:  # ended between requests: not an item's fault
+            code, _ = self._reap()
+            self.restarts.append(Restart("between items", describe_exit(code, during="between items")))
+        self.start()
+        if not self._ready:
+            what = f"the process to run {self.provider_spec} on {self.device}"
+            try:
+                reply = self._channel.recv(time.monotonic() + self.start_seconds)
+            except TimeoutError:
+                self._stop(dump=True)
+                raise IsolationError(f"{what} did not start within {self.start_seconds:g} s") from None
+            except ChannelClosed:
+                code, _ = self._reap()
+                raise IsolationError(f"{what} could not start: {describe_exit(code, during='')} "
+                                     "(its stderr is above)") from None
+            if isinstance(reply, protocol.Unusable):
+                self._reap()
+                raise ProviderError(reply.message)
+            self._ready, self.provider_name = True, reply.provider_name
+        return self._channel
+
+    def _exchange(self, request, deadline_seconds: float):
+        """Send ``request`` and wait for the reply. Returns (reply, None, seconds) or (None, (cause, detail),
+        seconds) when the child died or ran past the limit (it is gone either way); seconds from the request sent
+        (a start-up before it does not count). Any other interruption (Ctrl-C in this process) stops the child and
+        propagates."""
+        channel = self._ready_channel()
+        began = time.monotonic()
+        deadline = None if math.isinf(deadline_seconds) else began + deadline_seconds
+        try:
+            channel.send(request)
+            return channel.recv(deadline), None, time.monotonic() - began
+        except TimeoutError:
+            stack = self._stop(dump=True)
+            cause = f"timed out after {deadline_seconds:g} s ({self.limit.origin})"
+            fault = (cause, f"where it was when stopped:\n{stack}" if stack.strip() else "")
+        except (ChannelClosed, BrokenPipeError):
+            code, stack = self._reap()
+            fault = (describe_exit(code), stack)
+        except BaseException:
+            self._stop(dump=False)
+            raise
+        return None, fault, time.monotonic() - began
+
+    def _reap(self) -> tuple[int, str]:
+        """The child ended (or is ending): its exit status and what faulthandler wrote; forget it."""
+        proc = self._proc
+        try:
+            code = proc.wait(EXIT_WAIT_SECONDS)
+        except subprocess.TimeoutExpired:  # it closed its channel but lives on
+            self._kill_group(proc)
+            code = proc.wait()
+        return code, self._forget()
+
+    def _stop(self, dump: bool) -> str:
+        """Kill the child and what it started; with ``dump``, first ask it for its Python stack (SIGUSR1)."""
+        proc = self._proc
+        if proc is None:
+            return ""
+        if dump and proc.poll() is None:
+            try:
+                os.kill(proc.pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+            end = time.monotonic() + DUMP_WAIT_SECONDS
+            size = -1
+            while time.monotonic() < end:  # until the dump has stopped growing
+                now = self._trace.stat().st_size if self._trace.exists() else 0
+                if now and now == size:
+                    break
+                size = now
+                time.sleep(0.1)
+        self._kill_group(proc)
+        proc.wait()
+        return self._forget()
+
+    @staticmethod
+    def _kill_group(proc: subprocess.Popen) -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            try:
+                proc.kill()
+            except ProcessLookupError:
+                pass
+
+    def _forget(self) -> str:
+        """Close the channel, read and remove the trace file; the next request starts a fresh child."""
+        stack = ""
+        if self._trace is not None:
+            try:
+                stack = self._trace.read_text(encoding="utf-8", errors="replace")[:TRACE_CHARS]
+                self._trace.unlink()
+            except OSError:
+                pass
+        if self._channel is not None:
+            self._channel.close()
+        self._proc, self._channel, self._trace, self._ready = None, None, None, False
+        return stack
+
+    def close(self) -> None:
+        """Tell the child to finish and wait briefly for it; kill it if it does not, or if it never became ready
+        (a caller that gives up before the first item does not wait for the child's imports)."""
+        if self._proc is None:
+            return
+        if not self._ready:
+            self._stop(dump=False)
+            return
+        try:
+            self._channel.send(protocol.Close())
+        except OSError:
+            pass
+        self._channel.close()
+        try:
+            self._proc.wait(EXIT_WAIT_SECONDS)
+        except subprocess.TimeoutExpired:
+            self._kill_group(self._proc)
+            self._proc.wait()
+        self._forget()
+
+    def __enter__(self) -> "Supervisor":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- requests
+
+    def run(self, case, check: str, *, repro_device: str | None = None, guard: bool = False) -> CheckResult:
+        """``check`` on ``case`` in the child: its CheckResult, or an ERROR of this item when the child died, ran
+        past the limit, or could not go on. ``guard``: under the recompile guard (``harness.isolation.guarded``)."""
+        item = f"{case.id}::{check}"
+        reply, fault, seconds = self._exchange(protocol.RunItem(case, check, repro_device, guard), self.limit.seconds)
+        if fault is not None:
+            cause, detail = fault
+            self.restarts.append(Restart(item, cause))
+            return fault_result(case, check, cause, detail=detail, duration=seconds,
+                                provider_spec=self.provider_spec, repro_device=repro_device)
+        result = reply.result
+        if reply.sticky:
+            self._reap()
+            self.restarts.append(Restart(item, reply.sticky))
+            result.message = (f"{result.message}\nthe process that ran it could not run another item and was "
+                              f"replaced: {reply.sticky}")
+        return result
+
+    def warmup(self, case) -> str:
+        """Warm the case's model request for the recompile guard in the child (once per child); its summary.
+        Raises IsolationError when the warmup fails, or its child dies or runs past the limit."""
+        item = f"warmup of {case.id}"
+        reply, fault, _ = self._exchange(protocol.Warmup(case), self.limit.seconds)
+        if fault is not None:
+            self.restarts.append(Restart(item, fault[0]))
+            raise IsolationError(f"{item}: {fault[0]}\n{fault[1]}".rstrip())
+        if reply.sticky:
+            self._reap()
+            self.restarts.append(Restart(item, reply.sticky))
+        if reply.error:
+            raise IsolationError(f"{item} failed: {reply.error}".rstrip())
+        return reply.summary
+
+    def describe(self) -> dict:
+        """For a report's meta: how items were run and every replaced child."""
+        return {"isolation": self.mode, "item_timeout": None if math.isinf(self.limit.seconds) else self.limit.seconds,
+                "processes": self.processes, "restarts": [asdict(r) for r in self.restarts]}

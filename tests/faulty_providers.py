@@ -1,0 +1,143 @@
+"""Providers that fault the way a kernel under test can: each wraps a working provider (``tests.broken_providers``'
+wrapper) and faults on the calls of one case of ``TINY_CASES``, ``tiny-batch`` (the only one with two groups), so
+that every other case must still run and pass.
+
+Use as ``--provider tests.faulty_providers:<name>`` (around ``reference:provider``: the search for faults needs no
+Triton interpreter). ``SSD_TEST_PID_FILE``: when set, a provider that hangs or crashes first appends its process id
+there, so a test can check that the process was stopped.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import time
+
+from tests.broken_providers import _Broken
+
+FAULTING_CASE = "tiny-batch"
+CRASH_ONCE_MARKER_ENV = "SSD_TEST_CRASH_ONCE_MARKER"
+PID_FILE_ENV = "SSD_TEST_PID_FILE"
+STICKY_MESSAGE = "CUDA error: an illegal memory access was encountered"
+
+
+def _is_faulting_case(B) -> bool:
+    return B.shape[-2] == 2  # ngroups: 2 in tiny-batch alone
+
+
+def _note_pid() -> None:
+    path = os.environ.get(PID_FILE_ENV)
+    if path:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(f"{os.getpid()}\n")
+
+
+class _Faulty(_Broken):
+    def __init__(self):
+        super().__init__(base="reference:provider")
+
+    def call(self, x, dt, A, B, *args, **kwargs):
+        if _is_faulting_case(B):
+            self.fault()
+        return self.inner.ssd_prefill(x, dt, A, B, *args, **kwargs)
+
+    def fault(self) -> None:
+        raise NotImplementedError
+
+
+class ExitsZero(_Faulty):
+    breakage = "calls sys.exit(0) inside ssd_prefill"
+
+    def fault(self) -> None:
+        sys.exit(0)
+
+
+class Segfaults(_Faulty):
+    breakage = "reads address 0 (a real SIGSEGV)"
+
+    def fault(self) -> None:
+        _note_pid()
+        ctypes.string_at(0)
+
+
+class Hangs(_Faulty):
+    breakage = "never returns"
+
+    def fault(self) -> None:
+        _note_pid()
+        while True:
+            time.sleep(3600)
+
+
+class ExitsHard(_Faulty):
+    breakage = "ends its process with os._exit(3), past every handler"
+
+    def fault(self) -> None:
+        os._exit(3)
+
+
+class CrashesOnce(_Broken):
+    breakage = "the first call of all (in any process) kills its process with SIGSEGV; every later call works"
+
+    def __init__(self):
+        super().__init__(base="reference:provider")
+
+    def call(self, *args, **kwargs):
+        marker = os.environ[CRASH_ONCE_MARKER_ENV]  # a file that outlives the process: "once" across restarts
+        try:
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return self.inner.ssd_prefill(*args, **kwargs)
+        os.close(fd)
+        os.kill(os.getpid(), signal.SIGSEGV)
+        return None
+
+
+_POISONED = {"cause": ""}  # this process's "device context": once poisoned, every later call fails
+
+
+class StickyDeviceError(_Broken):
+    breakage = ("one case hits an illegal memory access that, like a real one, leaves the process's device context "
+                "unusable: every later call in that process fails with the same error")
+
+    def __init__(self):
+        super().__init__(base="reference:provider")
+
+    def call(self, x, dt, A, B, *args, **kwargs):
+        if _POISONED["cause"] or _is_faulting_case(B):
+            _POISONED["cause"] = STICKY_MESSAGE
+            raise RuntimeError(_POISONED["cause"])
+        return self.inner.ssd_prefill(x, dt, A, B, *args, **kwargs)
+
+
+class RaisesKeyboardInterrupt(_Faulty):
+    breakage = "raises KeyboardInterrupt from inside the call"
+
+    def fault(self) -> None:
+        raise KeyboardInterrupt
+
+
+exits_zero = ExitsZero()
+segfaults = Segfaults()
+hangs = Hangs()
+exits_hard = ExitsHard()
+crashes_once = CrashesOnce()
+sticky_device_error = StickyDeviceError()
+raises_keyboard_interrupt = RaisesKeyboardInterrupt()
+
+
+class LaunchesUnwarmed(_Broken):
+    """Not a fault of the results: our kernels, plus one launch per call without ``D`` (on copies, result
+    discarded), a specialization that a case with ``D`` does not warm. The recompile guard must fail it."""
+
+    breakage = "launches a kernel specialization outside the case's model request"
+
+    def call(self, *args, out, state_cache, **kwargs):
+        if kwargs.get("D") is not None:
+            self.inner.ssd_prefill(*args, **{**kwargs, "D": None}, out=out.clone(), state_cache=state_cache.clone())
+        return self.inner.ssd_prefill(*args, out=out, state_cache=state_cache, **kwargs)
+
+
+launches_unwarmed = LaunchesUnwarmed()

@@ -1,0 +1,346 @@
+"""Faults never pass: a provider that exits, crashes, hangs or poisons its device is an ERROR of the item it was
+running, with the cause in one line and the repro line; every other case still runs and passes; the exit status is
+non-zero and the JSON report lists every item (``harness.isolation`` behind ``python -m harness run``).
+
+The faults end or freeze the process that runs the provider, so the CLI runs as a real process here
+(``tests/faulty_providers.py``: each faults on ``tiny-batch`` alone, the middle case of ``TINY_CASES``, so that a
+case runs after it). The supervisor's API (recompile guard in the child, per-case contexts, settings) is tested
+in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import cli
+from harness.backend import current_device
+from harness.checks import CheckResult, Status
+from harness.report import Report, parts_dir
+from tests import broken_providers as bp
+from tests import faulty_providers as fp
+
+ROOT = Path(__file__).resolve().parents[1]
+DEVICE = current_device()
+CASES = ("tiny-direct", "tiny-batch", "tiny-returned")
+CLI_SECONDS = 300  # a run's wall-time bound here: each run starts torch twice (front end and child) on a busy host
+
+
+@pytest.fixture
+def tiny(tmp_path) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(bp.TINY_CASES)
+    return path
+
+
+def _env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("SSD_HARNESS_ISOLATION", "SSD_HARNESS_ITEM_TIMEOUT")}
+    return {**env, "PYTHONPATH": str(ROOT), **extra}
+
+
+def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, env=_env(**env), capture_output=True,
+                          text=True, timeout=CLI_SECONDS)
+
+
+def run_faulty(tiny: Path, provider: str, **env: str) -> tuple[subprocess.CompletedProcess, Report]:
+    report = tiny.parent / "report.json"
+    proc = run_cli("run", str(tiny), "--device", DEVICE, "--provider", f"tests.faulty_providers:{provider}",
+                   "--check", "determinism", "--json", str(report), **env)
+    assert report.is_file(), f"no report\n{proc.stdout}\n{proc.stderr}"
+    return proc, Report.read(report)
+
+
+def assert_only_items_of(report: Report, proc, tiny: Path, faulting: str, cause: str, spec: str) -> None:
+    """Every item reported once; the faulting case's item is an ERROR with ``cause`` and its repro line; the others
+    passed; exit status 1; the report's counts and exit status agree."""
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    by_case = {r.case_id: r for r in report.items}
+    assert sorted(r.nodeid for r in report.items) == sorted(f"{tiny}::{c}::determinism" for c in CASES), out
+    bad = by_case[faulting]
+    assert bad.outcome == "error" and cause in bad.summary, (bad, out)
+    assert "\n" not in bad.summary
+    repro = f"python -m harness repro {tiny} --check determinism --case {faulting} --provider {spec}"
+    assert bad.repro.startswith(repro) and f"repro: {repro}" in proc.stdout, out
+    assert cause in proc.stdout
+    assert {c: r.outcome for c, r in by_case.items() if c != faulting} == {c: "passed" for c in CASES if c != faulting}
+    meta = report.meta
+    assert (meta["collected"], meta["reported"], meta["exit_status"], meta["interrupted"]) == (3, 3, 1, False)
+    assert not parts_dir(tiny.parent / "report.json").exists()  # the live part is folded into the report
+
+
+def _pids(path: Path) -> list[int]:
+    return [int(line) for line in path.read_text().split()] if path.exists() else []
+
+
+def assert_gone(pids: list[int]) -> None:
+    assert pids, "the provider never noted its process"
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+# ---------------------------------------------------------------- faults through the CLI
+
+
+@pytest.mark.parametrize(("provider", "cause", "restarts"), [
+    ("exits_zero", "SystemExit: 0", 0),  # caught in the child: its process goes on
+    ("exits_hard", "the process running the provider exited with status 3 during the call", 1),
+    ("segfaults", "the process running the provider died: SIGSEGV (signal 11)", 1),
+    ("raises_keyboard_interrupt", "KeyboardInterrupt", 0),
+])
+def test_a_provider_that_exits_or_crashes_fails_its_item_and_the_rest_run(tiny, provider, cause, restarts):
+    spec = f"tests.faulty_providers:{provider}"
+    proc, report = run_faulty(tiny, provider)
+    assert_only_items_of(report, proc, tiny, fp.FAULTING_CASE, cause, spec)
+    assert [r["item"] for r in report.meta["restarts"]] == [f"{fp.FAULTING_CASE}::determinism"] * restarts
+    assert report.meta["processes"] == 1 + restarts
+    if provider == "segfaults":  # the dying child's Python stack is in the report
+        (bad,) = [r for r in report.items if r.outcome == "error"]
+        assert "faulty_providers.py" in bad.message and "in fault" in bad.message, bad.message
+        assert f"provider process restarts: 1" in proc.stdout
+
+
+def test_a_hung_item_is_stopped_at_the_time_limit(tiny):
+    pids = tiny.parent / "pids"
+    proc, report = run_faulty(tiny, "hangs", SSD_HARNESS_ITEM_TIMEOUT="10", SSD_TEST_PID_FILE=str(pids))
+    cause = "timed out after 10 s (limit from SSD_HARNESS_ITEM_TIMEOUT)"
+    assert_only_items_of(report, proc, tiny, fp.FAULTING_CASE, cause, "tests.faulty_providers:hangs")
+    (hung,) = [r for r in report.items if r.outcome == "error"]
+    assert 10 <= hung.duration < 60 and "where it was when stopped" in hung.message and "in fault" in hung.message
+    assert report.meta["item_timeout"] == 10 and len(report.meta["restarts"]) == 1
+    assert_gone(_pids(pids))
+
+
+def test_a_sticky_device_error_fails_only_the_case_that_caused_it(tiny):
+    """The provider poisons its process on tiny-batch (every later call there fails, as after a real illegal memory
+    access): the child reports the error, exits, and tiny-returned runs in a fresh one."""
+    proc, report = run_faulty(tiny, "sticky_device_error")
+    assert_only_items_of(report, proc, tiny, fp.FAULTING_CASE, fp.STICKY_MESSAGE,
+                         "tests.faulty_providers:sticky_device_error")
+    (restart,) = report.meta["restarts"]
+    assert restart["item"] == f"{fp.FAULTING_CASE}::determinism" and "sticky device error" in restart["cause"]
+    assert "provider process replaced: sticky device error" in proc.stdout
+
+
+def test_a_crash_that_does_not_repeat_is_reported_not_rerun_as_passed(tiny):
+    """The first call of the run kills its process; the item that made it is an ERROR, reported once, and the later
+    items (each call now works) pass."""
+    marker = tiny.parent / "crashed-once"
+    proc, report = run_faulty(tiny, "crashes_once", SSD_TEST_CRASH_ONCE_MARKER=str(marker))
+    assert marker.exists()
+    assert_only_items_of(report, proc, tiny, "tiny-direct", "died: SIGSEGV (signal 11)",
+                         "tests.faulty_providers:crashes_once")
+
+
+def test_repro_of_a_crashing_item_shows_the_crash(tiny):
+    proc = run_cli("repro", str(tiny), "--case", fp.FAULTING_CASE, "--check", "determinism", "--device", DEVICE,
+                   "--provider", "tests.faulty_providers:segfaults")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"ERROR: {fp.FAULTING_CASE}::determinism" in proc.stdout
+    assert "the process running the provider died: SIGSEGV (signal 11)" in proc.stdout
+    assert "Fatal Python error: Segmentation fault" in proc.stdout and "in fault" in proc.stdout
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_an_interrupted_run_reports_what_finished_and_says_so(tiny, how):
+    """Ctrl-C in a terminal (SIGINT to the whole process group) or SIGTERM to the front end while tiny-batch hangs:
+    the run stops, the report holds the finished item and says interrupted, the exit status is non-zero, and the
+    hung child is gone."""
+    report, pids = tiny.parent / "report.json", tiny.parent / "pids"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", "run", str(tiny), "--device", DEVICE, "--provider",
+         "tests.faulty_providers:hangs", "--check", "determinism", "--json", str(report)],
+        cwd=ROOT, env=_env(SSD_TEST_PID_FILE=str(pids)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("[1/3"):
+                break
+        end = time.monotonic() + 120
+        while not _pids(pids) and time.monotonic() < end:  # the second item is in the provider's hang
+            time.sleep(0.2)
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGTERM)
+        out = "".join(lines) + proc.stdout.read()
+        code = proc.wait(CLI_SECONDS)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert code == cli.EXIT_INTERRUPTED, out
+    data = Report.read(report)
+    assert [(r.case_id, r.outcome) for r in data.items] == [("tiny-direct", "passed")], out
+    meta = data.meta
+    assert meta["interrupted"] is True and meta["exit_status"] == code
+    assert (meta["collected"], meta["reported"]) == (3, 1)
+    assert meta["in_flight"] == f"{tiny}::{fp.FAULTING_CASE}::determinism"
+    assert "INTERRUPTED: 1 of 3 collected items reported" in out
+    assert_gone(_pids(pids))
+
+
+# ---------------------------------------------------------------- reports and options, in this process
+
+
+def test_an_unwritable_report_path_is_refused_before_any_item(tmp_path, tiny, capsys, monkeypatch):
+    monkeypatch.setenv("SSD_HARNESS_ISOLATION", "none")  # in this process: the path is refused before any child
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code = cli.main(["run", str(tiny), "--device", DEVICE, "--provider", "reference:provider", "--check",
+                     "determinism", "--json", str(blocker / "report.json")])
+    out = capsys.readouterr()
+    assert code == cli.EXIT_UNUSABLE, out.out + out.err
+    assert f"--json {blocker / 'report.json'}: cannot write the report there" in out.err
+    assert "[1/" not in out.out and "PASSED" not in out.out
+
+
+def test_the_report_is_appended_live_while_the_run_goes_on(tiny, monkeypatch):
+    """Each record is in ``<report>.parts/cli.jsonl`` as soon as its item ends (what a killed run leaves); the
+    provider here reads that file during the second case's call."""
+    from harness.report import read_live
+
+    report = tiny.parent / "report.json"
+    seen: list[list[str]] = []
+
+    class Peeks:
+        name = "peeks"
+
+        def __init__(self):
+            from harness.checks import load_provider
+
+            self.inner = load_provider("reference:provider")
+            self.supported_paths = self.inner.supported_paths
+
+        def ssd_prefill(self, *args, **kwargs):
+            live = parts_dir(report) / "cli.jsonl"
+            seen.append([r.case_id for r in read_live(live).items])
+            return self.inner.ssd_prefill(*args, **kwargs)
+
+    monkeypatch.setattr(fp, "peeks", Peeks(), raising=False)
+    code = cli.main(["run", str(tiny), "--device", DEVICE, "--provider", "tests.faulty_providers:peeks",
+                     "--isolation", "none", "--check", "reference_bound", "--json", str(report)])
+    assert code == cli.EXIT_OK
+    assert seen[0] == [] and ["tiny-direct"] in seen and ["tiny-direct", "tiny-batch"] in seen
+    assert Report.read(report).meta["isolation"] == "none"
+
+
+@pytest.mark.parametrize("select", [("--isolation", "none"), ("SSD_HARNESS_ISOLATION", "none")])
+def test_in_process_mode_still_makes_a_provider_exit_an_error(tiny, capsys, monkeypatch, select):
+    """--isolation none (or its environment variable) runs items in this process, for pdb: a provider's SystemExit
+    is its item's ERROR there too, and the run goes on."""
+    name, value = select
+    args = ["run", str(tiny), "--device", DEVICE, "--provider", "tests.faulty_providers:exits_zero", "--check",
+            "determinism", "--json", str(tiny.parent / "report.json")]
+    if name.startswith("--"):
+        args += [name, value]
+    else:
+        monkeypatch.setenv(name, value)
+    code = cli.main(args)
+    out = capsys.readouterr().out
+    assert code == cli.EXIT_FAILED, out
+    report = Report.read(tiny.parent / "report.json")
+    assert {r.case_id: r.outcome for r in report.items} == {"tiny-direct": "passed", "tiny-batch": "error",
+                                                             "tiny-returned": "passed"}
+    assert report.meta["isolation"] == "none" and "isolation=none, item time limit: none" in out
+
+
+@pytest.mark.parametrize(("args", "env", "message"), [
+    (["--item-timeout", "-1"], {}, "--item-timeout: expected seconds (a number >= 0; 0 = no limit), found '-1'"),
+    (["--item-timeout", "soon"], {}, "--item-timeout: expected seconds"),
+    ([], {"SSD_HARNESS_ITEM_TIMEOUT": "nan"}, "SSD_HARNESS_ITEM_TIMEOUT: expected seconds"),
+    ([], {"SSD_HARNESS_ISOLATION": "thread"}, "SSD_HARNESS_ISOLATION: expected one of process, none, found 'thread'"),
+    (["--isolation", "none", "--item-timeout", "5"], {}, "--item-timeout: with --isolation none"),
+])
+def test_bad_isolation_settings_exit_2_naming_the_setting(tiny, capsys, monkeypatch, args, env, message):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    code = cli.main(["run", str(tiny), "--device", DEVICE, "--provider", "reference:provider", *args])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_UNUSABLE and message in err, err
+
+
+def test_time_limit_defaults_and_sources(monkeypatch):
+    from harness.isolation import DEFAULT_TIMEOUTS, item_timeout
+
+    monkeypatch.delenv("SSD_HARNESS_ITEM_TIMEOUT", raising=False)
+    assert item_timeout(None, "cpu").seconds == DEFAULT_TIMEOUTS["cpu"] == 120
+    assert item_timeout(None, "cuda").seconds == DEFAULT_TIMEOUTS["cuda"]
+    monkeypatch.setenv("SSD_HARNESS_ITEM_TIMEOUT", "7")
+    assert item_timeout(None, "cpu").seconds == 7 and "SSD_HARNESS_ITEM_TIMEOUT" in item_timeout(None, "cpu").origin
+    assert item_timeout("3", "cpu").seconds == 3 and "--item-timeout" in item_timeout("3", "cpu").origin
+    assert item_timeout("0", "cpu").describe() == "none"
+
+
+# ---------------------------------------------------------------- the API for pytest items and the fuzzer
+
+
+def _tiny_cases(tiny: Path) -> dict:
+    from harness.cases.loader import load_case_file
+
+    return {c.id: c for c in load_case_file(tiny)}
+
+
+def test_the_recompile_guard_runs_inside_the_child(tiny):
+    """A warmup request warms the case's model request in the child; a guarded check then passes with our kernels
+    and fails for a provider that launches a specialization the request does not include (interpreter: by key)."""
+    from harness.isolation import Supervisor
+
+    case = _tiny_cases(tiny)["tiny-direct"]
+    with Supervisor("kernels:provider", DEVICE) as supervisor:
+        assert "specializations" in supervisor.warmup(case)
+        good = supervisor.run(case, "determinism", guard=True)
+    assert good.status is Status.PASSED, good.message
+    with Supervisor("tests.faulty_providers:launches_unwarmed", DEVICE) as supervisor:
+        unguarded = supervisor.run(case, "determinism")
+        guarded = supervisor.run(case, "determinism", guard=True)  # warms the request itself
+    assert unguarded.status is Status.PASSED, unguarded.message
+    assert guarded.status is Status.FAILED and guarded.summary.startswith("recompile guard: "), guarded.message
+    assert "_chunk_scan_kernel" in guarded.message and "repro: python -m harness repro" in guarded.message
+    assert supervisor.restarts == [] and supervisor.processes == 1
+
+
+def test_an_unloadable_provider_is_a_provider_error_not_an_item_result(tiny):
+    from harness.checks import ProviderError
+    from harness.isolation import Supervisor
+
+    case = _tiny_cases(tiny)["tiny-direct"]
+    with Supervisor("tests.faulty_providers:no_such_provider", DEVICE) as supervisor:
+        with pytest.raises(ProviderError, match="has no attribute 'no_such_provider'"):
+            supervisor.run(case, "determinism")
+
+
+def test_the_checks_of_one_case_share_its_context_across_requests(tiny):
+    """The child receives each case anew (pickled); an equal case keeps its CheckContext, so its inputs are built
+    once per case, not once per check."""
+    from harness.checks import load_provider
+    from harness.isolation.worker import Worker
+
+    cases = _tiny_cases(tiny)
+    worker = Worker(load_provider("reference:provider"), DEVICE, "reference:provider")
+    first = worker.context(cases["tiny-direct"])
+    assert worker.context(pickle.loads(pickle.dumps(cases["tiny-direct"]))) is first
+    assert worker.context(cases["tiny-batch"]) is not first
+
+
+def test_sticky_errors_are_told_from_ordinary_failures():
+    from harness.isolation import sticky
+
+    def result(status: Status, summary: str) -> CheckResult:
+        return CheckResult(case_id="c", check="k", status=status, summary=summary, message=summary)
+
+    assert sticky.after_item(result(Status.ERROR, f"RuntimeError: {fp.STICKY_MESSAGE}"), "cpu")
+    assert sticky.after_item(result(Status.ERROR, "RuntimeError: CUDA error: device-side assert triggered"), "cpu")
+    assert not sticky.after_item(result(Status.ERROR, "ValueError: path='indexed': ineligible"), "cpu")
+    assert not sticky.after_item(result(Status.PASSED, fp.STICKY_MESSAGE), "cpu")  # a pass is never sticky
