@@ -296,9 +296,9 @@ def cmd_run(args) -> int:
 
     _check_names(args.check)
     paths = args.paths or [DEFAULT_CASES]
-    files = _case_files(paths)
     runner, device, spec = _runner(args)
     try:
+        files = _case_files(paths)
         runner.start()  # the child's imports overlap with loading the cases
         loaded = load_each(files)
         plan, bad = _plan(loaded.cases, loaded.errors, args.check)

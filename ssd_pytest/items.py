@@ -3,6 +3,7 @@ cases, a ``CaseNode`` one case (its built inputs are shared by its checks), a ``
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import NoReturn
 
@@ -10,18 +11,14 @@ import pytest
 
 from harness import DEFAULT_PROVIDER
 from ssd_pytest import state
-from ssd_pytest.recompile import RecompileFailed, recompile_guard, warmup_for
+from ssd_pytest.workers import worker_index, xdist_worker_count
 
-CASE_SUFFIXES = (".yaml", ".yml")
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-_provider_key = pytest.StashKey[dict]()  # provider spec -> (provider, or None and why it is unusable)
+_runner_key = pytest.StashKey[object]()  # harness.isolation's Supervisor or InProcess for case items
 _case_ids_key = pytest.StashKey[dict]()  # case id -> the file that defines it
 _bad_files_key = pytest.StashKey["BadCaseFiles"]()
 
 
 def configure(config: pytest.Config) -> None:
-    config.stash[_provider_key] = {}
     config.stash[_case_ids_key] = {}
     config.stash[_bad_files_key] = BadCaseFiles()
     config.pluginmanager.register(config.stash[_bad_files_key], "ssd-harness-bad-case-files")
@@ -37,23 +34,11 @@ def _explicit_paths(config: pytest.Config) -> list[Path]:
 
 
 def is_case_file(file_path: Path, config: pytest.Config) -> bool:
-    """YAML under ``<repo>/cases`` (or ``<rootdir>/cases``), a YAML file named on the command line, or YAML under a
-    folder named on the command line other than the repository itself (whose other YAML is not ours) and its
-    ``tests/`` (fixtures such as the malformed files, which are cases only when named one by one)."""
-    if file_path.suffix not in CASE_SUFFIXES:
-        return False
-    resolved = file_path.resolve()
-    for root in {REPO_ROOT, Path(config.rootpath).resolve()}:
-        if (root / "cases") in resolved.parents:
-            return True
-    fixtures = REPO_ROOT / "tests"  # the harness's own YAML fixtures (malformed files, ...): cases only by name
-    for arg in _explicit_paths(config):
-        if arg == resolved:
-            return True
-        if (arg.is_dir() and arg in resolved.parents and arg != REPO_ROOT and arg not in REPO_ROOT.parents
-                and fixtures not in resolved.parents):
-            return True
-    return False
+    """The CLI's rule (``harness.cases.files``), with the paths named on this command line and pytest's rootdir,
+    whose ``cases/`` folder holds cases as the repository's does."""
+    from harness.cases.files import is_case_file as rule
+
+    return rule(file_path, named=_explicit_paths(config), roots=[config.rootpath])
 
 
 class BadCaseFiles:
@@ -132,32 +117,31 @@ class CaseNode(pytest.Collector):
         for name, explicit in self.checks:
             yield CheckItem.from_parent(self, name=name, check=name, explicit=explicit)
 
-    def context(self, provider, device: str, provider_spec: str):
-        from harness.checks import CheckContext
-
-        if self._context is None or self._context.provider is not provider:
-            self._context = CheckContext(self.case, provider, device, provider_spec)
-        return self._context
-
-    def teardown(self) -> None:
-        self._context = None  # release this case's tensors before the next case
-
 
 class CheckFailed(Exception):
     """A check failed; its message is the full report (what differed, the case, the repro line)."""
 
 
-def _provider(config: pytest.Config):
-    from harness.checks.providers import load_provider
+def runner(config: pytest.Config):
+    """This process's runner of case items (``harness.isolation``): by default a supervised child process, so a
+    provider that crashes, exits, hangs or poisons its device fails the item it was running and a fresh child runs
+    the rest. Opened at the first case item, closed at ``pytest_unconfigure`` (``close_runner``)."""
+    if _runner_key not in config.stash:
+        from harness.isolation import item_timeout, open_runner
 
-    spec = config.getoption("provider") or DEFAULT_PROVIDER
-    cache = config.stash[_provider_key]
-    if spec not in cache:
-        try:
-            cache[spec] = (load_provider(spec), None)
-        except Exception as exc:  # noqa: BLE001 - every item reports why the provider is unusable
-            cache[spec] = (None, f"{type(exc).__name__}: {exc}")
-    return spec, cache[spec]
+        device = config.stash[state.DEVICE]
+        limit = item_timeout(config.getoption("item_timeout"), device)
+        index = worker_index(os.environ.get("PYTEST_XDIST_WORKER")) or 0
+        config.stash[_runner_key] = open_runner(
+            config.getoption("provider") or DEFAULT_PROVIDER, device, isolation=config.getoption("isolation"),
+            timeout=limit, warmup_first=index / xdist_worker_count())
+    return config.stash[_runner_key]
+
+
+def close_runner(config: pytest.Config) -> None:
+    found = config.stash.get(_runner_key, None)
+    if found is not None:
+        found.close()
 
 
 class CheckItem(pytest.Item):
@@ -176,24 +160,32 @@ class CheckItem(pytest.Item):
 
     def setup(self) -> None:
         super().setup()
-        warmup_for(self.config, self.case)  # outside the guarded call; its time shows as this item's setup
+        if self.config.getoption("recompile_guard"):
+            # The warmup of this case's model request, in the process that runs the check and outside the guarded
+            # call: its time shows as this item's setup (once per request and process; a replaced child warms
+            # again inside its next guarded item).
+            from harness.checks.providers import ProviderError
+            from harness.isolation import IsolationError
+
+            try:
+                runner(self.config).warmup(self.case)
+            except (ProviderError, IsolationError) as exc:
+                raise CheckFailed(str(exc)) from None
 
     def runtest(self) -> None:
-        from harness.checks import Status, run_check
+        from harness.checks import Status
+        from harness.checks.providers import ProviderError
+        from harness.isolation import IsolationError
 
         config = self.config
-        spec, (provider, error) = _provider(config)
-        if provider is None:
-            raise CheckFailed(f"--provider {spec} is not usable: {error}")
-        device = config.stash[state.DEVICE]
         requested = config.getoption("device")
-        with recompile_guard(config, self.case) as guarded:
-            result = run_check(
-                self.case, self.check, provider, device=device, provider_spec=spec,
-                repro_device=None if requested == "auto" else requested,
-                context=self.parent.context(provider, device, spec),
-            )
-            guarded["ran"] = result.status not in (Status.SKIPPED, Status.UNSUPPORTED)
+        try:
+            result = runner(config).run(self.case, self.check, repro_device=None if requested == "auto" else requested,
+                                        guard=config.getoption("recompile_guard"))
+        except ProviderError as exc:
+            raise CheckFailed(f"--provider {config.getoption('provider') or DEFAULT_PROVIDER} is not usable: {exc}")
+        except IsolationError as exc:
+            raise CheckFailed(f"the process running the provider could not start: {exc}") from None
         if result.max_ulp is not None:
             self.user_properties.append(("max_ulp", result.max_ulp))
         if result.summary:
@@ -207,7 +199,7 @@ class CheckItem(pytest.Item):
             raise CheckFailed(result.message)
 
     def repr_failure(self, excinfo, style=None):
-        if excinfo.errisinstance((CheckFailed, RecompileFailed)):
+        if excinfo.errisinstance(CheckFailed):
             return str(excinfo.value)
         return super().repr_failure(excinfo, style)
 

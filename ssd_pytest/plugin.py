@@ -38,6 +38,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="before a case's first item, a compile-only warmup of its model configuration (once per "
                          "configuration and worker); then fail any case item during which a kernel compiles (GPU) or "
                          "launches a specialization that warmup did not produce (interpreter)")
+    group.addoption("--isolation", choices=("process", "none"), default=None,
+                    help="where case items run: process = a supervised child process per pytest process, replaced "
+                         "after a crash, exit, hang or sticky device error, which then fail only the item that caused "
+                         "them (default; env SSD_HARNESS_ISOLATION); none = in this process (pdb, monkeypatching)")
+    group.addoption("--item-timeout", type=float, default=None, metavar="SECONDS",
+                    help="per case item time limit, after which its child process is killed and the item is an "
+                         "error (env SSD_HARNESS_ITEM_TIMEOUT; default 120 on CPU, 300 on CUDA; 0 = none)")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -130,6 +137,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    case_items.close_runner(config)
     workers.join_cuda_context(config)
     if workers.is_xdist_worker(config):
         return

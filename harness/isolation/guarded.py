@@ -24,7 +24,7 @@ class RecompileGuard:
 
     def warm(self, case) -> tuple[list, object, bool]:
         """(watched kernels, the WarmupReport of the case's request, whether this call warmed it)."""
-        from kernels import warmup
+        from harness import warmup
 
         requests = warmup.requests_from_cases([case])
         key = repr(requests)
