@@ -12,7 +12,7 @@ import pytest
 
 from harness.sharding import LongestFirstQueue
 from ssd_pytest import private_api
-from ssd_pytest.items import CASE_SUFFIXES
+from harness.cases.files import CASE_SUFFIXES
 from ssd_pytest.sharding import measured_costs
 
 GROUPS_FILE_ENV = "SSD_HARNESS_XDIST_GROUPS"  # where workers write {nodeid: xdist_group name} for the controller
