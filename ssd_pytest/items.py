@@ -168,9 +168,11 @@ class CheckItem(pytest.Item):
             from harness.isolation import IsolationError
 
             try:
-                runner(self.config).warmup(self.case)
+                summary = runner(self.config).warmup(self.case)
             except (ProviderError, IsolationError) as exc:
                 raise CheckFailed(str(exc)) from None
+            if summary:
+                print(f"\n[{os.environ.get('PYTEST_XDIST_WORKER', 'main')}] {self.case.id}: {summary}")
 
     def runtest(self) -> None:
         from harness.checks import Status

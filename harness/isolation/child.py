@@ -70,8 +70,7 @@ def serve(channel, worker) -> int:
             reply = protocol.ItemDone(result, worker.sticky(result))
         elif isinstance(request, protocol.Warmup):
             try:
-                report = worker.warmup(request.case)
-                reply = protocol.Warmed(summary=report.summary(), seconds=report.seconds, keys=len(report.keys))
+                reply = protocol.Warmed(summary=worker.warmup(request.case))
             except BaseException as exc:  # noqa: BLE001 - reported to the supervisor, which decides
                 reply = protocol.Warmed(error=f"{_one_line(exc)}\n{traceback.format_exc()}")
                 reply.sticky = worker.sticky_text(reply.error)

@@ -48,7 +48,7 @@ class InProcess:
     def warmup(self, case) -> str:
         self.start()
         try:
-            return self._worker.warmup(case).summary()
+            return self._worker.warmup(case)
         except Exception as exc:  # noqa: BLE001 - the same contract as Supervisor.warmup; the cause stays chained
             raise IsolationError(f"warmup of {case.id} failed: {type(exc).__name__}: {exc}") from exc
 

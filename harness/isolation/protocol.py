@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 # ---- supervisor -> child
@@ -63,8 +63,6 @@ class ItemDone:
 
 @dataclass
 class Warmed:
-    summary: str = ""
+    summary: str = ""  # the warmup's summary; "" when the child had warmed that request already
     error: str = ""  # non-empty: the warmup raised (its traceback)
     sticky: str = ""
-    seconds: float = 0.0
-    keys: int = field(default=0)

@@ -39,9 +39,11 @@ class Worker:
     def catchable(self) -> tuple:
         return (BaseException,) if self.interrupts_are_errors else (Exception, SystemExit)
 
-    def warmup(self, case):
-        """The case's model request warmed for the recompile guard (once per process): its WarmupReport."""
-        return self.guard.warm(case)[1]
+    def warmup(self, case) -> str:
+        """Warm the case's model request for the recompile guard (once per process): the WarmupReport's summary
+        when this call warmed it, "" when this process had warmed it already."""
+        _, report, fresh = self.guard.warm(case)
+        return report.summary() if fresh else ""
 
     def sticky(self, result: CheckResult) -> str:
         """Non-empty (the cause) when this process must not run another item after ``result``."""
