@@ -94,6 +94,28 @@ for step in $steps; do
       run_step profile-warmup bash -c "$PY -m cProfile -o $OUT/warmup.prof -m harness warmup --device cuda --jobs 1 | tail -n 3; $PY -c \"import pstats; p = pstats.Stats('$OUT/warmup.prof'); p.sort_stats('cumulative').print_stats(45); p.sort_stats('tottime').print_stats(25)\" | grep -v '^$' | tail -n 80" ;;
     stages)  # each stage of the 4256-token prefill alone, as tuned and with every candidate config forced
       run_step stages $PY -m harness bench --stages --reps 100 --json "$OUT/stages.json" ;;
+    baseline)  # the suite as suite runs it, at an older commit's tree unpacked into .baseline/ (carried): the same
+      # machine and session as the suite step, so the two cold times compare (BASE_REPORT_OPT: its report option)
+      export TRITON_CACHE_DIR=$(mktemp -d)
+      rm -rf "${PYTHONPYCACHEPREFIX:-/nonexistent}$PWD/.baseline"
+      run_step baseline bash -c "cd .baseline && $PY -m pytest -q -n $WORKERS --workers-per-gpu ${WPG:-$WORKERS} \
+        --device cuda -p no:cacheprovider --recompile-guard --durations-from scripts/gpu-durations.json \
+        ${BASE_REPORT_OPT:---json-report} $OUT/baseline-report.json -rfE --tb=short" ;;
+    faults)  # a real illegal memory access in one case (tiny-batch): that case errors, every other case passes
+      python3 -c "import tests.broken_providers as b; open('/tmp/tiny.yaml', 'w').write(b.TINY_CASES)"
+      export TRITON_CACHE_DIR=$(mktemp -d)
+      run_step faults-cli $PY -m harness run /tmp/tiny.yaml --device cuda \
+        --provider tests.faulty_providers:illegal_memory_access --json "$OUT/faults-cli.json"
+      run_step faults-pytest $PY -m pytest /tmp/tiny.yaml -q -n 4 --workers-per-gpu 4 --device cuda -p no:cacheprovider \
+        --provider tests.faulty_providers:illegal_memory_access --ssd-report "$OUT/faults-pytest.json" -rfE --tb=line ;;
+    vllm-corpus)  # the whole corpus against vLLM's kernels (peers.vllm_ssd, ops from the carried .peers/)
+      export TRITON_CACHE_DIR=$(mktemp -d)
+      run_step vllm-corpus $PY -m pytest cases -q -n "$WORKERS" --workers-per-gpu "${WPG:-$WORKERS}" --device cuda \
+        -p no:cacheprovider --provider peers.vllm_ssd:provider --ssd-report "$OUT/vllm-report.json" -rfE --tb=line
+      $PY -c "import sys; from harness.report import Report; r = Report.read(sys.argv[1]); print(r.counts()); [print(f'=== {i.nodeid}\n{i.message}') for i in r.failures]" \
+        "$OUT/vllm-report.json" > "$OUT/vllm-failures.txt" 2>&1
+      rm -rf "$OUT/vllm-report.json.parts"
+      head -n 1 "$OUT/vllm-failures.txt" ;;
     *)
       echo "unknown step $step" >&2; exit 2 ;;
   esac

@@ -141,3 +141,48 @@ class LaunchesUnwarmed(_Broken):
 
 
 launches_unwarmed = LaunchesUnwarmed()
+
+
+class IllegalMemoryAccess(_Broken):
+    """Our kernels, plus, on the faulting case, a real Triton kernel that stores far outside any allocation: on a
+    GPU a true illegal memory access, which leaves the process's CUDA context unusable (every later CUDA call in it
+    fails). GPU only; the interpreter would write into this process's own memory."""
+
+    breakage = "a Triton store at a wild address on one case (a real illegal memory access on the GPU)"
+
+    def __init__(self):
+        super().__init__(base="kernels:provider")
+
+    def call(self, x, dt, A, B, *args, **kwargs):
+        if _is_faulting_case(B):
+            if not x.is_cuda:
+                raise RuntimeError("tests.faulty_providers:illegal_memory_access is for CUDA devices only")
+            _wild_store[(1,)](x)
+            import torch
+
+            torch.cuda.synchronize(x.device)  # the fault surfaces in this call, as a real kernel's would at its sync
+        return self.inner.ssd_prefill(x, dt, A, B, *args, **kwargs)
+
+
+def _make_wild_store():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def wild_store(ptr):
+        tl.store(ptr + (1 << 40), tl.load(ptr))
+
+    return wild_store
+
+
+class _Lazy:
+    """Compiles the wild-store kernel at first use, so importing this module needs no Triton."""
+
+    def __getitem__(self, grid):
+        global _wild_store
+        _wild_store = _make_wild_store()
+        return _wild_store[grid]
+
+
+_wild_store = _Lazy()
+illegal_memory_access = IllegalMemoryAccess()
