@@ -344,3 +344,20 @@ def test_sticky_errors_are_told_from_ordinary_failures():
     assert sticky.after_item(result(Status.ERROR, "RuntimeError: CUDA error: device-side assert triggered"), "cpu")
     assert not sticky.after_item(result(Status.ERROR, "ValueError: path='indexed': ineligible"), "cpu")
     assert not sticky.after_item(result(Status.PASSED, fp.STICKY_MESSAGE), "cpu")  # a pass is never sticky
+
+
+def test_a_child_lost_between_items_is_replaced_without_blaming_an_item(tiny):
+    """A child that ends while idle (killed from outside) is recorded as a restart 'between items'; the next item
+    runs in a fresh child and keeps its own outcome."""
+    from harness.isolation import Supervisor
+
+    cases = _tiny_cases(tiny)
+    with Supervisor("reference:provider", DEVICE) as supervisor:
+        assert supervisor.run(cases["tiny-direct"], "determinism").status is Status.PASSED
+        os.kill(supervisor._proc.pid, signal.SIGKILL)
+        supervisor._proc.wait()
+        after = supervisor.run(cases["tiny-returned"], "determinism")
+    assert after.status is Status.PASSED, after.message
+    assert [(r.item, r.cause) for r in supervisor.restarts] == [
+        ("between items", "the process running the provider died: SIGKILL (signal 9)")]
+    assert supervisor.processes == 2

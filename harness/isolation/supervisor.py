@@ -106,6 +106,11 @@ class Supervisor:
                 [sys.executable, "-m", "harness.isolation.child", str(request_r), str(reply_w), trace,
                  str(os.getpid())],
                 pass_fds=(request_r, reply_w), stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        except BaseException:
+            os.unlink(trace)
+            os.close(reply_r)
+            os.close(request_w)
+            raise
         finally:
             os.close(request_r)
             os.close(reply_w)
@@ -115,7 +120,7 @@ class Supervisor:
         self._channel.send(protocol.Hello(list(sys.path), self.device, self.provider_spec, self.warmup_first))
 
     def _ready_channel(self) -> Channel:
-        if self._proc is not None and self._proc.poll() is not None:  # ended between requests: not an item's fault
+        if self._ready and self._proc.poll() is not None:  # ended between requests: no item's fault
             code, _ = self._reap()
             self.restarts.append(Restart("between items", describe_exit(code, during="between items")))
         self.start()
