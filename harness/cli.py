@@ -384,7 +384,7 @@ def _run_plan(args, runner, device: str, spec: str, cases, plan, bad) -> int:
         print(f"json report: {args.json}")
     if aborted:
         raise Unusable(aborted)
-    if status == EXIT_OK and _nothing_ran(records):
+    if status in (EXIT_OK, EXIT_FAILED) and _nothing_ran(records):
         print(f"error: nothing ran: {len(plan)} items, none passed or failed"
               f"{' (every case file is bad)' if not plan else ' (every item was skipped or unsupported)'}",
               file=sys.stderr)

@@ -106,15 +106,15 @@ for step in $steps; do
       export TRITON_CACHE_DIR=$(mktemp -d)
       run_step faults-cli $PY -m harness run /tmp/tiny.yaml --device cuda \
         --provider tests.faulty_providers:illegal_memory_access --json "$OUT/faults-cli.json"
-      run_step faults-pytest $PY -m pytest /tmp/tiny.yaml -q -n 4 --workers-per-gpu 4 --device cuda -p no:cacheprovider \
+      run_step faults-pytest $PY -m pytest /tmp/tiny.yaml -p ssd_pytest.plugin --rootdir . -q -n 4 --workers-per-gpu 4 \
+        --device cuda -p no:cacheprovider \
         --provider tests.faulty_providers:illegal_memory_access --ssd-report "$OUT/faults-pytest.json" -rfE --tb=line ;;
     vllm-corpus)  # the whole corpus against vLLM's kernels (peers.vllm_ssd, ops from the carried .peers/)
       export TRITON_CACHE_DIR=$(mktemp -d)
       run_step vllm-corpus $PY -m pytest cases -q -n "$WORKERS" --workers-per-gpu "${WPG:-$WORKERS}" --device cuda \
         -p no:cacheprovider --provider peers.vllm_ssd:provider --ssd-report "$OUT/vllm-report.json" -rfE --tb=line
       $PY -c "import sys; from harness.report import Report; r = Report.read(sys.argv[1]); print(r.counts()); [print(f'=== {i.nodeid}\n{i.message}') for i in r.failures]" \
-        "$OUT/vllm-report.json" > "$OUT/vllm-failures.txt" 2>&1
-      rm -rf "$OUT/vllm-report.json.parts"
+        "$OUT/vllm-report.json" > "$OUT/vllm-failures.txt" 2>&1 && rm -rf "$OUT/vllm-report.json.parts"
       head -n 1 "$OUT/vllm-failures.txt" ;;
     *)
       echo "unknown step $step" >&2; exit 2 ;;

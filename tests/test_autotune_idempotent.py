@@ -47,6 +47,15 @@ def _autotuner_state(kernel) -> tuple:
     return dict(kernel.cache), kernel.cache_results, kernel.__dict__.get("do_bench")
 
 
+def _assert_trials(result, configs: int) -> None:
+    """The interpreter's stand-in benchmarker launches each config once; Triton's ``do_bench`` on a GPU launches
+    it many times (warmup and timed repetitions), so there every config is launched at least once."""
+    if DEVICE == "cpu":
+        assert result.stats["trial_launches"] == configs, result.stats
+    else:
+        assert result.stats["trial_launches"] >= configs, result.stats
+
+
 def test_destructive_writeback_is_flagged_on_a_key_an_earlier_case_tuned(cases):
     provider = ap.SlotUpdateWriteback(reads_private_copy=False)
     tuned = _tune_on(cases["slot-update-first"], provider)
@@ -59,7 +68,8 @@ def test_destructive_writeback_is_flagged_on_a_key_an_earlier_case_tuned(cases):
     assert "autotuning trials changed memory" in result.message and "storage of state_cache" in result.message
     assert kernel_name(KERNEL) in result.message and "BLOCK: 16" in result.message, result.message
     assert result.stats["autotuners"] == [kernel_name(KERNEL)], result.stats
-    assert result.stats["trial_launches"] == len(KERNEL.configs), result.stats  # re-tuned: one trial per config
+    assert result.stats["configs_benchmarked"] == len(KERNEL.configs), result.stats  # re-tuned: every config
+    _assert_trials(result, len(KERNEL.configs))
     # the rest of the process sees the autotuner and the disk-cache switch as they were
     assert _autotuner_state(KERNEL) == before and knobs.autotuning.cache == disk
     # the second case's key is the one the first case tuned: a plain call tunes nothing new
@@ -100,7 +110,8 @@ def test_private_copy_writeback_is_not_flagged(cases):
     result = run_check(cases["slot-update-second"], CHECK, provider, device=DEVICE)
     assert result.status is Status.PASSED, result.message
     assert result.stats["autotuners"] == [kernel_name(KERNEL)], result.stats
-    assert result.stats["trial_launches"] == len(KERNEL.configs), result.stats
+    assert result.stats["configs_benchmarked"] == len(KERNEL.configs), result.stats
+    _assert_trials(result, len(KERNEL.configs))
     assert _autotuner_state(KERNEL) == before
 
 
