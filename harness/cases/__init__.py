@@ -1,7 +1,22 @@
-"""YAML test cases: the model, the schema and loader, the input builder and the corpus generator (docs/cases.md)."""
+"""YAML test cases: the model, the schema and loader, the input builder and the corpus generator (docs/cases.md).
 
-from harness.cases.loader import dump_case, dump_case_list, load_case_file, load_cases
-from harness.cases.model import Case, Eligibility, SCHEMA_ID
-from harness.cases.schema import CaseError
+The names below load on first use: ``harness.cases.files`` (which files are cases) is read by the xdist controller,
+which must not import torch (the model and loader do) before it has started the workers.
+"""
 
-__all__ = ["Case", "CaseError", "Eligibility", "SCHEMA_ID", "dump_case", "dump_case_list", "load_case_file", "load_cases"]
+import importlib
+
+_WHERE = {
+    "dump_case": "harness.cases.loader", "dump_case_list": "harness.cases.loader",
+    "load_case_file": "harness.cases.loader", "load_cases": "harness.cases.loader",
+    "Case": "harness.cases.model", "Eligibility": "harness.cases.model", "SCHEMA_ID": "harness.cases.model",
+    "CaseError": "harness.cases.schema",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'harness.cases' has no attribute {name!r}")
