@@ -42,9 +42,9 @@ def is_case_file(file_path: Path, config: pytest.Config) -> bool:
 
 
 class BadCaseFiles:
-    """The case files of this run that could not become items (bound to its config). pytest stops before the first
-    item when collection had errors, unless ``--continue-on-collection-errors``; a bad case file is its one
-    collection error and must not keep the other files' items from running. So when every collection error is a
+    """The case files of this run that could not become items (a plugin object per config). pytest stops before
+    the first item when collection had errors, unless ``--continue-on-collection-errors``; a bad case file is its
+    one collection error and must not keep the other files' items from running. So when every collection error is a
     case file's, this run continues past them (they still make its exit status non-zero); any other collection
     error stops it as usual."""
 
