@@ -1,7 +1,8 @@
 """Which backend runs the Triton kernels: the GPU (``cuda``) or Triton's interpreter on CPU tensors.
 
-``TRITON_INTERPRET`` is read when ``@triton.jit`` decorates a kernel, so ``configure`` must run before ``kernels``
-is imported. The pytest plugin and the CLI call it first thing.
+Triton reads ``TRITON_INTERPRET`` when it is imported and when ``@triton.jit`` decorates a kernel, so ``configure``
+must run before any kernel module is imported (``kernels.environment`` and ``kernels.interface`` import no triton and
+may come first). The pytest plugin and the CLI call it first thing.
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ def share_autotuning_results() -> None:
     Each process otherwise benchmarks every config of every tuning key itself, and the suite has dozens of keys per
     worker. Which config wins never changes what a check expects: a check compares
     calls made in one process, with one tuned config per key, and tests/test_kernel_stages.py forces every config.
-    Triton reads this when an autotuner is created, so it must be set before ``kernels`` is imported.
+    Triton reads this when an autotuner is created, so it must be set before the kernel modules are imported.
     """
     os.environ.setdefault(AUTOTUNE_CACHE_ENV, "1")
 

@@ -13,6 +13,9 @@ or one cycle each.
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -195,6 +198,32 @@ def test_layers_point_one_way():
 def test_no_import_cycles():
     cycles = import_cycles(import_edges(ROOT))
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_the_triton_free_kernel_modules_may_precede_the_backend_choice():
+    """The case model reads the interface (``kernels.interface``) and the harness reads the kernels' variable names
+    (``kernels.environment``) before ``harness.backend.configure`` chooses the backend: neither imports triton, and
+    configure refuses only once ``kernels.backend``, the module that reads TRITON_INTERPRET, was imported with the
+    other value. In a fresh interpreter, so that this process's backend stays as it is."""
+    code = "\n".join([
+        "import os, sys",
+        "os.environ['TRITON_INTERPRET'] = '0'",
+        "import kernels.environment, kernels.interface, harness.cases.model",
+        "from harness import backend",
+        "assert 'triton' not in sys.modules, 'triton was imported'",
+        "assert backend.configure('cpu') == 'cpu' and os.environ['TRITON_INTERPRET'] == '1'",
+        "os.environ['TRITON_INTERPRET'] = '0'",
+        "import kernels.backend",
+        "try:",
+        "    backend.configure('cpu')",
+        "except RuntimeError as exc:",
+        "    print('refused:', exc)",
+    ])
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("TRITON_INTERPRET", None)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "refused: kernels were imported with TRITON_INTERPRET=0" in done.stdout, done.stdout
 
 
 # ---- the checker can fail --------------------------------------------------------------------------------------
