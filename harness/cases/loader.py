@@ -100,7 +100,7 @@ def _strict(base: type) -> type:
 
 # libyaml's parser, where PyYAML has it, reads every file once: parsing the corpus in pure Python took ~1 s of each
 # pytest worker's start-up (every worker collects every case). The pure-Python parser words syntax errors better
-# (tests/malformed/expected.yaml), so a file libyaml cannot parse is parsed again in Python for the message only.
+# (tests/malformed/expected.yaml), so a file libyaml cannot load is parsed again in Python (_parse_yaml).
 _StrictLoader = _strict(yaml.SafeLoader)
 _FastStrictLoader = _strict(getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
@@ -130,21 +130,20 @@ def _read_text(path: Path) -> str:
 def _parse_yaml(path: Path, text: str) -> Any:
     try:
         return yaml.load(text, Loader=_FastStrictLoader)  # noqa: S506 - a safe loader subclass
-    except yaml.constructor.ConstructorError as e:
-        raise _yaml_error(path, text, e) from None  # raised by our constructors: same marks, same words in Python
     except yaml.YAMLError as e:
         first: yaml.YAMLError = e
     except RecursionError:  # the pure-Python parser (where PyYAML lacks libyaml) recurses once per nesting level
         raise CaseError(path, "(file)", "YAML nested at most a few hundred levels deep",
                         "nesting too deep to read") from None
+    # Parsed again in Python: for its wording of the fault, and because libyaml also fails on good files when its C
+    # extension outlives a re-import of the yaml package (pytester's in-process runs do that: its nodes are then not
+    # the package's, and every load fails); the two parsers read a document they both accept the same way.
     try:
-        yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         raise _yaml_error(path, text, e) from None
     except RecursionError:
-        pass  # nesting libyaml refuses is past Python's recursion limit here: libyaml's words
-    # Also when the Python parser accepts what libyaml refused: a file loads the same everywhere or not at all.
-    raise _yaml_error(path, text, first) from None
+        raise _yaml_error(path, text, first) from None  # nesting libyaml refused: its words
 
 
 def _yaml_error(path: Path, text: str, e: yaml.YAMLError) -> CaseError:
