@@ -245,7 +245,7 @@ def test_yml_files_are_cases_to_the_cli(tmp_path):
     assert ran.returncode == 0 and PASSED_GOOD in ran.stdout, ran.stdout + ran.stderr
 
 
-def test_case_file_rule_matches_the_plugins(tmp_path):
+def test_which_files_are_cases(tmp_path):
     """YAML in a named folder (hidden folders and virtual environments skipped, as pytest does), the repository's
     cases/ only when the repository itself is named, fixtures under tests/ only when named one by one."""
     (tmp_path / "a.yaml").write_text(GOOD)
