@@ -73,8 +73,8 @@ def serve(channel, worker) -> int:
                 report = worker.warmup(request.case)
                 reply = protocol.Warmed(summary=report.summary(), seconds=report.seconds, keys=len(report.keys))
             except BaseException as exc:  # noqa: BLE001 - reported to the supervisor, which decides
-                reply = protocol.Warmed(error=f"{_one_line(exc)}\n{traceback.format_exc()}")
-                reply.sticky = worker.sticky_text(reply.error)
+                detail = traceback.format_exc()
+                reply = protocol.Warmed(error=_one_line(exc), detail=detail, sticky=worker.sticky_text(detail))
         else:
             raise TypeError(f"harness.isolation.child: unknown request {type(request).__name__}")
         _flush()

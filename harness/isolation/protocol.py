@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 # ---- supervisor -> child
@@ -64,7 +64,8 @@ class ItemDone:
 @dataclass
 class Warmed:
     summary: str = ""
-    error: str = ""  # non-empty: the warmup raised (its traceback)
+    error: str = ""  # non-empty: the warmup raised (the exception in one line)
+    detail: str = ""  # its traceback
     sticky: str = ""
     seconds: float = 0.0
-    keys: int = field(default=0)
+    keys: int = 0

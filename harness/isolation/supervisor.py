@@ -42,7 +42,12 @@ EXIT_WAIT_SECONDS = 10.0  # for a child that closed its channel (or was told to 
 
 
 class IsolationError(RuntimeError):
-    """The child could not start, or failed outside an item (a warmup); the message says why in one line."""
+    """The child could not start, or failed outside an item (a warmup): the message says why in one line,
+    ``detail`` holds what else is known (a traceback, the child's stack)."""
+
+    def __init__(self, message: str, detail: str = ""):
+        super().__init__(message)
+        self.detail = detail
 
 
 @dataclass(frozen=True)
@@ -273,12 +278,12 @@ class Supervisor:
         reply, fault, _ = self._exchange(protocol.Warmup(case), self.limit.seconds)
         if fault is not None:
             self.restarts.append(Restart(item, fault[0]))
-            raise IsolationError(f"{item}: {fault[0]}\n{fault[1]}".rstrip())
+            raise IsolationError(f"{item}: {fault[0]}", fault[1])
         if reply.sticky:
             self._reap()
             self.restarts.append(Restart(item, reply.sticky))
         if reply.error:
-            raise IsolationError(f"{item} failed: {reply.error}".rstrip())
+            raise IsolationError(f"{item} failed: {reply.error}", reply.detail)
         return reply.summary
 
     def describe(self) -> dict:
