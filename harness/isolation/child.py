@@ -1,11 +1,11 @@
-"""The supervised child: ``python -m harness.isolation.child READ_FD WRITE_FD TRACE_FILE PARENT_PID``.
+"""The supervised child: ``python -m harness.isolation.child READ_FD WRITE_FD TRACE_FD PARENT_PID``.
 
 It configures itself like its parent (``protocol.Hello``: sys.path, device, provider), answers ``Ready`` or
 ``Unusable``, then runs one request at a time until ``Close`` or the end of its input. Provider faults that Python
 can catch become the item's ERROR here (``Worker``, with ``interrupts_are_errors``: SIGINT is ignored, so a
 KeyboardInterrupt is the provider's). Faults that end the process (a segfault, ``os._exit``, a kill at the time
 limit) are the supervisor's to report: faulthandler writes the Python stack of a fatal signal, and of SIGUSR1 (sent
-before a kill at the time limit), to TRACE_FILE, which the supervisor adds to the item's report. After an item
+before a kill at the time limit), to TRACE_FD (an unnamed file), which the supervisor adds to the item's report. After an item
 leaves a sticky device error (``sticky``) the child reports it and exits.
 """
 
@@ -72,8 +72,8 @@ def serve(channel, worker) -> int:
             try:
                 reply = protocol.Warmed(summary=worker.warmup(request.case))
             except BaseException as exc:  # noqa: BLE001 - reported to the supervisor, which decides
-                reply = protocol.Warmed(error=f"{_one_line(exc)}\n{traceback.format_exc()}")
-                reply.sticky = worker.sticky_text(reply.error)
+                detail = traceback.format_exc()
+                reply = protocol.Warmed(error=_one_line(exc), detail=detail, sticky=worker.sticky_text(detail))
         else:
             raise TypeError(f"harness.isolation.child: unknown request {type(request).__name__}")
         _flush()
@@ -91,12 +91,11 @@ def serve(channel, worker) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    read_fd, write_fd, trace_path, parent_pid = (argv if argv is not None else sys.argv[1:])
+    read_fd, write_fd, trace_fd, parent_pid = (argv if argv is not None else sys.argv[1:])
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_with_parent(int(parent_pid))
-    trace = open(trace_path, "w", encoding="utf-8")  # noqa: SIM115 - open for the process's lifetime
-    faulthandler.enable(trace, all_threads=True)
-    faulthandler.register(signal.SIGUSR1, file=trace, all_threads=True)
+    faulthandler.enable(int(trace_fd), all_threads=True)  # the descriptor stays open for the process's lifetime
+    faulthandler.register(signal.SIGUSR1, file=int(trace_fd), all_threads=True)
 
     from harness.isolation import protocol
     from harness.isolation.channel import Channel

@@ -7,6 +7,7 @@ included) are still each item's ERROR (``run_check``), and Ctrl-C stops the run.
 from __future__ import annotations
 
 import math
+import traceback
 
 from harness.checks.base import CheckResult
 from harness.isolation.settings import TimeLimit
@@ -50,7 +51,8 @@ class InProcess:
         try:
             return self._worker.warmup(case)
         except Exception as exc:  # noqa: BLE001 - the same contract as Supervisor.warmup; the cause stays chained
-            raise IsolationError(f"warmup of {case.id} failed: {type(exc).__name__}: {exc}") from exc
+            raise IsolationError(f"warmup of {case.id} failed: {type(exc).__name__}: {exc}".splitlines()[0],
+                                 traceback.format_exc()) from exc
 
     def close(self) -> None:
         self._worker = None

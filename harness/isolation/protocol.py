@@ -64,5 +64,8 @@ class ItemDone:
 @dataclass
 class Warmed:
     summary: str = ""  # the warmup's summary; "" when the child had warmed that request already
-    error: str = ""  # non-empty: the warmup raised (its traceback)
+    error: str = ""  # non-empty: the warmup raised (the exception in one line)
+    detail: str = ""  # its traceback
     sticky: str = ""
+    seconds: float = 0.0
+    keys: int = 0

@@ -42,7 +42,12 @@ EXIT_WAIT_SECONDS = 10.0  # for a child that closed its channel (or was told to 
 
 
 class IsolationError(RuntimeError):
-    """The child could not start, or failed outside an item (a warmup); the message says why in one line."""
+    """The child could not start, or failed outside an item (a warmup): the message says why in one line,
+    ``detail`` holds what else is known (a traceback, the child's stack)."""
+
+    def __init__(self, message: str, detail: str = ""):
+        super().__init__(message)
+        self.detail = detail
 
 
 @dataclass(frozen=True)
@@ -83,7 +88,7 @@ class Supervisor:
         self.provider_name = ""
         self._proc: subprocess.Popen | None = None
         self._channel: Channel | None = None
-        self._trace: Path | None = None
+        self._trace = None  # an unnamed file the child's faulthandler writes to (nothing to remove, ever)
         self._ready = False
 
     # ---- the child's life
@@ -94,8 +99,7 @@ class Supervisor:
             return
         request_r, request_w = os.pipe()
         reply_r, reply_w = os.pipe()
-        fd, trace = tempfile.mkstemp(prefix="ssd-harness-child-", suffix=".trace")
-        os.close(fd)
+        trace = tempfile.TemporaryFile()  # already unlinked: a supervisor killed outright leaves no file behind
         root = str(Path(__file__).resolve().parents[2])  # where ``harness`` is imported from, for ``-m``
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
@@ -103,11 +107,12 @@ class Supervisor:
             # Its own session: a terminal's Ctrl-C reaches the front end alone, which stops the child itself, and
             # a kill at the time limit reaches whatever the child started (warmup compile processes).
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "harness.isolation.child", str(request_r), str(reply_w), trace,
-                 str(os.getpid())],
-                pass_fds=(request_r, reply_w), stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+                [sys.executable, "-m", "harness.isolation.child", str(request_r), str(reply_w),
+                 str(trace.fileno()), str(os.getpid())],
+                pass_fds=(request_r, reply_w, trace.fileno()), stdin=subprocess.DEVNULL, env=env,
+                start_new_session=True)
         except BaseException:
-            os.unlink(trace)
+            trace.close()
             os.close(reply_r)
             os.close(request_w)
             raise
@@ -115,7 +120,7 @@ class Supervisor:
             os.close(request_r)
             os.close(reply_w)
         self.processes += 1
-        self._trace, self._ready = Path(trace), False
+        self._trace, self._ready = trace, False
         self._channel = Channel(reply_r, request_w)
         self._channel.send(protocol.Hello(list(sys.path), self.device, self.provider_spec, self.warmup_first))
 
@@ -187,7 +192,7 @@ class Supervisor:
             end = time.monotonic() + DUMP_WAIT_SECONDS
             size = -1
             while time.monotonic() < end:  # until the dump has stopped growing
-                now = self._trace.stat().st_size if self._trace.exists() else 0
+                now = os.fstat(self._trace.fileno()).st_size
                 if now and now == size:
                     break
                 size = now
@@ -207,14 +212,12 @@ class Supervisor:
                 pass
 
     def _forget(self) -> str:
-        """Close the channel, read and remove the trace file; the next request starts a fresh child."""
+        """Close the channel, read and close the trace file; the next request starts a fresh child."""
         stack = ""
         if self._trace is not None:
-            try:
-                stack = self._trace.read_text(encoding="utf-8", errors="replace")[:TRACE_CHARS]
-                self._trace.unlink()
-            except OSError:
-                pass
+            # pread: the file's offset is shared with the child's descriptor, and the dump starts at 0.
+            stack = os.pread(self._trace.fileno(), TRACE_CHARS, 0).decode("utf-8", errors="replace")
+            self._trace.close()
         if self._channel is not None:
             self._channel.close()
         self._proc, self._channel, self._trace, self._ready = None, None, None, False
@@ -273,12 +276,12 @@ class Supervisor:
         reply, fault, _ = self._exchange(protocol.Warmup(case), self.limit.seconds)
         if fault is not None:
             self.restarts.append(Restart(item, fault[0]))
-            raise IsolationError(f"{item}: {fault[0]}\n{fault[1]}".rstrip())
+            raise IsolationError(f"{item}: {fault[0]}", fault[1])
         if reply.sticky:
             self._reap()
             self.restarts.append(Restart(item, reply.sticky))
         if reply.error:
-            raise IsolationError(f"{item} failed: {reply.error}".rstrip())
+            raise IsolationError(f"{item} failed: {reply.error}", reply.detail)
         return reply.summary
 
     def describe(self) -> dict:
