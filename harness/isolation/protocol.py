@@ -67,5 +67,3 @@ class Warmed:
     error: str = ""  # non-empty: the warmup raised (the exception in one line)
     detail: str = ""  # its traceback
     sticky: str = ""
-    seconds: float = 0.0
-    keys: int = 0
