@@ -35,14 +35,17 @@ def profile(device: str) -> str:
     return arithmetic_profile(device)
 
 
-def pytest_runtest_setup(item: pytest.Item) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the items whose marker names another device: as a skip marker, so that the skip line names the test."""
     here = backend.current_device()
-    for name, needed in _NEEDS.items():
-        marker = item.get_closest_marker(name)
-        if marker is None:
-            continue
-        reason = marker.kwargs.get("reason")
-        if not reason:
-            pytest.fail(f"@pytest.mark.{name} needs reason=... (the skip line shows it)", pytrace=False)
-        if here != needed:
-            pytest.skip(f"runs on {needed} only, this process runs on {here}: {reason}")
+    for item in items:
+        for name, needed in _NEEDS.items():
+            marker = item.get_closest_marker(name)
+            if marker is None:
+                continue
+            reason = marker.kwargs.get("reason")
+            if not reason:
+                raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.{name} needs reason=... (the skip line shows it)")
+            if here != needed:
+                item.add_marker(pytest.mark.skip(reason=f"runs on {needed} only, this process runs on {here}: "
+                                                        f"{reason}"))

@@ -20,10 +20,11 @@ from harness.cases.model import CacheSpec, CallSpec, Case, IndicesSpec, Options,
 
 NHEADS, DSTATE, CHUNK = 3, 16, 64
 ALL_OPTIONS = Options(D="per_channel", z=True, dt_bias=True, dt_softplus=True)
+CONTIGUOUS_INDICES = IndicesSpec()
 
 
 def make_case(sequences, *, io="float32", state="float32", headdim=5, options=ALL_OPTIONS, mode="direct",
-              slots=8, row_pad=24, offset=7, fill="nan", indices=IndicesSpec(), seed=0, case_id="unit",
+              slots=8, row_pad=24, offset=7, fill="nan", indices=CONTIGUOUS_INDICES, seed=0, case_id="unit",
               nheads=NHEADS, dstate=DSTATE, chunk_size=CHUNK, ngroups=1):
     """A case, small by default (nheads 3, dstate 16, chunk 64). ``sequences``: (context, tokens, init_slot, has_state,
     final_slot) tuples. The builder fills every slot with random states, masked-off init slots with NaN and every
