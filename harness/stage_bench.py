@@ -77,8 +77,7 @@ def stage_calls(provider, inputs, path: str, **extra) -> dict:
     """One closure per stage of ``path`` (``extra``: the variant's other ``ssd_prefill`` arguments, e.g.
     ``gather``) on the intermediates of one real call: name -> (fn returning the stage's output, the autotuned
     kernel or None, its module's CONFIGS or [])."""
-    from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, gather, state_passing
-    from kernels import state_passing_indexed
+    from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, gather, state_passing, state_passing_indexed
 
     kw = inputs.kwargs(path=path)
     ws: dict = {}

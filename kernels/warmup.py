@@ -155,8 +155,7 @@ def registered() -> list[str]:
 
 def watched_kernels() -> list[Any]:
     """The kernel objects the SSD path launches (what a recompile guard watches): one per registration."""
-    from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, gather, state_passing
-    from kernels import state_passing_indexed
+    from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, gather, state_passing, state_passing_indexed
 
     return [gather._gather_initial_states_kernel, state_passing_indexed._state_passing_indexed_kernel,
             chunk_cumsum._chunk_cumsum_kernel, chunk_state.chunk_state_kernel, bmm_chunk.bmm_chunk_kernel,

@@ -5,7 +5,6 @@ spec in a shared folder, a short sleep) makes the races real on the CPU; on the 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

@@ -8,8 +8,8 @@ import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
-from types import SimpleNamespace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 

@@ -20,6 +20,8 @@ from typing import Any, Iterable
 import torch
 import yaml
 
+from harness.cases.files import case_files
+from harness.cases.limits import check_sizes
 from harness.cases.model import (
     SCHEMA_ID,
     TORCH_DTYPES,
@@ -37,10 +39,7 @@ from harness.cases.model import (
     default_cpu_tier,
     default_family,
 )
-from harness.cases.files import case_files
-from harness.cases.limits import check_sizes
 from harness.cases.schema import CaseError, SchemaViolation, describe, validate
-
 
 # A case file is read whole and parsed into Python objects (~30 bytes of memory per byte of YAML, 1-2 s of CPU per
 # MB), by every pytest worker at collection. The largest generated file is ~60 KB; 1 MiB leaves room for ~2,000
