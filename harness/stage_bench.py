@@ -10,6 +10,7 @@ evidence (docs/gpu-runs.md) and then runs in tests/test_kernel_stages.py's every
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -163,7 +164,7 @@ def bench_stages(provider, workloads: dict, variant: str, call: dict, reps: int)
         path = call["path"]
         extra = {k: v for k, v in call.items() if k != "path"}
         kw = inputs.kwargs(path=path)
-        whole = time_graph(lambda: provider.ssd_prefill(**kw, **extra), reps)
+        whole = time_graph(functools.partial(provider.ssd_prefill, **kw, **extra), reps)
         rows = []
         for name, (fn, kernel, configs) in stage_calls(provider, inputs, path, **extra).items():
             rows.extend(time_stage(name, fn, kernel, configs, reps))

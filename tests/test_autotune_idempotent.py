@@ -80,7 +80,7 @@ def test_without_retuning_the_destructive_writeback_escapes(cases, monkeypatch, 
     first = snap.current()
     snap.restore()
     provider.ssd_prefill(**kwargs)
-    assert all((a == b).all() for a, b in zip(snap.current(), first))
+    assert all((a == b).all() for a, b in zip(snap.current(), first, strict=True))
 
     monkeypatch.setattr(tt, "forget_tuning", lambda tuner: None)  # the guard keeps the tuned key
     kept = run_check(second, CHECK, provider, device=device)

@@ -98,7 +98,8 @@ def test_corpus_and_regressions_validate_against_json_schema():
 
 
 def test_libyaml_loader_reads_every_case_file_as_the_python_loader_does():
-    """Good files load through libyaml (start-up speed); it must not change a single value, nor let a repeated key pass."""
+    """Good files load through libyaml (start-up speed); it must not change a single value, nor let a repeated key
+    pass."""
     for f in case_files(CASE_DIRS):
         text = f.read_text()
         assert yaml.load(text, Loader=_FastStrictLoader) == yaml.load(text, Loader=_StrictLoader), f  # noqa: S506

@@ -43,7 +43,8 @@ def compile_one(spec):
         os.replace(tmp, path)
         events.append(["compile", b])
 
-names = {"binary": lambda i: [ClaimBoard.name("k", b) for b in binaries(i)], "spec": lambda i: [ClaimBoard.name("s", i)]}
+names = {"binary": lambda i: [ClaimBoard.name("k", b) for b in binaries(i)],
+         "spec": lambda i: [ClaimBoard.name("s", i)]}
 while not Path(log).with_name("go").exists():  # all start together
     time.sleep(0.005)
 if mode == "none":

@@ -41,7 +41,8 @@ def test_fuzz_finds_nothing_against_a_working_provider(tmp_path):
 
 def test_fuzz_shrinks_and_writes_a_regression_in_process(tmp_path):
     broken = bp.on_reference.mutates_input
-    found = fuzz(broken, budget=20, out_dir=tmp_path, device="cpu", provider_spec="tests.broken_providers:mutates_input")
+    found = fuzz(broken, budget=20, out_dir=tmp_path, device="cpu",
+                 provider_spec="tests.broken_providers:mutates_input")
     assert found is not None and found.check == "readonly_inputs"
     (case,) = load_case_file(found.path)
     assert case.checks == ("readonly_inputs",) and case.expect.kind == "pass"

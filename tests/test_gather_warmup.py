@@ -102,7 +102,7 @@ def build(case: ColumnCase, device: str, seed: int = 0):
 
     dev_mask = on_device(mask, mask_table) if case.mask_columns else mask.to(device)
     dev = on_device(cache, flat), on_device(idx, table), dev_mask
-    for got, want in zip(dev, (cache, idx, mask)):
+    for got, want in zip(dev, (cache, idx, mask), strict=True):
         assert got.stride() == want.stride() and got.data_ptr() % 16 == want.data_ptr() % 16, (got, want)
     return (*dev, expected)
 
@@ -198,8 +198,8 @@ def test_scalar_only_arguments_decision():
 
     collapsed = {tuple((n, erased(c) if n in unspecialized else c) for n, c in k.params) for k in full.keys}
     print(f"gather: {len(full.keys)} specializations today, {len(collapsed)} with {decided}")
-    already = not any(_specialized(p, "do_not_specialize_on_alignment") for p in decided["do_not_specialize_on_alignment"])
-    already = already and not any(_specialized(p, "do_not_specialize") for p in decided["do_not_specialize"])
+    already = not any(_specialized(p, flag) for flag in ("do_not_specialize_on_alignment", "do_not_specialize")
+                      for p in decided[flag])
     # 2 alignments of each scalar-only pointer x 3 value classes of each scalar-only stride
     assert len(full.keys) == len(collapsed) * (1 if already else 2 * 2 * 3 * 3), (len(full.keys), len(collapsed))
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import pairwise
 
 import pytest
 import torch
@@ -75,7 +76,8 @@ SEQUENCES = {
 def scenarios():
     """(shape, sequences) pairs: every shape and every sequence layout appear, without the full product."""
     names = list(SEQUENCES)
-    return [pytest.param(s, names[i % len(names)], id=f"{shape_id(s)}-{names[i % len(names)]}") for i, s in enumerate(SHAPES)] + [
+    every_shape = [(s, names[i % len(names)]) for i, s in enumerate(SHAPES)]
+    return [pytest.param(s, seqs, id=f"{shape_id(s)}-{seqs}") for s, seqs in every_shape] + [
         pytest.param(SHAPES[0], "three-mixed", id=f"{shape_id(SHAPES[0])}-three-mixed"),
         pytest.param(SHAPES[1], "one-short", id=f"{shape_id(SHAPES[1])}-one-short"),
     ]
@@ -312,7 +314,7 @@ def test_bmm_chunk(shape, seqs, io, device):
     assert got.dtype == F32 and got.shape == want.shape
     assert_within_bound(got, want, bmm_bound(inp, io), what="CB")
     # Outside each chunk's (len, len) block the bound is 0: padding must be written as exact zeros.
-    for c, (s, e) in enumerate(zip(inp.md.cu_chunk_seqlens[:-1], inp.md.cu_chunk_seqlens[1:])):
+    for c, (s, e) in enumerate(pairwise(inp.md.cu_chunk_seqlens)):
         outside = torch.ones(shape.chunk_size, shape.chunk_size, dtype=torch.bool)
         outside[: e - s, : e - s] = False
         assert_bits_equal(got[c][:, outside.to(got.device)].cpu(), torch.zeros(shape.ngroups, int(outside.sum())),
@@ -402,7 +404,8 @@ def scan_cases():
     cases = []
     for i, (variant, io) in enumerate([(v, d) for v in SCAN_VARIANTS for d in IO_DTYPES]):
         shape, seqs = scen[i % len(scen)].values
-        cases.append(pytest.param(shape, seqs, variant, io, io, id=f"{shape_id(shape)}-{seqs}-{variant}-{dtype_id(io)}"))
+        cases.append(pytest.param(shape, seqs, variant, io, io,
+                                  id=f"{shape_id(shape)}-{seqs}-{variant}-{dtype_id(io)}"))
     mixed = [(torch.bfloat16, torch.float32), (torch.float16, torch.bfloat16), (torch.float32, torch.float16),
              (torch.bfloat16, torch.float16)]
     for i, (io, st) in enumerate(mixed):
@@ -526,7 +529,8 @@ STAGE_KERNELS = {"chunk_state": kstate, "bmm_chunk": kbmm, "chunk_scan": kscan}
 
 
 def _config_params():
-    return [pytest.param(name, i, id=f"{name}-{i}") for name, mod in STAGE_KERNELS.items() for i in range(len(mod.CONFIGS))]
+    return [pytest.param(name, i, id=f"{name}-{i}")
+            for name, mod in STAGE_KERNELS.items() for i in range(len(mod.CONFIGS))]
 
 
 @pytest.mark.parametrize("stage,index", _config_params())

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from itertools import pairwise
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -66,7 +67,8 @@ def test_items_are_file_case_check_and_unsupported_paths_skip_with_reason(pytest
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*unsupported: provider 'reference' lacks the indexed path*"])
     collected = run_inner(pytester, str(tiny), "--collect-only", "-q")
-    collected.stdout.fnmatch_lines(["tiny.yaml::tiny-direct::indexed_vs_snapshot", "tiny.yaml::tiny-batch::masked_state"])
+    collected.stdout.fnmatch_lines(["tiny.yaml::tiny-direct::indexed_vs_snapshot",
+                                    "tiny.yaml::tiny-batch::masked_state"])
 
 
 def test_malformed_yaml_is_a_collection_error_naming_file_key_expected_found(pytester):
@@ -82,7 +84,8 @@ def test_duplicate_ids_across_files_name_both_files(pytester):
     second = pytester.makefile(".yaml", second=bp.TINY_CASES)
     result = run_inner(pytester, str(first), str(second), "--collect-only")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.stdout.fnmatch_lines([f"{second}: id: expected an id unique across files, found 'tiny-direct' also in {first}"])
+    result.stdout.fnmatch_lines(
+        [f"{second}: id: expected an id unique across files, found 'tiny-direct' also in {first}"])
 
 
 def test_case_too_large_for_the_interpreter_is_skipped_with_reason(pytester):
@@ -404,14 +407,16 @@ def test_one_xdist_run_merges_reports_keeps_units_together_and_starts_the_costli
         "        from harness.compile_claims import ClaimBoard\n"
         "        ClaimBoard.from_env().try_claim(os.environ['PYTEST_XDIST_WORKER'])\n"
         "        import atexit  # runs only if the worker leaves through the interpreter's shutdown\n"
-        f"        atexit.register(lambda: open({str(tmp_path)!r} + '/atexit-' + os.environ['PYTEST_XDIST_WORKER'], 'w'))\n")
+        f"        atexit.register(lambda: open({str(tmp_path)!r} + '/atexit-' + os.environ['PYTEST_XDIST_WORKER'],"
+        " 'w'))\n")
     junit, report = tmp_path / "junit.xml", tmp_path / "report.json"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "ssd_pytest.plugin", str(tmp_path), "--device", "cpu", "-n", "2",
          # Hypothesis's plugin imports hypothesis in each worker's terminal summary, after xdist's workerfinished:
          # on a busy host that outlasts execnet's 5 s grace before it interrupts the worker, whose early exit
          # (the last cleanup) then never runs.
-         "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-k", "determinism or reference_bound or test_g or test_f",
+         "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
+         "-k", "determinism or reference_bound or test_g or test_f",
          "--junitxml", str(junit), "--ssd-report", str(report), "--provider", "reference:provider",
          "--durations-from", str(earlier)],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300,
@@ -433,7 +438,7 @@ def test_one_xdist_run_merges_reports_keeps_units_together_and_starts_the_costli
     # When each item began (the report is sorted by node id): a worker's items do not overlap in time.
     for worker in ("gw0", "gw1"):
         spans = sorted((i["start"], i["start"] + i["duration"]) for i in items if i["worker"] == worker)
-        assert spans and all(end <= next_start + 1e-3 for (_, end), (next_start, _) in zip(spans, spans[1:])), spans
+        assert spans and all(end <= next_start + 1e-3 for (_, end), (next_start, _) in pairwise(spans)), spans
     workers_of_case: dict[str, set] = {}
     for i in case_items:
         workers_of_case.setdefault(i["case_id"], set()).add(i["worker"])

@@ -1,5 +1,6 @@
 """--recompile-guard in the pytest plugin: before a case's first item, one warmup of its model request; then any case
-item that needs a specialization the warmup did not produce fails (CPU: by specialization key; GPU: by the compile hook)."""
+item that needs a specialization the warmup did not produce fails (CPU: by specialization key; GPU: by the compile
+hook)."""
 
 from __future__ import annotations
 
@@ -90,4 +91,5 @@ def test_a_check_that_does_not_run_is_skipped_not_judged_by_the_guard(pytester, 
     turn its skip into a failure (it did for every CPU-skipped corpus item under --recompile-guard)."""
     result = run_guarded(pytester, device, "--provider", "reference:provider", select="tiny-direct and indexed")
     outcomes = result.parseoutcomes()
-    assert result.ret == 0 and outcomes.get("skipped", 0) >= 1 and not outcomes.get("failed"), result.stdout.str()[-3000:]
+    assert result.ret == 0 and outcomes.get("skipped", 0) >= 1 and not outcomes.get("failed"), (
+        result.stdout.str()[-3000:])

@@ -27,7 +27,7 @@ def run_chunked(inp: SsdInputs, state_dtype, *, mode="returned", has_state=True,
                 profile=PROFILE):
     """Chunked reference through ``chunked_ssd`` with a NaN-filled padded cache holding the initial states."""
     m = inp.meta.tensors()
-    batch, (T, H, P), N = inp.meta.batch, inp.x.shape, inp.B.shape[-1]
+    batch, (_, H, P), N = inp.meta.batch, inp.x.shape, inp.B.shape[-1]
     storage = torch.full((batch + 2, H, P * N + 8), float("nan"), dtype=state_dtype)
     cache = storage[:, :, 4: 4 + P * N].unflatten(-1, (P, N))[1:]  # padded rows and a storage offset
     init = inp.initial_states if initial_override is None else initial_override

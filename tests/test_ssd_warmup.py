@@ -249,7 +249,8 @@ def test_parallel_warmup_names_a_failing_part():
     error, not swallowed; the parent then never claims the binaries are in the cache."""
     from harness.warmup import _compile_in_children
 
-    with pytest.raises(RuntimeError, match=r"parallel compile failed:\npart 0/2 \(exit 1\):(.|\n)*no registration named"):
+    with pytest.raises(RuntimeError,
+                       match=r"parallel compile failed:\npart 0/2 \(exit 1\):(.|\n)*no registration named"):
         _compile_in_children([_request()], ["no_such_kernel"], jobs=2)
 
 

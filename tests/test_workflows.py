@@ -52,7 +52,8 @@ def test_workflow_structure(path):
         assert isinstance(job.get("timeout-minutes"), int), f"{path.name}: jobs.{job_id}.timeout-minutes: missing"
         assert job.get("steps"), f"{path.name}: jobs.{job_id}.steps: expected a list"
         for i, step in enumerate(job["steps"]):
-            assert ("run" in step) != ("uses" in step), f"{path.name}: jobs.{job_id}.steps[{i}]: exactly one of run/uses"
+            assert ("run" in step) != ("uses" in step), (
+                f"{path.name}: jobs.{job_id}.steps[{i}]: exactly one of run/uses")
 
 
 def test_cpu_workflow_runs_ci_entry_point_which_runs_readme_command():
@@ -104,11 +105,13 @@ def make_targets() -> set[str]:
     """Targets the Makefile defines: rule heads ``name:`` (not assignments ``NAME :=``), with ``$(NAME)`` expanded
     from the file's simple assignments (the install stamp is ``$(STAMP)``)."""
     text = (ROOT / "Makefile").read_text()
+    def expand(value: str, variables: dict[str, str]) -> str:
+        return re.sub(r"\$\(([A-Z_]+)\)", lambda m: variables.get(m.group(1), m.group(0)), value)
+
     variables = dict(re.findall(r"^([A-Z_]+) :?= *(\S*)$", text, re.M))
     for _ in range(3):  # STAMP := $(VENV)/.installed-stamp refers to another variable
-        text = re.sub(r"\$\(([A-Z_]+)\)", lambda m: variables.get(m.group(1), m.group(0)), text)
-        variables = {k: re.sub(r"\$\(([A-Z_]+)\)", lambda m: variables.get(m.group(1), m.group(0)), v)
-                     for k, v in variables.items()}
+        text = expand(text, variables)
+        variables = {k: expand(v, variables) for k, v in variables.items()}
     return {m.group(1) for m in re.finditer(r"^([A-Za-z0-9_./-]+):(?!=)", text, re.M)}
 
 

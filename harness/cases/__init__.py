@@ -4,4 +4,6 @@ from harness.cases.loader import dump_case, dump_case_list, load_case_file, load
 from harness.cases.model import SCHEMA_ID, Case, Eligibility
 from harness.cases.schema import CaseError
 
-__all__ = ["Case", "CaseError", "Eligibility", "SCHEMA_ID", "dump_case", "dump_case_list", "load_case_file", "load_cases"]
+__all__ = [
+    "Case", "CaseError", "Eligibility", "SCHEMA_ID", "dump_case", "dump_case_list", "load_case_file", "load_cases",
+]

@@ -300,7 +300,8 @@ def check_combinations(case: Case, data: dict) -> None:
     if case.call.path == "indexed":
         eligible = case.indexed_eligible()
         if not eligible:
-            raise SchemaViolation("call.path", f"auto or snapshot (indexed is ineligible: {eligible.reason})", "'indexed'")
+            raise SchemaViolation("call.path", f"auto or snapshot (indexed is ineligible: {eligible.reason})",
+                                  "'indexed'")
 
     knobs = case.inputs
     for name, value in vars(knobs).items():
@@ -309,7 +310,8 @@ def check_combinations(case: Case, data: dict) -> None:
     if knobs.A_max < knobs.A_min:
         raise SchemaViolation("inputs.A_max", f"a number >= A_min ({knobs.A_min})", describe(knobs.A_max))
     if knobs.A_min <= 0:
-        raise SchemaViolation("inputs.A_min", "a number > 0 (A = -uniform(A_min, A_max) must be negative)", describe(knobs.A_min))
+        raise SchemaViolation("inputs.A_min", "a number > 0 (A = -uniform(A_min, A_max) must be negative)",
+                              describe(knobs.A_min))
 
 
 def _check_indices(case: Case, raw: dict) -> None:
@@ -448,7 +450,8 @@ def case_to_dict(case: Case, with_schema: bool = True) -> dict:
     }
     out["dtype"] = {"io": case.dtype.io, "state": case.dtype.state}
     o = case.options
-    out["options"] = {"D": o.D, "z": o.z, "dt_bias": o.dt_bias, "dt_softplus": o.dt_softplus, "dt_limit": list(o.dt_limit)}
+    out["options"] = {"D": o.D, "z": o.z, "dt_bias": o.dt_bias, "dt_softplus": o.dt_softplus,
+                      "dt_limit": list(o.dt_limit)}
     seqs = []
     for s in case.sequences:
         d = {"context": s.context, "tokens": s.tokens, "init_slot": s.init_slot, "has_state": s.has_state}
