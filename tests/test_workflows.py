@@ -63,6 +63,26 @@ def test_cpu_workflow_runs_ci_entry_point_which_runs_readme_command():
     assert "make test" in readme and re.search(r"^make test$", ci, re.M)
 
 
+def make_rule(target: str) -> tuple[list[str], list[str]]:
+    """The prerequisites and recipe lines of ``target`` in the Makefile."""
+    text = (ROOT / "Makefile").read_text()
+    match = re.search(rf"^{re.escape(target)}:(?!=)(.*)\n((?:\t.*\n)*)", text, re.M)
+    assert match, f"Makefile: no rule for {target}"
+    return match.group(1).split(), [line.strip() for line in match.group(2).splitlines()]
+
+
+def test_make_test_lints_first_with_the_pinned_ruff():
+    """CI runs `make test`, so the linter runs there before the suite: ``lint`` is a prerequisite of ``test`` and runs
+    ruff on the whole tree, with the ruff that pyproject's dev extra pins (and that the install step installs)."""
+    test_prerequisites, _ = make_rule("test")
+    assert "lint" in test_prerequisites, test_prerequisites
+    _, lint_recipe = make_rule("lint")
+    assert lint_recipe == ["$(PY) -m ruff check ."], lint_recipe
+    tomllib = pytest.importorskip("tomllib", reason="tomllib (Python 3.11+) reads pyproject.toml")
+    dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
+    assert any(re.fullmatch(r"ruff==[0-9.]+", spec) for spec in dev), dev
+
+
 def defined(config: pytest.Config, option: str) -> bool:
     """Whether this pytest (with its plugins: ours and xdist) defines ``option`` (``--name``)."""
     try:
