@@ -81,7 +81,7 @@ def test_racing_processes_compile_each_binary_once_and_each_gets_every_binary(tm
 @pytest.mark.parametrize("mode", ["none", "spec"])
 def test_without_claims_per_binary_the_same_race_compiles_binaries_twice(tmp_path, mode):
     """The controls: without claims, processes starting on the same spec at the same moment all compile it; with
-    one claim per spec, two processes holding neighbouring specs both compile the binary those share (GPU run 27)."""
+    one claim per spec, two processes holding neighbouring specs both compile the binary those share."""
     assert len(compiled(race(tmp_path, processes=4, specs=24, mode=mode))) > 24
 
 

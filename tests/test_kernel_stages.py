@@ -197,8 +197,8 @@ def test_softplus_dt_out_exact_over_every_regime(device, profile):
 
 
 def test_exact_dt_out_catches_natural_exp_softplus(device, profile):
-    """Negative control: the textbook softplus log1p(exp(dt)) (natural exp: the reference's former formula) is not
-    the kernel's arithmetic; the exact comparison reports it."""
+    """Negative control: the textbook softplus log1p(exp(dt)) (natural exp) is not the kernel's arithmetic; the exact
+    comparison reports it."""
     md = build_varlen_metadata([0], [1024], 64)
     dt, A = _wide_dt().to(device), -torch.ones(8, device=device)
     cu = md.tensors(device)["cu_chunk_seqlens"]
@@ -322,10 +322,10 @@ def test_bmm_chunk(shape, seqs, io, device):
 
 
 def test_bmm_fp32_h200_element_fits_truncated_tf32_bound(device):
-    """The element the first H200 run reported outside the old round-to-nearest tf32 bound (docs/gpu-runs.md run 1,
-    test_bmm_chunk[H3P5N16G1Q64-three-mixed-float32]): CB[2, 0, 31, 32] = 7.34079647064209 on the GPU vs the twin's
-    7.350269317626953. The truncated-tf32 model holds it (about half the bound used); the old model (operands
-    rounded to nearest, 2^-11, dots gamma_N each side) is exceeded, as the GPU run found."""
+    """An element the H200 computed outside a round-to-nearest tf32 bound (docs/gpu-runs.md), in
+    test_bmm_chunk[H3P5N16G1Q64-three-mixed-float32]: CB[2, 0, 31, 32] = 7.34079647064209 on the GPU vs the twin's
+    7.350269317626953. The truncated-tf32 model holds it (about half the bound used); the round-to-nearest model
+    (operands rounded to nearest, 2^-11, dots gamma_N each side) is exceeded, as on the GPU."""
     inp = make_inputs(SHAPES[0], "three-mixed", torch.float32, device)
     cu = inp.meta["cu_chunk_seqlens"]
     want = ref.bmm_chunk(inp.C, inp.B, 64, cu)[2, 0, 31, 32].cpu()

@@ -317,7 +317,7 @@ def test_report_merge_and_summary_group_failures():
     text = "\n".join(summary_lines(merged.items))
     assert "failures by check:\n  determinism                 2  c1, c2" in text
     assert "failures by case family:" in text and "single" in text and "multi" in text
-    # A failing test that is not a case item is not hidden behind "no failures" (GPU run 9 printed that).
+    # A failing test that is not a case item is not hidden behind "no failures".
     other = ItemRecord("tests/test_cli.py::test_x", "failed")
     text = "\n".join(summary_lines([ItemRecord("f::c2::determinism", "passed", case_id="c2", check="determinism"),
                                      other]))
@@ -375,7 +375,7 @@ def test_autotuning_budget_is_shortened_only_when_asked_and_parsed_strictly(monk
 
 
 def test_one_xdist_run_merges_reports_keeps_units_together_and_starts_the_costliest_first(tmp_path):
-    """One ``-n 2`` run (three fresh processes are the expensive part, 15-25 s on a busy GPU host) shows:
+    """One ``-n 2`` run (three fresh processes, each importing torch, are the expensive part) shows:
     - junit properties on case items and one merged JSON report over both workers;
     - work units: a case's checks on one worker; a module marked ``xdist_group`` on one worker, the rest spread
       over both;
@@ -396,7 +396,8 @@ def test_one_xdist_run_merges_reports_keeps_units_together_and_starts_the_costli
     earlier = tmp_path / "earlier.json"
     Report([ItemRecord(f"test_free.py::test_f{i}", "passed", duration=60.0 if i == 5 else 0.01) for i in range(6)]
            ).write(earlier)
-    # The controller imports no torch before it starts the workers (backend.gpus_for_workers: 2 s on the GPU host).
+    # The controller imports no torch before it starts the workers (backend.gpus_for_workers: importing torch would
+    # delay every worker's start).
     (tmp_path / "conftest.py").write_text(
         "import os, sys\n"
         "def pytest_xdist_setupnodes(config, specs):\n"

@@ -88,9 +88,8 @@ def test_guard_fires_when_nothing_was_launched():
             pass
 
 
-def test_interpreter_guard_requires_warmed_keys(device):
-    if device == "cuda":
-        pytest.skip("on the GPU the compile witnesses work without warmed keys")
+@pytest.mark.interpreter(reason="on the GPU the compile witnesses work without warmed keys")
+def test_interpreter_guard_requires_warmed_keys():
     with pytest.raises(ValueError, match="pass the warmed keys"):
         with guard_no_recompile([_copy_scalar]):
             pass

@@ -88,7 +88,7 @@ def test_narrower_warmup_makes_the_guard_fire(pytester, monkeypatch, device):
 
 def test_a_check_that_does_not_run_is_skipped_not_judged_by_the_guard(pytester, device):
     """An unsupported (or tier-skipped) item launches nothing; the guard's 'no launch happened' sanity check must not
-    turn its skip into a failure (it did for every CPU-skipped corpus item under --recompile-guard)."""
+    turn its skip into a failure."""
     result = run_guarded(pytester, device, "--provider", "reference:provider", select="tiny-direct and indexed")
     outcomes = result.parseoutcomes()
     assert result.ret == 0 and outcomes.get("skipped", 0) >= 1 and not outcomes.get("failed"), (

@@ -312,7 +312,7 @@ def test_wrong_group_exceeds_bound(backend):
 def test_a_control_too_small_for_the_bound_is_rejected():
     """assert_decisive refuses a bug whose exact effect the bounds could absorb: dropping the initial state before
     40 tokens moves the bf16 final state by less than the interpreter's bound (the initial state decays by ~e^-11;
-    the interpreter's truncating bf16 cast doubles u): the earlier version of the control fired only by luck."""
+    the interpreter's truncating bf16 cast doubles u), so a check that fired on it would fire only by luck."""
     inp = _tight_inputs(BF16, contexts=(127,), tokens=(40,))
     t = truth_of(inp, BF16, "interpreter")
     bug = truth_of(dataclasses.replace(inp, initial_states=None), BF16, "interpreter")
