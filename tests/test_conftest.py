@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness import backend
-
 pytest_plugins = ["pytester"]
 
 CONFTEST = Path(__file__).with_name("conftest.py")
@@ -27,16 +25,16 @@ def test_under_interpreter():
 """
 
 
-def _run(pytester, test_source: str):
+def _run(pytester, device: str, test_source: str):
     pytester.makeconftest(CONFTEST.read_text())
     pytester.makeini("[pytest]\nmarkers =\n    gpu(reason): x\n    interpreter(reason): x\n")
     pytester.makepyfile(test_marked=test_source)
-    return pytester.runpytest_inprocess("-p", "ssd_pytest.plugin", "--device", backend.current_device(),
+    return pytester.runpytest_inprocess("-p", "ssd_pytest.plugin", "--device", device,
                                         "-p", "no:cacheprovider", "-s", "-rs")
 
 
 def test_markers_skip_on_the_other_device_with_their_reason(pytester, device, profile):
-    result = _run(pytester, MARKED)
+    result = _run(pytester, device, MARKED)
     result.assert_outcomes(passed=2, skipped=1)
     result.stdout.fnmatch_lines([f"*DEVICE={device} PROFILE={profile}*"])
     if device == "cpu":
@@ -47,7 +45,7 @@ def test_markers_skip_on_the_other_device_with_their_reason(pytester, device, pr
                                      "stands in for a compile"])
 
 
-def test_a_marker_without_a_reason_is_a_usage_error(pytester):
-    result = _run(pytester, "import pytest\n\n@pytest.mark.gpu\ndef test_unexplained():\n    pass\n")
+def test_a_marker_without_a_reason_is_a_usage_error(pytester, device):
+    result = _run(pytester, device, "import pytest\n\n@pytest.mark.gpu\ndef test_unexplained():\n    pass\n")
     assert result.ret == 4, result.stdout.str()  # pytest's usage-error exit status: nothing ran, nothing passed
     assert "test_unexplained: @pytest.mark.gpu needs reason=..." in result.stderr.str() + result.stdout.str()
