@@ -1,5 +1,5 @@
-# Two entry points (README): `make run` (the case corpus on the default device) and `make test` (the test suite).
-# Both create .venv on first use and install what they need from the package registries.
+# Two entry points (README): `make run` (the case corpus on the default device) and `make test` (the linter, then the
+# test suite). Both create .venv on first use and install what they need from the package registries.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 NUMPY_SPEC ?= numpy<2.4
 VENV_FLAGS ?=
 
-.PHONY: run test bench generate validate bytecode clean-venv
+.PHONY: run test lint bench generate validate bytecode clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -23,8 +23,12 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(PY) -m harness run
 
-test: $(STAMP)
+# Lint first: ruff takes about a second, so a lint error fails before the suite spends minutes.
+test: $(STAMP) lint
 	$(PY) -m pytest -n auto $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
 
 bench: $(STAMP)
 	$(PY) -m harness bench

@@ -35,8 +35,9 @@ def resolve_device(requested: str = "auto") -> str:
 def gpus_for_workers(requested: str = "auto") -> list[str]:
     """The GPU ids to pin xdist workers to, decided without importing torch: the controller does this before any
     worker starts, and every second it spends importing torch and counting devices delays every worker.
-    ``CUDA_VISIBLE_DEVICES`` when set, else the driver's count through NVML; none for ``cpu``. Each worker still resolves its own device through torch (``configure``), so a machine whose torch
-    cannot use its GPUs fails there with the reason, or (``auto``) runs the interpreter."""
+    ``CUDA_VISIBLE_DEVICES`` when set, else the driver's count through NVML; none for ``cpu``. Each worker still
+    resolves its own device through torch (``configure``), so a machine whose torch cannot use its GPUs fails there
+    with the reason, or (``auto``) runs the interpreter."""
     _check_requested(requested)
     if requested == "cpu":
         return []

@@ -1,12 +1,12 @@
 """Derived error bounds for the SSD prefill path: first-order rounding analysis, never a tuned constant.
 
-Model. Every rounding to a format with unit roundoff u (2^-24 fp32, 2^-8 bf16, 2^-11 fp16; twice that for a
-truncating rounding: the interpreter's fp32 -> bf16 cast, CUDA's tf32 dot operands and MMA accumulation) perturbs
-the rounded value v by at most u |v| (plus, below the format's normal range, half its smallest subnormal eta). A sum of K terms in fp32, in any order, is off by at
-most gamma_K(u) = K u / (1 - K u) times the sum of |terms|. Unrolled, the SSD output is a sum of products (one per
-input token s and output token t), each product a chain of factors that were each computed with a small relative
-error. To first order a product's relative error is the sum of its factors' relative errors, so with r = the largest
-such sum over all product chains ("paths"),
+Model. Every rounding to a format with unit roundoff u (2^-24 fp32, 2^-8 bf16, 2^-11 fp16; twice that for a truncating
+rounding: the interpreter's fp32 -> bf16 cast, CUDA's tf32 dot operands and MMA accumulation) perturbs the rounded value
+v by at most u |v| (plus, below the format's normal range, half its smallest subnormal eta). A sum of K terms in fp32,
+in any order, is off by at most gamma_K(u) = K u / (1 - K u) times the sum of |terms|. Unrolled, the SSD output is a sum
+of products (one per input token s and output token t), each product a chain of factors that were each computed with a
+small relative error. To first order a product's relative error is the sum of its factors' relative errors, so with r =
+the largest such sum over all product chains ("paths"),
 
     |out - out_exact| <= r * shadow + u_io * (|ref| + r * shadow) + floor,
 

@@ -10,6 +10,7 @@ evidence (docs/gpu-runs.md) and then runs in tests/test_kernel_stages.py's every
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -77,8 +78,7 @@ def stage_calls(provider, inputs, path: str, **extra) -> dict:
     """One closure per stage of ``path`` (``extra``: the variant's other ``ssd_prefill`` arguments, e.g.
     ``gather``) on the intermediates of one real call: name -> (fn returning the stage's output, the autotuned
     kernel or None, its module's CONFIGS or [])."""
-    from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, gather, state_passing
-    from kernels import state_passing_indexed
+    from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, gather, state_passing, state_passing_indexed
 
     kw = inputs.kwargs(path=path)
     ws: dict = {}
@@ -164,7 +164,7 @@ def bench_stages(provider, workloads: dict, variant: str, call: dict, reps: int)
         path = call["path"]
         extra = {k: v for k, v in call.items() if k != "path"}
         kw = inputs.kwargs(path=path)
-        whole = time_graph(lambda: provider.ssd_prefill(**kw, **extra), reps)
+        whole = time_graph(functools.partial(provider.ssd_prefill, **kw, **extra), reps)
         rows = []
         for name, (fn, kernel, configs) in stage_calls(provider, inputs, path, **extra).items():
             rows.extend(time_stage(name, fn, kernel, configs, reps))

@@ -72,7 +72,7 @@ def build_varlen_metadata(contexts: Sequence[int], tokens: Sequence[int], chunk_
         raise ValueError(f"contexts: expected one per sequence ({len(tokens)}), found {len(contexts)}")
     if not tokens:
         raise ValueError("tokens: expected at least one sequence, found none")
-    for b, (ctx, n) in enumerate(zip(contexts, tokens)):
+    for b, (ctx, n) in enumerate(zip(contexts, tokens, strict=True)):
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"tokens[{b}]: expected an integer >= 1, found {n!r}")
         if isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 0:
@@ -82,7 +82,7 @@ def build_varlen_metadata(contexts: Sequence[int], tokens: Sequence[int], chunk_
     cu_chunks = [0]
     seq_idx: list[int] = []
     last_chunk: list[int] = []
-    for b, (ctx, n) in enumerate(zip(contexts, tokens)):
+    for b, (ctx, n) in enumerate(zip(contexts, tokens, strict=True)):
         start = cu_seqlens[-1]
         pos = 0
         step = first_chunk_length(ctx, n, chunk_size)

@@ -61,7 +61,7 @@ def claimed(claims: ClaimBoard):
 
     def compile_plan(planned: list[PlannedSpec], order: list[int]) -> None:
         names = [[ClaimBoard.name(k.kernel, k.key) for k in p.keys] for p in planned]
-        compile_claimed([(p.spec, n) for p, n in zip(planned, names)], order, claims, compile_spec)
+        compile_claimed([(p.spec, n) for p, n in zip(planned, names, strict=True)], order, claims, compile_spec)
 
     return compile_plan
 
@@ -151,7 +151,7 @@ def _compile_in_children(requests: list[tuple], names: list[str], jobs: int) -> 
                     for k in range(jobs)]
         errors = [child.communicate()[1] for child in children]
     failed = [f"part {k}/{jobs} (exit {c.returncode}):\n{err[-2000:]}"
-              for k, (c, err) in enumerate(zip(children, errors)) if c.returncode != 0]
+              for k, (c, err) in enumerate(zip(children, errors, strict=True)) if c.returncode != 0]
     if failed:
         raise RuntimeError("warmup: parallel compile failed:\n" + "\n".join(failed))
     return time.perf_counter() - start

@@ -94,7 +94,8 @@ bmm_chunk_kernel = triton.autotune(
 def bmm_chunk(C: torch.Tensor, B: torch.Tensor, chunk_size: int, cu_chunk_seqlens: torch.Tensor) -> torch.Tensor:
     """C, B (T, G, N) io dtype, cu_chunk_seqlens (C + 1,) -> CB (nchunks, G, Q, Q) fp32."""
     T, G, N = C.shape
-    assert B.shape == C.shape and B.dtype == C.dtype, f"B: expected {tuple(C.shape)} {C.dtype}, found {tuple(B.shape)} {B.dtype}"
+    assert B.shape == C.shape and B.dtype == C.dtype, (
+        f"B: expected {tuple(C.shape)} {C.dtype}, found {tuple(B.shape)} {B.dtype}")
     assert cu_chunk_seqlens.dim() == 1 and cu_chunk_seqlens.dtype in INDEX_DTYPES
     assert chunk_size >= 1 and chunk_size & (chunk_size - 1) == 0, f"chunk_size: power of two, found {chunk_size}"
     nchunks = cu_chunk_seqlens.numel() - 1

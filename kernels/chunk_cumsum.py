@@ -83,7 +83,8 @@ def _chunk_cumsum_kernel(
 
     store_mask = head_mask[:, None] & (offs_q[None, :] < chunk_size)
     tl.store(
-        dt_out_ptr + offs_h[:, None] * stride_dt_out_head + pid_c * stride_dt_out_chunk + offs_q[None, :] * stride_dt_out_pos,
+        dt_out_ptr + offs_h[:, None] * stride_dt_out_head + pid_c * stride_dt_out_chunk
+        + offs_q[None, :] * stride_dt_out_pos,
         dt,
         mask=store_mask,
     )

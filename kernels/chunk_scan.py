@@ -198,7 +198,8 @@ def _chunk_scan_kernel(
         acc += x_residual * D[None, :]
     if HAS_Z:
         z = tl.load(
-            z_ptr + (chunk_start + offs_m[:, None]) * stride_z_token + pid_h * stride_z_head + offs_n[None, :] * stride_z_hdim,
+            z_ptr + (chunk_start + offs_m[:, None]) * stride_z_token + pid_h * stride_z_head
+            + offs_n[None, :] * stride_z_hdim,
             mask=tile_mask,
             other=0.0,
         ).to(tl.float32)
@@ -245,24 +246,33 @@ def chunk_scan(
     nchunks, G, Q, _ = CB.shape
     N = C.shape[-1]
     io = x.dtype
-    assert CB.shape == (nchunks, G, Q, Q) and CB.dtype == torch.float32, f"CB: expected (C, G, Q, Q) fp32, found {tuple(CB.shape)} {CB.dtype}"
+    assert CB.shape == (nchunks, G, Q, Q) and CB.dtype == torch.float32, (
+        f"CB: expected (C, G, Q, Q) fp32, found {tuple(CB.shape)} {CB.dtype}")
     assert C.shape == (T, G, N) and C.dtype == io, f"C: expected ({T}, {G}, N) {io}, found {tuple(C.shape)} {C.dtype}"
     assert H % G == 0, f"nheads {H} must be a multiple of ngroups {G}"
     for name, t in (("dt_out", dt_out), ("dA_cumsum", dA_cumsum)):
-        assert t.shape == (H, nchunks, Q) and t.dtype == torch.float32, f"{name}: expected ({H}, {nchunks}, {Q}) fp32, found {tuple(t.shape)} {t.dtype}"
-    assert states.shape == (nchunks, H, P, N) and states.dtype in STATE_DTYPES, f"states: expected ({nchunks}, {H}, {P}, {N}), found {tuple(states.shape)} {states.dtype}"
+        assert t.shape == (H, nchunks, Q) and t.dtype == torch.float32, (
+            f"{name}: expected ({H}, {nchunks}, {Q}) fp32, found {tuple(t.shape)} {t.dtype}")
+    assert states.shape == (nchunks, H, P, N) and states.dtype in STATE_DTYPES, (
+        f"states: expected ({nchunks}, {H}, {P}, {N}), found {tuple(states.shape)} {states.dtype}")
     assert cu_chunk_seqlens.shape == (nchunks + 1,) and cu_chunk_seqlens.dtype in INDEX_DTYPES
     assert seq_idx.shape == (nchunks,) and seq_idx.dtype in INDEX_DTYPES
-    assert out.shape == x.shape and out.dtype == io, f"out: expected {tuple(x.shape)} {io}, found {tuple(out.shape)} {out.dtype}"
+    assert out.shape == x.shape and out.dtype == io, (
+        f"out: expected {tuple(x.shape)} {io}, found {tuple(out.shape)} {out.dtype}")
     if z is not None:
-        assert z.shape == x.shape and z.dtype == io, f"z: expected {tuple(x.shape)} {io}, found {tuple(z.shape)} {z.dtype}"
+        assert z.shape == x.shape and z.dtype == io, (
+            f"z: expected {tuple(x.shape)} {io}, found {tuple(z.shape)} {z.dtype}")
     if D is not None:
         assert D.shape in ((H,), (H, P)), f"D: expected ({H},) or ({H}, {P}), found {tuple(D.shape)}"
     if initial_states is not None:
-        assert initial_states.dim() == 4 and initial_states.shape[1:] == (H, P, N), f"initial_states: expected (Bt, {H}, {P}, {N}), found {tuple(initial_states.shape)}"
+        assert initial_states.dim() == 4 and initial_states.shape[1:] == (H, P, N), (
+            f"initial_states: expected (Bt, {H}, {P}, {N}), found {tuple(initial_states.shape)}")
         # One load reads either tensor (see the module docstring), so they share dtype and inner strides.
-        assert initial_states.dtype == states.dtype, f"initial_states: expected {states.dtype} like states, found {initial_states.dtype}"
-        assert initial_states.stride()[2:] == states.stride()[2:], f"initial_states: expected inner strides {states.stride()[2:]} like states, found {initial_states.stride()[2:]}"
+        assert initial_states.dtype == states.dtype, (
+            f"initial_states: expected {states.dtype} like states, found {initial_states.dtype}")
+        assert initial_states.stride()[2:] == states.stride()[2:], (
+            f"initial_states: expected inner strides {states.stride()[2:]} like states, "
+            f"found {initial_states.stride()[2:]}")
     assert not (states_are_entering and initial_states is not None), "entering states already hold the initial states"
 
     grid = lambda META: (triton.cdiv(Q, META["BLOCK_SIZE_M"]) * triton.cdiv(P, META["BLOCK_SIZE_N"]), nchunks, H)  # noqa: E731

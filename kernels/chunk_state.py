@@ -127,10 +127,12 @@ def chunk_state(
     T, H, P = x.shape
     _, G, N = B.shape
     Hd, C, Q = dt_out.shape
-    assert B.shape[0] == T and B.dtype == x.dtype, f"B: expected ({T}, G, N) {x.dtype}, found {tuple(B.shape)} {B.dtype}"
+    assert B.shape[0] == T and B.dtype == x.dtype, (
+        f"B: expected ({T}, G, N) {x.dtype}, found {tuple(B.shape)} {B.dtype}")
     assert H % G == 0, f"nheads {H} must be a multiple of ngroups {G}"
     assert Hd == H and dt_out.dtype == torch.float32, f"dt_out: expected ({H}, C, Q) fp32"
-    assert dA_cumsum.shape == dt_out.shape and dA_cumsum.dtype == torch.float32, "dA_cumsum: expected dt_out's shape, fp32"
+    assert dA_cumsum.shape == dt_out.shape and dA_cumsum.dtype == torch.float32, (
+        "dA_cumsum: expected dt_out's shape, fp32")
     assert cu_chunk_seqlens.shape == (C + 1,) and cu_chunk_seqlens.dtype in INDEX_DTYPES
     states = torch.empty(C, H, P, N, device=x.device, dtype=torch.float32)
     grid = lambda META: (triton.cdiv(P, META["BLOCK_SIZE_M"]) * triton.cdiv(N, META["BLOCK_SIZE_N"]), C, H)  # noqa: E731

@@ -68,13 +68,15 @@ def launch_arguments(state_cache: torch.Tensor, initial_state_indices: torch.Ten
 def _check_inputs(state_cache: torch.Tensor, initial_state_indices: torch.Tensor,
                   has_initial_states: torch.Tensor) -> None:
     assert state_cache.dim() == 4, f"state_cache: expected (slots, H, P, N), found {tuple(state_cache.shape)}"
-    assert initial_state_indices.dim() == 1, f"initial_state_indices: expected (Bt,), found {tuple(initial_state_indices.shape)}"
+    assert initial_state_indices.dim() == 1, (
+        f"initial_state_indices: expected (Bt,), found {tuple(initial_state_indices.shape)}")
     batch = initial_state_indices.shape[0]
     assert initial_state_indices.dtype in INDEX_DTYPES, (
         f"initial_state_indices: expected int32 or int64, found {initial_state_indices.dtype}")
     assert tuple(has_initial_states.shape) == (batch,), (
         f"has_initial_states: expected ({batch},), found {tuple(has_initial_states.shape)}")
-    assert has_initial_states.dtype in MASK_DTYPES, f"has_initial_states: expected bool or int, found {has_initial_states.dtype}"
+    assert has_initial_states.dtype in MASK_DTYPES, (
+        f"has_initial_states: expected bool or int, found {has_initial_states.dtype}")
     for name, t in (("initial_state_indices", initial_state_indices), ("has_initial_states", has_initial_states)):
         assert t.device == state_cache.device, f"{name}: on {t.device}, state_cache on {state_cache.device}"
 

@@ -116,6 +116,6 @@ def specialization_key(kernel: Any, args: tuple = (), kwargs: dict | None = None
     _, specialization, options = binder(*args, **options_as_run_sees_them(view, kwargs))
     key = str(specialization) + str(options)
     params = tuple((p.name, readable_class(s, not p.do_not_specialize_on_alignment))
-                   for p, s in zip(view.params, specialization))
+                   for p, s in zip(view.params, specialization, strict=True))
     opts = tuple((k, repr(v)) for k, v in options.items())
     return SpecKey(kernel_name(kernel), key, params + opts)

@@ -2,8 +2,8 @@
 
 Snapshot path: copy the initial states out of the cache first (fused Triton gather on CUDA, the same copy in
 PyTorch ops elsewhere: ``kernels.gather``), then state passing writes the exiting state of every chunk into the
-workspace and, in direct mode, the final states into the cache. Chunk scan reads the dense copy, so a final slot that is also an
-initial slot is safe to overwrite.
+workspace and, in direct mode, the final states into the cache. Chunk scan reads the dense copy, so a final slot that
+is also an initial slot is safe to overwrite.
 
 Indexed path (one sequence, direct writeback, no intermediate states, cache dtype == workspace dtype): no copy.
 State passing reads the initial state from the cache by slot index and stores each chunk's *entering* state into the
@@ -59,8 +59,9 @@ def ssd_prefill(
 
     x (T, H, P), dt (T, H), A (H,) fp32, B, C (T, G, N), z (T, H, P) or None, D (H,) / (H, P) or None;
     varlen metadata cu_seqlens (Bt + 1,), cu_chunk_seqlens (C + 1,), last_chunk_indices (Bt,), seq_idx (C,), each
-    int32/int64; state_cache (slots, H, P, N) (padded stride(0) and a storage offset allowed); initial_state_indices (Bt,) int32/int64, has_initial_states (Bt,) bool/int,
-    final_state_indices (Bt,) or None, each possibly a strided view (negative final slot: write nothing).
+    int32/int64; state_cache (slots, H, P, N) (padded stride(0) and a storage offset allowed);
+    initial_state_indices (Bt,) int32/int64, has_initial_states (Bt,) bool/int, final_state_indices (Bt,) or None,
+    each possibly a strided view (negative final slot: write nothing).
 
     Modes: ``final_state_indices`` given -> direct writeback, returns None; None -> returns (Bt, H, P, N) final
     states in the cache dtype; ``return_intermediate_states`` -> checkpoint: returns (C, H, P, N) chunk-end states in
@@ -84,7 +85,8 @@ def ssd_prefill(
     assert tuple(last_chunk_indices.shape) == (batch,), (
         f"last_chunk_indices: expected ({batch},), found {tuple(last_chunk_indices.shape)}")
     assert tuple(out.shape) == (T, H, P), f"out: expected ({T}, {H}, {P}), found {tuple(out.shape)}"
-    assert tuple(cu_seqlens.shape) == (batch + 1,), f"cu_seqlens: expected ({batch + 1},), found {tuple(cu_seqlens.shape)}"
+    assert tuple(cu_seqlens.shape) == (batch + 1,), (
+        f"cu_seqlens: expected ({batch + 1},), found {tuple(cu_seqlens.shape)}")
     ws_dtype = state_cache.dtype if state_dtype is None else state_dtype
     call = CallShape(
         batch=batch,

@@ -123,7 +123,8 @@ def _state_passing_kernel(
 
 def _check_state_rows(name: str, t: torch.Tensor, H: int, P: int, N: int) -> None:
     """(rows, H, P, N) with compact (P, N) so that one head is a flat run of P*N elements."""
-    assert t.dim() == 4 and tuple(t.shape[1:]) == (H, P, N), f"{name}: expected (*, {H}, {P}, {N}), found {tuple(t.shape)}"
+    assert t.dim() == 4 and tuple(t.shape[1:]) == (H, P, N), (
+        f"{name}: expected (*, {H}, {P}, {N}), found {tuple(t.shape)}")
     assert t.stride(3) == 1 and t.stride(2) == N, f"{name}: (P, N) must be compact, found strides {t.stride()}"
 
 
@@ -172,7 +173,8 @@ def state_passing(
         _check_index("last_chunk_indices", last_chunk_indices, batch)
     if initial_states is not None:
         _check_state_rows("initial_states", initial_states, H, P, N)
-        assert initial_states.stride(1) == P * N, f"initial_states: (H,P,N) must be compact, found {initial_states.stride()}"
+        assert initial_states.stride(1) == P * N, (
+            f"initial_states: (H,P,N) must be compact, found {initial_states.stride()}")
     for name, t in (("dA_cumsum", dA_cumsum), ("seq_idx", seq_idx), ("initial_states", initial_states),
                     ("state_cache", state_cache), ("final_state_indices", final_state_indices),
                     ("last_chunk_indices", last_chunk_indices)):

@@ -73,7 +73,7 @@ def standin(shape: Sequence[int], dtype: torch.dtype, *, strides: Sequence[int] 
     address is 0, or one element further when not ``aligned`` (itemsize 1..8 bytes: never a multiple of 16)."""
     strides = tuple(strides) if strides is not None else contiguous_strides(shape)
     offset = 0 if aligned else 1
-    extent = 1 + sum((n - 1) * s for n, s in zip(shape, strides))
+    extent = 1 + sum((n - 1) * s for n, s in zip(shape, strides, strict=True))
     return torch.empty(offset + extent, dtype=dtype, device="meta").as_strided(tuple(shape), strides, offset)
 
 
@@ -155,8 +155,7 @@ def registered() -> list[str]:
 
 def watched_kernels() -> list[Any]:
     """The kernel objects the SSD path launches (what a recompile guard watches): one per registration."""
-    from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, gather, state_passing
-    from kernels import state_passing_indexed
+    from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, gather, state_passing, state_passing_indexed
 
     return [gather._gather_initial_states_kernel, state_passing_indexed._state_passing_indexed_kernel,
             chunk_cumsum._chunk_cumsum_kernel, chunk_state.chunk_state_kernel, bmm_chunk.bmm_chunk_kernel,
@@ -191,7 +190,7 @@ def _configs(kernel: Any, args: tuple, kwargs: dict) -> list[dict]:
     """The launch kwargs per config that ``Autotuner.warmup``/``run`` would add (one empty dict if not tuned)."""
     if not hasattr(kernel, "configs") or len(kernel.configs) <= 1:
         return [kernel.configs[0].all_kwargs()] if hasattr(kernel, "configs") else [{}]
-    kernel.nargs = dict(zip(kernel.arg_names, args))
+    kernel.nargs = dict(zip(kernel.arg_names, args, strict=False))  # args may end before the kwargs-passed ones
     try:
         return [c.all_kwargs() for c in kernel.prune_configs(kwargs)]
     finally:

@@ -380,7 +380,7 @@ def assemble(wheel_path: Path, out: Path, version: str) -> list[tuple[str, str, 
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     written: list[tuple[str, str, int]] = []
     try:
-        for module, path in sorted(extract.items()):
+        for _module, path in sorted(extract.items()):
             data = wheel.read_verified(path)
             (staging / path).parent.mkdir(parents=True, exist_ok=True)
             (staging / path).write_bytes(data)

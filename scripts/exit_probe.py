@@ -63,8 +63,8 @@ def main() -> None:
     gpus = int(sys.argv[2]) if len(sys.argv) > 2 else 2
     for n in (1, processes):
         for mode in ("plain", "early_free", "os_exit"):
-            print(f"{n:>3} processes on {min(n, gpus)} GPU(s)  {mode:<11} all exited after {trial(mode, n, gpus):.2f} s",
-                  flush=True)
+            seconds = trial(mode, n, gpus)
+            print(f"{n:>3} processes on {min(n, gpus)} GPU(s)  {mode:<11} all exited after {seconds:.2f} s", flush=True)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,16 @@ import os
 import pytest
 
 from harness import DEFAULT_PROVIDER, compile_claims, timeline
-from harness.report import (MESSAGE_CHARS, ItemRecord, Report, append_live, clear_parts, merge_parts, summary_lines,
-                            write_part)
+from harness.report import (
+    MESSAGE_CHARS,
+    ItemRecord,
+    Report,
+    append_live,
+    clear_parts,
+    merge_parts,
+    summary_lines,
+    write_part,
+)
 from ssd_pytest import state
 from ssd_pytest.workers import is_xdist_controller, is_xdist_worker, process_name
 

@@ -2,7 +2,8 @@
 
 Use as ``--provider tests.broken_providers:<name>`` (around ``kernels:provider``, our kernels) or
 ``tests.broken_providers:on_reference.<name>`` (around ``reference:provider``). The wrapped provider is loaded on
-first use, after the harness has chosen the device. ``TINY_CASES`` is a small case file (interpreter-sized) on which every breakage shows.
+first use, after the harness has chosen the device. ``TINY_CASES`` is a small case file (interpreter-sized) on which
+every breakage shows.
 """
 
 from __future__ import annotations

@@ -5,16 +5,12 @@ from __future__ import annotations
 import contextlib
 import functools
 
-from harness.backend import configure
+import pytest
+import torch
+import triton
+import triton.language as tl
 
-DEVICE = configure()  # before any @triton.jit below (TRITON_INTERPRET is read at decoration)
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-from harness.guards.autotune import (  # noqa: E402
+from harness.guards.autotune import (
     DestructiveAutotuning,
     FakeBench,
     NothingTuned,
@@ -22,6 +18,11 @@ from harness.guards.autotune import (  # noqa: E402
     check_autotune_safe,
     fresh_autotune_state,
 )
+from harness.guards.specialization import kernel_name
+from harness.varlen import build_varlen_metadata
+from kernels import bmm_chunk, chunk_scan, chunk_state, ssd
+from kernels import state_passing as sp
+from kernels import state_passing_indexed as spi
 
 TWO_CONFIGS = [triton.Config({"BLOCK": 4}), triton.Config({"BLOCK": 8})]
 
@@ -73,11 +74,8 @@ def slot_update(cache, src, dst):
     _read_slot_write_slot[(1,)](cache, src, dst, cache.shape[1])
 
 
-INTERPRETED = DEVICE != "cuda"
-
-
-def test_inplace_increment_is_flagged_and_names_kernel_and_config():
-    x = torch.zeros(10, device=DEVICE)
+def test_inplace_increment_is_flagged_and_names_kernel_and_config(device):
+    x = torch.zeros(10, device=device)
     with pytest.raises(DestructiveAutotuning) as err:
         check_autotune_safe(increment, args=(x,))
     text, report = str(err.value), err.value.report
@@ -90,21 +88,21 @@ def test_inplace_increment_is_flagged_and_names_kernel_and_config():
     assert f"{report.trials} trial launches" in text, text
     # every trial launch adds one, then the chosen config once: the count is exact on both backends
     assert torch.equal(x, torch.full_like(x, report.trials + 1.0)), (x, report.trials)
-    if INTERPRETED:  # the FakeBench stand-in: one launch per config, the first config wins
+    if device == "cpu":  # the FakeBench stand-in: one launch per config, the first config wins
         assert report.trials == len(TWO_CONFIGS) and chosen.startswith("BLOCK: 4,"), report
     else:  # Triton's do_bench: 1 warmup + 5 estimate launches before its timed repetitions, per config
         assert report.trials >= 6 * len(TWO_CONFIGS), report
 
 
-def test_fake_bench_repeats_trials_like_the_gpu_benchmarker():
-    x = torch.zeros(6, device=DEVICE)
+def test_fake_bench_repeats_trials_like_the_gpu_benchmarker(device):
+    x = torch.zeros(6, device=device)
     bench = FakeBench(reps=5)
     with pytest.raises(DestructiveAutotuning, match=r"10 trial launches"):
         check_autotune_safe(increment, args=(x,), do_bench=bench)
     assert torch.equal(x, torch.full_like(x, 11.0)), x
 
 
-def test_trials_are_counted_through_any_benchmarker():
+def test_trials_are_counted_through_any_benchmarker(device):
     """The GPU failure mode: a benchmarker with no counter of its own (Triton's do_bench) still gets every trial
     launch counted, because the guard wraps whatever benchmarker the tuner uses."""
     def plain_bench(kernel_call, quantiles=None, **_):  # no .calls attribute, like triton.testing.do_bench
@@ -112,56 +110,56 @@ def test_trials_are_counted_through_any_benchmarker():
             kernel_call()
         return [1.0, 1.0, 1.0] if quantiles else 1.0
 
-    x = torch.zeros(5, device=DEVICE)
+    x = torch.zeros(5, device=device)
     with pytest.raises(DestructiveAutotuning, match=r"6 trial launches over 2 config benchmarks") as err:
         check_autotune_safe(increment, args=(x,), do_bench=plain_bench)
     assert err.value.report.trials == 6
     assert torch.equal(x, torch.full_like(x, 7.0)), x
 
 
-def test_read_only_kernel_passes_and_reports_choice():
-    x = torch.arange(12, dtype=torch.float32, device=DEVICE)
+def test_read_only_kernel_passes_and_reports_choice(device):
+    x = torch.arange(12, dtype=torch.float32, device=device)
     y = torch.full_like(x, float("nan"))
     report = check_autotune_safe(scaled_copy, args=(x, y))
     assert torch.equal(y, 2 * x)
     assert report.configs_benchmarked == len(TWO_CONFIGS) and report.storages == 2, report
     (choices,) = report.chosen.values()
     assert len(choices) == 1 and "BLOCK: " in choices[0], report.chosen
-    if INTERPRETED:
+    if device == "cpu":
         assert report.trials == len(TWO_CONFIGS) and "BLOCK: 4," in choices[0], report
     else:
         assert report.trials >= 6 * len(TWO_CONFIGS), report
 
 
-def test_aliased_slots_are_flagged_distinct_slots_pass():
-    cache = torch.arange(24, dtype=torch.float32, device=DEVICE).reshape(3, 8)
-    distinct = (torch.tensor([0], device=DEVICE), torch.tensor([2], device=DEVICE))
+def test_aliased_slots_are_flagged_distinct_slots_pass(device):
+    cache = torch.arange(24, dtype=torch.float32, device=device).reshape(3, 8)
+    distinct = (torch.tensor([0], device=device), torch.tensor([2], device=device))
     check_autotune_safe(functools.partial(slot_update, cache, *distinct))
-    same = (torch.tensor([1], device=DEVICE), torch.tensor([1], device=DEVICE))
+    same = (torch.tensor([1], device=device), torch.tensor([1], device=device))
     with pytest.raises(DestructiveAutotuning, match="_read_slot_write_slot"):
         check_autotune_safe(functools.partial(slot_update, cache, *same))
 
 
-def test_aliases_share_one_snapshot_and_restore_together():
-    base = torch.arange(16, dtype=torch.float32, device=DEVICE)
+def test_aliases_share_one_snapshot_and_restore_together(device):
+    base = torch.arange(16, dtype=torch.float32, device=device)
     view = base[4:8]
-    other = torch.zeros(2, device=DEVICE)
+    other = torch.zeros(2, device=device)
     snap = StorageSnapshot.take([("base", base), ("view", view), ("other", other)])
     assert len(snap.tensors) == 2 and snap.names == ["base = view", "other"], snap.names
     base.fill_(-1.0)
     other.fill_(7.0)
     snap.restore()
-    assert torch.equal(view, torch.tensor([4.0, 5.0, 6.0, 7.0], device=DEVICE)), view
-    assert torch.equal(base[:4], torch.arange(4, dtype=torch.float32, device=DEVICE)), base
-    assert torch.equal(other, torch.zeros(2, device=DEVICE)), other
+    assert torch.equal(view, torch.tensor([4.0, 5.0, 6.0, 7.0], device=device)), view
+    assert torch.equal(base[:4], torch.arange(4, dtype=torch.float32, device=device)), base
+    assert torch.equal(other, torch.zeros(2, device=device)), other
 
 
-def test_fresh_state_retunes_a_tuned_key_and_restores_the_cache():
+def test_fresh_state_retunes_a_tuned_key_and_restores_the_cache(device):
     """A key tuned before the state is tuned again inside it (the autotuner is found at its launch, not from a
     list), and the cache, the disk-cache switch and the benchmarker are as before afterwards."""
     from triton import knobs
 
-    x = torch.zeros(4, device=DEVICE)
+    x = torch.zeros(4, device=device)
     scaled_copy(x, torch.empty_like(x))  # tunes this key outside any guard
     before, disk, bench = dict(_scaled_copy.cache), knobs.autotuning.cache, _scaled_copy.__dict__.get("do_bench")
     assert len(before) >= 1
@@ -175,15 +173,15 @@ def test_fresh_state_retunes_a_tuned_key_and_restores_the_cache():
     assert _scaled_copy.__dict__.get("do_bench") is bench
 
 
-def test_guard_refuses_to_pass_when_nothing_was_tuned():
-    x = torch.zeros(4, device=DEVICE)
+def test_guard_refuses_to_pass_when_nothing_was_tuned(device):
+    x = torch.zeros(4, device=device)
     with pytest.raises(NothingTuned, match="launched no Triton autotuner"):
         check_autotune_safe(lambda t: None, args=(x,))
 
 
-def test_guard_refuses_to_pass_when_the_autotuners_ran_no_trial():
+def test_guard_refuses_to_pass_when_the_autotuners_ran_no_trial(device):
     single = triton.autotune(configs=TWO_CONFIGS[:1], key=["n"])(_scaled_copy.fn)
-    x = torch.arange(4, dtype=torch.float32, device=DEVICE)
+    x = torch.arange(4, dtype=torch.float32, device=device)
     with pytest.raises(NothingTuned, match="none ran a tuning trial") as err:
         check_autotune_safe(lambda a, b: single[_grid(4)](a, b, 4), args=(x, torch.empty_like(x)))
     assert err.value.report.autotuners and "_scaled_copy" in err.value.report.autotuners[0], err.value.report
@@ -191,18 +189,12 @@ def test_guard_refuses_to_pass_when_the_autotuners_ran_no_trial():
 
 # ---- the project's kernels --------------------------------------------------------------------------------------
 
-from harness.guards.specialization import kernel_name  # noqa: E402
-from harness.varlen import build_varlen_metadata  # noqa: E402
-from kernels import bmm_chunk, chunk_scan, chunk_state, ssd  # noqa: E402
-from kernels import state_passing as sp  # noqa: E402
-from kernels import state_passing_indexed as spi  # noqa: E402
-
 SNAPSHOT_TUNED = [sp._state_passing_kernel, chunk_state.chunk_state_kernel, bmm_chunk.bmm_chunk_kernel,
                   chunk_scan.chunk_scan_kernel]
 H, P, N, G, Q = 2, 4, 8, 1, 8
 
 
-def _ssd_inputs(contexts, tokens, slots=4, seed=0, state_dtype=torch.float32):
+def _ssd_inputs(contexts, tokens, device, slots=4, seed=0, state_dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     meta = build_varlen_metadata(contexts, tokens, Q)
     T = meta.total_tokens
@@ -210,18 +202,18 @@ def _ssd_inputs(contexts, tokens, slots=4, seed=0, state_dtype=torch.float32):
     tensors = dict(x=r(T, H, P), dt=r(T, H) * 0.5, A=-torch.rand(H, generator=g) - 0.5, B=r(T, G, N), C=r(T, G, N))
     cache = r(slots, H, P, N).to(state_dtype)
     kw = dict(chunk_size=Q, **meta.tensors(), out=torch.empty(T, H, P), state_cache=cache, dt_softplus=True)
-    return {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in {**tensors, **kw}.items()}
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in {**tensors, **kw}.items()}
 
 
 def _call_ssd(inputs, *, init, final, path):
     kw = dict(inputs)
     x, dt, A, B, C = (kw.pop(k) for k in ("x", "dt", "A", "B", "C"))
-    batch = len(init)
+    batch, device = len(init), x.device
     return ssd.ssd_prefill(
         x, dt, A, B, C, **kw,
-        initial_state_indices=torch.tensor(init, dtype=torch.int32, device=DEVICE),
-        has_initial_states=torch.ones(batch, dtype=torch.bool, device=DEVICE),
-        final_state_indices=torch.tensor(final, dtype=torch.int32, device=DEVICE), path=path)
+        initial_state_indices=torch.tensor(init, dtype=torch.int32, device=device),
+        has_initial_states=torch.ones(batch, dtype=torch.bool, device=device),
+        final_state_indices=torch.tensor(final, dtype=torch.int32, device=device), path=path)
 
 
 @contextlib.contextmanager
@@ -238,21 +230,21 @@ def every_config_tried(kernels):
             k.early_config_prune = prune
 
 
-def test_snapshot_state_passing_with_direct_writeback_is_safe():
+def test_snapshot_state_passing_with_direct_writeback_is_safe(device):
     g = torch.Generator().manual_seed(1)
     C_, slots = 5, 4
-    states = torch.randn(C_, H, P, N, generator=g).to(DEVICE)
-    dA = (-torch.rand(H, C_, Q, generator=g)).to(DEVICE)
-    seq_idx = torch.tensor([0, 0, 1, 1, 1], dtype=torch.int32, device=DEVICE)
-    cache = torch.randn(slots, H, P, N, generator=g).to(DEVICE)
+    states = torch.randn(C_, H, P, N, generator=g).to(device)
+    dA = (-torch.rand(H, C_, Q, generator=g)).to(device)
+    seq_idx = torch.tensor([0, 0, 1, 1, 1], dtype=torch.int32, device=device)
+    cache = torch.randn(slots, H, P, N, generator=g).to(device)
     init = cache[torch.tensor([2, 2])].clone()  # the snapshot of slot 2, which is also a final slot below
     call = functools.partial(sp.state_passing, states, dA, seq_idx, initial_states=init, out_dtype=torch.float32,
-                             state_cache=cache, final_state_indices=torch.tensor([2, 0], device=DEVICE),
-                             last_chunk_indices=torch.tensor([1, 4], device=DEVICE))
+                             state_cache=cache, final_state_indices=torch.tensor([2, 0], device=device),
+                             last_chunk_indices=torch.tensor([1, 4], device=device))
     with every_config_tried([sp._state_passing_kernel]):
         report = check_autotune_safe(call)
     assert report.configs_benchmarked == len(sp.CONFIGS), report
-    assert report.trials == len(sp.CONFIGS) if INTERPRETED else report.trials >= 6 * len(sp.CONFIGS), report
+    assert report.trials == len(sp.CONFIGS) if device == "cpu" else report.trials >= 6 * len(sp.CONFIGS), report
 
 
 _indexed_autotuned = triton.autotune(configs=[triton.Config({"BLOCK_SIZE": 16}), triton.Config({"BLOCK_SIZE": 32})],
@@ -269,17 +261,17 @@ def _indexed_with_autotuner(states, dA, cache, init_slot, has, final_slot, out):
         dA.stride(0), dA.stride(1), dA.stride(2), cache.stride(0), cache.stride(1))
 
 
-def _indexed_inputs(seed=2):
+def _indexed_inputs(device, seed=2):
     g = torch.Generator().manual_seed(seed)
-    states = torch.randn(3, H, P, N, generator=g).to(DEVICE)
-    dA = (-torch.rand(H, 3, Q, generator=g)).to(DEVICE)
-    cache = torch.randn(4, H, P, N, generator=g).to(DEVICE)
-    return states, dA, cache, torch.ones(1, dtype=torch.bool, device=DEVICE), torch.empty_like(states)
+    states = torch.randn(3, H, P, N, generator=g).to(device)
+    dA = (-torch.rand(H, 3, Q, generator=g)).to(device)
+    cache = torch.randn(4, H, P, N, generator=g).to(device)
+    return states, dA, cache, torch.ones(1, dtype=torch.bool, device=device), torch.empty_like(states)
 
 
-def test_indexed_state_passing_under_an_autotuner_is_flagged_when_slots_alias():
-    states, dA, cache, has, out = _indexed_inputs()
-    same = torch.tensor([1], dtype=torch.int32, device=DEVICE)
+def test_indexed_state_passing_under_an_autotuner_is_flagged_when_slots_alias(device):
+    states, dA, cache, has, out = _indexed_inputs(device)
+    same = torch.tensor([1], dtype=torch.int32, device=device)
     with pytest.raises(DestructiveAutotuning, match="_state_passing_indexed_kernel") as err:
         check_autotune_safe(_indexed_with_autotuner, args=(states, dA, cache, same, has, same, out))
     # The report names the config the tuner chose (on the GPU the fastest, under the interpreter the first).
@@ -287,14 +279,14 @@ def test_indexed_state_passing_under_an_autotuner_is_flagged_when_slots_alias():
     assert chosen and all(c in str(err.value) for c in chosen) and "chosen configs:" in str(err.value)
     assert any("BLOCK_SIZE: " in c for c in chosen)
     # distinct slots: the same autotuned kernel is harmless, so the guard is not just flagging every autotuner
-    states, dA, cache, has, out = _indexed_inputs()
+    states, dA, cache, has, out = _indexed_inputs(device)
     check_autotune_safe(_indexed_with_autotuner,
-                        args=(states, dA, cache, torch.tensor([1], device=DEVICE), has,
-                              torch.tensor([3], device=DEVICE), out))
+                        args=(states, dA, cache, torch.tensor([1], device=device), has,
+                              torch.tensor([3], device=device), out))
 
 
-def test_ssd_snapshot_path_autotuned_stages_are_safe():
-    inputs = _ssd_inputs([3, 0], [13, 9])
+def test_ssd_snapshot_path_autotuned_stages_are_safe(device):
+    inputs = _ssd_inputs([3, 0], [13, 9], device)
     call = functools.partial(_call_ssd, inputs, init=[1, 1], final=[1, 2], path="snapshot")
     with every_config_tried(SNAPSHOT_TUNED):
         report = check_autotune_safe(call)
@@ -304,15 +296,15 @@ def test_ssd_snapshot_path_autotuned_stages_are_safe():
     assert all(len(v) == 1 for v in report.chosen.values()), report.chosen  # each stage tuned once
     configs = sum(len(k.configs) for k in SNAPSHOT_TUNED)
     assert report.configs_benchmarked == configs, report
-    assert report.trials == configs if INTERPRETED else report.trials >= 6 * configs, report
+    assert report.trials == configs if device == "cpu" else report.trials >= 6 * configs, report
 
 
-def test_issue4_fresh_tuning_indexed_first_with_aliased_slot_equals_snapshot():
+def test_issue4_fresh_tuning_indexed_first_with_aliased_slot_equals_snapshot(device):
     """Issue 4: in a fresh autotune state, the indexed path runs first with init slot == final slot and must give
     the snapshot path's bits (output and every byte of the cache)."""
     from harness.compare import assert_bits_equal, assert_storage_equal, storage_bytes
 
-    snap_in = _ssd_inputs([5], [19], seed=3)
+    snap_in = _ssd_inputs([5], [19], device, seed=3)
     idx_in = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in snap_in.items()}
     with fresh_autotune_state():
         _call_ssd(idx_in, init=[2], final=[2], path="indexed")

@@ -3,20 +3,16 @@ its key, passes idempotent ones and ours, and says so when a provider launches n
 
 from __future__ import annotations
 
-from harness.backend import configure
+import pytest
+from triton import knobs
 
-DEVICE = configure()  # before tests.autotuned_providers defines its @triton.jit kernel
-
-import pytest  # noqa: E402
-from triton import knobs  # noqa: E402
-
-from harness import triton_autotuner as tt  # noqa: E402
-from harness.cases.loader import load_case_file  # noqa: E402
-from harness.checks import CheckContext, Status, load_provider, run_check  # noqa: E402
-from harness.guards.autotune import StorageSnapshot, call_tensors  # noqa: E402
-from harness.guards.specialization import kernel_name  # noqa: E402
-from tests import autotuned_providers as ap  # noqa: E402
-from tests import broken_providers as bp  # noqa: E402
+from harness import triton_autotuner as tt
+from harness.cases.loader import load_case_file
+from harness.checks import CheckContext, Status, load_provider, run_check
+from harness.guards.autotune import StorageSnapshot, call_tensors
+from harness.guards.specialization import kernel_name
+from tests import autotuned_providers as ap
+from tests import broken_providers as bp
 
 KERNEL = ap.slot_update_kernel
 CHECK = "autotune_idempotent"
@@ -36,9 +32,9 @@ def tiny(tmp_path_factory) -> dict:
     return {c.id: c for c in load_case_file(path)}
 
 
-def _tune_on(case, provider) -> dict:
+def _tune_on(case, provider, device) -> dict:
     """One plain call of ``provider`` on ``case`` (tunes the writeback's key when new); the kernel's cache after."""
-    ctx = CheckContext(case, provider, DEVICE)
+    ctx = CheckContext(case, provider, device)
     ctx.call(ctx.inputs())
     return dict(KERNEL.cache)
 
@@ -47,80 +43,80 @@ def _autotuner_state(kernel) -> tuple:
     return dict(kernel.cache), kernel.cache_results, kernel.__dict__.get("do_bench")
 
 
-def _assert_trials(result, configs: int) -> None:
+def _assert_trials(result, configs: int, device: str) -> None:
     """The interpreter's stand-in benchmarker launches each config once; Triton's ``do_bench`` on a GPU launches
     it many times (warmup and timed repetitions), so there every config is launched at least once."""
-    if DEVICE == "cpu":
+    if device == "cpu":
         assert result.stats["trial_launches"] == configs, result.stats
     else:
         assert result.stats["trial_launches"] >= configs, result.stats
 
 
-def test_destructive_writeback_is_flagged_on_a_key_an_earlier_case_tuned(cases):
+def test_destructive_writeback_is_flagged_on_a_key_an_earlier_case_tuned(cases, device):
     provider = ap.SlotUpdateWriteback(reads_private_copy=False)
-    tuned = _tune_on(cases["slot-update-first"], provider)
+    tuned = _tune_on(cases["slot-update-first"], provider, device)
     assert len(tuned) == 1, tuned  # the first case tuned the writeback's key
     before, disk = _autotuner_state(KERNEL), knobs.autotuning.cache
 
-    result = run_check(cases["slot-update-second"], CHECK, provider, device=DEVICE)
+    result = run_check(cases["slot-update-second"], CHECK, provider, device=device)
 
     assert result.status is Status.FAILED, (result.status, result.reason, result.message)
     assert "autotuning trials changed memory" in result.message and "storage of state_cache" in result.message
     assert kernel_name(KERNEL) in result.message and "BLOCK: 16" in result.message, result.message
     assert result.stats["autotuners"] == [kernel_name(KERNEL)], result.stats
     assert result.stats["configs_benchmarked"] == len(KERNEL.configs), result.stats  # re-tuned: every config
-    _assert_trials(result, len(KERNEL.configs))
+    _assert_trials(result, len(KERNEL.configs), device)
     # the rest of the process sees the autotuner and the disk-cache switch as they were
     assert _autotuner_state(KERNEL) == before and knobs.autotuning.cache == disk
     # the second case's key is the one the first case tuned: a plain call tunes nothing new
-    assert _tune_on(cases["slot-update-second"], provider) == tuned
+    assert _tune_on(cases["slot-update-second"], provider, device) == tuned
 
 
-def test_without_retuning_the_destructive_writeback_escapes(cases, monkeypatch):
+def test_without_retuning_the_destructive_writeback_escapes(cases, monkeypatch, device):
     """Negative control: on a key already tuned, the checks that compare calls pass the destructive provider, and
     the guard with its cache clearing switched off finds no tuning to check. Clearing is what catches it."""
     provider = ap.SlotUpdateWriteback(reads_private_copy=False)
-    _tune_on(cases["slot-update-first"], provider)
+    _tune_on(cases["slot-update-first"], provider, device)
     second = cases["slot-update-second"]
     for check in ("reference_bound", "determinism", "untouched_storage", "readonly_inputs"):
-        result = run_check(second, check, provider, device=DEVICE)
+        result = run_check(second, check, provider, device=device)
         assert result.status is Status.PASSED, (check, result.message)
 
     # a snapshot replay without re-tuning: the call and its replay leave the same bytes
-    inputs = CheckContext(second, provider, DEVICE).inputs()
+    inputs = CheckContext(second, provider, device).inputs()
     kwargs = inputs.kwargs()
     snap = StorageSnapshot.take(call_tensors(provider.ssd_prefill, (), kwargs))
     provider.ssd_prefill(**kwargs)
     first = snap.current()
     snap.restore()
     provider.ssd_prefill(**kwargs)
-    assert all((a == b).all() for a, b in zip(snap.current(), first))
+    assert all((a == b).all() for a, b in zip(snap.current(), first, strict=True))
 
     monkeypatch.setattr(tt, "forget_tuning", lambda tuner: None)  # the guard keeps the tuned key
-    kept = run_check(second, CHECK, provider, device=DEVICE)
+    kept = run_check(second, CHECK, provider, device=device)
     assert kept.status is Status.SKIPPED and "none ran a tuning trial" in kept.reason, (kept.status, kept.message)
     monkeypatch.undo()
-    assert run_check(second, CHECK, provider, device=DEVICE).status is Status.FAILED
+    assert run_check(second, CHECK, provider, device=device).status is Status.FAILED
 
 
-def test_private_copy_writeback_is_not_flagged(cases):
+def test_private_copy_writeback_is_not_flagged(cases, device):
     provider = ap.SlotUpdateWriteback(reads_private_copy=True)
-    _tune_on(cases["slot-update-first"], provider)
+    _tune_on(cases["slot-update-first"], provider, device)
     before = _autotuner_state(KERNEL)
-    result = run_check(cases["slot-update-second"], CHECK, provider, device=DEVICE)
+    result = run_check(cases["slot-update-second"], CHECK, provider, device=device)
     assert result.status is Status.PASSED, result.message
     assert result.stats["autotuners"] == [kernel_name(KERNEL)], result.stats
     assert result.stats["configs_benchmarked"] == len(KERNEL.configs), result.stats
-    _assert_trials(result, len(KERNEL.configs))
+    _assert_trials(result, len(KERNEL.configs), device)
     assert _autotuner_state(KERNEL) == before
 
 
-def test_our_provider_is_not_flagged_and_retunes_every_stage(tiny):
+def test_our_provider_is_not_flagged_and_retunes_every_stage(tiny, device):
     provider = load_provider("kernels:provider")
     case = tiny["tiny-direct"]
-    ctx = CheckContext(case, provider, DEVICE)
+    ctx = CheckContext(case, provider, device)
     ctx.call(ctx.inputs())  # every tuning key of this call tuned before the check
-    result = run_check(case, CHECK, provider, device=DEVICE)
+    result = run_check(case, CHECK, provider, device=device)
     assert result.status is Status.PASSED, result.message
     from kernels import bmm_chunk, chunk_scan, chunk_state, state_passing
 
@@ -130,30 +126,30 @@ def test_our_provider_is_not_flagged_and_retunes_every_stage(tiny):
     assert result.stats["trial_launches"] >= len(stages), result.stats
 
 
-def test_a_provider_without_autotuners_is_not_passed(tiny):
-    result = run_check(tiny["tiny-direct"], CHECK, load_provider("reference:provider"), device=DEVICE)
+def test_a_provider_without_autotuners_is_not_passed(tiny, device):
+    result = run_check(tiny["tiny-direct"], CHECK, load_provider("reference:provider"), device=device)
     assert result.status is Status.SKIPPED, (result.status, result.message)
     assert result.reason == "not applicable: the call launched no Triton autotuner, so there was no tuning to check"
 
 
-def test_xfail_case_without_autotuners_stays_a_skip(tiny):
+def test_xfail_case_without_autotuners_stays_a_skip(tiny, device):
     """A skip found by running is not a pass, so an expected failure does not turn it into XPASS."""
     from dataclasses import replace
 
     from harness.cases.model import Expect
 
     case = replace(tiny["tiny-direct"], expect=Expect(kind="xfail", reason="demo"))
-    result = run_check(case, CHECK, load_provider("reference:provider"), device=DEVICE)
+    result = run_check(case, CHECK, load_provider("reference:provider"), device=device)
     assert result.status is Status.SKIPPED, (result.status, result.message)
 
 
-@pytest.mark.skipif(DEVICE != "cpu", reason="the stand-in benchmarker is for the interpreter")
+@pytest.mark.interpreter(reason="the stand-in benchmarker is for the interpreter")
 def test_foreign_autotuners_run_under_the_interpreter(cases):
     """The writeback kernel brings no benchmarker; Triton's default needs a GPU driver, so without the stand-in that
     harness.backend.configure installs its first launch fails under the interpreter."""
     assert KERNEL._do_bench is None
     assert tt.benchmarker(KERNEL) is tt.interpreter_do_bench
-    ours = load_provider("kernels:provider")  # noqa: F841 (imports our kernels)
+    load_provider("kernels:provider")  # imports our kernels
     from kernels import state_passing
 
     assert tt.benchmarker(state_passing._state_passing_kernel) is not tt.interpreter_do_bench  # ours keep theirs

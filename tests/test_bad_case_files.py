@@ -11,11 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import backend
 from tests import broken_providers as bp
 
 pytest_plugins = ["pytester"]
-DEVICE = backend.current_device()
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -51,13 +49,13 @@ def error_lines(text: str, path: Path) -> list[str]:
     return [line for line in text.splitlines() if line.startswith(f"{path}:")]
 
 
-def test_each_bad_file_is_one_collection_error_and_the_good_file_runs(pytester):
+def test_each_bad_file_is_one_collection_error_and_the_good_file_runs(pytester, device):
     good = pytester.path / "good.yaml"
     good.write_text(bp.TINY_CASES)
     bad = bad_files(pytester.path)
     report = pytester.path / "report.json"
     result = pytester.runpytest_inprocess(
-        "-p", "ssd_pytest.plugin", "--device", DEVICE, "-p", "no:cacheprovider", "--provider", "reference:provider",
+        "-p", "ssd_pytest.plugin", "--device", device, "-p", "no:cacheprovider", "--provider", "reference:provider",
         "-k", "determinism", "--ssd-report", str(report), str(pytester.path))
     out = result.stdout.str()
     assert "INTERNALERROR" not in out and "Traceback" not in out, out
@@ -75,26 +73,26 @@ def test_each_bad_file_is_one_collection_error_and_the_good_file_runs(pytester):
     assert "no failures" not in out and "other test failures:" in out
 
 
-def test_a_python_collection_error_still_stops_the_run(pytester):
+def test_a_python_collection_error_still_stops_the_run(pytester, device):
     """Only case files are continued past: a test module that does not import stops the run as pytest does."""
     (pytester.path / "good.yaml").write_text(bp.TINY_CASES)
     bad_files(pytester.path)
     pytester.makepyfile(test_broken="import no_such_module_ssd\n")
     result = pytester.runpytest_inprocess(
-        "-p", "ssd_pytest.plugin", "--device", DEVICE, "-p", "no:cacheprovider", "--provider", "reference:provider",
+        "-p", "ssd_pytest.plugin", "--device", device, "-p", "no:cacheprovider", "--provider", "reference:provider",
         "-k", "determinism", str(pytester.path))
     assert result.ret == pytest.ExitCode.INTERRUPTED
     result.assert_outcomes(errors=4)
     assert "INTERNALERROR" not in result.stdout.str()
 
 
-def test_under_xdist_too(tmp_path):
+def test_under_xdist_too(tmp_path, device):
     """Two workers each collect every file: still one error per bad file, and the good file's items run."""
     (tmp_path / "good.yaml").write_text(bp.TINY_CASES)
     bad = bad_files(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "ssd_pytest.plugin", str(tmp_path), "--device", DEVICE, "-n", "2",
+        [sys.executable, "-m", "pytest", "-p", "ssd_pytest.plugin", str(tmp_path), "--device", device, "-n", "2",
          "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "--provider", "reference:provider",
          "-k", "determinism"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)

@@ -49,7 +49,7 @@ def test_end_to_end_paths_carry_the_cuda_dot_model():
     exp_ulps = (bounds.EXP_ULPS["cuda"] - bounds.EXP_ULPS["interpreter"]) * 2.0**-24
     assert float(cuda.intra - interp.intra) == pytest.approx(extra[16] + extra[64] + exp_ulps, rel=1e-9)
     assert float(cuda.final - interp.final) == pytest.approx(extra[64] + 2 * exp_ulps, rel=1e-9)
-    assert extra[16] > 2 * 2.0**-10  # truncated tf32: at least twice the old round-to-nearest 2 * 2^-11
+    assert extra[16] > 2 * 2.0**-10  # truncated tf32: at least twice round-to-nearest tf32's 2 * 2^-11
 
 
 def _tf32_truncate(x: torch.Tensor) -> torch.Tensor:
@@ -65,8 +65,8 @@ def _tf32_bmm_emulation(C, B, chunk_size, cu):
 
 def test_truncated_tf32_bmm_fits_the_bound_and_rounded_tf32_model_does_not():
     """Worst case for truncation: every operand 1 + (2^13 - 1) 2^-23 (all dropped bits set) loses ~2^-10, so each
-    product ~2^-9: the truncation bound holds with little room; the old round-to-nearest model (2^-11 per operand,
-    the H200's err/bound 1.02-1.04 in docs/gpu-runs.md run 1) is exceeded about twice over."""
+    product ~2^-9: the truncation bound holds with little room; a round-to-nearest model (2^-11 per operand, which
+    the H200 exceeded with err/bound 1.02-1.04: docs/gpu-runs.md) is exceeded about twice over."""
     meta = build_varlen_metadata([0], [40], 32)
     cu = meta.tensors()["cu_chunk_seqlens"]
     worst = torch.tensor(0x3F801FFF, dtype=torch.int32).view(torch.float32).item()
@@ -184,7 +184,7 @@ def test_stage_bounds_hold_across_arithmetic_profiles(io, record_property):
 def test_interpreter_softplus_term_covers_log_of_one_plus_e():
     """Under the interpreter softplus is log(fl(1 + e)): for very negative a the add drops e's low bits, an absolute
     u after the log, i.e. relative u / softplus(a). dt_rel_err bounds the profile's softplus vs fp64 there; without
-    that term (the former model: a relative u) it is exceeded."""
+    that term (a model with a relative u only) it is exceeded."""
     a = torch.linspace(-16.0, 4.0, 4001, dtype=torch.float32)[:, None]
     cu = torch.tensor([0, a.shape[0]])
     terms = bounds.input_error_terms(a, -torch.ones(1), cu_chunk_seqlens=cu, seq_idx=torch.zeros(1, dtype=torch.long),
@@ -192,9 +192,10 @@ def test_interpreter_softplus_term_covers_log_of_one_plus_e():
     exact = torch.nn.functional.softplus(a.double())
     got = arith.softplus(a, "interpreter")
     assert_within_bound(got, exact, terms.dt_rel_err * exact, what="interpreter softplus vs fp64")
-    former = (bounds.EXP_ULPS["interpreter"] + bounds.LOG_ULPS["interpreter"] + 1) * 2.0**-24 + 2 * 2.0**-24 * a.abs()
+    ulps = bounds.EXP_ULPS["interpreter"] + bounds.LOG_ULPS["interpreter"] + 1
+    relative_u = ulps * 2.0**-24 + 2 * 2.0**-24 * a.abs()
     with pytest.raises(Mismatch):
-        assert_within_bound(got, exact, former.double() * exact, what="former relative-u model")
+        assert_within_bound(got, exact, relative_u.double() * exact, what="relative-u model")
 
 
 def test_decisive_margin():

@@ -3,7 +3,7 @@ and in ``run``, every bad file of a folder is reported and the good files still 
 refused before anything is allocated; each file is parsed once; ``.yml`` files are cases; nothing run is never a
 pass (exit 2); temporary files are unique and removed.
 
-The CLI runs in this process (``tests.test_cli.harness``); the good case runs one check against the PyTorch
+The CLI runs in this process (``tests.support.harness``); the good case runs one check against the PyTorch
 reference provider, so each run takes a fraction of a second on any device.
 """
 
@@ -22,7 +22,7 @@ from harness.cases.files import REPO_ROOT, case_files, is_case_file
 from harness.cases.loader import MAX_FILE_BYTES
 from harness.report import ItemRecord, Report
 from tests import broken_providers as bp
-from tests.test_cli import DEVICE, harness
+from tests.support import harness
 
 GOOD = """\
 schema: ssd-case/1
@@ -33,8 +33,13 @@ dtype: {io: float32, state: float32}
 sequences: [{context: 3, tokens: 20, init_slot: 0, has_state: true, final_slot: 1}]
 cache: {slots: 2}
 """
-RUN_GOOD = ("--device", DEVICE, "--provider", "reference:provider", "--check", "determinism")
 PASSED_GOOD = "PASSED      good-1::determinism"
+
+
+@pytest.fixture
+def run_good(device) -> tuple[str, ...]:
+    """``harness run`` options for GOOD: one check against the PyTorch reference provider, on the session's device."""
+    return ("--device", device, "--provider", "reference:provider", "--check", "determinism")
 
 
 def _bad(old: str, new: str) -> bytes:
@@ -124,7 +129,7 @@ def _folder(tmp_path: Path, **files: bytes) -> Path:
 
 
 @pytest.mark.parametrize("kind", sorted(BAD))
-def test_each_bad_file_kind_is_one_clear_error_in_validate_and_run(tmp_path, kind):
+def test_each_bad_file_kind_is_one_clear_error_in_validate_and_run(tmp_path, kind, run_good):
     folder = _folder(tmp_path, **{kind: BAD[kind][0]})
     bad = folder / f"{kind}.yaml"
     with pytest.raises(CaseError) as info:
@@ -136,7 +141,7 @@ def test_each_bad_file_kind_is_one_clear_error_in_validate_and_run(tmp_path, kin
     assert _expected(kind, bad).search(checked.stdout), checked.stdout[-2000:]
     assert "1 error(s) in 2 file(s)" in checked.stdout
 
-    ran = harness("run", str(folder), *RUN_GOOD)
+    ran = harness("run", str(folder), *run_good)
     out = ran.stdout + ran.stderr
     assert ran.returncode == 1, out[-3000:]
     assert re.search("^ERROR       " + _expected(kind, bad).pattern, ran.stdout, re.M), out[-3000:]
@@ -144,7 +149,7 @@ def test_each_bad_file_kind_is_one_clear_error_in_validate_and_run(tmp_path, kin
     assert "Traceback" not in checked.stdout + checked.stderr + out
 
 
-def test_a_folder_with_two_bad_files_reports_both_and_runs_the_good_one(tmp_path):
+def test_a_folder_with_two_bad_files_reports_both_and_runs_the_good_one(tmp_path, run_good):
     folder = _folder(tmp_path, a=BAD["not_utf8"][0], z=BAD["list_as_key"][0])
     checked = harness("validate", str(folder))
     assert checked.returncode == 1
@@ -153,7 +158,7 @@ def test_a_folder_with_two_bad_files_reports_both_and_runs_the_good_one(tmp_path
     assert "2 error(s) in 3 file(s)" in checked.stdout
 
     report = tmp_path / "report.json"
-    ran = harness("run", str(folder), *RUN_GOOD, "--json", str(report))
+    ran = harness("run", str(folder), *run_good, "--json", str(report))
     assert ran.returncode == 1, ran.stdout + ran.stderr
     assert "1 items, 2 bad case files" in ran.stdout and PASSED_GOOD in ran.stdout
     assert f"ERROR       {folder / 'a.yaml'}: line 2" in ran.stdout
@@ -165,9 +170,9 @@ def test_a_folder_with_two_bad_files_reports_both_and_runs_the_good_one(tmp_path
     assert records[f"{folder / 'good.yaml'}::good-1::determinism"].outcome == "passed"
 
 
-def test_a_duplicate_id_in_a_later_file_makes_that_file_bad_and_the_first_still_runs(tmp_path):
+def test_a_duplicate_id_in_a_later_file_makes_that_file_bad_and_the_first_still_runs(tmp_path, run_good):
     folder = _folder(tmp_path, zz_again=GOOD.encode())
-    ran = harness("run", str(folder), *RUN_GOOD)
+    ran = harness("run", str(folder), *run_good)
     assert ran.returncode == 1, ran.stdout + ran.stderr
     assert (f"ERROR       {folder / 'zz_again.yaml'}: id: expected an id unique across the corpus, found 'good-1', "
             f"already used in {folder / 'good.yaml'}") in ran.stdout
@@ -175,7 +180,7 @@ def test_a_duplicate_id_in_a_later_file_makes_that_file_bad_and_the_first_still_
 
 
 @pytest.mark.parametrize("kind", sorted(ENORMOUS))
-def test_enormous_shapes_are_refused_with_their_key_before_anything_is_allocated(tmp_path, monkeypatch, kind):
+def test_enormous_shapes_are_refused_with_their_key_before_anything_is_allocated(tmp_path, monkeypatch, kind, run_good):
     content, key = ENORMOUS[kind]
     path = tmp_path / f"{kind}.yaml"
     path.write_bytes(content)
@@ -195,7 +200,7 @@ def test_enormous_shapes_are_refused_with_their_key_before_anything_is_allocated
     import harness.cases.builder as builder
 
     monkeypatch.setattr(builder, "build_cpu_inputs", allocation)
-    ran = harness("run", str(path), *RUN_GOOD)
+    ran = harness("run", str(path), *run_good)
     assert ran.returncode == 2, ran.stdout + ran.stderr  # nothing ran: its only file is bad
     assert f"ERROR       {path}: {key}: expected " in ran.stdout
     assert "a tensor was allocated" not in ran.stdout + ran.stderr
@@ -237,11 +242,11 @@ def test_each_good_file_is_parsed_once(tmp_path, monkeypatch):
     assert len(calls) == 3, calls  # one.yaml once; two.yaml twice (the error path only)
 
 
-def test_yml_files_are_cases_to_the_cli(tmp_path):
+def test_yml_files_are_cases_to_the_cli(tmp_path, run_good):
     (tmp_path / "good.yml").write_text(GOOD)
     checked = harness("validate", str(tmp_path))
     assert checked.returncode == 0 and "ok: 1 cases in 1 files" in checked.stdout, checked.stdout + checked.stderr
-    ran = harness("run", str(tmp_path), *RUN_GOOD)
+    ran = harness("run", str(tmp_path), *run_good)
     assert ran.returncode == 0 and PASSED_GOOD in ran.stdout, ran.stdout + ran.stderr
 
 
@@ -270,9 +275,9 @@ def test_case_file_rule_matches_the_plugins(tmp_path):
     assert is_case_file(tmp_path / "cases" / "x.yml", roots=[tmp_path])  # a rootdir's cases/ (pytest's rootdir)
 
 
-def test_validate_and_run_of_a_folder_without_case_files_exit_2(tmp_path):
+def test_validate_and_run_of_a_folder_without_case_files_exit_2(tmp_path, run_good):
     (tmp_path / "notes.txt").write_text("not a case")
-    for command in (("validate", str(tmp_path)), ("run", str(tmp_path), *RUN_GOOD)):
+    for command in (("validate", str(tmp_path)), ("run", str(tmp_path), *run_good)):
         proc = harness(*command)
         assert proc.returncode == 2 and "no case files under" in proc.stderr, proc.stdout + proc.stderr
     fixtures = harness("validate", str(REPO_ROOT / "tests" / "malformed"))
@@ -289,44 +294,44 @@ def _tiny(tmp_path: Path, case_id: str, **changes) -> Path:
     return path
 
 
-def test_run_with_every_item_filtered_out_exits_2(tmp_path):
+def test_run_with_every_item_filtered_out_exits_2(tmp_path, device):
     path = _tiny(tmp_path, "tiny-batch")  # two sequences: the indexed path's check does not apply
-    proc = harness("run", str(path), "--device", DEVICE, "--check", "indexed_vs_snapshot")
+    proc = harness("run", str(path), "--device", device, "--check", "indexed_vs_snapshot")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "nothing to run: no check of the 1 cases" in proc.stderr and "--check indexed_vs_snapshot" in proc.stderr
 
 
-def test_run_where_every_item_is_skipped_or_unsupported_exits_2(tmp_path):
+def test_run_where_every_item_is_skipped_or_unsupported_exits_2(tmp_path, device):
     skipped = _tiny(tmp_path, "tiny-batch", checks=["indexed_vs_snapshot"])  # named, not applicable: a skip
-    proc = harness("run", str(skipped), "--device", DEVICE, "--provider", "reference:provider")
+    proc = harness("run", str(skipped), "--device", device, "--provider", "reference:provider")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "SKIPPED" in proc.stdout and "nothing ran: 1 items, none passed or failed" in proc.stderr
     # gather_exact checks our kernels only: against the reference provider it is unsupported
-    unsupported = harness("run", str(_tiny(tmp_path, "tiny-direct")), "--device", DEVICE,
+    unsupported = harness("run", str(_tiny(tmp_path, "tiny-direct")), "--device", device,
                           "--provider", "reference:provider", "--check", "gather_exact")
     assert unsupported.returncode == 2 and "UNSUPPORTED" in unsupported.stdout, unsupported.stdout + unsupported.stderr
 
 
-def test_repro_that_runs_nothing_exits_2(tmp_path):
+def test_repro_that_runs_nothing_exits_2(tmp_path, device):
     path = _tiny(tmp_path, "tiny-direct")
-    unsupported = harness("repro", str(path), "--check", "gather_exact", "--device", DEVICE,
+    unsupported = harness("repro", str(path), "--check", "gather_exact", "--device", device,
                           "--provider", "reference:provider")
     assert unsupported.returncode == 2, unsupported.stdout + unsupported.stderr
     assert "UNSUPPORTED: tiny-direct::gather_exact" in unsupported.stdout
     assert "nothing ran: all 1 items were skipped or unsupported" in unsupported.stderr
-    unknown = harness("repro", str(path), "--check", "nosuch", "--device", DEVICE)
+    unknown = harness("repro", str(path), "--check", "nosuch", "--device", device)
     assert unknown.returncode == 2 and "--check: unknown ['nosuch']" in unknown.stderr
 
 
-def test_fuzz_with_an_unknown_check_exits_2(tmp_path):
-    proc = harness("fuzz", "--budget", "2", "--out", str(tmp_path), "--check", "nosuch", "--device", DEVICE)
+def test_fuzz_with_an_unknown_check_exits_2(tmp_path, device):
+    proc = harness("fuzz", "--budget", "2", "--out", str(tmp_path), "--check", "nosuch", "--device", device)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "--check: unknown ['nosuch']" in proc.stderr
     assert not list(tmp_path.iterdir())
 
 
-def test_fuzz_that_tried_nothing_exits_2(tmp_path):
-    proc = harness("fuzz", "--budget", "3", "--out", str(tmp_path), "--check", "gather_exact", "--device", DEVICE,
+def test_fuzz_that_tried_nothing_exits_2(tmp_path, device):
+    proc = harness("fuzz", "--budget", "3", "--out", str(tmp_path), "--check", "gather_exact", "--device", device,
                    "--provider", "reference:provider")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "fuzz: nothing ran: no check (--check gather_exact) passed or failed on any of" in proc.stderr

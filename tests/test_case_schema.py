@@ -98,7 +98,8 @@ def test_corpus_and_regressions_validate_against_json_schema():
 
 
 def test_libyaml_loader_reads_every_case_file_as_the_python_loader_does():
-    """Good files load through libyaml (start-up speed); it must not change a single value, nor let a repeated key pass."""
+    """Good files load through libyaml (start-up speed); it must not change a single value, nor let a repeated key
+    pass."""
     for f in case_files(CASE_DIRS):
         text = f.read_text()
         assert yaml.load(text, Loader=_FastStrictLoader) == yaml.load(text, Loader=_StrictLoader), f  # noqa: S506
@@ -212,7 +213,7 @@ def test_case_error_format():
 def test_case_create_fills_in_the_schema_defaults(tmp_path):
     """``Case.create`` given only what a minimal YAML case says equals that case as loaded (its defaults are the
     loader's, the cache is sized to the slots named); a field it is given wins over the default."""
-    from harness.cases.model import Case, CallSpec, Shape
+    from harness.cases.model import CallSpec, Case, Shape
 
     (loaded,) = load_case_file(_write(tmp_path, "minimal.yaml", MINIMAL))
     fields = dict(shape=Shape(nheads=2, headdim=4, dstate=16, ngroups=1, chunk_size=16), dtype=("float32", "float32"),

@@ -11,7 +11,6 @@ from dataclasses import replace
 import pytest
 import torch
 
-from harness import backend
 from harness.cases.loader import load_case_file
 from harness.cases.model import Expect, Tiers
 from harness.checks import (
@@ -29,11 +28,6 @@ EXPECTED_CHECKS = {
     "indexed_vs_snapshot", "auto_vs_snapshot", "untouched_storage", "masked_state", "readonly_inputs",
     "returned_shapes", "determinism", "reference_bound", "state_passing_exact", "gather_exact", "autotune_idempotent",
 }
-
-
-@pytest.fixture(scope="module")
-def device() -> str:
-    return "cpu" if backend.interpreting() else "cuda"
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,6 @@ re-imports torch and re-initialises CUDA (seconds each on the GPU tier).
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import subprocess
 import sys
@@ -17,25 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.backend import current_device
-
 from harness import cli
 from tests import broken_providers as bp
+from tests.support import harness
 
 ROOT = Path(__file__).resolve().parents[1]
-# The session's device: inner runs use it too (the interpreter cannot run where numpy >= 2.4, as on the GPU runner).
-DEVICE = current_device()
-
-
-def harness(*args: str) -> subprocess.CompletedProcess:
-    """``cli.main(args)`` with its exit status and output, shaped like a finished ``python -m harness`` process."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = cli.main(list(args))
-        except SystemExit as exc:  # argparse errors and --help
-            code = exc.code if isinstance(exc.code, int) else 2
-    return subprocess.CompletedProcess(["python", "-m", "harness", *args], code, out.getvalue(), err.getvalue())
 
 
 def test_python_dash_m_harness_is_cli_main(tiny_file):
@@ -73,21 +57,21 @@ def _one_case_file(tmp_path: Path, case_id: str) -> Path:
 
 
 @pytest.mark.parametrize("provider_name", sorted(bp.CAUGHT_BY))
-def test_run_exits_nonzero_with_repro_for_each_broken_provider(tmp_path, provider_name):
+def test_run_exits_nonzero_with_repro_for_each_broken_provider(tmp_path, provider_name, device):
     check, case_id = bp.CAUGHT_BY[provider_name]
     path = _one_case_file(tmp_path, case_id)
     spec = f"tests.broken_providers:{provider_name}"
-    proc = harness("run", str(path), "--device", DEVICE, "--provider", spec, "--check", check)
+    proc = harness("run", str(path), "--device", device, "--provider", spec, "--check", check)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert f"FAILED      {case_id}::{check}" in proc.stdout
     assert f"repro: python -m harness repro {path} --check {check} --case {case_id} --provider {spec}" in proc.stdout
     assert "failures so far: 1" in proc.stdout
 
 
-def test_run_exits_zero_when_all_pass_and_writes_json(tmp_path):
+def test_run_exits_zero_when_all_pass_and_writes_json(tmp_path, device):
     path = _one_case_file(tmp_path, "tiny-batch")
     report = tmp_path / "report.json"
-    proc = harness("run", str(path), "--device", DEVICE, "--check", "determinism", "--check", "masked_state",
+    proc = harness("run", str(path), "--device", device, "--check", "determinism", "--check", "masked_state",
                    "--json", str(report))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "case items: 2 passed" in proc.stdout and "determinism" in proc.stdout
@@ -99,9 +83,9 @@ def test_run_exits_zero_when_all_pass_and_writes_json(tmp_path):
     assert first.start > 0 and second.start >= first.start + first.duration - 1e-3
 
 
-def test_repro_prints_the_full_report(tiny_file):
+def test_repro_prints_the_full_report(tiny_file, device):
     proc = harness("repro", str(tiny_file), "--case", "tiny-direct", "--check", "untouched_storage",
-                   "--device", DEVICE, "--provider", "tests.broken_providers:wrong_slot")
+                   "--device", device, "--provider", "tests.broken_providers:wrong_slot")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAILED: tiny-direct::untouched_storage" in proc.stdout
     assert "elements differ in bits" in proc.stdout and "at (" in proc.stdout and "ulp" in proc.stdout
@@ -119,10 +103,10 @@ def test_validate_reports_file_key_path_expected_found(tmp_path, tiny_file):
     assert good.returncode == 0 and "ok: 3 cases in 1 files" in good.stdout
 
 
-def test_unusable_inputs_exit_2_with_the_reason(tmp_path):
-    empty = harness("run", str(tmp_path), "--device", DEVICE)
+def test_unusable_inputs_exit_2_with_the_reason(tmp_path, device):
+    empty = harness("run", str(tmp_path), "--device", device)
     assert empty.returncode == 2 and "no case files under" in empty.stderr
-    bad_provider = harness("run", str(tmp_path), "--device", DEVICE, "--provider", "no_such_module:provider")
+    bad_provider = harness("run", str(tmp_path), "--device", device, "--provider", "no_such_module:provider")
     assert bad_provider.returncode == 2 and "cannot import 'no_such_module'" in bad_provider.stderr
 
 
@@ -134,8 +118,8 @@ def test_every_subcommand_has_help(command, capsys):
     assert "usage: python -m harness " + command in capsys.readouterr().out
 
 
-def test_unusable_input_exits_2(tiny_file, capsys):
-    assert cli.main(["run", str(tiny_file.parent / "none"), "--device", DEVICE]) == 2
+def test_unusable_input_exits_2(tiny_file, capsys, device):
+    assert cli.main(["run", str(tiny_file.parent / "none"), "--device", device]) == 2
     assert "no such file or folder" in capsys.readouterr().err
 
 
@@ -143,8 +127,8 @@ def test_bench_missing_is_reported_cleanly(monkeypatch, capsys):
     import harness
 
     monkeypatch.setitem(sys.modules, "harness.bench", None)  # import of harness.bench now raises ImportError
-    # ... also once another test imported it: `from harness import bench` would find the package attribute (GPU
-    # run 9, where this test then ran the real bench on a GPU shared with 15 workers).
+    # ... also once another test imported it: `from harness import bench` would find the package attribute and run
+    # the real bench.
     monkeypatch.delattr(harness, "bench", raising=False)
     assert cli.main(["bench"]) == 2
     assert "harness.bench is not available" in capsys.readouterr().err

@@ -5,7 +5,6 @@ spec in a shared folder, a short sleep) makes the races real on the CPU; on the 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -44,7 +43,8 @@ def compile_one(spec):
         os.replace(tmp, path)
         events.append(["compile", b])
 
-names = {"binary": lambda i: [ClaimBoard.name("k", b) for b in binaries(i)], "spec": lambda i: [ClaimBoard.name("s", i)]}
+names = {"binary": lambda i: [ClaimBoard.name("k", b) for b in binaries(i)],
+         "spec": lambda i: [ClaimBoard.name("s", i)]}
 while not Path(log).with_name("go").exists():  # all start together
     time.sleep(0.005)
 if mode == "none":
@@ -81,7 +81,7 @@ def test_racing_processes_compile_each_binary_once_and_each_gets_every_binary(tm
 @pytest.mark.parametrize("mode", ["none", "spec"])
 def test_without_claims_per_binary_the_same_race_compiles_binaries_twice(tmp_path, mode):
     """The controls: without claims, processes starting on the same spec at the same moment all compile it; with
-    one claim per spec, two processes holding neighbouring specs both compile the binary those share (GPU run 27)."""
+    one claim per spec, two processes holding neighbouring specs both compile the binary those share."""
     assert len(compiled(race(tmp_path, processes=4, specs=24, mode=mode))) > 24
 
 

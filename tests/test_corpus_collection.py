@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from harness.backend import current_device
 from harness.cases.loader import load_cases
 from harness.checks import Status, load_provider, run_check, selected_checks
 
@@ -17,10 +16,10 @@ ROOT = Path(__file__).resolve().parents[1]
 CASES = ROOT / "cases"
 
 
-def collect(pytester, *paths: Path) -> tuple[list[str], str]:
-    """``pytest --collect-only -q PATHS`` with the plugin, in this process (a fresh interpreter costs 10 s on a
-    busy GPU host, run 8). The session's device: in one process the backend cannot switch (harness.backend)."""
-    result = pytester.runpytest_inprocess("--collect-only", "-q", "--device", current_device(), "-p", "no:cacheprovider",
+def collect(pytester, device: str, *paths: Path) -> tuple[list[str], str]:
+    """``pytest --collect-only -q PATHS`` with the plugin, in this process (a fresh interpreter would import torch and
+    start CUDA again). On the session's device: in one process the backend cannot switch (harness.backend)."""
+    result = pytester.runpytest_inprocess("--collect-only", "-q", "--device", device, "-p", "no:cacheprovider",
                                           "-p", "ssd_pytest.plugin", "--rootdir", str(ROOT), *map(str, paths))
     out = "\n".join(result.outlines)
     assert result.ret == 0, out + "\n".join(result.errlines)
@@ -39,9 +38,9 @@ def _corpus_cases():
     return load_cases([CASES])
 
 
-def test_checked_in_cases_are_collected_in_full(pytester):
+def test_checked_in_cases_are_collected_in_full(pytester, device):
     cases = _corpus_cases()
-    items, out = collect(pytester, CASES)
+    items, out = collect(pytester, device, CASES)
     want = expected_items(cases, ROOT)
     assert len(items) == len(set(items)) == len(want)
     assert set(items) == set(want)
@@ -60,14 +59,15 @@ def test_every_item_of_a_case_beyond_the_cpu_tier_skips_with_a_reason():
             assert result.reason, (case.id, name)
 
 
-def test_a_freshly_generated_corpus_is_collected_in_full(pytester, tmp_path):
+def test_a_freshly_generated_corpus_is_collected_in_full(pytester, tmp_path, device):
     from harness.cases.generate import generate_corpus
 
     out = tmp_path / "corpus"
     generate_corpus(out)
     cases = load_cases([out])
     assert cases
-    items, _ = collect(pytester, out)  # node ids are relative to the rootdir pytest picks for out: compare file names
+    # node ids are relative to the rootdir pytest picks for out: compare file names
+    items, _ = collect(pytester, device, out)
 
     def key(nodeid: str) -> str:
         file, rest = nodeid.split("::", 1)

@@ -13,15 +13,11 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 
 from harness import cli
-from harness.backend import current_device
 from harness.cases.builder import build_inputs
 from harness.cases.loader import dump_case, load_case_file
 from harness.checks import load_provider
 from harness.fuzz import NoFailure, cases, fuzz
 from tests import broken_providers as bp
-
-# The session's device for the CLI calls (one process cannot switch backends, harness.backend).
-DEVICE = current_device()
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -45,7 +41,8 @@ def test_fuzz_finds_nothing_against_a_working_provider(tmp_path):
 
 def test_fuzz_shrinks_and_writes_a_regression_in_process(tmp_path):
     broken = bp.on_reference.mutates_input
-    found = fuzz(broken, budget=20, out_dir=tmp_path, device="cpu", provider_spec="tests.broken_providers:mutates_input")
+    found = fuzz(broken, budget=20, out_dir=tmp_path, device="cpu",
+                 provider_spec="tests.broken_providers:mutates_input")
     assert found is not None and found.check == "readonly_inputs"
     (case,) = load_case_file(found.path)
     assert case.checks == ("readonly_inputs",) and case.expect.kind == "pass"
@@ -53,27 +50,28 @@ def test_fuzz_shrinks_and_writes_a_regression_in_process(tmp_path):
     assert case.batch == 1 and case.total_tokens == 1, case.summary()
 
 
-def _fuzz_then_run(tmp_path: Path, capsys, provider_name: str, check: str) -> None:
+def _fuzz_then_run(tmp_path: Path, capsys, provider_name: str, check: str, device: str) -> None:
     """``harness fuzz`` writes a shrunk failing case; ``harness run`` on it fails the same check with a repro line
-    and passes on a working provider. Through ``cli.main`` in this process (the process entry point has its own
-    test in test_cli): three fresh interpreters took 20-30 s of a busy GPU host (runs 10-13)."""
+    and passes on a working provider. Through ``cli.main`` in this process, on the session's device (one process
+    cannot switch backends): a fresh interpreter per command would import torch and start CUDA again each time (the
+    process entry point has its own test in test_cli)."""
     spec = f"tests.broken_providers:on_reference.{provider_name}"
-    assert cli.main(["fuzz", "--budget", "40", "--out", str(tmp_path), "--provider", spec, "--device", DEVICE,
+    assert cli.main(["fuzz", "--budget", "40", "--out", str(tmp_path), "--provider", spec, "--device", device,
                      "--check", check]) == 1
     (written,) = tmp_path.glob("*.yaml")
     assert f"fuzz: {check} failed; shrunk case written to {written}" in capsys.readouterr().out
-    assert cli.main(["run", str(written), "--provider", spec, "--device", DEVICE]) == 1
+    assert cli.main(["run", str(written), "--provider", spec, "--device", device]) == 1
     out = capsys.readouterr().out
     assert f"FAILED      {written.stem}::{check}" in out
     assert f"repro: python -m harness repro {written} --check {check}" in out
-    healthy = cli.main(["run", str(written), "--provider", "reference:provider", "--device", DEVICE])
+    healthy = cli.main(["run", str(written), "--provider", "reference:provider", "--device", device])
     out = capsys.readouterr().out
     assert healthy == 0 or "UNSUPPORTED" in out, out
 
 
-def test_fuzz_cli_regression_reproduces_wrong_slot(tmp_path, capsys):
-    _fuzz_then_run(tmp_path, capsys, "wrong_slot", "untouched_storage")
+def test_fuzz_cli_regression_reproduces_wrong_slot(tmp_path, capsys, device):
+    _fuzz_then_run(tmp_path, capsys, "wrong_slot", "untouched_storage", device)
 
 
-def test_fuzz_cli_regression_reproduces_one_ulp_indexed(tmp_path, capsys):
-    _fuzz_then_run(tmp_path, capsys, "one_ulp_indexed", "indexed_vs_snapshot")
+def test_fuzz_cli_regression_reproduces_one_ulp_indexed(tmp_path, capsys, device):
+    _fuzz_then_run(tmp_path, capsys, "one_ulp_indexed", "indexed_vs_snapshot", device)

@@ -10,25 +10,16 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
-from harness.backend import configure
+import pytest
+import torch
 
-DEVICE = configure()
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from harness.compare import assert_bits_equal  # noqa: E402
-from harness.guards.recompile import (  # noqa: E402,F401
-    RecompileError,
-    cold_in_memory_cache,
-    guard_no_recompile,
-    no_recompile,
-)
-from harness.guards.specialization import kernel_name, specialization_key  # noqa: E402
-from harness.warmup import warmup  # noqa: E402
-from kernels import gather  # noqa: E402
-from kernels.specialization import gpu_view  # noqa: E402
-from kernels.warmup import ModelShape  # noqa: E402
+from harness.compare import assert_bits_equal
+from harness.guards.recompile import RecompileError, cold_in_memory_cache, guard_no_recompile
+from harness.guards.specialization import kernel_name, specialization_key
+from harness.warmup import warmup
+from kernels import gather
+from kernels.specialization import gpu_view
+from kernels.warmup import ModelShape
 
 SHAPE = ModelShape(nheads=2, headdim=4, dstate=8, ngroups=1, chunk_size=16)
 STATE_DTYPES = (torch.float32, torch.float16)
@@ -83,7 +74,7 @@ CASES = [
 assert len({c.id for c in CASES}) == len(CASES) >= 18
 
 
-def build(case: ColumnCase, seed: int = 0):
+def build(case: ColumnCase, device: str, seed: int = 0):
     """(state_cache, indices, mask, expected) for one case; masked rows point at a NaN-filled slot.
 
     Whole storages are moved to the device and the views taken there: ``view.to("cuda")`` of a column or padded
@@ -106,30 +97,30 @@ def build(case: ColumnCase, seed: int = 0):
     expected = torch.where(mask[:, None, None, None], cache[idx.long()], torch.zeros((), dtype=case.state_dtype))
 
     def on_device(view: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-        moved = base.to(DEVICE)
+        moved = base.to(device)
         return moved.as_strided(view.shape, view.stride(), view.storage_offset())
 
-    dev_mask = on_device(mask, mask_table) if case.mask_columns else mask.to(DEVICE)
+    dev_mask = on_device(mask, mask_table) if case.mask_columns else mask.to(device)
     dev = on_device(cache, flat), on_device(idx, table), dev_mask
-    for got, want in zip(dev, (cache, idx, mask)):
+    for got, want in zip(dev, (cache, idx, mask), strict=True):
         assert got.stride() == want.stride() and got.data_ptr() % 16 == want.data_ptr() % 16, (got, want)
     return (*dev, expected)
 
 
-def cold_gpu_cache():
+def cold_gpu_cache(device):
     """The gather kernel's in-memory binaries set aside for the block on the GPU (nothing to set aside under the
     interpreter, where the guard compares launch keys with the warmed ones)."""
-    return cold_in_memory_cache(KERNEL) if DEVICE == "cuda" else contextlib.nullcontext()
+    return cold_in_memory_cache(KERNEL) if device == "cuda" else contextlib.nullcontext()
 
 
-def _stride1_only():
-    return warmup(DEVICE, SHAPE, [torch.float32], STATE_DTYPES, kernels=["gather"],
+def _stride1_only(device):
+    return warmup(device, SHAPE, [torch.float32], STATE_DTYPES, kernels=["gather"],
                   index_strides=(1,), index_alignments=(True,))
 
 
 @pytest.fixture(scope="module")
-def startup_warmup():
-    report = warmup(DEVICE, SHAPE, [torch.float32], STATE_DTYPES, kernels=["gather"])
+def startup_warmup(device):
+    report = warmup(device, SHAPE, [torch.float32], STATE_DTYPES, kernels=["gather"])
     print(report.summary())
     assert report.per_kernel[kernel_name(KERNEL)] == len(report.keys) > 0
     return report
@@ -153,22 +144,22 @@ def _needs_more_than_stride1(idx: torch.Tensor, mask: torch.Tensor) -> bool:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_column_view_gather_is_warmed(case, startup_warmup, no_recompile):
-    cache, idx, mask, expected = build(case)
-    with no_recompile([KERNEL], warmed=startup_warmup.keys):
+def test_column_view_gather_is_warmed(case, startup_warmup, device):
+    cache, idx, mask, expected = build(case, device)
+    with guard_no_recompile([KERNEL], warmed=startup_warmup.keys):
         got = gather.gather_initial_states(cache, idx, mask)
     assert_bits_equal(got.cpu(), expected, what=f"gather {case.id}")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_column_view_needs_the_startup_warmup(case):
+def test_column_view_needs_the_startup_warmup(case, device):
     """Each regression case is only covered because of the stride/alignment classes: a stride-1-only warmup
     misses exactly the cases whose views differ in a specialized class."""
-    cache, idx, mask, _ = build(case)
+    cache, idx, mask, _ = build(case, device)
     # On the GPU the module's full warmup has already compiled every class: set this kernel's in-memory binaries
     # aside so that a missing class really compiles (they are put back after, for the tests and cases that follow).
-    with cold_gpu_cache():
-        narrow = _stride1_only()
+    with cold_gpu_cache(device):
+        narrow = _stride1_only(device)
         if _needs_more_than_stride1(idx, mask):
             with pytest.raises(RecompileError, match="_gather_initial_states_kernel"):
                 with guard_no_recompile([KERNEL], warmed=narrow.keys):
@@ -178,16 +169,16 @@ def test_column_view_needs_the_startup_warmup(case):
                 gather.gather_initial_states(cache, idx, mask)
 
 
-def test_negative_control_stride1_warmup_then_column_view_fires():
+def test_negative_control_stride1_warmup_then_column_view_fires(device):
     """The guard must fire: warm stride-1 contiguous indices only, then call with a block-table column view."""
     case = ColumnCase(5, 1, 0, 3, I32, F32)  # stride 5, 4 bytes in
-    cache, idx, mask, _ = build(case)
+    cache, idx, mask, _ = build(case, device)
     if not _needs_more_than_stride1(idx, mask):
         pytest.skip("the gather kernel no longer specializes index stride or alignment: column views cannot "
                     "recompile it (its SCALAR_ONLY decision); the toy kernel in test_recompile_guard.py "
                     "keeps showing that the guard fires")
-    with cold_gpu_cache():
-        narrow = _stride1_only()
+    with cold_gpu_cache(device):
+        narrow = _stride1_only(device)
         with pytest.raises(RecompileError) as err:
             with guard_no_recompile([KERNEL], warmed=narrow.keys):
                 gather.gather_initial_states(cache, idx, mask)
@@ -207,8 +198,8 @@ def test_scalar_only_arguments_decision():
 
     collapsed = {tuple((n, erased(c) if n in unspecialized else c) for n, c in k.params) for k in full.keys}
     print(f"gather: {len(full.keys)} specializations today, {len(collapsed)} with {decided}")
-    already = not any(_specialized(p, "do_not_specialize_on_alignment") for p in decided["do_not_specialize_on_alignment"])
-    already = already and not any(_specialized(p, "do_not_specialize") for p in decided["do_not_specialize"])
+    already = not any(_specialized(p, flag) for flag in ("do_not_specialize_on_alignment", "do_not_specialize")
+                      for p in decided[flag])
     # 2 alignments of each scalar-only pointer x 3 value classes of each scalar-only stride
     assert len(full.keys) == len(collapsed) * (1 if already else 2 * 2 * 3 * 3), (len(full.keys), len(collapsed))
 
@@ -224,10 +215,10 @@ def test_warmup_registration_tracks_the_kernel_signature():
         spec_keys(WarmupSpec(KERNEL, dict(not_a_param=1)))
 
 
-def test_key_of_a_real_call_is_in_the_full_warmup(startup_warmup):
+def test_key_of_a_real_call_is_in_the_full_warmup(startup_warmup, device):
     """The registry's stand-in keys equal the keys of the real launcher's call (same argument list and options)."""
     case = CASES[1]
-    cache, idx, mask, _ = build(case)
+    cache, idx, mask, _ = build(case, device)
     row = SHAPE.nheads * SHAPE.headdim * SHAPE.dstate
     key = specialization_key(KERNEL, (cache, idx, mask.view(torch.uint8), torch.empty(1, dtype=case.state_dtype),
                                       row, cache.stride(0), idx.stride(0), mask.stride(0), row),

@@ -89,7 +89,13 @@ def test_corpus_covers_sequences_slots_and_options(cases):
     assert all(c.indexed_eligible() for c in direct)
     contexts = {(s.context, c.shape.chunk_size) for c in direct for s in c.sequences}
     tokens = {(s.tokens, c.shape.chunk_size) for c in direct for s in c.sequences}
-    rel_ctx = {"0" if x == 0 else "1" if x == 1 else "q-1" if x == q - 1 else "q" if x == q else str(x) for x, q in contexts}
+    def relative(x: int, q: int) -> str:
+        for value, name in ((0, "0"), (1, "1"), (q - 1, "q-1"), (q, "q")):
+            if x == value:
+                return name
+        return str(x)
+
+    rel_ctx = {relative(x, q) for x, q in contexts}
     assert {"0", "1", "q-1", "q", "4224"} <= rel_ctx
     rel_tok = {"q" if t == q else "2q+5" if t == 2 * q + 5 else str(t) for t, q in tokens}
     assert {"1", "32", "q", "2q+5", "600", "1600"} <= rel_tok
@@ -109,7 +115,7 @@ def test_corpus_covers_sequences_slots_and_options(cases):
 
 def test_corpus_covers_index_layouts(cases):
     layouts = {(c.indices.layout, c.indices.dtype) for c in cases}
-    assert layouts == {(l, d) for l in ("contiguous", "block_table") for d in ("int32", "int64")}
+    assert layouts == {(layout, d) for layout in ("contiguous", "block_table") for d in ("int32", "int64")}
     offsets = [
         c.indices.column_byte_offset(col) % 16 == 0
         for c in cases

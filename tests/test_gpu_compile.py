@@ -1,6 +1,6 @@
 """Every specialization a representative set of SSD calls launches compiles for the H200 (sm_90), checked on the
 CPU: the interpreter accepts code the GPU compiler rejects (plain float globals in @jit code, tl.dot with K < 16),
-which CPU CI could not see before (GPU runs 1, 2 and 4 in docs/gpu-runs.md)."""
+which the CPU tier would otherwise not see (both met on the H200: docs/gpu-runs.md)."""
 
 from __future__ import annotations
 
@@ -8,20 +8,16 @@ import pytest
 import triton
 import triton.language as tl
 
-from harness.backend import configure
+from harness.cases.builder import build_inputs
+from harness.cases.model import Options
+from harness.guards.gpu_compile import GpuCompileError, compile_distinct
+from harness.guards.specialization import Launch, capturing_launches, kernel_name
+from kernels.ssd import ssd_prefill
+from kernels.warmup import watched_kernels
+from tests.support import make_case
 
-DEVICE = configure("auto")  # before any kernel module is imported
-
-from harness.cases.builder import build_inputs  # noqa: E402
-from harness.cases.model import Options  # noqa: E402
-from harness.guards.gpu_compile import GpuCompileError, compile_distinct  # noqa: E402
-from harness.guards.specialization import Launch, capturing_launches, kernel_name  # noqa: E402
-from kernels.ssd import ssd_prefill  # noqa: E402
-from kernels.warmup import watched_kernels  # noqa: E402
-from test_ssd_prefill import make_case  # noqa: E402
-
-pytestmark = pytest.mark.skipif(DEVICE != "cpu", reason="on the GPU every launch compiles for real; this is the "
-                                "CPU tier's stand-in for that")
+pytestmark = pytest.mark.interpreter(reason="on the GPU every launch compiles for real; this is the CPU tier's "
+                                     "stand-in for that")
 
 FULL = Options(D="per_channel", z=True, dt_bias=True, dt_softplus=True, dt_limit=(0.0, 10.0))
 # (io, state, path, mode, options): every kernel, both paths, the three modes, all io dtypes, dstate 16.
@@ -34,11 +30,11 @@ CALLS = [
 
 
 @pytest.fixture(scope="module")
-def launches() -> list[Launch]:
+def launches(device) -> list[Launch]:
     seen: list[Launch] = []
     for io, state, path, mode, options in CALLS:
         case = make_case([(70, 90, 2, True, 5)], io=io, state=state, options=options, mode=mode, case_id="sm90")
-        inputs = build_inputs(case, DEVICE)
+        inputs = build_inputs(case, device)
         with capturing_launches(watched_kernels()) as calls:
             # The fused gather is what CUDA runs (the CPU default is the torch.where snapshot).
             ssd_prefill(**inputs.kwargs(path=path), **({"gather": "fused"} if path == "snapshot" else {}))

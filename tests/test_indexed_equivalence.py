@@ -8,17 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.backend import configure
-
-DEVICE = configure("auto")  # before any kernel module is imported
-
-from harness.cases.builder import build_inputs  # noqa: E402
-from harness.cases.model import IndicesSpec  # noqa: E402
-from harness.compare import Mismatch, assert_bits_equal, storage_bytes  # noqa: E402
-from kernels import ssd as ssd_module  # noqa: E402
-from kernels.interface import CallShape, choose_path  # noqa: E402
-from kernels.ssd import ssd_prefill  # noqa: E402
-from test_ssd_prefill import make_case  # noqa: E402
+from harness.cases.builder import build_inputs
+from harness.cases.model import IndicesSpec
+from harness.compare import Mismatch, assert_bits_equal, storage_bytes
+from kernels import ssd as ssd_module
+from kernels.interface import CallShape, choose_path
+from kernels.ssd import ssd_prefill
+from tests.support import make_case
 
 
 def run(inputs, *, path, **extra):
@@ -28,9 +24,9 @@ def run(inputs, *, path, **extra):
     return returned, workspace
 
 
-def run_both(case, path_a="snapshot", path_b="indexed", extra_a=None, extra_b=None):
+def run_both(case, device, path_a="snapshot", path_b="indexed", extra_a=None, extra_b=None):
     """The same case through two paths on identical copies of the inputs."""
-    a = build_inputs(case, DEVICE)
+    a = build_inputs(case, device)
     b = a.clone()
     ra, wa = run(a, path=path_a, **(extra_a or {}))
     rb, wb = run(b, path=path_b, **(extra_b or {}))
@@ -76,21 +72,21 @@ EQUIVALENCE_CASES = {
 
 
 @pytest.mark.parametrize("name", sorted(EQUIVALENCE_CASES))
-def test_indexed_path_equals_snapshot_path(name):
+def test_indexed_path_equals_snapshot_path(name, device):
     seq, io, state, indices = EQUIVALENCE_CASES[name]
     case = make_case([seq], io=io, state=state, indices=indices, headdim=7, case_id=name)
-    assert_indexed_equals_snapshot(*run_both(case))
+    assert_indexed_equals_snapshot(*run_both(case, device))
 
 
 @pytest.mark.parametrize("gather", ("fused", "torch"))
-def test_indexed_equals_snapshot_with_either_gather(gather):
+def test_indexed_equals_snapshot_with_either_gather(gather, device):
     case = make_case([(70, 90, 3, True, 3)], io="bfloat16", state="bfloat16")
-    assert_indexed_equals_snapshot(*run_both(case, extra_a={"gather": gather}))
+    assert_indexed_equals_snapshot(*run_both(case, device, extra_a={"gather": gather}))
 
 
 # ---- negative controls -------------------------------------------------------------------------------------------
 
-def test_comparison_catches_an_indexed_kernel_that_reads_a_masked_slot(monkeypatch):
+def test_comparison_catches_an_indexed_kernel_that_reads_a_masked_slot(monkeypatch, device):
     real = ssd_module.state_passing_indexed
 
     def ignores_mask(*args, has_initial_state, **kwargs):
@@ -99,10 +95,10 @@ def test_comparison_catches_an_indexed_kernel_that_reads_a_masked_slot(monkeypat
     monkeypatch.setattr(ssd_module, "state_passing_indexed", ignores_mask)
     case = make_case([EQUIVALENCE_CASES["masked-nan-slot"][0]], io="bfloat16", state="bfloat16")
     with pytest.raises(Mismatch, match="out, indexed vs snapshot"):
-        assert_indexed_equals_snapshot(*run_both(case))
+        assert_indexed_equals_snapshot(*run_both(case, device))
 
 
-def test_comparison_catches_a_chunk_scan_reading_entering_states_as_exiting(monkeypatch):
+def test_comparison_catches_a_chunk_scan_reading_entering_states_as_exiting(monkeypatch, device):
     real = ssd_module.chunk_scan
 
     def misreads(*args, states_are_entering=False, **kwargs):
@@ -111,7 +107,7 @@ def test_comparison_catches_a_chunk_scan_reading_entering_states_as_exiting(monk
     monkeypatch.setattr(ssd_module, "chunk_scan", misreads)
     case = make_case([(70, 150, 2, True, 5)], io="float32", state="float32")
     with pytest.raises(Mismatch, match="out, indexed vs snapshot"):
-        assert_indexed_equals_snapshot(*run_both(case))
+        assert_indexed_equals_snapshot(*run_both(case, device))
 
 
 # ---- dispatch ----------------------------------------------------------------------------------------------------
@@ -126,9 +122,9 @@ INELIGIBLE = {
 
 
 @pytest.mark.parametrize("name", sorted(INELIGIBLE))
-def test_explicit_indexed_on_ineligible_call_raises(name):
+def test_explicit_indexed_on_ineligible_call_raises(name, device):
     seqs, mode, extra, reason = INELIGIBLE[name]
-    inputs = build_inputs(make_case(seqs, mode=mode, io="bfloat16", state="bfloat16"), DEVICE)
+    inputs = build_inputs(make_case(seqs, mode=mode, io="bfloat16", state="bfloat16"), device)
     before = storage_bytes(inputs.cache_base)
     with pytest.raises(ValueError, match=reason):
         ssd_prefill(**inputs.kwargs(path="indexed"), **extra)
@@ -144,15 +140,15 @@ AUTO_FALLBACKS = {
 
 
 @pytest.mark.parametrize("name", sorted(AUTO_FALLBACKS))
-def test_auto_on_ineligible_call_is_the_snapshot_path(name):
+def test_auto_on_ineligible_call_is_the_snapshot_path(name, device):
     seqs, mode = AUTO_FALLBACKS[name]
     case = make_case(seqs, mode=mode, io="bfloat16", state="float16")
-    first, second = run_both(case, path_a="auto", path_b="snapshot")
+    first, second = run_both(case, device, path_a="auto", path_b="snapshot")
     assert first[2]["path"] == "snapshot"
     assert_same_results(second, first, "auto vs snapshot")
     # The other gather too: the fused Triton gather and the torch.where snapshot give the same call bits.
     other = "torch" if first[2]["gather"] == "fused" else "fused"
-    auto, explicit = run_both(case, path_a="auto", path_b="snapshot", extra_b={"gather": other})
+    auto, explicit = run_both(case, device, path_a="auto", path_b="snapshot", extra_b={"gather": other})
     assert_same_results(auto, explicit, f"auto ({auto[2]['gather']} gather) vs snapshot ({other} gather)")
 
 
@@ -174,24 +170,24 @@ def test_auto_takes_indexed_only_on_cuda_when_eligible():
             choose_path("indexed", _call_shape(**ineligible))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="auto takes the indexed path only on CUDA")
+@pytest.mark.gpu(reason="auto takes the indexed path only on CUDA")
 @pytest.mark.parametrize("io,state", [("bfloat16", "bfloat16"), ("float16", "float16"), ("bfloat16", "float32")])
 @pytest.mark.parametrize("seq", [(4224, 32, 3, True, 3), (4224, 600, 3, False, 5), (0, 1600, 2, True, -1)],
                          ids=("short-in-place", "masked", "negative-final"))
-def test_auto_on_eligible_call_takes_indexed_on_cuda(io, state, seq):
+def test_auto_on_eligible_call_takes_indexed_on_cuda(io, state, seq, device):
     case = make_case([seq], io=io, state=state, headdim=64, nheads=8, dstate=128, chunk_size=256, ngroups=2,
                      slots=12, row_pad=64, offset=8, indices=IndicesSpec(dtype="int32", **BLOCK_TABLE))
-    auto, snapshot = run_both(case, path_a="auto", path_b="snapshot")
+    auto, snapshot = run_both(case, device, path_a="auto", path_b="snapshot")
     assert auto[2]["path"] == "indexed"
     assert_indexed_equals_snapshot(snapshot, auto)
 
 
 @pytest.mark.parametrize("name", ["single-chunk", "distinct-bf16-state-fp32", "masked-nan-slot"])
-def test_both_paths_launch_one_chunk_scan_binary(name):
-    """The indexed path equals the snapshot path only if chunk scan's arithmetic is the same code: on the H200 the
-    two paths compiled with path-dependent constexprs gave different fp32 (tf32) dot bits for equal operands (GPU run
-    4). Both paths must therefore launch chunk scan with one specialization key (computed as the GPU would, on any
-    backend), the path being a runtime argument."""
+def test_both_paths_launch_one_chunk_scan_binary(name, device):
+    """The indexed path equals the snapshot path only if chunk scan's arithmetic is the same code: two binaries
+    compiled with different path constexprs may give different fp32 (tf32) dot bits for equal operands (the H200
+    did: docs/gpu-runs.md). Both paths must therefore launch chunk scan with one specialization key (computed as the
+    GPU would, on any backend), the path being a runtime argument."""
     from harness.guards.specialization import recording_launches
     from kernels.chunk_scan import chunk_scan_kernel
 
@@ -199,7 +195,7 @@ def test_both_paths_launch_one_chunk_scan_binary(name):
     case = make_case([seq], io=io, state=state, indices=indices, headdim=7, case_id=name)
     keys = {}
     for path in ("snapshot", "indexed"):
-        inputs = build_inputs(case, DEVICE)
+        inputs = build_inputs(case, device)
         with recording_launches([chunk_scan_kernel]) as seen:
             ssd_prefill(**inputs.kwargs(path=path))
         assert seen, f"{path}: chunk scan was not launched"

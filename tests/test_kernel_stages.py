@@ -20,31 +20,26 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import pairwise
 
-from harness.backend import configure
-from kernels.environment import arithmetic_profile  # triton-free: importable before configure
+import pytest
+import torch
+import triton
 
-DEVICE = configure("auto")  # sets TRITON_INTERPRET before the kernel modules below are imported
-PROFILE = arithmetic_profile(DEVICE)
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import triton  # noqa: E402
-
-from harness import bounds  # noqa: E402
-from harness.cases.model import Shape  # noqa: E402
-from harness.compare import Mismatch, assert_bits_equal, assert_within_bound  # noqa: E402
-from harness.varlen import build_varlen_metadata  # noqa: E402
-from kernels import bmm_chunk as kbmm  # noqa: E402
-from kernels import chunk_cumsum as kcumsum  # noqa: E402
-from kernels import chunk_scan as kscan  # noqa: E402
-from kernels import chunk_state as kstate  # noqa: E402
-from kernels.backend import forced_config  # noqa: E402
-from reference import arith  # noqa: E402
-from reference import chunked as ref  # noqa: E402
+from harness import bounds
+from harness.cases.model import Shape
+from harness.compare import Mismatch, assert_bits_equal, assert_within_bound
+from harness.varlen import build_varlen_metadata
+from kernels import bmm_chunk as kbmm
+from kernels import chunk_cumsum as kcumsum
+from kernels import chunk_scan as kscan
+from kernels import chunk_state as kstate
+from kernels.backend import forced_config
+from kernels.environment import arithmetic_profile
+from reference import arith
+from reference import chunked as ref
 
 F32, F64 = torch.float32, torch.float64
-BACKEND = PROFILE  # the kernels' arithmetic profile names the backend they ran on ("cuda" or "interpreter")
 
 # Triton 3.6's interpreter itself converts 1-element arrays to ints (runtime loop bounds): numpy deprecation noise.
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
@@ -81,7 +76,8 @@ SEQUENCES = {
 def scenarios():
     """(shape, sequences) pairs: every shape and every sequence layout appear, without the full product."""
     names = list(SEQUENCES)
-    return [pytest.param(s, names[i % len(names)], id=f"{shape_id(s)}-{names[i % len(names)]}") for i, s in enumerate(SHAPES)] + [
+    every_shape = [(s, names[i % len(names)]) for i, s in enumerate(SHAPES)]
+    return [pytest.param(s, seqs, id=f"{shape_id(s)}-{seqs}") for s, seqs in every_shape] + [
         pytest.param(SHAPES[0], "three-mixed", id=f"{shape_id(SHAPES[0])}-three-mixed"),
         pytest.param(SHAPES[1], "one-short", id=f"{shape_id(SHAPES[1])}-one-short"),
     ]
@@ -94,6 +90,7 @@ def dtype_id(d: torch.dtype) -> str:
 @dataclass
 class Inputs:
     shape: Shape
+    device: str
     md: object
     meta: dict
     x: torch.Tensor
@@ -106,8 +103,14 @@ class Inputs:
     D_head: torch.Tensor
     D_channel: torch.Tensor
 
+    @property
+    def profile(self) -> str:
+        """The arithmetic profile the kernels follow on this device; its name is also the backend ``harness.bounds``
+        models ("cuda" or "interpreter")."""
+        return arithmetic_profile(self.device)
 
-def make_inputs(shape: Shape, seqs: str, io: torch.dtype, seed: int = 0) -> Inputs:
+
+def make_inputs(shape: Shape, seqs: str, io: torch.dtype, device: str, seed: int = 0) -> Inputs:
     """Seeded CPU tensors moved to the device. dt around softplus(-2) so decays stay inside a chunk's range."""
     contexts, tokens = SEQUENCES[seqs]
     md = build_varlen_metadata(contexts, tokens, shape.chunk_size)
@@ -125,14 +128,14 @@ def make_inputs(shape: Shape, seqs: str, io: torch.dtype, seed: int = 0) -> Inpu
         D_head=rnd(H),
         D_channel=rnd(H, P),
     )
-    t = {k: v.to(DEVICE) for k, v in t.items()}
-    return Inputs(shape=shape, md=md, meta=md.tensors(DEVICE), **t)
+    t = {k: v.to(device) for k, v in t.items()}
+    return Inputs(shape=shape, device=device, md=md, meta=md.tensors(device), **t)
 
 
 def ref_cumsum(inp: Inputs, softplus: bool = True):
     """The reference twin's (dA_cumsum, dt_out): shared inputs for the downstream stage tests."""
     return ref.chunk_cumsum(inp.dt, inp.A, inp.shape.chunk_size, inp.meta["cu_chunk_seqlens"], dt_bias=inp.dt_bias,
-                            dt_softplus=softplus, profile=PROFILE)
+                            dt_softplus=softplus, profile=inp.profile)
 
 
 # ----------------------------------------------------------------------------------------------- chunk cumsum
@@ -148,12 +151,12 @@ def _exact_dA_cumsum(dt_out, A) -> torch.Tensor:
     return torch.cumsum(dt_out.cpu().to(F64) * A.cpu().to(F64)[:, None, None], dim=-1)
 
 
-def check_dA_cumsum(got, want, dt_out, A, chunk_size) -> None:
+def check_dA_cumsum(got, want, dt_out, A, chunk_size, profile) -> None:
     """Interpreter: sequential numpy scan on both sides, exact. CUDA: the kernel's scan order, bounded."""
-    if BACKEND == "interpreter":
+    if profile == "interpreter":
         assert_bits_equal(got, want, what="dA_cumsum (interpreter: sequential scan on both sides, exact)")
     else:
-        bound = bounds.chunk_cumsum_bound(_abs_dA_cumsum(dt_out, A), chunk_size=chunk_size, backend=BACKEND)
+        bound = bounds.chunk_cumsum_bound(_abs_dA_cumsum(dt_out, A), chunk_size=chunk_size, backend=profile)
         assert_within_bound(got, want, bound, what="dA_cumsum (cuda: scan order differs, bounded)")
 
 
@@ -161,16 +164,16 @@ def check_dA_cumsum(got, want, dt_out, A, chunk_size) -> None:
                                                   (True, (0.0, math.inf), True), (True, (0.1, 0.5), True)],
                          ids=["plain", "limit-nobias", "softplus", "softplus-limit"])
 @pytest.mark.parametrize("shape,seqs", scenarios())
-def test_chunk_cumsum(shape, seqs, softplus, limit, bias):
-    inp = make_inputs(shape, seqs, torch.float32)
+def test_chunk_cumsum(shape, seqs, softplus, limit, bias, device):
+    inp = make_inputs(shape, seqs, torch.float32, device)
     if not softplus:  # keep dt positive, as softplus would
         inp.dt = inp.dt.abs() * 0.1
     kw = dict(dt_bias=inp.dt_bias if bias else None, dt_softplus=softplus, dt_limit=limit)
     cu = inp.meta["cu_chunk_seqlens"]
     dA_k, dt_k = kcumsum.chunk_cumsum(inp.dt, inp.A, shape.chunk_size, cu, **kw)
-    dA_r, dt_r = ref.chunk_cumsum(inp.dt, inp.A, shape.chunk_size, cu, profile=PROFILE, **kw)
+    dA_r, dt_r = ref.chunk_cumsum(inp.dt, inp.A, shape.chunk_size, cu, profile=inp.profile, **kw)
     assert_bits_equal(dt_k, dt_r, what=f"dt_out ({'softplus, ' if softplus else ''}exact)")
-    check_dA_cumsum(dA_k, dA_r, dt_r, inp.A, shape.chunk_size)
+    check_dA_cumsum(dA_k, dA_r, dt_r, inp.A, shape.chunk_size, inp.profile)
 
 
 def _wide_dt(tokens=1024, nheads=8, seed=3):
@@ -181,40 +184,40 @@ def _wide_dt(tokens=1024, nheads=8, seed=3):
     return dt
 
 
-def test_softplus_dt_out_exact_over_every_regime():
+def test_softplus_dt_out_exact_over_every_regime(device, profile):
     """dt_out with softplus is bit-exact over [-30, 22] and at the threshold, not only on the stage inputs: on CUDA
     this is the check that libdevice log1p and torch.log1p are one routine."""
     md = build_varlen_metadata([0], [1024], 64)
-    dt, A = _wide_dt().to(DEVICE), -torch.ones(8, device=DEVICE)
-    cu = md.tensors(DEVICE)["cu_chunk_seqlens"]
+    dt, A = _wide_dt().to(device), -torch.ones(8, device=device)
+    cu = md.tensors(device)["cu_chunk_seqlens"]
     dA_k, dt_k = kcumsum.chunk_cumsum(dt, A, 64, cu, dt_softplus=True)
-    dA_r, dt_r = ref.chunk_cumsum(dt, A, 64, cu, dt_softplus=True, profile=PROFILE)
+    dA_r, dt_r = ref.chunk_cumsum(dt, A, 64, cu, dt_softplus=True, profile=profile)
     assert_bits_equal(dt_k, dt_r, what="dt_out softplus over [-30, 22]")
-    check_dA_cumsum(dA_k, dA_r, dt_r, A, 64)
+    check_dA_cumsum(dA_k, dA_r, dt_r, A, 64, profile)
 
 
-def test_exact_dt_out_catches_natural_exp_softplus():
-    """Negative control: the textbook softplus log1p(exp(dt)) (natural exp: the reference's former formula) is not
-    the kernel's arithmetic; the exact comparison reports it."""
+def test_exact_dt_out_catches_natural_exp_softplus(device, profile):
+    """Negative control: the textbook softplus log1p(exp(dt)) (natural exp) is not the kernel's arithmetic; the exact
+    comparison reports it."""
     md = build_varlen_metadata([0], [1024], 64)
-    dt, A = _wide_dt().to(DEVICE), -torch.ones(8, device=DEVICE)
-    cu = md.tensors(DEVICE)["cu_chunk_seqlens"]
+    dt, A = _wide_dt().to(device), -torch.ones(8, device=device)
+    cu = md.tensors(device)["cu_chunk_seqlens"]
     _, dt_k = kcumsum.chunk_cumsum(dt, A, 64, cu, dt_softplus=True)
     textbook = torch.where(dt <= 20.0, torch.log1p(torch.exp(dt)), dt)
-    _, dt_textbook = ref.chunk_cumsum(textbook, A, 64, cu, profile=PROFILE)  # dt_out layout of the values
+    _, dt_textbook = ref.chunk_cumsum(textbook, A, 64, cu, profile=profile)  # dt_out layout of the values
     with pytest.raises(Mismatch) as err:
         assert_bits_equal(dt_k, dt_textbook, what="dt_out vs natural-exp softplus")
     print(f"natural-exp softplus: {err.value.count} of {dt.numel()} elements differ")
 
 
-def test_chunk_cumsum_catches_missing_bias():
+def test_chunk_cumsum_catches_missing_bias(device):
     """Negative control: a kernel run without dt_bias. dt_out is exact, so any changed bit is caught; dA_cumsum's
     check is decisive under both backends' bounds (the exact effect is |A| times the running sum of the softplus
     change) and fires here."""
-    inp = make_inputs(SHAPES[0], "two-partial-first", torch.float32)
+    inp = make_inputs(SHAPES[0], "two-partial-first", torch.float32, device)
     cu = inp.meta["cu_chunk_seqlens"]
     dA_k, dt_k = kcumsum.chunk_cumsum(inp.dt, inp.A, 64, cu, dt_bias=None, dt_softplus=True)
-    dA_r, dt_r = ref.chunk_cumsum(inp.dt, inp.A, 64, cu, dt_bias=inp.dt_bias, dt_softplus=True, profile=PROFILE)
+    dA_r, dt_r = ref.chunk_cumsum(inp.dt, inp.A, 64, cu, dt_bias=inp.dt_bias, dt_softplus=True, profile=inp.profile)
     with pytest.raises(Mismatch):
         assert_bits_equal(dt_k, dt_r, what="dt_out")
     margins = {b: bounds.decisive_margin(
@@ -224,12 +227,12 @@ def test_chunk_cumsum_catches_missing_bias():
         for b in bounds.BACKENDS}
     assert_decisive_everywhere(margins, "missing dt_bias, dA_cumsum")
     with pytest.raises(Mismatch):
-        check_dA_cumsum(dA_k, dA_r, dt_r, inp.A, 64)
+        check_dA_cumsum(dA_k, dA_r, dt_r, inp.A, 64, inp.profile)
 
 
-def test_chunk_cumsum_exact_check_catches_one_ulp():
+def test_chunk_cumsum_exact_check_catches_one_ulp(device):
     """Negative control for the exact comparison: one ulp in one element of dt_out is reported."""
-    inp = make_inputs(SHAPES[0], "one-short", torch.float32)
+    inp = make_inputs(SHAPES[0], "one-short", torch.float32, device)
     inp.dt = inp.dt.abs() * 0.1
     _, dt_k = kcumsum.chunk_cumsum(inp.dt, inp.A, 64, inp.meta["cu_chunk_seqlens"])
     bent = dt_k.clone()
@@ -242,30 +245,31 @@ def test_chunk_cumsum_exact_check_catches_one_ulp():
 # ----------------------------------------------------------------------------------------------- chunk state
 
 
-def chunk_state_bound(inp: Inputs, io: torch.dtype, dt_out, dA_cumsum, *, B=None, backend=BACKEND) -> torch.Tensor:
-    """(C, H, P, N) ``bounds.chunk_state_bound`` over the fp64 magnitude sum_l |x| |b_scaled| (B defaults to inp.B)."""
+def chunk_state_bound(inp: Inputs, io: torch.dtype, dt_out, dA_cumsum, *, B=None, backend=None) -> torch.Tensor:
+    """(C, H, P, N) ``bounds.chunk_state_bound`` over the fp64 magnitude sum_l |x| |b_scaled| (B defaults to inp.B;
+    backend to the one the kernels ran on)."""
     mag = ref.chunk_state_magnitude(inp.B if B is None else B, inp.x, dt_out, dA_cumsum, inp.meta["cu_chunk_seqlens"],
-                                    profile=PROFILE)
-    return bounds.chunk_state_bound(mag, io_dtype=io, chunk_size=inp.shape.chunk_size, backend=backend)
+                                    profile=inp.profile)
+    return bounds.chunk_state_bound(mag, io_dtype=io, chunk_size=inp.shape.chunk_size, backend=backend or inp.profile)
 
 
 @pytest.mark.parametrize("io", IO_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("shape,seqs", scenarios())
-def test_chunk_state(shape, seqs, io):
-    inp = make_inputs(shape, seqs, io)
+def test_chunk_state(shape, seqs, io, device):
+    inp = make_inputs(shape, seqs, io, device)
     dA, dt_out = ref_cumsum(inp)
     cu = inp.meta["cu_chunk_seqlens"]
     got = kstate.chunk_state(inp.B, inp.x, dt_out, dA, cu)
-    want = ref.chunk_state(inp.B, inp.x, dt_out, dA, cu, profile=PROFILE)
+    want = ref.chunk_state(inp.B, inp.x, dt_out, dA, cu, profile=inp.profile)
     assert got.dtype == F32 and got.shape == want.shape
     assert_within_bound(got, want, chunk_state_bound(inp, io, dt_out, dA), what="chunk states")
 
 
 @pytest.mark.parametrize("broken", ["wrong-group", "skipped-decay"])
-def test_chunk_state_catches_broken_input(broken):
+def test_chunk_state_catches_broken_input(broken, device):
     """Negative control: B from the wrong group, or dA_cumsum zeroed (no decay): decisive under both backends'
     bounds (exact fp64 chunk states of the correct and the bugged inputs), and outside the bound here."""
-    inp = make_inputs(SHAPES[1], "two-partial-first", torch.bfloat16)  # ngroups = nheads: groups distinguishable
+    inp = make_inputs(SHAPES[1], "two-partial-first", torch.bfloat16, device)  # ngroups = nheads: distinct groups
     dA, dt_out = ref_cumsum(inp)
     cu = inp.meta["cu_chunk_seqlens"]
     B, dA_k = inp.B, dA
@@ -275,7 +279,7 @@ def test_chunk_state_catches_broken_input(broken):
         dA_k = torch.zeros_like(dA)
 
     def exact(B_, dA_):
-        return ref.chunk_state_magnitude(B_, inp.x, dt_out, dA_, cu, profile=PROFILE, absolute=False)
+        return ref.chunk_state_magnitude(B_, inp.x, dt_out, dA_, cu, profile=inp.profile, absolute=False)
 
     margins = {}
     for b in bounds.BACKENDS:
@@ -285,7 +289,7 @@ def test_chunk_state_catches_broken_input(broken):
                                             compared_err=bound)
     assert_decisive_everywhere(margins, f"chunk state, {broken}")
     got = kstate.chunk_state(B, inp.x, dt_out, dA_k, cu)
-    want = ref.chunk_state(inp.B, inp.x, dt_out, dA, cu, profile=PROFILE)
+    want = ref.chunk_state(inp.B, inp.x, dt_out, dA, cu, profile=inp.profile)
     with pytest.raises(Mismatch):
         assert_within_bound(got, want, chunk_state_bound(inp, torch.bfloat16, dt_out, dA), what="chunk states")
 
@@ -293,35 +297,36 @@ def test_chunk_state_catches_broken_input(broken):
 # ----------------------------------------------------------------------------------------------- bmm
 
 
-def bmm_bound(inp: Inputs, io: torch.dtype, *, B=None, backend=BACKEND) -> torch.Tensor:
-    """(C, G, Q, Q) ``bounds.bmm_chunk_bound`` over sum_n |C| |B| in fp64; exact zeros outside each chunk."""
+def bmm_bound(inp: Inputs, io: torch.dtype, *, B=None, backend=None) -> torch.Tensor:
+    """(C, G, Q, Q) ``bounds.bmm_chunk_bound`` over sum_n |C| |B| in fp64; exact zeros outside each chunk (backend:
+    the one the kernels ran on unless named)."""
     mag = ref.bmm_chunk_magnitude(inp.C, inp.B if B is None else B, inp.shape.chunk_size, inp.meta["cu_chunk_seqlens"])
-    return bounds.bmm_chunk_bound(mag, io_dtype=io, dstate=inp.shape.dstate, backend=backend)
+    return bounds.bmm_chunk_bound(mag, io_dtype=io, dstate=inp.shape.dstate, backend=backend or inp.profile)
 
 
 @pytest.mark.parametrize("io", IO_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("shape,seqs", scenarios())
-def test_bmm_chunk(shape, seqs, io):
-    inp = make_inputs(shape, seqs, io)
+def test_bmm_chunk(shape, seqs, io, device):
+    inp = make_inputs(shape, seqs, io, device)
     cu = inp.meta["cu_chunk_seqlens"]
     got = kbmm.bmm_chunk(inp.C, inp.B, shape.chunk_size, cu)
     want = ref.bmm_chunk(inp.C, inp.B, shape.chunk_size, cu)
     assert got.dtype == F32 and got.shape == want.shape
     assert_within_bound(got, want, bmm_bound(inp, io), what="CB")
     # Outside each chunk's (len, len) block the bound is 0: padding must be written as exact zeros.
-    for c, (s, e) in enumerate(zip(inp.md.cu_chunk_seqlens[:-1], inp.md.cu_chunk_seqlens[1:])):
+    for c, (s, e) in enumerate(pairwise(inp.md.cu_chunk_seqlens)):
         outside = torch.ones(shape.chunk_size, shape.chunk_size, dtype=torch.bool)
         outside[: e - s, : e - s] = False
         assert_bits_equal(got[c][:, outside.to(got.device)].cpu(), torch.zeros(shape.ngroups, int(outside.sum())),
                           what=f"CB padding of chunk {c}")
 
 
-def test_bmm_fp32_h200_element_fits_truncated_tf32_bound():
-    """The element the first H200 run reported outside the old round-to-nearest tf32 bound (docs/gpu-runs.md run 1,
-    test_bmm_chunk[H3P5N16G1Q64-three-mixed-float32]): CB[2, 0, 31, 32] = 7.34079647064209 on the GPU vs the twin's
-    7.350269317626953. The truncated-tf32 model holds it (about half the bound used); the old model (operands
-    rounded to nearest, 2^-11, dots gamma_N each side) is exceeded, as the GPU run found."""
-    inp = make_inputs(SHAPES[0], "three-mixed", torch.float32)
+def test_bmm_fp32_h200_element_fits_truncated_tf32_bound(device):
+    """An element the H200 computed outside a round-to-nearest tf32 bound (docs/gpu-runs.md), in
+    test_bmm_chunk[H3P5N16G1Q64-three-mixed-float32]: CB[2, 0, 31, 32] = 7.34079647064209 on the GPU vs the twin's
+    7.350269317626953. The truncated-tf32 model holds it (about half the bound used); the round-to-nearest model
+    (operands rounded to nearest, 2^-11, dots gamma_N each side) is exceeded, as on the GPU."""
+    inp = make_inputs(SHAPES[0], "three-mixed", torch.float32, device)
     cu = inp.meta["cu_chunk_seqlens"]
     want = ref.bmm_chunk(inp.C, inp.B, 64, cu)[2, 0, 31, 32].cpu()
     assert want.item() == 7.350269317626953, "the reported expected value: the stage inputs changed"
@@ -337,10 +342,10 @@ def test_bmm_fp32_h200_element_fits_truncated_tf32_bound():
         assert_within_bound(gpu, want, rounded_model, what="H200 CB element, round-to-nearest tf32 model")
 
 
-def test_bmm_chunk_catches_shifted_tokens():
+def test_bmm_chunk_catches_shifted_tokens(device):
     """Negative control: B read one token late (an off-by-one chunk start): decisive under both backends' bounds
     (exact fp64 CB of both), and outside the bound here."""
-    inp = make_inputs(SHAPES[0], "two-partial-first", torch.float16)
+    inp = make_inputs(SHAPES[0], "two-partial-first", torch.float16, device)
     cu = inp.meta["cu_chunk_seqlens"]
     shifted = inp.B.roll(-1, dims=0).contiguous()
     margins = {}
@@ -360,19 +365,20 @@ def test_bmm_chunk_catches_shifted_tokens():
 # ----------------------------------------------------------------------------------------------- chunk scan
 
 
-def chunk_scan_bound(inp, io, scan_args, scan_kw, ref_out, *, backend=BACKEND) -> torch.Tensor:
-    """(T, H, P) ``bounds.chunk_scan_bound``: the gate is the kernel's own formula in the twin (gate_rel_err 0)."""
-    mag = ref.chunk_scan_magnitude(*scan_args, **scan_kw, profile=PROFILE)
+def chunk_scan_bound(inp, io, scan_args, scan_kw, ref_out, *, backend=None) -> torch.Tensor:
+    """(T, H, P) ``bounds.chunk_scan_bound``: the gate is the kernel's own formula in the twin (gate_rel_err 0);
+    backend: the one the kernels ran on unless named."""
+    mag = ref.chunk_scan_magnitude(*scan_args, **scan_kw, profile=inp.profile)
     return bounds.chunk_scan_bound(mag, ref_out, io_dtype=io, chunk_size=inp.shape.chunk_size,
-                                   dstate=inp.shape.dstate, backend=backend)
+                                   dstate=inp.shape.dstate, backend=backend or inp.profile)
 
 
 def scan_inputs(inp: Inputs, state_dtype: torch.dtype, *, entering: bool, with_init: bool, seed: int = 1):
     """Teacher-forced chunk-scan inputs: reference CB/dt_out/dA_cumsum, random states and initial states."""
     H, P, N = inp.shape.nheads, inp.shape.headdim, inp.shape.dstate
     g = torch.Generator().manual_seed(seed)
-    states = torch.randn(inp.md.nchunks, H, P, N, generator=g).to(state_dtype).to(DEVICE)
-    init = torch.randn(inp.md.batch, H, P, N, generator=g).to(state_dtype).to(DEVICE) if with_init else None
+    states = torch.randn(inp.md.nchunks, H, P, N, generator=g).to(state_dtype).to(inp.device)
+    init = torch.randn(inp.md.batch, H, P, N, generator=g).to(state_dtype).to(inp.device) if with_init else None
     dA, dt_out = ref_cumsum(inp)
     CB = ref.bmm_chunk(inp.C, inp.B, inp.shape.chunk_size, inp.meta["cu_chunk_seqlens"])
     args = (CB, inp.x, dt_out, dA, inp.C, states, inp.meta["cu_chunk_seqlens"], inp.meta["seq_idx"])
@@ -384,7 +390,7 @@ def run_scan_pair(inp, io, args, kw):
     got = torch.full_like(inp.x, float("nan"))
     want = torch.full_like(inp.x, float("nan"))
     kscan.chunk_scan(*args, out=got, **kw)
-    ref.chunk_scan(*args, out=want, profile=PROFILE, **kw)
+    ref.chunk_scan(*args, out=want, profile=inp.profile, **kw)
     return got, want
 
 
@@ -398,7 +404,8 @@ def scan_cases():
     cases = []
     for i, (variant, io) in enumerate([(v, d) for v in SCAN_VARIANTS for d in IO_DTYPES]):
         shape, seqs = scen[i % len(scen)].values
-        cases.append(pytest.param(shape, seqs, variant, io, io, id=f"{shape_id(shape)}-{seqs}-{variant}-{dtype_id(io)}"))
+        cases.append(pytest.param(shape, seqs, variant, io, io,
+                                  id=f"{shape_id(shape)}-{seqs}-{variant}-{dtype_id(io)}"))
     mixed = [(torch.bfloat16, torch.float32), (torch.float16, torch.bfloat16), (torch.float32, torch.float16),
              (torch.bfloat16, torch.float16)]
     for i, (io, st) in enumerate(mixed):
@@ -409,8 +416,8 @@ def scan_cases():
 
 
 @pytest.mark.parametrize("shape,seqs,variant,io,state_dtype", scan_cases())
-def test_chunk_scan(shape, seqs, variant, io, state_dtype):
-    inp = make_inputs(shape, seqs, io)
+def test_chunk_scan(shape, seqs, variant, io, state_dtype, device):
+    inp = make_inputs(shape, seqs, io, device)
     args, kw = scan_inputs(inp, state_dtype, entering=variant.startswith("entering"), with_init="init-" in variant)
     if "Dhead" in variant:
         kw["D"] = inp.D_head
@@ -432,34 +439,34 @@ def _epilogue_only(inp: Inputs, D):
 
 
 @pytest.mark.parametrize("io", IO_DTYPES, ids=dtype_id)
-def test_chunk_scan_epilogue_exact(io):
+def test_chunk_scan_epilogue_exact(io, device):
     """D residual (FMA on CUDA, multiply then add under the interpreter), z gate (exp2 and div_rn) and the output
     cast: the same bits as the twin's profile, on both backends."""
-    inp = make_inputs(SHAPES[1], "two-partial-first", io)
+    inp = make_inputs(SHAPES[1], "two-partial-first", io, device)
     args, kw = _epilogue_only(inp, inp.D_channel)
     got, want = run_scan_pair(inp, io, args, kw)
     assert_bits_equal(got, want, what=f"chunk scan epilogue ({dtype_id(io)})")
 
 
-def test_exact_epilogue_catches_natural_sigmoid():
+def test_exact_epilogue_catches_natural_sigmoid(device):
     """Negative control: torch.sigmoid (natural exp) for the gate is not the kernel's arithmetic; fp32 io keeps the
     gate's last bits visible in the output."""
-    inp = make_inputs(SHAPES[1], "two-partial-first", torch.float32)
+    inp = make_inputs(SHAPES[1], "two-partial-first", torch.float32, device)
     args, kw = _epilogue_only(inp, inp.D_channel)
     got, _ = run_scan_pair(inp, torch.float32, args, kw)
     x, z, D = inp.x.to(F32), inp.z.to(F32), inp.D_channel.to(F32)
-    residual = arith.mul_add(x, D[None], torch.zeros_like(x), PROFILE)
+    residual = arith.mul_add(x, D[None], torch.zeros_like(x), inp.profile)
     with pytest.raises(Mismatch) as err:
         assert_bits_equal(got, residual * (z * torch.sigmoid(z)), what="epilogue vs natural sigmoid")
     print(f"natural sigmoid: {err.value.count} of {got.numel()} elements differ")
 
 
 @pytest.mark.parametrize("broken", ["skipped-decay", "wrong-group", "wrong-previous-state", "no-initial-state"])
-def test_chunk_scan_catches_broken_input(broken):
+def test_chunk_scan_catches_broken_input(broken, device):
     """Negative control: each broken input (or the wrong previous-state convention) is decisive under both
     backends' bounds (exact fp64 chunk scans of the correct and the bugged inputs) and leaves the bound here."""
     io = torch.bfloat16
-    inp = make_inputs(SHAPES[1], "two-partial-first", io)  # ngroups = nheads, 2 sequences, 3 chunks
+    inp = make_inputs(SHAPES[1], "two-partial-first", io, device)  # ngroups = nheads, 2 sequences, 3 chunks
     args, kw = scan_inputs(inp, torch.float32, entering=False, with_init=True)
     kw["z"] = inp.z
     bad_args, bad_kw = list(args), dict(kw)
@@ -474,11 +481,11 @@ def test_chunk_scan_catches_broken_input(broken):
     got = torch.full_like(inp.x, float("nan"))
     kscan.chunk_scan(*bad_args, out=got, **bad_kw)
     want = torch.full_like(inp.x, float("nan"))
-    ref.chunk_scan(*args, out=want, profile=PROFILE, **kw)
+    ref.chunk_scan(*args, out=want, profile=inp.profile, **kw)
     want_bug = torch.full_like(inp.x, float("nan"))
-    ref.chunk_scan(*bad_args, out=want_bug, profile=PROFILE, **bad_kw)
-    exact = ref.chunk_scan_magnitude(*args, **kw, profile=PROFILE, absolute=False)
-    exact_bug = ref.chunk_scan_magnitude(*bad_args, **bad_kw, profile=PROFILE, absolute=False)
+    ref.chunk_scan(*bad_args, out=want_bug, profile=inp.profile, **bad_kw)
+    exact = ref.chunk_scan_magnitude(*args, **kw, profile=inp.profile, absolute=False)
+    exact_bug = ref.chunk_scan_magnitude(*bad_args, **bad_kw, profile=inp.profile, absolute=False)
     margins = {}
     for b in bounds.BACKENDS:
         bound = chunk_scan_bound(inp, io, args, kw, want, backend=b)
@@ -490,10 +497,10 @@ def test_chunk_scan_catches_broken_input(broken):
         assert_within_bound(got, want, chunk_scan_bound(inp, io, args, kw, want), what="chunk scan out")
 
 
-def test_chunk_scan_leaves_other_tokens_untouched():
+def test_chunk_scan_leaves_other_tokens_untouched(device):
     """Only the rows of real tokens are stored: a sentinel-filled `out` keeps no NaN once every token is written,
     and a launch over a prefix of the chunks leaves the later tokens' sentinel bits as they were."""
-    inp = make_inputs(SHAPES[0], "three-mixed", torch.float16)
+    inp = make_inputs(SHAPES[0], "three-mixed", torch.float16, device)
     args, kw = scan_inputs(inp, torch.float16, entering=False, with_init=True)
     got = torch.full_like(inp.x, float("nan"))
     kscan.chunk_scan(*args, out=got, **kw)
@@ -522,22 +529,23 @@ STAGE_KERNELS = {"chunk_state": kstate, "bmm_chunk": kbmm, "chunk_scan": kscan}
 
 
 def _config_params():
-    return [pytest.param(name, i, id=f"{name}-{i}") for name, mod in STAGE_KERNELS.items() for i in range(len(mod.CONFIGS))]
+    return [pytest.param(name, i, id=f"{name}-{i}")
+            for name, mod in STAGE_KERNELS.items() for i in range(len(mod.CONFIGS))]
 
 
 @pytest.mark.parametrize("stage,index", _config_params())
-def test_every_config_within_bound(stage, index):
+def test_every_config_within_bound(stage, index, device):
     """Each config of each autotuned stage, forced in turn, stays within the stage's bound (bf16, partial chunks)."""
     mod = STAGE_KERNELS[stage]
     kernel = getattr(mod, f"{stage}_kernel")
     io = torch.bfloat16
-    inp = make_inputs(SHAPES[1], "two-partial-first", io)
+    inp = make_inputs(SHAPES[1], "two-partial-first", io, device)
     cu = inp.meta["cu_chunk_seqlens"]
     with forced_config(kernel, mod.CONFIGS[index]):
         if stage == "chunk_state":
             dA, dt_out = ref_cumsum(inp)
             got = kstate.chunk_state(inp.B, inp.x, dt_out, dA, cu)
-            want = ref.chunk_state(inp.B, inp.x, dt_out, dA, cu, profile=PROFILE)
+            want = ref.chunk_state(inp.B, inp.x, dt_out, dA, cu, profile=inp.profile)
             bound = chunk_state_bound(inp, io, dt_out, dA)
         elif stage == "bmm_chunk":
             got = kbmm.bmm_chunk(inp.C, inp.B, inp.shape.chunk_size, cu)

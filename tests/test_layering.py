@@ -1,10 +1,11 @@
 """The layers point one way, and no module imports itself back.
 
-``kernels`` (the Triton kernels, liftable into an engine) and ``reference`` (the independent oracle) import nothing
-of each other or of ``harness``; ``harness`` sits on both; ``ssd_pytest`` (the pytest machinery) sits on ``harness``,
-which must not import it; ``peers`` (adapters for other engines' kernels) and the rest never import each other. The import graph is read from the source with ``ast``: every ``import`` statement counts,
-those inside functions too (a deferred import still ties the layers together), and relative imports are resolved.
-An import cycle among the repository's modules fails as well, with the cycle spelled out.
+``kernels`` (the Triton kernels, liftable into an engine) and ``reference`` (the independent oracle) import nothing of
+each other or of ``harness``; ``harness`` sits on both; ``ssd_pytest`` (the pytest machinery) sits on ``harness``, which
+must not import it; ``peers`` (adapters for other engines' kernels) and the rest never import each other. The import
+graph is read from the source with ``ast``: every ``import`` statement counts, those inside functions too (a deferred
+import still ties the layers together), and relative imports are resolved. An import cycle among the repository's
+modules fails as well, with the cycle spelled out.
 
 The checker runs on the repository and, to show that it can fail, on small synthetic trees with one forbidden import
 or one cycle each.
@@ -17,6 +18,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -174,7 +176,7 @@ def import_cycles(edges: list[Edge]) -> list[str]:
             v = previous[v]
         path.append(start)
         path.reverse()
-        hops = [graph[a][b] for a, b in zip(path, path[1:])]
+        hops = [graph[a][b] for a, b in pairwise(path)]
         cycles.append(" -> ".join(path) + "  (" + ", ".join(h.where() for h in hops) + ")")
     return cycles
 
@@ -254,8 +256,8 @@ def test_a_clean_synthetic_tree_passes(tmp_path):
     edges = import_edges(_tree(tmp_path, CLEAN))
     assert layer_violations(edges) == [] and import_cycles(edges) == []
     assert {(e.importer, e.imported) for e in edges} == {
-        ("kernels.ops", "kernels.util"), ("kernels.sub", "kernels.util"), ("reference", "reference.oracle"), ("harness.checks", "kernels.ops"),
-        ("harness.checks", "reference.oracle"), ("ssd_pytest", "harness.checks")}
+        ("kernels.ops", "kernels.util"), ("kernels.sub", "kernels.util"), ("reference", "reference.oracle"),
+        ("harness.checks", "kernels.ops"), ("harness.checks", "reference.oracle"), ("ssd_pytest", "harness.checks")}
 
 
 def test_forbidden_imports_are_reported_even_inside_functions(tmp_path):

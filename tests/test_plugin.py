@@ -8,8 +8,9 @@ import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
-from types import SimpleNamespace
+from itertools import pairwise
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -21,8 +22,6 @@ from ssd_pytest.items import is_case_file
 from tests import broken_providers as bp
 
 pytest_plugins = ["pytester"]
-# The session's device: inner runs use it too (the interpreter cannot run where numpy >= 2.4, as on the GPU runner).
-DEVICE = backend.current_device()
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -41,78 +40,81 @@ def tiny(pytester) -> Path:
     return pytester.makefile(".yaml", tiny=bp.TINY_CASES)
 
 
-def run_inner(pytester, *args):
-    """An in-process pytest session with the plugin, on the interpreter."""
-    return pytester.runpytest_inprocess("-p", "ssd_pytest.plugin", "--device", DEVICE, "-p", "no:cacheprovider",
+def run_inner(pytester, device, *args):
+    """An in-process pytest session with the plugin, on the session's device (the interpreter cannot run where
+    numpy >= 2.4, as on the GPU runner)."""
+    return pytester.runpytest_inprocess("-p", "ssd_pytest.plugin", "--device", device, "-p", "no:cacheprovider",
                                         "-rsx", *args)
 
 
 @pytest.mark.parametrize("provider_name", sorted(bp.CAUGHT_BY))
-def test_pytest_items_catch_each_broken_provider(pytester, tiny, provider_name):
+def test_pytest_items_catch_each_broken_provider(pytester, tiny, provider_name, device):
     check, case_id = bp.CAUGHT_BY[provider_name]
-    result = run_inner(pytester, str(tiny), "--provider", f"tests.broken_providers:{provider_name}",
+    result = run_inner(pytester, device, str(tiny), "--provider", f"tests.broken_providers:{provider_name}",
                        "-k", f"{case_id} and {check}")
     assert result.ret == 1
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         f"*{case_id}::{check}*",
         f"repro: python -m harness repro {tiny} --check {check} --case {case_id} "
-        f"--provider tests.broken_providers:{provider_name} --device {DEVICE}",
+        f"--provider tests.broken_providers:{provider_name} --device {device}",
     ])
 
 
-def test_items_are_file_case_check_and_unsupported_paths_skip_with_reason(pytester, tiny):
-    result = run_inner(pytester, str(tiny), "--provider", "reference:provider", "-k", "tiny-direct and indexed")
+def test_items_are_file_case_check_and_unsupported_paths_skip_with_reason(pytester, tiny, device):
+    result = run_inner(pytester, device, str(tiny), "--provider", "reference:provider", "-k", "tiny-direct and indexed")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*unsupported: provider 'reference' lacks the indexed path*"])
-    collected = run_inner(pytester, str(tiny), "--collect-only", "-q")
-    collected.stdout.fnmatch_lines(["tiny.yaml::tiny-direct::indexed_vs_snapshot", "tiny.yaml::tiny-batch::masked_state"])
+    collected = run_inner(pytester, device, str(tiny), "--collect-only", "-q")
+    collected.stdout.fnmatch_lines(["tiny.yaml::tiny-direct::indexed_vs_snapshot",
+                                    "tiny.yaml::tiny-batch::masked_state"])
 
 
-def test_malformed_yaml_is_a_collection_error_naming_file_key_expected_found(pytester):
+def test_malformed_yaml_is_a_collection_error_naming_file_key_expected_found(pytester, device):
     bad = pytester.makefile(".yaml", bad=bp.TINY_CASES.replace("chunk_size: 16}", "chunk_size: 24}", 1))
-    result = run_inner(pytester, str(bad))
+    result = run_inner(pytester, device, str(bad))
     assert result.ret == pytest.ExitCode.TESTS_FAILED  # a collection error; the other files would still run
     assert f"{bad}: cases[0].shape.chunk_size: expected a power of two >= 16, found 24" in result.stdout.lines
     assert "Traceback" not in result.stdout.str()
 
 
-def test_duplicate_ids_across_files_name_both_files(pytester):
+def test_duplicate_ids_across_files_name_both_files(pytester, device):
     first = pytester.makefile(".yaml", first=bp.TINY_CASES)
     second = pytester.makefile(".yaml", second=bp.TINY_CASES)
-    result = run_inner(pytester, str(first), str(second), "--collect-only")
+    result = run_inner(pytester, device, str(first), str(second), "--collect-only")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.stdout.fnmatch_lines([f"{second}: id: expected an id unique across files, found 'tiny-direct' also in {first}"])
+    result.stdout.fnmatch_lines(
+        [f"{second}: id: expected an id unique across files, found 'tiny-direct' also in {first}"])
 
 
-def test_case_too_large_for_the_interpreter_is_skipped_with_reason(pytester):
+def test_case_too_large_for_the_interpreter_is_skipped_with_reason(pytester, device):
     big = bp.TINY_CASES.replace("call: {final_state: direct, path: auto}\n  - id: tiny-batch",
                                 "call: {final_state: direct, path: auto}\n    tiers: {cpu: false}\n  - id: tiny-batch")
     path = pytester.makefile(".yaml", big=big)
-    result = run_inner(pytester, str(path), "-k", "tiny-direct and determinism")
-    if DEVICE == "cpu":
+    result = run_inner(pytester, device, str(path), "-k", "tiny-direct and determinism")
+    if device == "cpu":
         result.assert_outcomes(skipped=1)
         result.stdout.fnmatch_lines(["*too large for the CPU interpreter tier*"])
     else:  # the CPU tier flag must not take the case from the GPU tier
         result.assert_outcomes(passed=1)
 
 
-def test_xfail_is_honoured_and_stale_xfail_fails_strictly(pytester):
+def test_xfail_is_honoured_and_stale_xfail_fails_strictly(pytester, device):
     xfail = bp.TINY_CASES.replace("    call: {final_state: direct, path: auto}\n  - id: tiny-batch",
                                   "    call: {final_state: direct, path: auto}\n"
                                   "    expect: {xfail: 'issue 7: final slot written one off'}\n  - id: tiny-batch")
     path = pytester.makefile(".yaml", xf=xfail)
-    caught = run_inner(pytester, str(path), "--provider", "tests.broken_providers:wrong_slot",
+    caught = run_inner(pytester, device, str(path), "--provider", "tests.broken_providers:wrong_slot",
                        "-k", "tiny-direct and untouched")
     caught.assert_outcomes(xfailed=1)
-    stale = run_inner(pytester, str(path), "-k", "tiny-direct and determinism")
+    stale = run_inner(pytester, device, str(path), "-k", "tiny-direct and determinism")
     stale.assert_outcomes(failed=1)
     stale.stdout.fnmatch_lines(["*XPASS(strict): determinism passed but the case expects a failure*"])
 
 
-def test_shards_cover_every_item_once(pytester, tiny):
+def test_shards_cover_every_item_once(pytester, tiny, device):
     def ids(*extra):
-        out = run_inner(pytester, str(tiny), "--collect-only", "-q", *extra).stdout.lines
+        out = run_inner(pytester, device, str(tiny), "--collect-only", "-q", *extra).stdout.lines
         return {line for line in out if "::" in line}
 
     everything = ids()
@@ -124,7 +126,7 @@ def test_shards_cover_every_item_once(pytester, tiny):
     Report([ItemRecord(i, "passed", duration=100.0 if i == slow else 0.1) for i in everything]).write(earlier)
     measured = [ids("--shard", f"{k}/2", "--durations-from", str(earlier)) for k in (1, 2)]
     assert {slow} in measured and measured[0] | measured[1] == everything, measured
-    bad = run_inner(pytester, str(tiny), "--collect-only", "--shard", "1/2", "--durations-from",
+    bad = run_inner(pytester, device, str(tiny), "--collect-only", "--shard", "1/2", "--durations-from",
                     str(pytester.path / "none.json"))
     assert bad.ret != 0 and "--durations-from" in "\n".join(bad.errlines) and "none.json" in "\n".join(bad.errlines)
 
@@ -212,7 +214,7 @@ def test_auto_workers_on_cpu_is_one_per_core(pytestconfig, monkeypatch):
     assert plugin.pytest_xdist_auto_num_workers(Config()) == len(os.sched_getaffinity(0))
 
 
-def test_only_an_xdist_controller_that_starts_workers_skips_the_device_set_up(pytester):
+def test_only_an_xdist_controller_that_starts_workers_skips_the_device_set_up(pytester, device):
     """The controller does not configure the device (it runs no kernels); any process that collects does, including
     ``--collect-only -n 2``, where xdist starts no workers and this process collects by itself."""
 
@@ -229,7 +231,7 @@ def test_only_an_xdist_controller_that_starts_workers_skips_the_device_set_up(py
     assert workers.is_xdist_controller(Config())
     for not_controller in (Config(collectonly=True), Config(dist="no", tx=()), Config(worker=True)):
         assert not workers.is_xdist_controller(not_controller)
-    # At collection time the kernels' backend is set, or a module reading it (tests do: DEVICE) gets the wrong one.
+    # At collection time the kernels' backend is set, or a test module importing kernels gets the wrong one.
     pytester.makepyfile(test_backend_set="""
         import os
         WANTED = {"cpu": "1", "cuda": "0"}[os.environ["SSD_TEST_DEVICE"]]
@@ -237,9 +239,9 @@ def test_only_an_xdist_controller_that_starts_workers_skips_the_device_set_up(py
         def test_x():
             pass
     """)
-    env = {**os.environ, "SSD_TEST_DEVICE": DEVICE, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "SSD_TEST_DEVICE": device, "PYTHONPATH": str(ROOT)}
     env.pop("TRITON_INTERPRET", None)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "ssd_pytest.plugin", "--device", DEVICE, "-n", "2",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "ssd_pytest.plugin", "--device", device, "-n", "2",
                            "--collect-only", "-q", "-p", "no:cacheprovider", str(pytester.path)],
                           cwd=pytester.path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "1 test collected" in proc.stdout, proc.stdout + proc.stderr
@@ -314,7 +316,7 @@ def test_report_merge_and_summary_group_failures():
     text = "\n".join(summary_lines(merged.items))
     assert "failures by check:\n  determinism                 2  c1, c2" in text
     assert "failures by case family:" in text and "single" in text and "multi" in text
-    # A failing test that is not a case item is not hidden behind "no failures" (GPU run 9 printed that).
+    # A failing test that is not a case item is not hidden behind "no failures".
     other = ItemRecord("tests/test_cli.py::test_x", "failed")
     text = "\n".join(summary_lines([ItemRecord("f::c2::determinism", "passed", case_id="c2", check="determinism"),
                                      other]))
@@ -372,7 +374,7 @@ def test_autotuning_budget_is_shortened_only_when_asked_and_parsed_strictly(monk
 
 
 def test_one_xdist_run_merges_reports_keeps_units_together_and_starts_the_costliest_first(tmp_path):
-    """One ``-n 2`` run (three fresh processes are the expensive part, 15-25 s on a busy GPU host) shows:
+    """One ``-n 2`` run (three fresh processes, each importing torch, are the expensive part) shows:
     - junit properties on case items and one merged JSON report over both workers;
     - work units: a case's checks on one worker; a module marked ``xdist_group`` on one worker, the rest spread
       over both;
@@ -393,7 +395,8 @@ def test_one_xdist_run_merges_reports_keeps_units_together_and_starts_the_costli
     earlier = tmp_path / "earlier.json"
     Report([ItemRecord(f"test_free.py::test_f{i}", "passed", duration=60.0 if i == 5 else 0.01) for i in range(6)]
            ).write(earlier)
-    # The controller imports no torch before it starts the workers (backend.gpus_for_workers: 2 s on the GPU host).
+    # The controller imports no torch before it starts the workers (backend.gpus_for_workers: importing torch would
+    # delay every worker's start).
     (tmp_path / "conftest.py").write_text(
         "import os, sys\n"
         "def pytest_xdist_setupnodes(config, specs):\n"
@@ -404,14 +407,16 @@ def test_one_xdist_run_merges_reports_keeps_units_together_and_starts_the_costli
         "        from harness.compile_claims import ClaimBoard\n"
         "        ClaimBoard.from_env().try_claim(os.environ['PYTEST_XDIST_WORKER'])\n"
         "        import atexit  # runs only if the worker leaves through the interpreter's shutdown\n"
-        f"        atexit.register(lambda: open({str(tmp_path)!r} + '/atexit-' + os.environ['PYTEST_XDIST_WORKER'], 'w'))\n")
+        f"        atexit.register(lambda: open({str(tmp_path)!r} + '/atexit-' + os.environ['PYTEST_XDIST_WORKER'],"
+        " 'w'))\n")
     junit, report = tmp_path / "junit.xml", tmp_path / "report.json"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "ssd_pytest.plugin", str(tmp_path), "--device", "cpu", "-n", "2",
          # Hypothesis's plugin imports hypothesis in each worker's terminal summary, after xdist's workerfinished:
          # on a busy host that outlasts execnet's 5 s grace before it interrupts the worker, whose early exit
          # (the last cleanup) then never runs.
-         "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-k", "determinism or reference_bound or test_g or test_f",
+         "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
+         "-k", "determinism or reference_bound or test_g or test_f",
          "--junitxml", str(junit), "--ssd-report", str(report), "--provider", "reference:provider",
          "--durations-from", str(earlier)],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300,
@@ -433,7 +438,7 @@ def test_one_xdist_run_merges_reports_keeps_units_together_and_starts_the_costli
     # When each item began (the report is sorted by node id): a worker's items do not overlap in time.
     for worker in ("gw0", "gw1"):
         spans = sorted((i["start"], i["start"] + i["duration"]) for i in items if i["worker"] == worker)
-        assert spans and all(end <= next_start + 1e-3 for (_, end), (next_start, _) in zip(spans, spans[1:])), spans
+        assert spans and all(end <= next_start + 1e-3 for (_, end), (next_start, _) in pairwise(spans)), spans
     workers_of_case: dict[str, set] = {}
     for i in case_items:
         workers_of_case.setdefault(i["case_id"], set()).add(i["worker"])
@@ -472,7 +477,7 @@ def test_one_xdist_run_merges_reports_keeps_units_together_and_starts_the_costli
     assert times.returncode == 0 and "workers collected" in times.stdout, times.stdout + times.stderr
 
 
-def test_item_durations_include_fixture_setup(pytester):
+def test_item_durations_include_fixture_setup(pytester, device):
     """A slow module fixture is charged to the first item that sets it up, so `harness times` shows where it went."""
     pytester.makepyfile(test_slow_fixture="""
 import time, pytest
@@ -488,7 +493,7 @@ def test_second(slow):
     pass
 """)
     report = pytester.path / "r.json"
-    result = run_inner(pytester, "--ssd-report", str(report))
+    result = run_inner(pytester, device, "--ssd-report", str(report))
     result.assert_outcomes(passed=2)
     durations = {i["nodeid"].rsplit("::", 1)[1]: i["duration"] for i in json.loads(report.read_text())["items"]}
     assert durations["test_first"] >= 0.5 > durations["test_second"], durations

@@ -2,33 +2,23 @@
 
 from __future__ import annotations
 
-from harness.backend import configure
+import pytest
+import torch
+import triton
+import triton.language as tl
 
-DEVICE = configure()  # before any @triton.jit below
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-from harness.guards import recompile  # noqa: E402
-from harness.guards.recompile import (  # noqa: E402,F401
-    RecompileError,
-    cold_in_memory_cache,
-    compile_events,
-    guard_no_recompile,
-    no_recompile,
-)
-from harness.guards.specialization import (  # noqa: E402
+from harness.guards import recompile
+from harness.guards.recompile import RecompileError, cold_in_memory_cache, compile_events, guard_no_recompile
+from harness.guards.specialization import (
     MissingSpecialization,
     assert_keys_warmed,
     expect_warmed,
     specialization_key,
 )
-from kernels.warmup import UnalignedPointer, pointer  # noqa: E402
+from kernels.warmup import UnalignedPointer, pointer
 
-GPU_ONLY = pytest.mark.skipif(DEVICE != "cuda", reason="real compiles only happen on the GPU; the CPU tier "
-                              "checks specialization keys instead (tests below)")
+GPU_ONLY = pytest.mark.gpu(reason="real compiles only happen on the GPU; the CPU tier checks specialization keys "
+                           "instead (the other tests of this file)")
 
 
 @triton.jit
@@ -41,44 +31,45 @@ def _copy_scalar_unspecialized(src_ptr, dst_ptr, stride):
     tl.store(dst_ptr, tl.load(src_ptr + stride))
 
 
-def _key(kernel, src, stride):
-    return specialization_key(kernel, (src, torch.empty(1, device=DEVICE), stride))
+def _key(kernel, src, stride, device):
+    return specialization_key(kernel, (src, torch.empty(1, device=device), stride))
 
 
-def test_alignment_stride_and_dtype_each_change_the_key():
-    table = torch.zeros(8, 5, dtype=torch.int32, device=DEVICE)
-    base = _key(_copy_scalar, table[:, 4], 1)  # column 4: 16 bytes in, aligned
-    assert base.key != _key(_copy_scalar, table[:, 1], 1).key  # 4 bytes in: unaligned
-    assert base.key != _key(_copy_scalar, table[:, 4], 5).key  # stride 1 is a constexpr, 5 is not
-    assert _key(_copy_scalar, table[:, 4], 5).key != _key(_copy_scalar, table[:, 4], 32).key  # other vs 16k
-    assert base.key != _key(_copy_scalar, table[:, 4].long(), 1).key
-    readable = dict(_key(_copy_scalar, table[:, 1], 5).params)
+def test_alignment_stride_and_dtype_each_change_the_key(device):
+    table = torch.zeros(8, 5, dtype=torch.int32, device=device)
+    base = _key(_copy_scalar, table[:, 4], 1, device)  # column 4: 16 bytes in, aligned
+    assert base.key != _key(_copy_scalar, table[:, 1], 1, device).key  # 4 bytes in: unaligned
+    assert base.key != _key(_copy_scalar, table[:, 4], 5, device).key  # stride 1 is a constexpr, 5 is not
+    other, multiple_of_16 = (_key(_copy_scalar, table[:, 4], stride, device).key for stride in (5, 32))
+    assert other != multiple_of_16
+    assert base.key != _key(_copy_scalar, table[:, 4].long(), 1, device).key
+    readable = dict(_key(_copy_scalar, table[:, 1], 5, device).params)
     assert readable["src_ptr"] == "*i32 unaligned" and readable["stride"] == "i32 other", readable
 
 
-def test_stand_ins_match_real_tensors():
-    table = torch.zeros(8, 5, dtype=torch.int64, device=DEVICE)
-    assert _key(_copy_scalar, table[:, 0], 1).key == _key(_copy_scalar, pointer(torch.int64), 1).key
-    assert _key(_copy_scalar, table[:, 1], 1).key == _key(_copy_scalar, UnalignedPointer(torch.int64), 1).key
+def test_stand_ins_match_real_tensors(device):
+    table = torch.zeros(8, 5, dtype=torch.int64, device=device)
+    for column, stand_in in ((0, pointer(torch.int64)), (1, UnalignedPointer(torch.int64))):
+        assert _key(_copy_scalar, table[:, column], 1, device).key == _key(_copy_scalar, stand_in, 1, device).key
 
 
-def test_do_not_specialize_collapses_scalar_only_classes():
+def test_do_not_specialize_collapses_scalar_only_classes(device):
     """The mechanism behind each kernel's SCALAR_ONLY decision (e.g. kernels.gather): one binary for all classes."""
-    table = torch.zeros(8, 5, dtype=torch.int32, device=DEVICE)
-    keys = {_key(_copy_scalar_unspecialized, table[:, j], s).key for j in range(5) for s in (1, 5, 32)}
+    table = torch.zeros(8, 5, dtype=torch.int32, device=device)
+    keys = {_key(_copy_scalar_unspecialized, table[:, j], s, device).key for j in range(5) for s in (1, 5, 32)}
     assert len(keys) == 1, keys
-    assert len({_key(_copy_scalar, table[:, j], s).key for j in range(5) for s in (1, 5, 32)}) == 6
+    assert len({_key(_copy_scalar, table[:, j], s, device).key for j in range(5) for s in (1, 5, 32)}) == 6
 
 
 def _copy(src, dst, stride):
     _copy_scalar[(1,)](src, dst, stride)
 
 
-def test_guard_passes_on_warmed_key_and_fires_on_missing_one():
-    table = torch.arange(40, dtype=torch.float32, device=DEVICE).reshape(8, 5)
-    dst = torch.zeros(1, device=DEVICE)
-    warmed = [_key(_copy_scalar, pointer(torch.float32), 1)]
-    if DEVICE == "cuda":  # the guard's compile witnesses need the binary compiled for real
+def test_guard_passes_on_warmed_key_and_fires_on_missing_one(device):
+    table = torch.arange(40, dtype=torch.float32, device=device).reshape(8, 5)
+    dst = torch.zeros(1, device=device)
+    warmed = [_key(_copy_scalar, pointer(torch.float32), 1, device)]
+    if device == "cuda":  # the guard's compile witnesses need the binary compiled for real
         _copy_scalar.warmup(torch.float32, torch.float32, 1, grid=(1,))
     with guard_no_recompile([_copy_scalar], warmed=warmed):
         _copy(table[:, 4], dst, 1)
@@ -97,22 +88,21 @@ def test_guard_fires_when_nothing_was_launched():
             pass
 
 
+@pytest.mark.interpreter(reason="on the GPU the compile witnesses work without warmed keys")
 def test_interpreter_guard_requires_warmed_keys():
-    if DEVICE == "cuda":
-        pytest.skip("on the GPU the compile witnesses work without warmed keys")
     with pytest.raises(ValueError, match="pass the warmed keys"):
         with guard_no_recompile([_copy_scalar]):
             pass
 
 
-def test_expect_warmed_and_assert_keys_warmed_report_missing():
-    key = _key(_copy_scalar, pointer(torch.float32), 16)
+def test_expect_warmed_and_assert_keys_warmed_report_missing(device):
+    key = _key(_copy_scalar, pointer(torch.float32), 16, device)
     with pytest.raises(MissingSpecialization, match="no specialization of this kernel was warmed"):
         assert_keys_warmed([key], [])
     assert_keys_warmed([key], [key])
     with pytest.raises(MissingSpecialization):
         with expect_warmed([_copy_scalar], [key]):
-            _copy(torch.zeros(4, device=DEVICE), torch.zeros(1, device=DEVICE), 2)
+            _copy(torch.zeros(4, device=device), torch.zeros(1, device=device), 2)
 
 
 def test_compile_hook_records_and_never_decides(monkeypatch):
@@ -168,15 +158,15 @@ def _copy_scalar_probe(src_ptr, dst_ptr, stride):
 
 
 @GPU_ONLY
-def test_gpu_key_matches_tritons_cache_and_compile_is_caught(no_recompile):
+def test_gpu_key_matches_tritons_cache_and_compile_is_caught(device):
     # A cold in-memory cache whatever ran before in this process (an earlier test, or a rerun, may have compiled
     # this very class).
     with cold_in_memory_cache(_copy_scalar_probe):
-        src = torch.arange(16, dtype=torch.float32, device=DEVICE)
-        dst = torch.zeros(1, device=DEVICE)
+        src = torch.arange(16, dtype=torch.float32, device=device)
+        dst = torch.zeros(1, device=device)
         predicted = specialization_key(_copy_scalar_probe, (src[1:], dst, 7))  # unaligned, other
         with pytest.raises(RecompileError) as err:
-            with no_recompile([_copy_scalar_probe]):
+            with guard_no_recompile([_copy_scalar_probe]):
                 _copy_scalar_probe[(1,)](src[1:], dst, 7)
         assert dst.item() == 8.0  # the hook did not skip the launch
         new = recompile.kernel_cache_keys(_copy_scalar_probe)
@@ -184,21 +174,21 @@ def test_gpu_key_matches_tritons_cache_and_compile_is_caught(no_recompile):
         text = str(err.value)
         assert "compile hook" in text and "kernel cache" in text and "(warmup)" not in text, text
         # the same class again: compiled now, so the guard passes (it does not fire on every call)
-        with no_recompile([_copy_scalar_probe]):
+        with guard_no_recompile([_copy_scalar_probe]):
             _copy_scalar_probe[(1,)](src[3:], dst, 9)
         assert dst.item() == 12.0
 
 
 @GPU_ONLY
-def test_gpu_warmup_compiles_what_a_real_call_then_finds():
+def test_gpu_warmup_compiles_what_a_real_call_then_finds(device):
     """A compile-only warmup with stand-ins is seen by the hook as a warmup (is_manual_warmup) and fills the very
     cache entry a real call with real tensors looks up: the real call compiles nothing."""
     with cold_in_memory_cache(_copy_scalar_probe):
         with compile_events() as events:
             _copy_scalar_probe.warmup(torch.float32, torch.float32, 16, grid=(1,))
         assert [e.is_warmup for e in events] == [True], events
-        src = torch.arange(64, dtype=torch.float32, device=DEVICE)
-        dst = torch.zeros(1, device=DEVICE)
+        src = torch.arange(64, dtype=torch.float32, device=device)
+        dst = torch.zeros(1, device=device)
         with guard_no_recompile([_copy_scalar_probe], warmed=[specialization_key(_copy_scalar_probe,
                                                                                   (torch.float32, torch.float32, 16))]):
             _copy_scalar_probe[(1,)](src, dst, 32)

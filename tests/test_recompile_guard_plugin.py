@@ -1,19 +1,15 @@
 """--recompile-guard in the pytest plugin: before a case's first item, one warmup of its model request; then any case
-item that needs a specialization the warmup did not produce fails (CPU: by specialization key; GPU: by the compile hook)."""
+item that needs a specialization the warmup did not produce fails (CPU: by specialization key; GPU: by the compile
+hook)."""
 
 from __future__ import annotations
-
 
 import pytest
 import yaml
 
-from harness.backend import current_device
-
 from tests import broken_providers as bp
 
 pytest_plugins = ["pytester"]
-# The session's device: inner runs use it too (the interpreter cannot run where numpy >= 2.4, as on the GPU runner).
-DEVICE = current_device()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -24,14 +20,15 @@ def _kernels_imported_outside():
     load_provider("kernels:provider")
 
 
-def run_guarded(pytester, *args, select="tiny-direct"):
+def run_guarded(pytester, device, *args, select="tiny-direct"):
+    """The inner run on the session's device (the interpreter cannot run where numpy >= 2.4, as on the GPU runner)."""
     tiny = pytester.makefile(".yaml", tiny=bp.TINY_CASES)
-    return pytester.runpytest_inprocess("-p", "ssd_pytest.plugin", "--device", DEVICE, "-p", "no:cacheprovider",
+    return pytester.runpytest_inprocess("-p", "ssd_pytest.plugin", "--device", device, "-p", "no:cacheprovider",
                                         "-s", "--recompile-guard", str(tiny), "-k", select, *args)
 
 
-def test_warmed_suite_passes_under_the_guard(pytester):
-    result = run_guarded(pytester, "--provider", "kernels:provider")
+def test_warmed_suite_passes_under_the_guard(pytester, device):
+    result = run_guarded(pytester, device, "--provider", "kernels:provider")
     result.stdout.fnmatch_lines(["*warmup: * specializations*"])
     outcomes = result.parseoutcomes()
     assert result.ret == 0 and outcomes.get("passed", 0) >= 5, result.stdout.str()[-3000:]
@@ -49,7 +46,7 @@ def cases_with_twin() -> str:
     return yaml.safe_dump(doc, sort_keys=False)
 
 
-def test_each_model_request_is_warmed_once_before_its_first_item(pytester, tmp_path):
+def test_each_model_request_is_warmed_once_before_its_first_item(pytester, tmp_path, device):
     """Lazy warmups: one per distinct model request of the selected cases (cases sharing shape, dtypes and options
     share it), none for cases not run, each printed before the item that needed it."""
     from harness.cases.loader import load_case_file
@@ -62,19 +59,19 @@ def test_each_model_request_is_warmed_once_before_its_first_item(pytester, tmp_p
     distinct = {repr(requests_from_cases([c])) for c in cases}
     assert len(distinct) == len(cases) - 1  # the twin shares tiny-direct's request
     tiny = pytester.makefile(".yaml", tiny=text)
-    result = pytester.runpytest_inprocess("-p", "ssd_pytest.plugin", "--device", DEVICE, "-p", "no:cacheprovider",
+    result = pytester.runpytest_inprocess("-p", "ssd_pytest.plugin", "--device", device, "-p", "no:cacheprovider",
                                           "-s", "--recompile-guard", str(tiny), "-k", "determinism")
     warmups = [line for line in result.outlines if "warmup:" in line and "specializations" in line]
     assert result.ret == 0, result.stdout.str()[-3000:]
     assert len(warmups) == len(distinct), (warmups, distinct)
-    just_one = run_guarded(pytester, "--provider", "kernels:provider", select="tiny-direct and determinism")
+    just_one = run_guarded(pytester, device, "--provider", "kernels:provider", select="tiny-direct and determinism")
     assert len([line for line in just_one.outlines if "warmup:" in line]) == 1
 
 
-@pytest.mark.skipif(DEVICE != "cpu", reason="on the GPU the guard's witness is a compile, and kernels this worker "
-                    "already compiled for earlier tests do not compile again; the GPU negative control is the cold-cache "
-                    "probe in tests/test_recompile_guard.py")
-def test_narrower_warmup_makes_the_guard_fire(pytester, monkeypatch):
+@pytest.mark.interpreter(reason="on the GPU the guard's witness is a compile, and kernels this worker already "
+                         "compiled for earlier tests do not compile again; the GPU negative control is the cold-cache "
+                         "probe in tests/test_recompile_guard.py")
+def test_narrower_warmup_makes_the_guard_fire(pytester, monkeypatch, device):
     """Negative control: a warmup without the case's per-head D leaves chunk scan's D class unwarmed."""
     from harness import warmup
 
@@ -85,14 +82,15 @@ def test_narrower_warmup_makes_the_guard_fire(pytester, monkeypatch):
 
     monkeypatch.setattr(warmup, "requests_from_cases", without_d)
     # in this process: the monkeypatch does not reach a supervised child
-    result = run_guarded(pytester, "--provider", "kernels:provider", "--isolation", "none", "-k", "determinism")
+    result = run_guarded(pytester, device, "--provider", "kernels:provider", "--isolation", "none", "-k", "determinism")
     assert result.ret == 1
     result.stdout.fnmatch_lines(["*recompile guard (after warmup:*", "*_chunk_scan_kernel*"])
 
 
-def test_a_check_that_does_not_run_is_skipped_not_judged_by_the_guard(pytester):
+def test_a_check_that_does_not_run_is_skipped_not_judged_by_the_guard(pytester, device):
     """An unsupported (or tier-skipped) item launches nothing; the guard's 'no launch happened' sanity check must not
-    turn its skip into a failure (it did for every CPU-skipped corpus item under --recompile-guard)."""
-    result = run_guarded(pytester, "--provider", "reference:provider", select="tiny-direct and indexed")
+    turn its skip into a failure."""
+    result = run_guarded(pytester, device, "--provider", "reference:provider", select="tiny-direct and indexed")
     outcomes = result.parseoutcomes()
-    assert result.ret == 0 and outcomes.get("skipped", 0) >= 1 and not outcomes.get("failed"), result.stdout.str()[-3000:]
+    assert result.ret == 0 and outcomes.get("skipped", 0) >= 1 and not outcomes.get("failed"), (
+        result.stdout.str()[-3000:])

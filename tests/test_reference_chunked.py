@@ -27,7 +27,7 @@ def run_chunked(inp: SsdInputs, state_dtype, *, mode="returned", has_state=True,
                 profile=PROFILE):
     """Chunked reference through ``chunked_ssd`` with a NaN-filled padded cache holding the initial states."""
     m = inp.meta.tensors()
-    batch, (T, H, P), N = inp.meta.batch, inp.x.shape, inp.B.shape[-1]
+    batch, (_, H, P), N = inp.meta.batch, inp.x.shape, inp.B.shape[-1]
     storage = torch.full((batch + 2, H, P * N + 8), float("nan"), dtype=state_dtype)
     cache = storage[:, :, 4: 4 + P * N].unflatten(-1, (P, N))[1:]  # padded rows and a storage offset
     init = inp.initial_states if initial_override is None else initial_override
@@ -312,7 +312,7 @@ def test_wrong_group_exceeds_bound(backend):
 def test_a_control_too_small_for_the_bound_is_rejected():
     """assert_decisive refuses a bug whose exact effect the bounds could absorb: dropping the initial state before
     40 tokens moves the bf16 final state by less than the interpreter's bound (the initial state decays by ~e^-11;
-    the interpreter's truncating bf16 cast doubles u): the earlier version of the control fired only by luck."""
+    the interpreter's truncating bf16 cast doubles u), so a check that fired on it would fire only by luck."""
     inp = _tight_inputs(BF16, contexts=(127,), tokens=(40,))
     t = truth_of(inp, BF16, "interpreter")
     bug = truth_of(dataclasses.replace(inp, initial_states=None), BF16, "interpreter")

@@ -6,7 +6,7 @@ A tiny kernel runs the state-passing recurrence ``s = exp2(LOG2E * a) * s + b`` 
   JITFunctions), so these runs happen in a child process started with it, on any runner: the CPU tier and the GPU
   tier pin the same thing.
 - ``cuda`` profile (the GPU twin): the same kernel compiled for the GPU on CUDA tensors; skipped where this process
-  runs the interpreter or has no GPU.
+  runs the interpreter (the ``gpu`` marker).
 
 Run as a script (``python tests/test_reference_profile.py IN OUT``, with TRITON_INTERPRET=1) this file is the child:
 it loads the inputs from IN, runs the kernels, and saves their outputs to OUT.
@@ -102,8 +102,8 @@ def _edge_values() -> torch.Tensor:
     return torch.cat([x, torch.randn(n - x.numel(), generator=torch.Generator().manual_seed(2))]).contiguous()
 
 
-# One work unit under xdist: the module fixture below starts an interpreter child process (6-9 s on a busy GPU host,
-# run 10), which four tests on four workers each paid for.
+# One work unit under xdist: the module fixture below starts an interpreter child process (seconds: it imports torch
+# and triton), which each of four workers running one of the four tests would otherwise pay for.
 pytestmark = pytest.mark.xdist_group("reference_profile")
 
 
@@ -180,18 +180,17 @@ def test_casts_match_interpreter_on_edge_values(interpreted):
 
 # ---- cuda profile: the GPU twin (compiled kernel on CUDA tensors) ----
 
+GPU_TWIN = pytest.mark.gpu(reason="the GPU twin: the cuda profile is pinned against a kernel compiled for the GPU")
+
+
 @pytest.fixture(scope="module")
 def on_gpu(recurrence_inputs):
-    """(a, b, kernel outputs) on the GPU; skips where the kernel cannot be compiled for one."""
-    if interpreting():
-        pytest.skip("GPU twin: this process runs Triton's interpreter (TRITON_INTERPRET=1, the CPU tier); the "
-                    "cuda profile is pinned against a compiled kernel on the GPU tier")
-    if not torch.cuda.is_available():
-        pytest.skip("GPU twin: no CUDA device visible to torch")
+    """(a, b, kernel outputs) on the GPU (for tests marked GPU_TWIN)."""
     a, b = (t.cuda() for t in recurrence_inputs)
     return a, b, run_recurrence(a, b)
 
 
+@GPU_TWIN
 def test_cuda_profile_reproduces_gpu_recurrence_bits(on_gpu):
     """exp2(LOG2E a) as torch.exp2, the contracted FMA as torch.addcmul, round-to-nearest casts: every bit."""
     a, b, (got32, got16, gotbf) = on_gpu
@@ -201,6 +200,7 @@ def test_cuda_profile_reproduces_gpu_recurrence_bits(on_gpu):
     assert_bits_equal(gotbf, refbf, what="bf16 store (GPU, nearest even)")
 
 
+@GPU_TWIN
 def test_interpreter_profile_differs_from_gpu_bf16_stores(on_gpu):
     """Negative control: the interpreter's truncating bf16 cast is caught against the GPU's stores."""
     a, b, (got32, _, gotbf) = on_gpu
@@ -208,6 +208,7 @@ def test_interpreter_profile_differs_from_gpu_bf16_stores(on_gpu):
         assert_bits_equal(gotbf, arith.cast(got32, torch.bfloat16, "interpreter"), what="bf16, truncation on GPU")
 
 
+@GPU_TWIN
 def test_unfused_mul_add_is_caught_on_gpu(on_gpu):
     """Negative control: multiply then add (two roundings, torch's eager ``e * s + b``) differs from the GPU's FMA."""
     a, b, (got32, _, _) = on_gpu

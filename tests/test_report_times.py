@@ -57,8 +57,8 @@ def test_cli_prints_both_groupings(tmp_path, capsys):
 
 
 def test_a_killed_run_leaves_its_records_and_times_reads_them(tmp_path, capsys):
-    """Workers append each record as it is decided; a run killed before the merge (GPU runs 3 and 4 were) still
-    yields a report, and a line cut by the kill is dropped, not fatal."""
+    """Workers append each record as it is decided; a run killed before the merge (a CI time limit) still yields a
+    report, and a line cut by the kill is dropped, not fatal."""
     from harness.report import append_live, merge_parts, parts_dir, write_part
 
     report = tmp_path / "r.json"

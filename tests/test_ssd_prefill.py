@@ -1,46 +1,18 @@
 """``kernels.ssd_prefill`` end to end: vs the fp64 sequential reference within harness.bounds' derived bound,
-cache storage outside the written final slots unchanged byte for byte, and determinism.
-
-Also home of ``make_case`` / ``ground_truth`` that test_indexed_equivalence.py imports.
-"""
+cache storage outside the written final slots unchanged byte for byte, and determinism."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from harness.backend import configure
-from kernels.environment import arithmetic_profile  # triton-free: importable before configure
-
-DEVICE = configure("auto")  # before any kernel module is imported
-PROFILE = arithmetic_profile(DEVICE)
-
-from harness import bounds  # noqa: E402
-from harness.cases.builder import build_inputs  # noqa: E402
-from harness.cases.model import (  # noqa: E402
-    CacheSpec, CallSpec, Case, IndicesSpec, Options, Shape, Tiers,
-)
-from harness.checks.bound import ground_truth_for  # noqa: E402
-from harness.compare import Mismatch, assert_bits_equal, assert_within_bound, storage_bytes  # noqa: E402
-from kernels import provider, ssd_prefill  # noqa: E402
-
-NHEADS, DSTATE, CHUNK = 3, 16, 64
-ALL_OPTIONS = Options(D="per_channel", z=True, dt_bias=True, dt_softplus=True)
-
-
-def make_case(sequences, *, io="float32", state="float32", headdim=5, options=ALL_OPTIONS, mode="direct",
-              slots=8, row_pad=24, offset=7, fill="nan", indices=IndicesSpec(), seed=0, case_id="unit",
-              nheads=NHEADS, dstate=DSTATE, chunk_size=CHUNK, ngroups=1):
-    """A case, small by default (nheads 3, dstate 16, chunk 64). ``sequences``: (context, tokens, init_slot, has_state,
-    final_slot) tuples. The builder fills every slot with random states, masked-off init slots with NaN and every
-    gap (``offset`` elements before slot 0, ``row_pad`` after each row) with ``fill``."""
-    return Case.create(
-        case_id, description="kernel unit test", seed=seed,
-        shape=Shape(nheads=nheads, headdim=headdim, dstate=dstate, ngroups=ngroups, chunk_size=chunk_size),
-        dtype=(io, state), options=options, sequences=sequences,
-        cache=CacheSpec(slots=slots, row_pad=row_pad, offset=offset, fill=fill), indices=indices,
-        call=CallSpec(final_state=mode), tiers=Tiers(cpu=DEVICE == "cpu"), family="unit",
-    )
+from harness import bounds
+from harness.cases.builder import build_inputs
+from harness.checks.bound import ground_truth_for
+from harness.compare import Mismatch, assert_bits_equal, assert_within_bound, storage_bytes
+from kernels import provider, ssd_prefill
+from kernels.environment import arithmetic_profile
+from tests.support import DSTATE, NHEADS, make_case
 
 
 def ground_truth(inputs, *, checkpoint=False):
@@ -51,13 +23,14 @@ def ground_truth(inputs, *, checkpoint=False):
 
 def bound_dims(inputs) -> dict:
     case = inputs.case
+    profile = arithmetic_profile(inputs.out.device.type)  # the kernels' arithmetic where the call ran
     terms = bounds.input_error_terms(
         inputs.dt, inputs.A, cu_chunk_seqlens=inputs.cu_chunk_seqlens, seq_idx=inputs.seq_idx,
         dt_bias=inputs.dt_bias, dt_softplus=case.options.dt_softplus, dt_limit=case.options.dt_limit, z=inputs.z,
-        backend=PROFILE,
+        backend=profile,
     )
     return dict(io_dtype=case.dtype.io_torch, state_dtype=case.dtype.state_torch, chunk_size=case.shape.chunk_size,
-                dstate=case.shape.dstate, backend=PROFILE, **terms.as_kwargs())
+                dstate=case.shape.dstate, backend=profile, **terms.as_kwargs())
 
 
 def assert_call_within_bound(inputs, returned, truth, shadows, chunk_shadow, final_slots):
@@ -104,9 +77,9 @@ DIRECT_CALLS = ([(pair, batch, "snapshot") for pair in DTYPE_PAIRS for batch in 
 
 
 @pytest.mark.parametrize("pair,batch,path", DIRECT_CALLS, ids=lambda v: "-".join(v) if isinstance(v, tuple) else v)
-def test_direct_writeback_within_bound(pair, batch, path):
+def test_direct_writeback_within_bound(pair, batch, path, device):
     (io, state), seqs = pair, BATCHES[batch]
-    inputs = build_inputs(make_case(seqs, io=io, state=state), DEVICE)
+    inputs = build_inputs(make_case(seqs, io=io, state=state), device)
     truth = ground_truth(inputs)
     returned = call(inputs, path=path)
     assert_call_within_bound(inputs, returned, *truth, final_slots=[s[4] for s in seqs])
@@ -114,9 +87,9 @@ def test_direct_writeback_within_bound(pair, batch, path):
 
 @pytest.mark.parametrize("io,state", [("float32", "float32"), ("bfloat16", "float16")], ids=lambda v: v)
 @pytest.mark.parametrize("mode", ("returned", "checkpoint"))
-def test_returned_and_checkpoint_within_bound(io, state, mode):
+def test_returned_and_checkpoint_within_bound(io, state, mode, device):
     seqs = BATCHES["three"]
-    inputs = build_inputs(make_case(seqs, io=io, state=state, mode=mode), DEVICE)
+    inputs = build_inputs(make_case(seqs, io=io, state=state, mode=mode), device)
     truth = ground_truth(inputs, checkpoint=mode == "checkpoint")
     returned = call(inputs)
     expect_shape = (inputs.metadata.nchunks if mode == "checkpoint" else len(seqs), NHEADS, 5, DSTATE)  # headdim 5
@@ -124,25 +97,25 @@ def test_returned_and_checkpoint_within_bound(io, state, mode):
     assert_call_within_bound(inputs, returned, *truth, final_slots=[])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="production-size shapes are too slow for the interpreter")
+@pytest.mark.gpu(reason="production-size shapes are too slow for the interpreter")
 @pytest.mark.parametrize("io,state", [("bfloat16", "bfloat16"), ("bfloat16", "float32"), ("float16", "float16")])
 @pytest.mark.parametrize("path", ("snapshot", "indexed"))
-def test_production_shape_within_bound_on_cuda(io, state, path):
+def test_production_shape_within_bound_on_cuda(io, state, path, device):
     seqs = [(4224, 600, 3, True, 3)] if path == "indexed" else [(4224, 32, 3, True, 5), (0, 1600, 5, False, 3),
                                                                  (528, 600, 7, True, 7)]
     case = make_case(seqs, io=io, state=state, headdim=64, nheads=8, dstate=128, ngroups=2, chunk_size=256,
                      slots=12, row_pad=64, offset=8)
-    inputs = build_inputs(case, DEVICE)
+    inputs = build_inputs(case, device)
     truth = ground_truth(inputs)
     returned = call(inputs, path=path)
     assert_call_within_bound(inputs, returned, *truth, final_slots=[s[4] for s in seqs])
 
 
-def test_bound_check_catches_a_dropped_initial_state():
+def test_bound_check_catches_a_dropped_initial_state(device):
     """Negative control: the same bound check, fed the output of a call whose initial state was dropped (mask
     forced off), reports the difference."""
     seqs = [(70, 30, 2, True, 5)]
-    inputs = build_inputs(make_case(seqs, io="float32", state="float32"), DEVICE)
+    inputs = build_inputs(make_case(seqs, io="float32", state="float32"), device)
     truth = ground_truth(inputs)
     kwargs = inputs.kwargs(path="snapshot")
     kwargs["has_initial_states"] = torch.zeros_like(inputs.has_initial_states)
@@ -188,20 +161,20 @@ STORAGE_CALLS = [(name, "auto") for name in sorted(STORAGE_CASES)] + [
 
 
 @pytest.mark.parametrize("name,path", STORAGE_CALLS)
-def test_storage_outside_final_slots_unchanged(name, path):
+def test_storage_outside_final_slots_unchanged(name, path, device):
     seqs, mode, fill = STORAGE_CASES[name]
     inputs = build_inputs(make_case(seqs, io="bfloat16", state="float16", mode=mode, fill=fill, slots=9,
-                                    row_pad=40, offset=13), DEVICE)
+                                    row_pad=40, offset=13), device)
     before = storage_bytes(inputs.cache_base)
     call(inputs, path=path)
     written = [s[4] for s in seqs] if mode == "direct" else []
     assert_untouched_outside(inputs, before, written)
 
 
-def test_storage_check_catches_a_stray_write():
+def test_storage_check_catches_a_stray_write(device):
     """Negative control: one element written into a gap after the call is reported."""
     seqs, mode, fill = STORAGE_CASES["shuffled-nan-gaps"]
-    inputs = build_inputs(make_case(seqs, io="bfloat16", state="float16", fill=fill, row_pad=40, offset=13), DEVICE)
+    inputs = build_inputs(make_case(seqs, io="bfloat16", state="float16", fill=fill, row_pad=40, offset=13), device)
     before = storage_bytes(inputs.cache_base)
     call(inputs)
     gap = inputs.state_cache.storage_offset() + 2 * inputs.state_cache.stride(0) - 1  # last pad element of row 1
@@ -214,9 +187,9 @@ def test_storage_check_catches_a_stray_write():
 
 @pytest.mark.parametrize("path,mode", [("auto", "direct"), ("indexed", "direct"), ("auto", "returned"),
                                        ("auto", "checkpoint")])
-def test_second_identical_call_gives_identical_bits(path, mode):
+def test_second_identical_call_gives_identical_bits(path, mode, device):
     seqs = [(70, 100, 2, True, 2)] if path == "indexed" else [(0, 60, 2, True, 5), (130, 70, 5, True, 2)]
-    first = build_inputs(make_case(seqs, io="bfloat16", state="bfloat16", mode=mode), DEVICE)
+    first = build_inputs(make_case(seqs, io="bfloat16", state="bfloat16", mode=mode), device)
     second = first.clone()
     r1 = call(first, path=path)
     r2 = call(second, path=path)
@@ -229,17 +202,17 @@ def test_second_identical_call_gives_identical_bits(path, mode):
 
 # ---- provider ----------------------------------------------------------------------------------------------------
 
-def test_provider_interface():
+def test_provider_interface(device):
     assert provider.name == "triton-ssd"
     assert set(provider.supported_paths) == {"snapshot", "indexed"}
-    inputs = build_inputs(make_case([(0, 20, 1, False, 3)], mode="returned"), DEVICE)
+    inputs = build_inputs(make_case([(0, 20, 1, False, 3)], mode="returned"), device)
     via_provider = provider.ssd_prefill(**inputs.kwargs())
     again = inputs.clone()
     direct = ssd_prefill(**again.kwargs())
     assert_bits_equal(via_provider, direct, what="provider.ssd_prefill vs kernels.ssd_prefill")
 
 
-def test_unknown_path_is_rejected():
-    inputs = build_inputs(make_case([(0, 20, 1, False, 3)]), DEVICE)
+def test_unknown_path_is_rejected(device):
+    inputs = build_inputs(make_case([(0, 20, 1, False, 3)]), device)
     with pytest.raises(ValueError, match="path"):
         call(inputs, path="fast")

@@ -7,29 +7,25 @@ compiles, after a warmup that compiled everything.
 
 from __future__ import annotations
 
-from harness.backend import configure
+import math
+import os
 
-DEVICE = configure()
+import pytest
+import torch
 
-import math  # noqa: E402
-import os  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from harness.guards.recompile import RecompileError, guard_no_recompile  # noqa: E402
-from harness.guards.specialization import (  # noqa: E402
+from harness.guards.recompile import RecompileError, guard_no_recompile
+from harness.guards.specialization import (
     MissingSpecialization,
     assert_keys_warmed,
     kernel_name,
     recording_launches,
 )
-from harness.varlen import build_varlen_metadata  # noqa: E402
-from harness.warmup import main, warmup_all  # noqa: E402
-from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, gather, ssd  # noqa: E402
-from kernels import state_passing as sp  # noqa: E402
-from kernels import state_passing_indexed as spi  # noqa: E402
-from kernels.warmup import ModelShape, int_values, registered, representatives  # noqa: E402
+from harness.varlen import build_varlen_metadata
+from harness.warmup import main, warmup_all
+from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, gather, ssd
+from kernels import state_passing as sp
+from kernels import state_passing_indexed as spi
+from kernels.warmup import ModelShape, int_values, registered, representatives
 
 # GPU: compile the fixtures' warmups in parallel processes (into the disk cache) before loading them here. Four: the
 # three warmups here run at once in three xdist workers and share their compiles (harness.compile_claims), and each
@@ -54,7 +50,7 @@ KERNELS = {
 }
 
 
-def _call(*, io=torch.float32, state=torch.float32, contexts=(3,), tokens=(13,), D="none", z=False, bias=False,
+def _call(device, *, io=torch.float32, state=torch.float32, contexts=(3,), tokens=(13,), D="none", z=False, bias=False,
           softplus=False, limit=False, mode="direct", path="snapshot", table=None, row_pad=0, offset=0, seed=0):
     """One ssd_prefill call on a padded/offset cache; ``table=(columns, column, rows_before)`` takes the index
     tensors as int64 block-table columns (strided, possibly unaligned views)."""
@@ -63,29 +59,29 @@ def _call(*, io=torch.float32, state=torch.float32, contexts=(3,), tokens=(13,),
     T, batch = meta.total_tokens, len(contexts)
     r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
     slots, row = 4, H * P * N
-    flat = r(offset + slots * (row + row_pad)).to(state).to(DEVICE)
+    flat = r(offset + slots * (row + row_pad)).to(state).to(device)
     cache = flat.as_strided((slots, H, P, N), (row + row_pad, P * N, N, 1), offset)
     if table is None:
-        init = torch.arange(batch, dtype=torch.int32, device=DEVICE)
+        init = torch.arange(batch, dtype=torch.int32, device=device)
         final = init.flip(0).clone()
     else:
         columns, column, rows_before = table
-        bt = torch.zeros(rows_before + batch, columns, dtype=torch.int64, device=DEVICE)
+        bt = torch.zeros(rows_before + batch, columns, dtype=torch.int64, device=device)
         bt[rows_before:, column] = torch.arange(batch)
         bt[rows_before:, (column + 1) % columns] = torch.arange(batch).flip(0)
         init, final = bt[rows_before:, column], bt[rows_before:, (column + 1) % columns]
     kw = dict(
-        chunk_size=Q, **meta.tensors(DEVICE), out=torch.empty(T, H, P, dtype=io, device=DEVICE),
+        chunk_size=Q, **meta.tensors(device), out=torch.empty(T, H, P, dtype=io, device=device),
         D={"none": None, "per_head": r(H), "per_channel": r(H, P)}[D], z=r(T, H, P).to(io) if z else None,
         dt_bias=r(H) if bias else None, dt_softplus=softplus, dt_limit=(0.01, 0.5) if limit else (0.0, math.inf),
         state_cache=cache, initial_state_indices=init, has_initial_states=torch.ones(batch, dtype=torch.bool),
         final_state_indices=final if mode == "direct" else None, return_intermediate_states=mode == "checkpoint",
         path=path, gather="fused")
-    kw = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) and v.device != cache.device else v for k, v in kw.items()}
-    args = [t.to(io).to(DEVICE) for t in (r(T, H, P), r(T, H) * 0.3 + 0.5)]
+    kw = {k: v.to(device) if isinstance(v, torch.Tensor) and v.device != cache.device else v for k, v in kw.items()}
+    args = [t.to(io).to(device) for t in (r(T, H, P), r(T, H) * 0.3 + 0.5)]
     x, dt = args[0], args[1].float()
-    A = (-torch.rand(H, generator=g) - 0.5).to(DEVICE)
-    B, C = (r(T, G, N).to(io).to(DEVICE) for _ in range(2))
+    A = (-torch.rand(H, generator=g) - 0.5).to(device)
+    B, C = (r(T, G, N).to(io).to(device) for _ in range(2))
     return lambda: ssd.ssd_prefill(x, dt, A, B, C, **kw)
 
 
@@ -110,31 +106,31 @@ def _request(io=torch.float32, state=torch.float32, D="none", z=False, bias=Fals
 
 
 @pytest.fixture(scope="module")
-def full_warmup():
+def full_warmup(device):
     # One request per model configuration the calls below use (plus the defaults): on the GPU each
     # specialization is a real compile, and every dtype x option product of the shape would be 808 of them.
-    report = warmup_all(DEVICE, [_request(**c) for c in CALLS.values()] + [_request()], jobs=WARMUP_JOBS)
+    report = warmup_all(device, [_request(**c) for c in CALLS.values()] + [_request()], jobs=WARMUP_JOBS)
     print(report.summary())
     assert set(registered()) == set(KERNELS), registered()  # a new registration must be added to this test
     return report
 
 
 @pytest.fixture(scope="module")
-def launched():
+def launched(device):
     """The keys every CALLS entry launches, per kernel (recorded once; trial launches of autotuners included)."""
     seen = []
     with recording_launches(list(KERNELS.values())) as keys:
         for call in CALLS.values():
-            _call(**call)()
+            _call(device, **call)()
     seen.extend(keys)
     return seen
 
 
 @shares_full_warmup
 @pytest.mark.parametrize("name", list(CALLS))
-def test_real_call_compiles_nothing_after_the_warmup(name, full_warmup):
+def test_real_call_compiles_nothing_after_the_warmup(name, full_warmup, device):
     with guard_no_recompile(list(KERNELS.values()), warmed=full_warmup.keys):
-        _call(**CALLS[name])()
+        _call(device, **CALLS[name])()
 
 
 @shares_full_warmup
@@ -155,34 +151,34 @@ def test_every_registered_kernel_is_launched_and_warmed(registration, full_warmu
 DOT_STAGES = ("chunk_state", "bmm_chunk", "chunk_scan")
 
 
-def test_narrow_dtype_warmup_fires_on_the_dot_stages():
+def test_narrow_dtype_warmup_fires_on_the_dot_stages(device):
     """Negative control: warm fp32 io only, call with fp16 io: the io-typed stages would compile. Only those stages
     are warmed (the others' fp32 binaries would be cold GPU compiles, outside the fixtures' group, that show nothing
     here); the guard must name each of them (on the GPU it names every kernel that compiles in the block)."""
-    narrow = warmup_all(DEVICE, [_request(io=torch.float32)], kernels=DOT_STAGES, jobs=WARMUP_JOBS)
+    narrow = warmup_all(device, [_request(io=torch.float32)], kernels=DOT_STAGES, jobs=WARMUP_JOBS)
     with pytest.raises(RecompileError) as err:
         with guard_no_recompile([KERNELS[name] for name in DOT_STAGES], warmed=narrow.keys):
-            _call(io=torch.float16)()
+            _call(device, io=torch.float16)()
     text = str(err.value)
     for name in DOT_STAGES:
         assert f"kernel {kernel_name(KERNELS[name])}: specialization not warmed up" in text, text
     assert "x_ptr: needed *fp16 aligned16, closest warmed *fp32 aligned16" in text, text
 
 
-def test_per_head_d_warmup_covers_per_channel_calls():
+def test_per_head_d_warmup_covers_per_channel_calls(device):
     """chunk_scan does not specialize D's strides (kernels/chunk_scan.py), so a warmup without per-channel D must
     cover a per-channel call: the guard stays quiet. The decision is pinned: if the strides were specialized again,
     the narrow warmup would lack the call's key and this test fails naming stride_D_hdim."""
     shape, io, state, options = _request()
     # Every kernel is warmed, not chunk_scan alone: on the GPU the guard fails on any compile in the block, whichever
     # kernel it is (the interpreter compares chunk_scan's keys only).
-    narrow = warmup_all(DEVICE, [(shape, io, state, {**options, "d_kinds": ("none", "per_head")})], jobs=WARMUP_JOBS)
+    narrow = warmup_all(device, [(shape, io, state, {**options, "d_kinds": ("none", "per_head")})], jobs=WARMUP_JOBS)
     with guard_no_recompile([chunk_scan.chunk_scan_kernel], warmed=narrow.keys):
-        _call(D="per_channel")()
+        _call(device, D="per_channel")()
 
 
 @shares_full_warmup
-def test_nchunks_parity_is_a_class_when_chunks_are_short(full_warmup):
+def test_nchunks_parity_is_a_class_when_chunks_are_short(full_warmup, device):
     """Q = 8: the (H, C, Q) strides C*Q are a multiple of 16 only for even C, so odd and even nchunks launch
     different keys, and the warmup holds both."""
     assert representatives(lambda c: c * 8) == [1, 2]  # 8 (other), 16 (16k); C*Q is never 1
@@ -190,10 +186,10 @@ def test_nchunks_parity_is_a_class_when_chunks_are_short(full_warmup):
     assert representatives(lambda c: c * 256) == [1]
     odd = []
     with recording_launches([chunk_cumsum._chunk_cumsum_kernel]) as keys:
-        _call(contexts=(0,), tokens=(24,))()  # 3 chunks
+        _call(device, contexts=(0,), tokens=(24,))()  # 3 chunks
     odd = list(keys)
     with recording_launches([chunk_cumsum._chunk_cumsum_kernel]) as keys:
-        _call(contexts=(0,), tokens=(16,))()  # 2 chunks
+        _call(device, contexts=(0,), tokens=(16,))()  # 2 chunks
     assert {k.key for k in odd}.isdisjoint({k.key for k in keys}), "nchunks parity should change the key"
     assert_keys_warmed(odd + list(keys), full_warmup.keys)
 
@@ -253,7 +249,8 @@ def test_parallel_warmup_names_a_failing_part():
     error, not swallowed; the parent then never claims the binaries are in the cache."""
     from harness.warmup import _compile_in_children
 
-    with pytest.raises(RuntimeError, match=r"parallel compile failed:\npart 0/2 \(exit 1\):(.|\n)*no registration named"):
+    with pytest.raises(RuntimeError,
+                       match=r"parallel compile failed:\npart 0/2 \(exit 1\):(.|\n)*no registration named"):
         _compile_in_children([_request()], ["no_such_kernel"], jobs=2)
 
 

@@ -10,16 +10,11 @@ import pytest
 import torch
 import triton
 
-from harness.backend import configure
-
-DEVICE = configure("auto")  # before any kernel module is imported
-
-from harness import stage_bench  # noqa: E402
-from harness.cases.builder import build_inputs  # noqa: E402
-from harness.compare import assert_bits_equal  # noqa: E402
-from kernels import provider  # noqa: E402
-from test_ssd_prefill import make_case  # noqa: E402
-
+from harness import stage_bench
+from harness.cases.builder import build_inputs
+from harness.compare import assert_bits_equal
+from kernels import provider
+from tests.support import make_case
 
 TWO = [(40, 70, 1, True, 4), (0, 33, 2, False, 6)]
 
@@ -29,9 +24,9 @@ TWO = [(40, 70, 1, True, 4), (0, 33, 2, False, 6)]
     ("snapshot", {"gather": "fused"}, TWO),
     ("indexed", {}, [(40, 150, 1, True, 4)]),
 ], ids=["snapshot-torch", "snapshot-fused", "indexed"])
-def test_stage_closures_reproduce_the_call(path, extra, sequences):
+def test_stage_closures_reproduce_the_call(path, extra, sequences, device):
     case = make_case(sequences, io="bfloat16", state="bfloat16", headdim=8, chunk_size=32)
-    inputs = build_inputs(case, DEVICE)
+    inputs = build_inputs(case, device)
     expected_inputs = inputs.clone()
     workspace: dict = {}
     provider.ssd_prefill(**expected_inputs.kwargs(path=path), **extra, workspace_out=workspace)

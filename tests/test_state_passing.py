@@ -6,26 +6,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.backend import configure
-from kernels.environment import arithmetic_profile  # triton-free: importable before configure
-
-DEVICE = configure("auto")  # before any kernel module is imported
-PROFILE = arithmetic_profile(DEVICE)
-
-from harness.compare import Mismatch, assert_bits_equal, assert_storage_equal, storage_bytes  # noqa: E402
-from harness.varlen import build_varlen_metadata  # noqa: E402
-from kernels import state_passing as sp_module  # noqa: E402
-from kernels.state_passing import state_passing  # noqa: E402
-from kernels.state_passing_indexed import state_passing_indexed  # noqa: E402
-from reference import chunked  # noqa: E402
-from reference import snapshot as torch_snapshot  # noqa: E402
-from test_gather import STATE_DTYPES, H, N, index_view, paged_cache  # noqa: E402
+from harness.compare import Mismatch, assert_bits_equal, assert_storage_equal, storage_bytes
+from harness.varlen import build_varlen_metadata
+from kernels import state_passing as sp_module
+from kernels.state_passing import state_passing
+from kernels.state_passing_indexed import state_passing_indexed
+from reference import chunked
+from reference import snapshot as torch_snapshot
+from tests.support import STATE_DTYPES, H, N, index_view, paged_cache
 
 Q = 64
 SLOTS = 8
 
 
-def teacher_inputs(contexts, tokens, headdim, seed=0):
+def teacher_inputs(contexts, tokens, headdim, device, seed=0):
     """Synthetic chunk states (C,H,P,N) fp32 and dA_cumsum (H,C,Q) fp32 (decays between ~0.1 and 1 per chunk,
     positions past a chunk's end carry dt = 0 as chunk_cumsum's output does), plus the varlen metadata."""
     meta = build_varlen_metadata(contexts, tokens, Q)
@@ -36,12 +30,12 @@ def teacher_inputs(contexts, tokens, headdim, seed=0):
         dt[:, c, length:] = 0.0
     A = -torch.exp(torch.rand(H, generator=g))
     dA_cumsum = torch.cumsum(dt * A[:, None, None], dim=-1)
-    return meta, states.to(DEVICE), dA_cumsum.to(DEVICE)
+    return meta, states.to(device), dA_cumsum.to(device)
 
 
 def run_snapshot_kernel(states, dA_cumsum, meta, *, initial_states, out_dtype, cache=None, final_idx=None,
                         index_dtype=torch.int32):
-    t = meta.tensors(DEVICE, index_dtype)
+    t = meta.tensors(states.device.type, index_dtype)
     return state_passing(
         states, dA_cumsum, t["seq_idx"], initial_states=initial_states, out_dtype=out_dtype, state_cache=cache,
         final_state_indices=final_idx, last_chunk_indices=t["last_chunk_indices"] if cache is not None else None,
@@ -54,43 +48,43 @@ THREE_SEQUENCES = ([0, 70, 5], [100, 40, 130])  # partial first chunks, one sing
 @pytest.mark.parametrize("out_dtype", STATE_DTYPES, ids=str)
 @pytest.mark.parametrize("with_initial", (True, False), ids=("init", "zero-init"))
 @pytest.mark.parametrize("headdim", (5, 19))
-def test_snapshot_kernel_matches_reference(out_dtype, with_initial, headdim):
-    meta, states, dA_cumsum = teacher_inputs(*THREE_SEQUENCES, headdim)
+def test_snapshot_kernel_matches_reference(out_dtype, with_initial, headdim, device, profile):
+    meta, states, dA_cumsum = teacher_inputs(*THREE_SEQUENCES, headdim, device)
     g = torch.Generator().manual_seed(1)
-    initial = torch.randn(meta.batch, H, headdim, N, generator=g).to(out_dtype).to(DEVICE) if with_initial else None
-    base_k, cache_k = paged_cache(SLOTS, out_dtype, headdim=headdim, blank_slots=(1, 6))
-    base_r, cache_r = paged_cache(SLOTS, out_dtype, headdim=headdim, blank_slots=(1, 6))
+    initial = torch.randn(meta.batch, H, headdim, N, generator=g).to(out_dtype).to(device) if with_initial else None
+    base_k, cache_k = paged_cache(SLOTS, out_dtype, device, headdim=headdim, blank_slots=(1, 6))
+    base_r, cache_r = paged_cache(SLOTS, out_dtype, device, headdim=headdim, blank_slots=(1, 6))
     finals = [6, -1, 1]  # shuffled slots into NaN rows, one padded sequence
-    final_idx = index_view(finals, torch.int64, "block_table", column=2)
+    final_idx = index_view(finals, torch.int64, "block_table", device, column=2)
 
     got = run_snapshot_kernel(states, dA_cumsum, meta, initial_states=initial, out_dtype=out_dtype, cache=cache_k,
                               final_idx=final_idx, index_dtype=torch.int64)
-    t = meta.tensors(DEVICE)
+    t = meta.tensors(device)
     want = chunked.state_passing(
         states, dA_cumsum, t["seq_idx"], initial_states=initial, out_dtype=out_dtype, state_cache=cache_r,
-        final_state_indices=final_idx, last_chunk_indices=t["last_chunk_indices"], profile=PROFILE,
+        final_state_indices=final_idx, last_chunk_indices=t["last_chunk_indices"], profile=profile,
     )
-    assert_bits_equal(got, want.exiting, what=f"exiting states ({PROFILE} profile)")
+    assert_bits_equal(got, want.exiting, what=f"exiting states ({profile} profile)")
     assert_storage_equal(base_k, storage_bytes(base_r), what="cache storage after final-state writeback")
 
 
-def test_reference_comparison_can_fail():
+def test_reference_comparison_can_fail(device, profile):
     """Negative control: the same comparison against the other backend's profile (different exp and multiply-add
     rounding) is reported as a mismatch."""
-    other = "cuda" if PROFILE == "interpreter" else "interpreter"
-    meta, states, dA_cumsum = teacher_inputs(*THREE_SEQUENCES, 19)
+    other = "cuda" if profile == "interpreter" else "interpreter"
+    meta, states, dA_cumsum = teacher_inputs(*THREE_SEQUENCES, 19, device)
     got = run_snapshot_kernel(states, dA_cumsum, meta, initial_states=None, out_dtype=torch.float32)
-    t = meta.tensors(DEVICE)
+    t = meta.tensors(device)
     want = chunked.state_passing(states.cpu(), dA_cumsum.cpu(), t["seq_idx"].cpu(), out_dtype=torch.float32,
                                  profile=other)
     with pytest.raises(Mismatch, match="differ in bits"):
-        assert_bits_equal(got, want.exiting.to(DEVICE), what=f"exiting states vs the {other} profile")
+        assert_bits_equal(got, want.exiting.to(device), what=f"exiting states vs the {other} profile")
 
 
-def test_every_autotune_config_gives_the_same_bits(monkeypatch):
+def test_every_autotune_config_gives_the_same_bits(monkeypatch, device):
     """Autotuning picks a BLOCK_SIZE by speed; each config must give the same bits (P*N = 80 is not a multiple of
     any block, so every config exercises its tail mask)."""
-    meta, states, dA_cumsum = teacher_inputs(*THREE_SEQUENCES, 5)
+    meta, states, dA_cumsum = teacher_inputs(*THREE_SEQUENCES, 5, device)
     results = []
     for config in sp_module.CONFIGS:
         monkeypatch.setattr(sp_module._state_passing_kernel, "configs", [config])
@@ -101,11 +95,11 @@ def test_every_autotune_config_gives_the_same_bits(monkeypatch):
         assert_bits_equal(out, first, what=f"exiting states with {config} vs {first_config}")
 
 
-def test_profile_argument_must_match_the_backend():
-    meta, states, dA_cumsum = teacher_inputs([0], [10], 5)
-    other = "cuda" if PROFILE == "interpreter" else "interpreter"
+def test_profile_argument_must_match_the_backend(device, profile):
+    meta, states, dA_cumsum = teacher_inputs([0], [10], 5, device)
+    other = "cuda" if profile == "interpreter" else "interpreter"
     with pytest.raises(ValueError, match="profile"):
-        state_passing(states, dA_cumsum, meta.tensors(DEVICE)["seq_idx"], out_dtype=torch.float32, profile=other)
+        state_passing(states, dA_cumsum, meta.tensors(device)["seq_idx"], out_dtype=torch.float32, profile=other)
 
 
 # ---- indexed vs snapshot kernels -------------------------------------------------------------------------------
@@ -120,24 +114,25 @@ INDEXED_CASES = {
 }
 
 
-def run_indexed_and_snapshot(dtype, init_slot, has_init, final_slot, *, index_dtype=torch.int32, layout="contiguous",
-                             contexts=(70,), tokens=(150,), headdim=7, indexed=state_passing_indexed):
+def run_indexed_and_snapshot(dtype, init_slot, has_init, final_slot, device, *, index_dtype=torch.int32,
+                             layout="contiguous", contexts=(70,), tokens=(150,), headdim=7,
+                             indexed=state_passing_indexed):
     """One sequence through both kernels on two identical caches.
 
     Returns (entering workspace, snapshot exiting states, snapshot initial state, indexed cache base, snapshot
     cache base)."""
-    meta, states, dA_cumsum = teacher_inputs(list(contexts), list(tokens), headdim, seed=3)
-    init_idx = index_view([init_slot], index_dtype, layout, column=1)
-    final_idx = index_view([final_slot], index_dtype, layout, column=2)
-    has = index_view([has_init], torch.bool, layout, column=3)
+    meta, states, dA_cumsum = teacher_inputs(list(contexts), list(tokens), headdim, device, seed=3)
+    init_idx = index_view([init_slot], index_dtype, layout, device, column=1)
+    final_idx = index_view([final_slot], index_dtype, layout, device, column=2)
+    has = index_view([has_init], torch.bool, layout, device, column=3)
 
-    base_s, cache_s = paged_cache(SLOTS, dtype, headdim=headdim, blank_slots=(1,))
+    base_s, cache_s = paged_cache(SLOTS, dtype, device, headdim=headdim, blank_slots=(1,))
     initial = torch_snapshot.gather_initial_states(cache_s, init_idx, has)
     exiting = run_snapshot_kernel(states, dA_cumsum, meta, initial_states=initial, out_dtype=dtype, cache=cache_s,
                                   final_idx=final_idx, index_dtype=index_dtype)
 
-    base_i, cache_i = paged_cache(SLOTS, dtype, headdim=headdim, blank_slots=(1,))
-    workspace = torch.empty(meta.nchunks, H, headdim, N, dtype=dtype, device=DEVICE)
+    base_i, cache_i = paged_cache(SLOTS, dtype, device, headdim=headdim, blank_slots=(1,))
+    workspace = torch.empty(meta.nchunks, H, headdim, N, dtype=dtype, device=device)
     indexed(states, dA_cumsum, state_cache=cache_i, init_slot_index=init_idx, has_initial_state=has,
             final_slot_index=final_idx, out=workspace)
     return workspace, exiting, initial, base_i, base_s
@@ -153,37 +148,38 @@ def assert_indexed_equals_snapshot(workspace, exiting, initial, base_i, base_s):
 
 @pytest.mark.parametrize("dtype", STATE_DTYPES, ids=str)
 @pytest.mark.parametrize("case", sorted(INDEXED_CASES))
-def test_indexed_kernel_equals_snapshot_kernel(dtype, case):
-    assert_indexed_equals_snapshot(*run_indexed_and_snapshot(dtype, *INDEXED_CASES[case]))
+def test_indexed_kernel_equals_snapshot_kernel(dtype, case, device):
+    assert_indexed_equals_snapshot(*run_indexed_and_snapshot(dtype, *INDEXED_CASES[case], device))
 
 
 @pytest.mark.parametrize("index_dtype", (torch.int32, torch.int64), ids=str)
-def test_indexed_kernel_with_block_table_columns(index_dtype):
+def test_indexed_kernel_with_block_table_columns(index_dtype, device):
     assert_indexed_equals_snapshot(*run_indexed_and_snapshot(
-        torch.bfloat16, 4, True, 4, index_dtype=index_dtype, layout="block_table"))
+        torch.bfloat16, 4, True, 4, device, index_dtype=index_dtype, layout="block_table"))
 
 
-def test_indexed_kernel_single_chunk():
-    assert_indexed_equals_snapshot(*run_indexed_and_snapshot(torch.float16, 3, True, 2, contexts=(0,), tokens=(9,)))
+def test_indexed_kernel_single_chunk(device):
+    assert_indexed_equals_snapshot(*run_indexed_and_snapshot(torch.float16, 3, True, 2, device, contexts=(0,),
+                                                             tokens=(9,)))
 
 
-def test_indexed_comparison_catches_a_leaked_masked_slot():
+def test_indexed_comparison_catches_a_leaked_masked_slot(device):
     """Negative control: an indexed kernel that ignores the mask reads the NaN slot; the comparison reports it."""
 
     def ignores_mask(*args, has_initial_state, **kwargs):
         return state_passing_indexed(*args, has_initial_state=torch.ones_like(has_initial_state), **kwargs)
 
-    result = run_indexed_and_snapshot(torch.float32, *INDEXED_CASES["masked-nan-slot"], indexed=ignores_mask)
+    result = run_indexed_and_snapshot(torch.float32, *INDEXED_CASES["masked-nan-slot"], device, indexed=ignores_mask)
     with pytest.raises(Mismatch, match="entering states"):
         assert_indexed_equals_snapshot(*result)
 
 
-def test_indexed_comparison_catches_a_wrong_final_slot():
+def test_indexed_comparison_catches_a_wrong_final_slot(device):
     """Negative control: writing the final state one slot off changes the cache storage; the comparison reports it."""
 
     def off_by_one(*args, final_slot_index, **kwargs):
         return state_passing_indexed(*args, final_slot_index=final_slot_index + 1, **kwargs)
 
-    result = run_indexed_and_snapshot(torch.float16, *INDEXED_CASES["distinct-slots"], indexed=off_by_one)
+    result = run_indexed_and_snapshot(torch.float16, *INDEXED_CASES["distinct-slots"], device, indexed=off_by_one)
     with pytest.raises(Mismatch, match="cache storage"):
         assert_indexed_equals_snapshot(*result)

@@ -10,17 +10,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import triton
+import triton.language as tl
 
 from harness import cli, timeline
-from harness.backend import configure
-
-DEVICE = configure("auto")  # before any kernel is defined
-
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-from harness.guards.recompile import cold_in_memory_cache  # noqa: E402
-from harness.report import ItemRecord, Report, merge_reports  # noqa: E402
+from harness.guards.recompile import cold_in_memory_cache
+from harness.report import ItemRecord, Report, merge_reports
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -137,8 +132,8 @@ def _ledger_probe_kernel(x_ptr, BLOCK: tl.constexpr):
     tl.store(x_ptr + offsets, tl.load(x_ptr + offsets) + 1)
 
 
-@pytest.mark.skipif(DEVICE != "cuda", reason="needs a GPU: the interpreter compiles nothing, so Triton never calls "
-                    "the listener (its logic is tested above with the listener's own arguments)")
+@pytest.mark.gpu(reason="the interpreter compiles nothing, so Triton never calls the listener (its logic is tested "
+                 "above with the listener's own arguments)")
 def test_ledger_sees_a_real_compile_then_a_disk_cache_load(tmp_path):
     import torch
     from triton import knobs

@@ -24,7 +24,7 @@ def test_metadata_properties(seqs, chunk):
     lengths = m.chunk_lengths()
     assert m.cu_seqlens[0] == 0 and cu[0] == 0 and cu[-1] == m.cu_seqlens[-1] == sum(tokens)
     assert all(0 < n <= chunk for n in lengths)
-    for b, (ctx, n) in enumerate(zip(contexts, tokens)):
+    for b, (ctx, n) in enumerate(zip(contexts, tokens, strict=True)):
         own = [c for c in range(m.nchunks) if m.seq_idx[c] == b]
         # chunks of a sequence are contiguous, lie inside it, and their sizes sum to its tokens
         assert own == list(range(own[0], own[-1] + 1))

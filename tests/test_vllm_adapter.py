@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import backend
 from harness.cases.loader import load_case_file
 from harness.checks import ProviderError, Status, load_provider, run_check
 from harness.compare import assert_bits_equal
@@ -102,11 +101,6 @@ PASSING = {
     "vllm-returned": ["returned_shapes", "reference_bound"],
     "vllm-checkpoint": ["returned_shapes", "untouched_storage", "reference_bound"],
 }
-
-
-@pytest.fixture(scope="module")
-def device() -> str:
-    return "cpu" if backend.interpreting() else "cuda"
 
 
 @pytest.fixture(scope="module")

@@ -52,7 +52,8 @@ def test_workflow_structure(path):
         assert isinstance(job.get("timeout-minutes"), int), f"{path.name}: jobs.{job_id}.timeout-minutes: missing"
         assert job.get("steps"), f"{path.name}: jobs.{job_id}.steps: expected a list"
         for i, step in enumerate(job["steps"]):
-            assert ("run" in step) != ("uses" in step), f"{path.name}: jobs.{job_id}.steps[{i}]: exactly one of run/uses"
+            assert ("run" in step) != ("uses" in step), (
+                f"{path.name}: jobs.{job_id}.steps[{i}]: exactly one of run/uses")
 
 
 def test_cpu_workflow_runs_ci_entry_point_which_runs_readme_command():
@@ -60,6 +61,26 @@ def test_cpu_workflow_runs_ci_entry_point_which_runs_readme_command():
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci/run").read_text()
     assert "make test" in readme and re.search(r"^make test$", ci, re.M)
+
+
+def make_rule(target: str) -> tuple[list[str], list[str]]:
+    """The prerequisites and recipe lines of ``target`` in the Makefile."""
+    text = (ROOT / "Makefile").read_text()
+    match = re.search(rf"^{re.escape(target)}:(?!=)(.*)\n((?:\t.*\n)*)", text, re.M)
+    assert match, f"Makefile: no rule for {target}"
+    return match.group(1).split(), [line.strip() for line in match.group(2).splitlines()]
+
+
+def test_make_test_lints_first_with_the_pinned_ruff():
+    """CI runs `make test`, so the linter runs there before the suite: ``lint`` is a prerequisite of ``test`` and runs
+    ruff on the whole tree, with the ruff that pyproject's dev extra pins (and that the install step installs)."""
+    test_prerequisites, _ = make_rule("test")
+    assert "lint" in test_prerequisites, test_prerequisites
+    _, lint_recipe = make_rule("lint")
+    assert lint_recipe == ["$(PY) -m ruff check ."], lint_recipe
+    tomllib = pytest.importorskip("tomllib", reason="tomllib (Python 3.11+) reads pyproject.toml")
+    dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
+    assert any(re.fullmatch(r"ruff==[0-9.]+", spec) for spec in dev), dev
 
 
 def defined(config: pytest.Config, option: str) -> bool:
@@ -104,11 +125,13 @@ def make_targets() -> set[str]:
     """Targets the Makefile defines: rule heads ``name:`` (not assignments ``NAME :=``), with ``$(NAME)`` expanded
     from the file's simple assignments (the install stamp is ``$(STAMP)``)."""
     text = (ROOT / "Makefile").read_text()
+    def expand(value: str, variables: dict[str, str]) -> str:
+        return re.sub(r"\$\(([A-Z_]+)\)", lambda m: variables.get(m.group(1), m.group(0)), value)
+
     variables = dict(re.findall(r"^([A-Z_]+) :?= *(\S*)$", text, re.M))
     for _ in range(3):  # STAMP := $(VENV)/.installed-stamp refers to another variable
-        text = re.sub(r"\$\(([A-Z_]+)\)", lambda m: variables.get(m.group(1), m.group(0)), text)
-        variables = {k: re.sub(r"\$\(([A-Z_]+)\)", lambda m: variables.get(m.group(1), m.group(0)), v)
-                     for k, v in variables.items()}
+        text = expand(text, variables)
+        variables = {k: expand(v, variables) for k, v in variables.items()}
     return {m.group(1) for m in re.finditer(r"^([A-Za-z0-9_./-]+):(?!=)", text, re.M)}
 
 

@@ -27,7 +27,7 @@ def covering_rows(
     uncovered: list[tuple[tuple[str, ...], tuple]] = []
     for group in interactions:
         for values in product(*(axes[a] for a in group)):
-            target = dict(zip(group, values))
+            target = dict(zip(group, values, strict=True))
             if valid(target):
                 uncovered.append((group, values))
     remaining = set(range(len(uncovered)))
@@ -43,7 +43,7 @@ def covering_rows(
     rows: list[Row] = []
     while remaining:
         group, values = uncovered[min(remaining)]
-        row: Row = dict(zip(group, values))
+        row: Row = dict(zip(group, values, strict=True))
         for name in names:
             if name in row:
                 continue
@@ -67,7 +67,7 @@ def covering_rows(
 
 
 def _covers(row: Row, group: tuple[str, ...], values: tuple) -> bool:
-    return all(a in row and row[a] == v for a, v in zip(group, values))
+    return all(a in row and row[a] == v for a, v in zip(group, values, strict=True))
 
 
 def uncovered_targets(
@@ -79,7 +79,7 @@ def uncovered_targets(
     missing = []
     for group in interactions:
         for values in product(*(axes[a] for a in group)):
-            target = dict(zip(group, values))
+            target = dict(zip(group, values, strict=True))
             if valid(target) and not any(_covers(r, group, values) for r in rows):
                 missing.append(target)
     return missing

@@ -78,4 +78,6 @@ def _walk(folder: Path) -> Iterable[Path]:
 
 
 def _skipped(folder: Path) -> bool:
-    return any(fnmatch.fnmatch(folder.name, pattern) for pattern in SKIPPED_FOLDERS) or (folder / "pyvenv.cfg").is_file()
+    if any(fnmatch.fnmatch(folder.name, pattern) for pattern in SKIPPED_FOLDERS):
+        return True
+    return (folder / "pyvenv.cfg").is_file()

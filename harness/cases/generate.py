@@ -224,7 +224,7 @@ def _multi_sequences(row: dict, pattern: list[tuple[int, bool, int]], hint: str)
     chunk = SHAPES[row["shape"]].chunk_size
     logical = sorted({s for init, _, final in pattern for s in (init, final) if s >= 0})
     slots, physical = _slot_numbers(len(logical), row["numbering"], hint)
-    phys = dict(zip(logical, physical))
+    phys = dict(zip(logical, physical, strict=True))
     seqs = []
     for b, (init, has_state, final) in enumerate(pattern):
         context = resolve_count(CONTEXT_MIXES[row["contexts"]][b], chunk) if has_state else 0
@@ -321,7 +321,8 @@ def index_layouts_family() -> list[Case]:
                         seqs = [SequenceSpec(chunk - 1, 5, 2, True, 0), SequenceSpec(1, 12, 0, True, 2)]
                     if not direct:
                         seqs = [replace(s, final_slot=None) for s in seqs]
-                    case_id = f"index_layouts-{n:03d}-{dtype}-stride{stride}-{'aligned' if aligned else 'unaligned'}-{call}"
+                    alignment = "aligned" if aligned else "unaligned"
+                    case_id = f"index_layouts-{n:03d}-{dtype}-stride{stride}-{alignment}-{call}"
                     text = (
                         f"gather warmup: {dtype} indices, stride class {stride}, "
                         f"{'16-byte aligned' if aligned else 'unaligned'} column pointers, {call} call"
@@ -348,7 +349,8 @@ def serving_family() -> list[Case]:
     """Granite-like serving shape: 4224-token cached prefix + 32 (B=1, direct) and the mixed prefill (B=3)."""
     shape = SHAPES["serving"]
     workloads: list[tuple[str, str, str, list[SequenceSpec], str]] = []
-    for io, state in (("bfloat16", "bfloat16"), ("bfloat16", "float32"), ("float16", "float16"), ("float32", "float32")):
+    for io, state in (("bfloat16", "bfloat16"), ("bfloat16", "float32"), ("float16", "float16"),
+                      ("float32", "float32")):
         workloads.append(("short", io, state, [SequenceSpec(4224, 32, 5, True, 5)], "direct"))
     workloads += [
         ("short_new", "bfloat16", "bfloat16", [SequenceSpec(0, 32, 9, False, 9)], "direct"),
@@ -382,7 +384,8 @@ def serving_family() -> list[Case]:
 
 
 FAMILIES = {
-    "direct": (direct_family, "One sequence with direct writeback (indexed-eligible): pairwise over all axes, all dtype x shape triples."),
+    "direct": (direct_family, "One sequence with direct writeback (indexed-eligible): pairwise over all axes, all "
+                              "dtype x shape triples."),
     "multi": (multi_family, "Several sequences with direct writeback (snapshot path): crossed, cyclic, shared slots."),
     "fallback": (fallback_family, "Checkpoint and returned final states (ineligible for the indexed path)."),
     "index_layouts": (index_layouts_family, "Index dtype x stride class x pointer alignment (gather warmup)."),

@@ -20,6 +20,8 @@ from typing import Any, Iterable
 import torch
 import yaml
 
+from harness.cases.files import case_files
+from harness.cases.limits import check_sizes
 from harness.cases.model import (
     SCHEMA_ID,
     TORCH_DTYPES,
@@ -37,10 +39,7 @@ from harness.cases.model import (
     default_cpu_tier,
     default_family,
 )
-from harness.cases.files import case_files
-from harness.cases.limits import check_sizes
 from harness.cases.schema import CaseError, SchemaViolation, describe, validate
-
 
 # A case file is read whole and parsed into Python objects (~30 bytes of memory per byte of YAML, 1-2 s of CPU per
 # MB), by every pytest worker at collection. The largest generated file is ~60 KB; 1 MiB leaves room for ~2,000
@@ -301,7 +300,8 @@ def check_combinations(case: Case, data: dict) -> None:
     if case.call.path == "indexed":
         eligible = case.indexed_eligible()
         if not eligible:
-            raise SchemaViolation("call.path", f"auto or snapshot (indexed is ineligible: {eligible.reason})", "'indexed'")
+            raise SchemaViolation("call.path", f"auto or snapshot (indexed is ineligible: {eligible.reason})",
+                                  "'indexed'")
 
     knobs = case.inputs
     for name, value in vars(knobs).items():
@@ -310,7 +310,8 @@ def check_combinations(case: Case, data: dict) -> None:
     if knobs.A_max < knobs.A_min:
         raise SchemaViolation("inputs.A_max", f"a number >= A_min ({knobs.A_min})", describe(knobs.A_max))
     if knobs.A_min <= 0:
-        raise SchemaViolation("inputs.A_min", "a number > 0 (A = -uniform(A_min, A_max) must be negative)", describe(knobs.A_min))
+        raise SchemaViolation("inputs.A_min", "a number > 0 (A = -uniform(A_min, A_max) must be negative)",
+                              describe(knobs.A_min))
 
 
 def _check_indices(case: Case, raw: dict) -> None:
@@ -449,7 +450,8 @@ def case_to_dict(case: Case, with_schema: bool = True) -> dict:
     }
     out["dtype"] = {"io": case.dtype.io, "state": case.dtype.state}
     o = case.options
-    out["options"] = {"D": o.D, "z": o.z, "dt_bias": o.dt_bias, "dt_softplus": o.dt_softplus, "dt_limit": list(o.dt_limit)}
+    out["options"] = {"D": o.D, "z": o.z, "dt_bias": o.dt_bias, "dt_softplus": o.dt_softplus,
+                      "dt_limit": list(o.dt_limit)}
     seqs = []
     for s in case.sequences:
         d = {"context": s.context, "tokens": s.tokens, "init_slot": s.init_slot, "has_state": s.has_state}

@@ -270,7 +270,8 @@ class Case:
             layout = f"bt[{idx.rows_before}:,{idx.init_column}/{fc}] of {idx.columns} cols"
         else:
             layout = "contiguous"
-        opts = [f"D={o.D}"] + [name for name, on in (("z", o.z), ("dt_bias", o.dt_bias), ("softplus", o.dt_softplus)) if on]
+        flags = (("z", o.z), ("dt_bias", o.dt_bias), ("softplus", o.dt_softplus))
+        opts = [f"D={o.D}"] + [name for name, on in flags if on]
         if o.dt_limit != (0.0, math.inf):
             opts.append(f"dt_limit=({o.dt_limit[0]:g},{o.dt_limit[1]:g})")
         return (

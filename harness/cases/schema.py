@@ -160,11 +160,12 @@ CASE_PROPERTIES: dict[str, Any] = {
             {
                 "context": _count(0, doc="Tokens already processed (in the cache); sets the chunk alignment."),
                 "tokens": _count(1, doc="New tokens of this call."),
-                "init_slot": _int(INT32_MIN, INT32_MAX, doc="Cache slot the initial state is read from; in [0, cache.slots) even when "
-                                      "has_state is false (the slot then holds NaN)."),
+                "init_slot": _int(INT32_MIN, INT32_MAX, doc="Cache slot the initial state is read from; in "
+                                      "[0, cache.slots) even when has_state is false (the slot then holds NaN)."),
                 "has_state": _bool("false: the initial state is masked (must act as zeros) and its slot holds NaN."),
-                "final_slot": _int(INT32_MIN, INT32_MAX, doc="Slot the final state is written to; required with call.final_state direct "
-                                       "and forbidden otherwise; negative: padded sequence, nothing is written."),
+                "final_slot": _int(INT32_MIN, INT32_MAX, doc="Slot the final state is written to; required with "
+                                       "call.final_state direct and forbidden otherwise; negative: padded sequence, "
+                                       "nothing is written."),
             },
             ("context", "tokens", "init_slot", "has_state"),
             doc="One sequence of the batch.",

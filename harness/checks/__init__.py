@@ -6,16 +6,17 @@ Importing this package registers every check. ``run_check`` is the one way to ru
 from harness.checks.base import Check, CheckContext, CheckResult, NotApplicable, Status
 from harness.checks.providers import DEFAULT_PROVIDER, ProviderError, load_provider, supported_paths
 from harness.checks.registry import check_names, get_check, register, selected_checks
+from harness.checks.runner import repro_line, run_check
 
-# Registration side effects, in the order items are collected.
-from harness.checks import paths as _paths  # noqa: E402,F401
-from harness.checks import storage as _storage  # noqa: E402,F401
-from harness.checks import states as _states  # noqa: E402,F401
-from harness.checks import bound as _bound  # noqa: E402,F401
-from harness.checks import kernel_exact as _kernel_exact  # noqa: E402,F401
-from harness.checks import autotune as _autotune  # noqa: E402,F401
-
-from harness.checks.runner import repro_line, run_check  # noqa: E402
+# Registration side effects, in the order items are collected (not alphabetical: isort must leave the order).
+# isort: off
+from harness.checks import paths as _paths  # noqa: F401
+from harness.checks import storage as _storage  # noqa: F401
+from harness.checks import states as _states  # noqa: F401
+from harness.checks import bound as _bound  # noqa: F401
+from harness.checks import kernel_exact as _kernel_exact  # noqa: F401
+from harness.checks import autotune as _autotune  # noqa: F401
+# isort: on
 
 __all__ = [
     "Check",

@@ -30,7 +30,8 @@ def _autotune_idempotent(ctx) -> dict:
 register(
     Check(
         name="autotune_idempotent",
-        doc="every autotuner the call launches tunes from scratch; a replay of the chosen configs leaves the same bytes",
+        doc="every autotuner the call launches tunes from scratch; a replay of the chosen configs leaves the same "
+            "bytes",
         run=_autotune_idempotent,
     )
 )

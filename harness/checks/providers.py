@@ -15,7 +15,8 @@ class ProviderError(ValueError):
 
 
 def load_provider(spec: str = DEFAULT_PROVIDER):
-    """Import ``module`` and return its ``attr`` (dotted attributes allowed). Raises ``ProviderError`` with the cause."""
+    """Import ``module`` and return its ``attr`` (dotted attributes allowed). Raises ``ProviderError`` with the
+    cause."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ProviderError(f"--provider: expected module:attr, found {spec!r}")

@@ -221,7 +221,7 @@ class StorageSnapshot:
 
     def write(self, contents: list[torch.Tensor]) -> None:
         """Put ``contents`` (one uint8 copy per storage, as ``current`` gives) back into the storages."""
-        for t, saved in zip(self.tensors, contents):
+        for t, saved in zip(self.tensors, contents, strict=True):
             whole = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
             whole.copy_(saved.to(t.device))
 
@@ -253,7 +253,7 @@ def _compare_returned(replayed: Any, tuned: list[tuple[str, torch.Tensor]]) -> l
     if [n for n, _ in now] != [n for n, _ in tuned]:
         return [f"returned tensors: the tuned call returned {[n for n, _ in tuned]}, the replay {[n for n, _ in now]}"]
     failures = []
-    for (name, got), (_, expected) in zip(now, tuned):
+    for (name, got), (_, expected) in zip(now, tuned, strict=True):
         try:
             assert_bits_equal(got, expected, what=f"{name} (replay vs tuned call)")
         except Mismatch as e:
@@ -302,7 +302,7 @@ def check_autotune_safe(
             raise DestructiveAutotuning(f"the replay tried to tune {sorted(set(state.tuned_in_replay))}: the tuning "
                                         "keys changed between the tuned call and the replay", report)
     failures = []
-    for t, name, after_tuning in zip(snap.tensors, snap.names, tuned):
+    for t, name, after_tuning in zip(snap.tensors, snap.names, tuned, strict=True):
         try:
             assert_storage_equal(t, after_tuning, what=f"storage of {name} (replay vs tuned call)",
                                  element=t.dtype)

@@ -151,7 +151,7 @@ def compile_distinct(launches: Iterable[Launch], target: tuple = SM90) -> int:
             raise RuntimeError(f"gpu_compile child failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
         with open(result, "rb") as fh:
             errors = pickle.load(fh)
-    failed = [(launch, err) for launch, err in zip(todo, errors) if err is not None]
+    failed = [(launch, err) for launch, err in zip(todo, errors, strict=True) if err is not None]
     if failed:
         raise GpuCompileError("\n".join(
             f"{launch.kernel} does not compile for {target[0]} sm_{target[1]}:\n  {launch.describe}\n{err}"

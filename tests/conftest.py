@@ -1,0 +1,51 @@
+"""What every test module shares: the device the kernels run on, and the markers that skip by device.
+
+The device is decided once per process, before any test module is imported: the ssd_pytest plugin's
+``pytest_configure`` (``--device``, default auto) calls ``harness.backend.configure``, which sets ``TRITON_INTERPRET``
+before anything imports triton (Triton reads it when ``@triton.jit`` decorates a kernel). Test modules therefore import
+kernels at their top and never configure the backend; they take the decision from the ``device`` fixture.
+
+This file must import neither triton nor a kernel module: pytest loads it before ``pytest_configure`` when a path
+under tests/ is named on the command line. Helpers that test modules share live in ``tests/support.py``.
+
+Markers (declared in pyproject.toml), each with the reason a reader sees in the skip line:
+``@pytest.mark.gpu(reason=...)``: needs real compiles on a CUDA device; skipped under the interpreter.
+``@pytest.mark.interpreter(reason=...)``: needs Triton's interpreter; skipped on the GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import backend
+from kernels.environment import arithmetic_profile
+
+_NEEDS = {"gpu": "cuda", "interpreter": "cpu"}
+
+
+@pytest.fixture(scope="session")
+def device() -> str:
+    """Where this process's kernels run: "cuda", or "cpu" (Triton's interpreter), as ``--device`` resolved it."""
+    return backend.current_device()
+
+
+@pytest.fixture(scope="session")
+def profile(device: str) -> str:
+    """The arithmetic profile (``reference.arith``'s names) the kernels follow on ``device``."""
+    return arithmetic_profile(device)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the items whose marker names another device: as a skip marker, so that the skip line names the test."""
+    here = backend.current_device()
+    for item in items:
+        for name, needed in _NEEDS.items():
+            marker = item.get_closest_marker(name)
+            if marker is None:
+                continue
+            reason = marker.kwargs.get("reason")
+            if not reason:
+                raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.{name} needs reason=... (the skip line shows it)")
+            if here != needed:
+                item.add_marker(pytest.mark.skip(reason=f"runs on {needed} only, this process runs on {here}: "
+                                                        f"{reason}"))

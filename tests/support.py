@@ -1,0 +1,89 @@
+"""Helpers that more than one test module uses: small kernel-test cases, paged caches and index views, and the CLI
+run in this process. Test modules import them from here (``from tests.support import ...``), never from each other.
+
+Imported by test modules only, after the ssd_pytest plugin has configured the backend (tests/conftest.py says why);
+every helper that makes tensors takes the device from its caller (the ``device`` fixture).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import subprocess
+
+import torch
+
+from harness import cli
+from harness.cases.model import CacheSpec, CallSpec, Case, IndicesSpec, Options, Shape, Tiers
+
+# ---- kernel-test cases ---------------------------------------------------------------------------------------------
+
+NHEADS, DSTATE, CHUNK = 3, 16, 64
+ALL_OPTIONS = Options(D="per_channel", z=True, dt_bias=True, dt_softplus=True)
+CONTIGUOUS_INDICES = IndicesSpec()
+
+
+def make_case(sequences, *, io="float32", state="float32", headdim=5, options=ALL_OPTIONS, mode="direct",
+              slots=8, row_pad=24, offset=7, fill="nan", indices=CONTIGUOUS_INDICES, seed=0, case_id="unit",
+              nheads=NHEADS, dstate=DSTATE, chunk_size=CHUNK, ngroups=1):
+    """A case, small by default (nheads 3, dstate 16, chunk 64). ``sequences``: (context, tokens, init_slot, has_state,
+    final_slot) tuples. The builder fills every slot with random states, masked-off init slots with NaN and every
+    gap (``offset`` elements before slot 0, ``row_pad`` after each row) with ``fill``. Tests call the kernels on it
+    directly, on either device, so it belongs to the CPU tier."""
+    return Case.create(
+        case_id, description="kernel unit test", seed=seed,
+        shape=Shape(nheads=nheads, headdim=headdim, dstate=dstate, ngroups=ngroups, chunk_size=chunk_size),
+        dtype=(io, state), options=options, sequences=sequences,
+        cache=CacheSpec(slots=slots, row_pad=row_pad, offset=offset, fill=fill), indices=indices,
+        call=CallSpec(final_state=mode), tiers=Tiers(cpu=True), family="unit",
+    )
+
+
+# ---- paged caches and index views ----------------------------------------------------------------------------------
+
+H, P, N = 3, 5, 16
+STATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def paged_cache(slots, dtype, device, *, heads=H, headdim=P, dstate=N, row_pad=24, offset=7, fill=float("nan"),
+                seed=0, blank_slots=()):
+    """A (slots, H, P, N) cache view over a larger storage: ``offset`` elements before it, ``row_pad`` sentinel
+    elements after every slot row, a sentinel tail. Slots hold finite random values except ``blank_slots`` (left at
+    ``fill``). Returns (base, cache): ``base`` owns the storage, ``cache`` is the strided view kernels see."""
+    row = heads * headdim * dstate
+    stride0 = row + row_pad
+    base = torch.full((offset + slots * stride0 + 11,), fill, dtype=dtype)
+    cache = base.as_strided((slots, heads, headdim, dstate), (stride0, headdim * dstate, dstate, 1), offset)
+    g = torch.Generator().manual_seed(seed)
+    for s in range(slots):
+        if s not in blank_slots:
+            cache[s] = torch.randn(heads, headdim, dstate, generator=g).to(dtype)
+    base = base.to(device)  # filled on the CPU (seeded), then the same layout re-viewed on the device
+    return base, base.as_strided(cache.shape, cache.stride(), cache.storage_offset())
+
+
+def index_view(values, dtype, layout, device, *, column=1, columns=5, rows_before=3, junk=-7):
+    """``values`` as a (batch,) index tensor: ``contiguous``, or ``block_table``: one column of a
+    (rows_before + batch, columns) table (stride = columns; the pointer is 16-byte aligned only for some columns)."""
+    if layout == "contiguous":
+        return torch.tensor(values, dtype=dtype, device=device)
+    assert layout == "block_table", layout
+    table = torch.full((rows_before + len(values), columns), junk, dtype=dtype)
+    table[rows_before:, column] = torch.tensor(values, dtype=dtype)
+    return table.to(device)[rows_before:, column]
+
+
+# ---- the CLI -------------------------------------------------------------------------------------------------------
+
+
+def harness(*args: str) -> subprocess.CompletedProcess:
+    """``python -m harness ARGS``, run as ``cli.main(args)`` in this process: its exit status and output, shaped like
+    a finished process. In-process, because a subprocess per call re-imports torch and re-initialises CUDA
+    (seconds each on the GPU tier)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(list(args))
+        except SystemExit as exc:  # argparse errors and --help
+            code = exc.code if isinstance(exc.code, int) else 2
+    return subprocess.CompletedProcess(["python", "-m", "harness", *args], code, out.getvalue(), err.getvalue())
