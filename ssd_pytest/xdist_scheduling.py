@@ -10,9 +10,9 @@ import tempfile
 
 import pytest
 
+from harness.cases.files import CASE_SUFFIXES
 from harness.sharding import LongestFirstQueue
 from ssd_pytest import private_api
-from harness.cases.files import CASE_SUFFIXES
 from ssd_pytest.sharding import measured_costs
 
 GROUPS_FILE_ENV = "SSD_HARNESS_XDIST_GROUPS"  # where workers write {nodeid: xdist_group name} for the controller

@@ -10,7 +10,6 @@ in this process.
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import signal
@@ -22,14 +21,12 @@ from pathlib import Path
 import pytest
 
 from harness import cli
-from harness.backend import current_device
 from harness.checks import CheckResult, Status
 from harness.report import Report, parts_dir
 from tests import broken_providers as bp
 from tests import faulty_providers as fp
 
 ROOT = Path(__file__).resolve().parents[1]
-DEVICE = current_device()
 CASES = ("tiny-direct", "tiny-batch", "tiny-returned")
 CLI_SECONDS = 300  # a run's wall-time bound here: each run starts torch twice (front end and child) on a busy host
 
@@ -51,9 +48,9 @@ def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess:
                           text=True, timeout=CLI_SECONDS)
 
 
-def run_faulty(tiny: Path, provider: str, **env: str) -> tuple[subprocess.CompletedProcess, Report]:
+def run_faulty(tiny: Path, device: str, provider: str, **env: str) -> tuple[subprocess.CompletedProcess, Report]:
     report = tiny.parent / "report.json"
-    proc = run_cli("run", str(tiny), "--device", DEVICE, "--provider", f"tests.faulty_providers:{provider}",
+    proc = run_cli("run", str(tiny), "--device", device, "--provider", f"tests.faulty_providers:{provider}",
                    "--check", "determinism", "--json", str(report), **env)
     assert report.is_file(), f"no report\n{proc.stdout}\n{proc.stderr}"
     return proc, Report.read(report)
@@ -98,21 +95,21 @@ def assert_gone(pids: list[int]) -> None:
     ("segfaults", "the process running the provider died: SIGSEGV (signal 11)", 1),
     ("raises_keyboard_interrupt", "KeyboardInterrupt", 0),
 ])
-def test_a_provider_that_exits_or_crashes_fails_its_item_and_the_rest_run(tiny, provider, cause, restarts):
+def test_a_provider_that_exits_or_crashes_fails_its_item_and_the_rest_run(tiny, provider, cause, restarts, device):
     spec = f"tests.faulty_providers:{provider}"
-    proc, report = run_faulty(tiny, provider)
+    proc, report = run_faulty(tiny, device, provider)
     assert_only_items_of(report, proc, tiny, fp.FAULTING_CASE, cause, spec)
     assert [r["item"] for r in report.meta["restarts"]] == [f"{fp.FAULTING_CASE}::determinism"] * restarts
     assert report.meta["processes"] == 1 + restarts
     if provider == "segfaults":  # the dying child's Python stack is in the report
         (bad,) = [r for r in report.items if r.outcome == "error"]
         assert "faulty_providers.py" in bad.message and "in fault" in bad.message, bad.message
-        assert f"provider process restarts: 1" in proc.stdout
+        assert "provider process restarts: 1" in proc.stdout
 
 
-def test_a_hung_item_is_stopped_at_the_time_limit(tiny):
+def test_a_hung_item_is_stopped_at_the_time_limit(tiny, device):
     pids = tiny.parent / "pids"
-    proc, report = run_faulty(tiny, "hangs", SSD_HARNESS_ITEM_TIMEOUT="10", SSD_TEST_PID_FILE=str(pids))
+    proc, report = run_faulty(tiny, device, "hangs", SSD_HARNESS_ITEM_TIMEOUT="10", SSD_TEST_PID_FILE=str(pids))
     cause = "timed out after 10 s (limit from SSD_HARNESS_ITEM_TIMEOUT)"
     assert_only_items_of(report, proc, tiny, fp.FAULTING_CASE, cause, "tests.faulty_providers:hangs")
     (hung,) = [r for r in report.items if r.outcome == "error"]
@@ -121,10 +118,10 @@ def test_a_hung_item_is_stopped_at_the_time_limit(tiny):
     assert_gone(_pids(pids))
 
 
-def test_a_sticky_device_error_fails_only_the_case_that_caused_it(tiny):
+def test_a_sticky_device_error_fails_only_the_case_that_caused_it(tiny, device):
     """The provider poisons its process on tiny-batch (every later call there fails, as after a real illegal memory
     access): the child reports the error, exits, and tiny-returned runs in a fresh one."""
-    proc, report = run_faulty(tiny, "sticky_device_error")
+    proc, report = run_faulty(tiny, device, "sticky_device_error")
     assert_only_items_of(report, proc, tiny, fp.FAULTING_CASE, fp.STICKY_MESSAGE,
                          "tests.faulty_providers:sticky_device_error")
     (restart,) = report.meta["restarts"]
@@ -132,18 +129,18 @@ def test_a_sticky_device_error_fails_only_the_case_that_caused_it(tiny):
     assert "provider process replaced: sticky device error" in proc.stdout
 
 
-def test_a_crash_that_does_not_repeat_is_reported_not_rerun_as_passed(tiny):
+def test_a_crash_that_does_not_repeat_is_reported_not_rerun_as_passed(tiny, device):
     """The first call of the run kills its process; the item that made it is an ERROR, reported once, and the later
     items (each call now works) pass."""
     marker = tiny.parent / "crashed-once"
-    proc, report = run_faulty(tiny, "crashes_once", SSD_TEST_CRASH_ONCE_MARKER=str(marker))
+    proc, report = run_faulty(tiny, device, "crashes_once", SSD_TEST_CRASH_ONCE_MARKER=str(marker))
     assert marker.exists()
     assert_only_items_of(report, proc, tiny, "tiny-direct", "died: SIGSEGV (signal 11)",
                          "tests.faulty_providers:crashes_once")
 
 
-def test_repro_of_a_crashing_item_shows_the_crash(tiny):
-    proc = run_cli("repro", str(tiny), "--case", fp.FAULTING_CASE, "--check", "determinism", "--device", DEVICE,
+def test_repro_of_a_crashing_item_shows_the_crash(tiny, device):
+    proc = run_cli("repro", str(tiny), "--case", fp.FAULTING_CASE, "--check", "determinism", "--device", device,
                    "--provider", "tests.faulty_providers:segfaults")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert f"ERROR: {fp.FAULTING_CASE}::determinism" in proc.stdout
@@ -152,13 +149,13 @@ def test_repro_of_a_crashing_item_shows_the_crash(tiny):
 
 
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
-def test_an_interrupted_run_reports_what_finished_and_says_so(tiny, how):
+def test_an_interrupted_run_reports_what_finished_and_says_so(tiny, how, device):
     """Ctrl-C in a terminal (SIGINT to the whole process group) or SIGTERM to the front end while tiny-batch hangs:
     the run stops, the report holds the finished item and says interrupted, the exit status is non-zero, and the
     hung child is gone."""
     report, pids = tiny.parent / "report.json", tiny.parent / "pids"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "harness", "run", str(tiny), "--device", DEVICE, "--provider",
+        [sys.executable, "-m", "harness", "run", str(tiny), "--device", device, "--provider",
          "tests.faulty_providers:hangs", "--check", "determinism", "--json", str(report)],
         cwd=ROOT, env=_env(SSD_TEST_PID_FILE=str(pids)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True)
@@ -194,11 +191,11 @@ def test_an_interrupted_run_reports_what_finished_and_says_so(tiny, how):
 # ---------------------------------------------------------------- reports and options, in this process
 
 
-def test_an_unwritable_report_path_is_refused_before_any_item(tmp_path, tiny, capsys, monkeypatch):
+def test_an_unwritable_report_path_is_refused_before_any_item(tmp_path, tiny, capsys, monkeypatch, device):
     monkeypatch.setenv("SSD_HARNESS_ISOLATION", "none")  # in this process: the path is refused before any child
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    code = cli.main(["run", str(tiny), "--device", DEVICE, "--provider", "reference:provider", "--check",
+    code = cli.main(["run", str(tiny), "--device", device, "--provider", "reference:provider", "--check",
                      "determinism", "--json", str(blocker / "report.json")])
     out = capsys.readouterr()
     assert code == cli.EXIT_UNUSABLE, out.out + out.err
@@ -206,7 +203,7 @@ def test_an_unwritable_report_path_is_refused_before_any_item(tmp_path, tiny, ca
     assert "[1/" not in out.out and "PASSED" not in out.out
 
 
-def test_the_report_is_appended_live_while_the_run_goes_on(tiny, monkeypatch):
+def test_the_report_is_appended_live_while_the_run_goes_on(tiny, monkeypatch, device):
     """Each record is in ``<report>.parts/cli.jsonl`` as soon as its item ends (what a killed run leaves); the
     provider here reads that file during the second case's call."""
     from harness.report import read_live
@@ -229,7 +226,7 @@ def test_the_report_is_appended_live_while_the_run_goes_on(tiny, monkeypatch):
             return self.inner.ssd_prefill(*args, **kwargs)
 
     monkeypatch.setattr(fp, "peeks", Peeks(), raising=False)
-    code = cli.main(["run", str(tiny), "--device", DEVICE, "--provider", "tests.faulty_providers:peeks",
+    code = cli.main(["run", str(tiny), "--device", device, "--provider", "tests.faulty_providers:peeks",
                      "--isolation", "none", "--check", "reference_bound", "--json", str(report)])
     assert code == cli.EXIT_OK
     assert seen[0] == [] and ["tiny-direct"] in seen and ["tiny-direct", "tiny-batch"] in seen
@@ -237,11 +234,11 @@ def test_the_report_is_appended_live_while_the_run_goes_on(tiny, monkeypatch):
 
 
 @pytest.mark.parametrize("select", [("--isolation", "none"), ("SSD_HARNESS_ISOLATION", "none")])
-def test_in_process_mode_still_makes_a_provider_exit_an_error(tiny, capsys, monkeypatch, select):
+def test_in_process_mode_still_makes_a_provider_exit_an_error(tiny, capsys, monkeypatch, select, device):
     """--isolation none (or its environment variable) runs items in this process, for pdb: a provider's SystemExit
     is its item's ERROR there too, and the run goes on."""
     name, value = select
-    args = ["run", str(tiny), "--device", DEVICE, "--provider", "tests.faulty_providers:exits_zero", "--check",
+    args = ["run", str(tiny), "--device", device, "--provider", "tests.faulty_providers:exits_zero", "--check",
             "determinism", "--json", str(tiny.parent / "report.json")]
     if name.startswith("--"):
         args += [name, value]
@@ -263,10 +260,10 @@ def test_in_process_mode_still_makes_a_provider_exit_an_error(tiny, capsys, monk
     ([], {"SSD_HARNESS_ISOLATION": "thread"}, "SSD_HARNESS_ISOLATION: expected one of process, none, found 'thread'"),
     (["--isolation", "none", "--item-timeout", "5"], {}, "--item-timeout: with --isolation none"),
 ])
-def test_bad_isolation_settings_exit_2_naming_the_setting(tiny, capsys, monkeypatch, args, env, message):
+def test_bad_isolation_settings_exit_2_naming_the_setting(tiny, capsys, monkeypatch, args, env, message, device):
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    code = cli.main(["run", str(tiny), "--device", DEVICE, "--provider", "reference:provider", *args])
+    code = cli.main(["run", str(tiny), "--device", device, "--provider", "reference:provider", *args])
     err = capsys.readouterr().err
     assert code == cli.EXIT_UNUSABLE and message in err, err
 
@@ -292,17 +289,17 @@ def _tiny_cases(tiny: Path) -> dict:
     return {c.id: c for c in load_case_file(tiny)}
 
 
-def test_the_recompile_guard_runs_inside_the_child(tiny):
+def test_the_recompile_guard_runs_inside_the_child(tiny, device):
     """A warmup request warms the case's model request in the child; a guarded check then passes with our kernels
     and fails for a provider that launches a specialization the request does not include (interpreter: by key)."""
     from harness.isolation import Supervisor
 
     case = _tiny_cases(tiny)["tiny-direct"]
-    with Supervisor("kernels:provider", DEVICE) as supervisor:
+    with Supervisor("kernels:provider", device) as supervisor:
         assert "specializations" in supervisor.warmup(case)
         good = supervisor.run(case, "determinism", guard=True)
     assert good.status is Status.PASSED, good.message
-    with Supervisor("tests.faulty_providers:launches_unwarmed", DEVICE) as supervisor:
+    with Supervisor("tests.faulty_providers:launches_unwarmed", device) as supervisor:
         unguarded = supervisor.run(case, "determinism")
         guarded = supervisor.run(case, "determinism", guard=True)  # warms the request itself
     assert unguarded.status is Status.PASSED, unguarded.message
@@ -311,24 +308,24 @@ def test_the_recompile_guard_runs_inside_the_child(tiny):
     assert supervisor.restarts == [] and supervisor.processes == 1
 
 
-def test_an_unloadable_provider_is_a_provider_error_not_an_item_result(tiny):
+def test_an_unloadable_provider_is_a_provider_error_not_an_item_result(tiny, device):
     from harness.checks import ProviderError
     from harness.isolation import Supervisor
 
     case = _tiny_cases(tiny)["tiny-direct"]
-    with Supervisor("tests.faulty_providers:no_such_provider", DEVICE) as supervisor:
+    with Supervisor("tests.faulty_providers:no_such_provider", device) as supervisor:
         with pytest.raises(ProviderError, match="has no attribute 'no_such_provider'"):
             supervisor.run(case, "determinism")
 
 
-def test_the_checks_of_one_case_share_its_context_across_requests(tiny):
+def test_the_checks_of_one_case_share_its_context_across_requests(tiny, device):
     """The child receives each case anew (pickled); an equal case keeps its CheckContext, so its inputs are built
     once per case, not once per check."""
     from harness.checks import load_provider
     from harness.isolation.worker import Worker
 
     cases = _tiny_cases(tiny)
-    worker = Worker(load_provider("reference:provider"), DEVICE, "reference:provider")
+    worker = Worker(load_provider("reference:provider"), device, "reference:provider")
     first = worker.context(cases["tiny-direct"])
     assert worker.context(pickle.loads(pickle.dumps(cases["tiny-direct"]))) is first
     assert worker.context(cases["tiny-batch"]) is not first
@@ -346,13 +343,13 @@ def test_sticky_errors_are_told_from_ordinary_failures():
     assert not sticky.after_item(result(Status.PASSED, fp.STICKY_MESSAGE), "cpu")  # a pass is never sticky
 
 
-def test_a_child_lost_between_items_is_replaced_without_blaming_an_item(tiny):
+def test_a_child_lost_between_items_is_replaced_without_blaming_an_item(tiny, device):
     """A child that ends while idle (killed from outside) is recorded as a restart 'between items'; the next item
     runs in a fresh child and keeps its own outcome."""
     from harness.isolation import Supervisor
 
     cases = _tiny_cases(tiny)
-    with Supervisor("reference:provider", DEVICE) as supervisor:
+    with Supervisor("reference:provider", device) as supervisor:
         assert supervisor.run(cases["tiny-direct"], "determinism").status is Status.PASSED
         os.kill(supervisor._proc.pid, signal.SIGKILL)
         supervisor._proc.wait()

@@ -5,8 +5,8 @@ It configures itself like its parent (``protocol.Hello``: sys.path, device, prov
 can catch become the item's ERROR here (``Worker``, with ``interrupts_are_errors``: SIGINT is ignored, so a
 KeyboardInterrupt is the provider's). Faults that end the process (a segfault, ``os._exit``, a kill at the time
 limit) are the supervisor's to report: faulthandler writes the Python stack of a fatal signal, and of SIGUSR1 (sent
-before a kill at the time limit), to TRACE_FD (an unnamed file), which the supervisor adds to the item's report. After an item
-leaves a sticky device error (``sticky``) the child reports it and exits.
+before a kill at the time limit), to TRACE_FD (an unnamed file), which the supervisor adds to the item's
+report. After an item leaves a sticky device error (``sticky``) the child reports it and exits.
 """
 
 from __future__ import annotations

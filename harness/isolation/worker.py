@@ -4,8 +4,8 @@ case share its built inputs), and the recompile guard's warmups."""
 from __future__ import annotations
 
 from harness.checks import CheckContext, CheckResult, run_check
-from harness.isolation.guarded import RecompileGuard
 from harness.isolation import sticky
+from harness.isolation.guarded import RecompileGuard
 
 
 class Worker:
