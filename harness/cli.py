@@ -188,7 +188,8 @@ def _live_report(path: Path | None):
     try:
         return LiveReport(path)
     except OSError as exc:
-        raise Unusable(f"--json {path}: cannot write the report there ({exc.strerror or exc}); nothing was run") from None
+        reason = exc.strerror or exc
+        raise Unusable(f"--json {path}: cannot write the report there ({reason}); nothing was run") from None
 
 
 def _restart_lines(runner) -> list[str]:

@@ -185,7 +185,8 @@ class CheckItem(pytest.Item):
             result = runner(config).run(self.case, self.check, repro_device=None if requested == "auto" else requested,
                                         guard=config.getoption("recompile_guard"))
         except ProviderError as exc:
-            raise CheckFailed(f"--provider {config.getoption('provider') or DEFAULT_PROVIDER} is not usable: {exc}") from None
+            provider = config.getoption("provider") or DEFAULT_PROVIDER
+            raise CheckFailed(f"--provider {provider} is not usable: {exc}") from None
         except IsolationError as exc:
             raise CheckFailed(f"the process running the provider could not start: {exc}") from None
         if result.max_ulp is not None:
