@@ -176,7 +176,8 @@ class CheckItem(pytest.Item):
 
     def setup(self) -> None:
         super().setup()
-        warmup_for(self.config, self.case)  # outside the guarded call; its time shows as this item's setup
+        _, (provider, _) = _provider(self.config)
+        warmup_for(self.config, self.case, provider)  # outside the guarded call; its time shows as this item's setup
 
     def runtest(self) -> None:
         from harness.checks import Status, run_check
@@ -187,13 +188,13 @@ class CheckItem(pytest.Item):
             raise CheckFailed(f"--provider {spec} is not usable: {error}")
         device = config.stash[state.DEVICE]
         requested = config.getoption("device")
-        with recompile_guard(config, self.case) as guarded:
+        with recompile_guard(config, self.case, provider) as guarded:
             result = run_check(
                 self.case, self.check, provider, device=device, provider_spec=spec,
                 repro_device=None if requested == "auto" else requested,
                 context=self.parent.context(provider, device, spec),
             )
-            guarded["ran"] = result.status not in (Status.SKIPPED, Status.UNSUPPORTED)
+            guarded["status"] = result.status
         if result.max_ulp is not None:
             self.user_properties.append(("max_ulp", result.max_ulp))
         if result.summary:

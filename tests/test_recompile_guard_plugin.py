@@ -18,10 +18,12 @@ DEVICE = current_device()
 
 @pytest.fixture(scope="module", autouse=True)
 def _kernels_imported_outside():
-    """Keep Triton's native modules in pytester's sys.modules snapshot (they cannot be loaded twice)."""
+    """Keep Triton's native modules in pytester's sys.modules snapshot (they cannot be loaded twice), and the warmup
+    registry with them (a test patches it; an inner run must not import a second copy)."""
     from harness.checks import load_provider
 
     load_provider("kernels:provider")
+    import kernels.warmup  # noqa: F401
 
 
 def run_guarded(pytester, *args, select="tiny-direct"):
@@ -76,14 +78,15 @@ def test_each_model_request_is_warmed_once_before_its_first_item(pytester, tmp_p
                     "probe in tests/test_recompile_guard.py")
 def test_narrower_warmup_makes_the_guard_fire(pytester, monkeypatch):
     """Negative control: a warmup without the case's per-head D leaves chunk scan's D class unwarmed."""
-    from harness import warmup
+    from kernels import warmup
 
-    real = warmup.requests_from_cases
+    real = warmup.model_request
 
-    def without_d(cases):
-        return [(shape, io, state, {**opts, "d_kinds": ("none",)}) for shape, io, state, opts in real(cases)]
+    def without_d(config):
+        shape, io, state, opts = real(config)
+        return shape, io, state, {**opts, "d_kinds": ("none",)}
 
-    monkeypatch.setattr(warmup, "requests_from_cases", without_d)
+    monkeypatch.setattr(warmup, "model_request", without_d)
     result = run_guarded(pytester, "--provider", "kernels:provider", "-k", "determinism")
     assert result.ret == 1
     result.stdout.fnmatch_lines(["*recompile guard (after warmup:*", "*_chunk_scan_kernel*"])
