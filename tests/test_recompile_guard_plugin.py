@@ -98,3 +98,54 @@ def test_a_check_that_does_not_run_is_skipped_not_judged_by_the_guard(pytester):
     result = run_guarded(pytester, "--provider", "reference:provider", select="tiny-direct and indexed")
     outcomes = result.parseoutcomes()
     assert result.ret == 0 and outcomes.get("skipped", 0) >= 1 and not outcomes.get("failed"), result.stdout.str()[-3000:]
+
+
+def run_slot_cases(pytester, provider: str, *args):
+    """``tests.autotuned_providers.CASES`` under the guard against a foreign provider (its writeback is an
+    autotuned Triton kernel that is not ours)."""
+    from tests import autotuned_providers
+
+    cases = pytester.makefile(".yaml", slots=autotuned_providers.CASES)
+    return pytester.runpytest_inprocess("-p", "ssd_pytest.plugin", "--device", DEVICE, "-p", "no:cacheprovider",
+                                        "-s", "-rfs", "--recompile-guard", str(cases), "--provider", provider, *args)
+
+
+def test_a_foreign_providers_warmup_hook_is_what_its_items_are_held_to(pytester):
+    """The guard warms through the provider's own hook and judges whichever kernels it launches: here a foreign
+    autotuned writeback, warmed by representative calls on every layout the cases use."""
+    result = run_slot_cases(pytester, "tests.warmup_providers:warms_every_layout")
+    outcomes = result.parseoutcomes()
+    assert result.ret == 0 and outcomes.get("passed", 0) >= 10 and not outcomes.get("failed"), result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*warmup: * specializations by provider 'slot-update-warmed-2-layouts'*"
+                                 "slot_update_kernel*"])
+
+
+def test_a_foreign_warmup_that_skips_a_layout_fails_the_items_that_need_it(pytester):
+    """Negative control: the compact-only warmup never launched the writeback on slot-update-first's padded cache
+    that starts 4 bytes into its storage; every item of that case that writes the cache fails, naming the kernel and
+    the argument classes; the other case, on a compact cache, passes."""
+    result = run_slot_cases(pytester, "tests.warmup_providers:warms_compact_only")
+    assert result.ret == 1, result.stdout.str()[-3000:]
+    failed = [line for line in result.outlines if line.startswith("FAILED")]
+    assert failed and all("slot-update-first" in line for line in failed), failed
+    assert any("determinism" in line for line in failed), failed
+    result.stdout.fnmatch_lines(["*recompile guard (after warmup:*", "*kernel tests.autotuned_providers."
+                                 "slot_update_kernel: specialization not warmed up*",
+                                 "*cache_ptr: needed *fp32 unaligned, closest warmed *fp32 aligned16*"])
+    assert result.parseoutcomes().get("passed", 0) >= 5, result.stdout.str()[-3000:]  # slot-update-second's
+
+
+def test_a_provider_without_the_hook_is_unsupported_never_failed_or_passed(pytester):
+    """Without warmup(requests) the guard cannot know what a server would warm: every item that ran and passed is
+    an unsupported skip with that reason; none fails for it and none passes."""
+    result = run_slot_cases(pytester, "tests.autotuned_providers:private_copy", "-k", "not reference_bound")
+    outcomes = result.parseoutcomes()
+    assert result.ret == 0 and not outcomes.get("passed") and not outcomes.get("failed"), result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*unsupported: provider 'slot-update-private-copy' has no warmup(requests) hook; "
+                                 "the recompile guard cannot know what a server would warm*"])
+
+
+def test_without_the_hook_a_failing_check_still_fails(pytester):
+    result = run_guarded(pytester, "--provider", "tests.broken_providers:on_reference.wrong_slot",
+                         select="tiny-direct and untouched_storage")
+    assert result.ret == 1 and result.parseoutcomes().get("failed") == 1, result.stdout.str()[-3000:]
