@@ -149,3 +149,15 @@ def test_without_the_hook_a_failing_check_still_fails(pytester):
     result = run_guarded(pytester, "--provider", "tests.broken_providers:on_reference.wrong_slot",
                          select="tiny-direct and untouched_storage")
     assert result.ret == 1 and result.parseoutcomes().get("failed") == 1, result.stdout.str()[-3000:]
+
+
+def test_a_warmup_hook_that_raises_errors_every_item_of_its_configuration_once(pytester):
+    from tests import warmup_providers
+
+    result = run_slot_cases(pytester, "tests.warmup_providers:warmup_raises", "-k", "slot-update-second and "
+                            "(determinism or untouched_storage)")
+    outcomes = result.parseoutcomes()
+    assert result.ret == 1 and outcomes.get("errors") == 2 and not outcomes.get("passed"), result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*recompile guard: the warmup hook of provider * raised on *: RuntimeError: no "
+                                 "device memory for the warmup*"])
+    assert warmup_providers.warmup_raises.calls == 1

@@ -70,3 +70,18 @@ class WarmedSlotUpdate(SlotUpdateWriteback):
 
 warms_every_layout = WarmedSlotUpdate(layouts=((0, 0), (2, 1)))
 warms_compact_only = WarmedSlotUpdate(layouts=((0, 0),))
+
+
+class WarmupRaises(WarmedSlotUpdate):
+    """A hook that fails: every item of its configuration must be an error, none judged without a warmup."""
+
+    def __init__(self):
+        super().__init__(layouts=())
+        self.calls = 0
+
+    def warmup(self, requests) -> None:
+        self.calls += 1
+        raise RuntimeError("no device memory for the warmup")
+
+
+warmup_raises = WarmupRaises()
