@@ -1,8 +1,10 @@
-"""--recompile-guard in the pytest plugin: before a case's first item, one warmup of its model request; then any case
-item that needs a specialization the warmup did not produce fails (CPU: by specialization key; GPU: by the compile hook)."""
+"""--recompile-guard in the pytest plugin: before a case's first item, the provider's warmup hook on its model
+configuration; then any case item that needs a specialization the warmup did not produce fails, whoever's kernel it
+is (CPU: by specialization key; GPU: by the compile hook). Without the hook, items are unsupported by the guard."""
 
 from __future__ import annotations
 
+import importlib
 
 import pytest
 import yaml
@@ -115,11 +117,14 @@ def test_a_foreign_providers_warmup_hook_is_what_its_items_are_held_to(pytester)
     autotuned writeback, warmed by representative calls on every layout the cases use."""
     result = run_slot_cases(pytester, "tests.warmup_providers:warms_every_layout")
     outcomes = result.parseoutcomes()
-    assert result.ret == 0 and outcomes.get("passed", 0) >= 10 and not outcomes.get("failed"), result.stdout.str()[-3000:]
-    result.stdout.fnmatch_lines(["*warmup: * specializations by provider 'slot-update-warmed-2-layouts'*"
-                                 "slot_update_kernel*"])
+    assert result.ret == 0 and outcomes.get("passed", 0) >= 10 and not outcomes.get("failed"), \
+        result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*warmup: * by provider 'slot-update-warmed-2-layouts'*slot_update_kernel*"])
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="on the GPU the guard's witness is a compile, and a layout an earlier "
+                    "test of this worker compiled does not compile again; the GPU negative control is the cold-cache "
+                    "probe in tests/test_recompile_guard.py")
 def test_a_foreign_warmup_that_skips_a_layout_fails_the_items_that_need_it(pytester):
     """Negative control: the compact-only warmup never launched the writeback on slot-update-first's padded cache
     that starts 4 bytes into its storage; every item of that case that writes the cache fails, naming the kernel and
@@ -152,7 +157,8 @@ def test_without_the_hook_a_failing_check_still_fails(pytester):
 
 
 def test_a_warmup_hook_that_raises_errors_every_item_of_its_configuration_once(pytester):
-    from tests import warmup_providers
+    # The module the inner run loads the provider from (an earlier inner run's copy left sys.modules with it).
+    warmup_providers = importlib.import_module("tests.warmup_providers")
 
     result = run_slot_cases(pytester, "tests.warmup_providers:warmup_raises", "-k", "slot-update-second and "
                             "(determinism or untouched_storage)")

@@ -4,9 +4,9 @@ The guard judges every ``@triton.jit`` function launched inside it, whoever wrot
 are seen at the jit classes' ``run`` (``harness.triton_launches``), compiles at Triton's compile hook. On the GPU two
 independent witnesses are used: Triton's runtime compile hook (``knobs.runtime.jit_cache_hook``, called before every
 in-memory compile with the kernel and its cache key) and the per-device kernel caches of every launched function
-(``JITFunction.device_caches[device][0]``, compared between its first launch in the block and the block's end). The hook never returns a truthy
-value of its own: a truthy return makes Triton skip the compile *and the launch* (``JITFunction._do_compile``), which
-would turn the guard into a silent no-op of the kernel. A hook installed by someone else is still called and its
+(``JITFunction.device_caches[device][0]``, compared between its first launch in the block and the block's end).
+The hook never returns a truthy value of its own: a truthy return makes Triton skip the compile *and the launch*
+(``JITFunction._do_compile``), which would turn the guard into a silent no-op of the kernel. A hook installed by someone else is still called and its
 answer passed through unchanged.
 
 Under the interpreter nothing compiles, so both witnesses are empty by construction; the guard then requires the
