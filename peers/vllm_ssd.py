@@ -154,8 +154,10 @@ def _install_interpreter_benchmarker() -> list[str]:
 INTERPRETER_AUTOTUNERS = _install_interpreter_benchmarker() if _interpreting() else []
 
 
-def _snapshot(state_cache: torch.Tensor, indices: torch.Tensor, has_initial: torch.Tensor) -> torch.Tensor:
-    """vLLM's dense initial-state copy (zeros where the mask is false)."""
+def _snapshot(state_cache: torch.Tensor, initial_state_indices: torch.Tensor,
+              has_initial_states: torch.Tensor) -> torch.Tensor:
+    """vLLM's dense initial-state copy (zeros where the mask is false); the stage contract's names and semantics."""
+    indices, has_initial = initial_state_indices, has_initial_states
     if has_initial.dtype != torch.bool:
         has_initial = has_initial != 0
     if state_cache.is_cuda or state_cache.is_xpu:
