@@ -15,7 +15,7 @@ Two strategies on top of the kernels' in-process compile, both only on the GPU:
 from __future__ import annotations
 
 import argparse
-import math
+import contextlib
 import os
 import pickle
 import subprocess
@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
@@ -42,18 +42,13 @@ class WarmupReport(registry.WarmupReport):
 
 
 def requests_from_cases(cases: Iterable[Any]) -> list[tuple[ModelShape, tuple, tuple, dict]]:
-    """(shape, io dtypes, state dtypes, request options) per distinct (shape, dtypes, D/z/dt_bias/softplus/dt_limit)
-    of ``cases`` (harness.cases.model.Case). Paths, modes and index classes stay complete: a check may call a case
-    on either path and in a mode other than its own, but never with other options or dtypes."""
-    groups: dict[tuple, None] = {}
-    for c in cases:
-        sh, o = c.shape, c.options
-        shape = ModelShape(sh.nheads, sh.headdim, sh.dstate, sh.ngroups, sh.chunk_size)
-        has_limit = tuple(o.dt_limit) != (0.0, math.inf)
-        groups[(shape, c.dtype.io_torch, c.dtype.state_torch, o.D, o.z, o.dt_bias, o.dt_softplus, has_limit)] = None
-    return [(shape, (io,), (state,), dict(d_kinds=(d,), z_options=(z,), dt_bias_options=(bias,),
-                                          softplus_options=(softplus,), dt_limit_options=(limit,)))
-            for shape, io, state, d, z, bias, softplus, limit in groups]
+    """The registry request (``kernels.warmup.model_request``) of each distinct model configuration of ``cases``
+    (``harness.checks.hooks.model_configs``): shape, dtypes and D/z/dt options. Paths, modes and index classes
+    stay complete: a check may call a case on either path and in a mode other than its own, but never with other
+    options or dtypes."""
+    from harness.checks.hooks import model_configs
+
+    return list({repr(r): r for r in map(registry.model_request, model_configs(cases))}.values())
 
 
 def claimed(claims: ClaimBoard):
@@ -92,6 +87,16 @@ def in_process(planned: list[PlannedSpec], order: list[int]) -> None:
     time, so that a test can stand in for the compiler)."""
     for i in order:
         compile_spec(planned[i].spec)
+
+
+@contextlib.contextmanager
+def hook_strategy(device: str, first: float = 0.0) -> Iterator[None]:
+    """Inside the block, ``kernels:provider``'s warmup hook compiles as this process's warmups do (on the GPU under
+    the claims board ``SSD_HARNESS_COMPILE_CLAIMS`` names, shared with the processes warming at once), from
+    fraction ``first`` of its plan. Another provider's hook is not affected: it compiles however it does."""
+    claims = ClaimBoard.from_env() if device == "cuda" else None
+    with registry.hook_compiles_with(claimed(claims) if claims is not None else in_process, first):
+        yield
 
 
 def warmup_all(device: str, requests: Iterable[tuple], *, kernels: Iterable[str] | None = None, first: float = 0.0,

@@ -13,15 +13,32 @@ settle_interpreter()
 
 
 class TritonSSDProvider:
-    """The provider interface (docs/provider.md): a name, the paths it has, and ``ssd_prefill``."""
+    """The provider interface (docs/provider.md): a name, the paths it has, ``ssd_prefill``, and both optional
+    hooks: ``warmup(requests)`` (the warmup registry, ``kernels.warmup``) and ``stages`` (the stage functions the
+    stage-level checks call, with docs/architecture.md's stage contracts)."""
 
     name = "triton-ssd"
     supported_paths = frozenset({"snapshot", "indexed"})
 
     def __init__(self):
+        from types import SimpleNamespace
+
+        from kernels.gather import gather_initial_states
         from kernels.ssd import ssd_prefill
+        from kernels.state_passing import state_passing
+        from kernels.state_passing_indexed import state_passing_indexed
 
         self.ssd_prefill = ssd_prefill
+        self.stages = SimpleNamespace(state_passing=state_passing, state_passing_indexed=state_passing_indexed,
+                                      gather_initial_states=gather_initial_states)
+
+    def warmup(self, requests) -> object:
+        """Every specialization the SSD path can need for these model configurations (a server's startup warmup):
+        compiled on the GPU, passed through Triton's warmup entry under the interpreter. Returns the registry's
+        report."""
+        from kernels.warmup import warmup_models
+
+        return warmup_models(requests)
 
     def __repr__(self) -> str:
         return f"<provider {self.name}>"

@@ -13,7 +13,8 @@ strides, an address that is aligned or not, no storage), and passes them through
 cannot drift apart. ``plan`` enumerates the classes, computes every specialization key and keeps each distinct key
 once; ``warmup_all`` compiles the plan with ``JITFunction.warmup`` (nothing launches), in this process unless the
 caller passes another compile strategy (the harness compiles in child processes and shares work between test
-workers), and returns the keys, which a recompile guard then holds real calls to.
+workers), and returns the keys, which a recompile guard then holds real calls to. ``warmup_models`` is the same for
+model configurations: ``kernels:provider``'s warmup hook (docs/provider.md#optional-hooks).
 
 A kernel that reads an argument only as a scalar leaves it unspecialized (its module's ``SCALAR_ONLY``, passed to
 ``@triton.jit``): every specialized class multiplies the binaries. The registry does not depend on that decision:
@@ -22,6 +23,7 @@ it reads the decorator flags to skip classes that cannot matter, and deduplicate
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import time
@@ -284,16 +286,17 @@ class WarmupReport:
 
 def warmup_all(device: str, requests: Iterable[tuple], *, kernels: Iterable[str] | None = None, first: float = 0.0,
                part: tuple[int, int] | None = None, compile: CompileStrategy = compile_in_process) -> WarmupReport:
-    """Compile (``device`` "cuda") or only key ("cpu": the interpreter compiles nothing) every specialization of
-    ``requests`` (see ``plan``) for the registrations ``kernels`` (default all). ``first`` and ``part``: see
-    ``compile_order``; the report's ``keys`` always list every specialization of the plan."""
+    """Compile (``device`` "cuda") or only key ("cpu": the interpreter compiles nothing, though every spec still
+    passes through Triton's warmup entry) every specialization of ``requests`` (see ``plan``) for the
+    registrations ``kernels`` (default all). ``first`` and ``part``: see ``compile_order``; the report's ``keys``
+    always list every specialization of the plan."""
     start = time.perf_counter()
     planned, enumerated = plan(requests, kernels)
     order = compile_order(len(planned), first, part)
-    compiled = 0
-    if device == "cuda":
-        compile(planned, order)
-        compiled = sum(len(planned[i].new) for i in order)
+    # Under the interpreter Triton's warmup entry compiles nothing, but the specs still pass through it, so that
+    # whoever watches jit functions' runs (the recompile guard, harness.triton_launches) sees what was warmed.
+    compile(planned, order)
+    compiled = sum(len(planned[i].new) for i in order) if device == "cuda" else 0
     keys = [k for p in planned for k in p.new]
     per_kernel: dict[str, int] = {}
     for k in keys:
@@ -306,6 +309,53 @@ def warmup(device: str, shape: ModelShape, io_dtypes: Sequence[torch.dtype], sta
     """``warmup_all`` for one request; ``request``: further ``WarmupRequest`` fields (``index_dtypes``,
     ``index_strides``, ``index_alignments``, ``mask_dtypes``, ...)."""
     return warmup_all(device, [(shape, tuple(io_dtypes), tuple(state_dtypes), request)], kernels=kernels)
+
+
+# ---- the provider's warmup hook ------------------------------------------------------------------------------------
+# ``kernels:provider.warmup(requests)`` (docs/provider.md#optional-hooks) takes model configurations, plain values
+# read by attribute (the harness's ``ModelConfig``): nheads, headdim, dstate, ngroups, chunk_size, io_dtype,
+# state_dtype, D ("none" / "per_head" / "per_channel"), z, dt_bias, dt_softplus, dt_limit.
+
+
+def model_request(config: Any) -> tuple[ModelShape, tuple, tuple, dict]:
+    """The registry request of one model configuration: its shape, dtypes and options, with every path, final-state
+    mode, index dtype and layout class and cache layout class (what a server learns only per call)."""
+    shape = ModelShape(config.nheads, config.headdim, config.dstate, config.ngroups, config.chunk_size)
+    has_limit = tuple(config.dt_limit) != (0.0, math.inf)
+    return (shape, (config.io_dtype,), (config.state_dtype,),
+            dict(d_kinds=(config.D,), z_options=(bool(config.z),), dt_bias_options=(bool(config.dt_bias),),
+                 softplus_options=(bool(config.dt_softplus),), dt_limit_options=(has_limit,)))
+
+
+@dataclass
+class _HookCompile:
+    compile: CompileStrategy = compile_in_process
+    first: float = 0.0
+
+
+_hook_compile = _HookCompile()
+
+
+@contextlib.contextmanager
+def hook_compiles_with(compile: CompileStrategy, first: float = 0.0) -> Iterator[None]:
+    """Inside the block, ``warmup_models`` compiles with ``compile`` starting at fraction ``first`` of its plan (a
+    caller that runs many warming processes at once shares their compiles this way); it changes how, never what."""
+    global _hook_compile
+    saved, _hook_compile = _hook_compile, _HookCompile(compile, first)
+    try:
+        yield
+    finally:
+        _hook_compile = saved
+
+
+def warmup_models(configs: Iterable[Any]) -> WarmupReport:
+    """The warmup hook: every specialization the registrations can need for these model configurations, compiled
+    on the GPU (nothing launches) or passed through Triton's warmup entry under the interpreter."""
+    from triton import knobs
+
+    requests = list({repr(r): r for r in map(model_request, configs)}.values())
+    device = "cpu" if knobs.runtime.interpret else "cuda"
+    return warmup_all(device, requests, first=_hook_compile.first, compile=_hook_compile.compile)
 
 
 # ---- class derivation ---------------------------------------------------------------------------------------------

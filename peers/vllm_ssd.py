@@ -20,6 +20,11 @@ writeback passes ``final_states_out=state_cache, final_state_indices=final_state
 each final state into its slot); returned mode passes neither and returns vLLM's ``states[last_chunk_indices]``;
 checkpoint mode passes ``return_intermediate_states=True`` and no cache, so nothing is written.
 
+The optional hooks (docs/provider.md#optional-hooks): ``warmup(requests)`` makes representative calls per model
+configuration, as a vLLM server's startup dummy runs do (``VllmSSDProvider.warmup`` lists what they cover; the
+recompile guard names whatever a real call needs beyond that); ``stages`` offers vLLM's gather, whose contract is
+the harness's, and not its state passing, whose contract is not (the comment at ``VllmSSDProvider.stages``).
+
 Where our contract and vLLM 0.33's differ:
 
 - **No indexed path.** vLLM always reads initial states from a dense copy: ``supported_paths`` is {"snapshot"}
@@ -56,6 +61,7 @@ import math
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -148,8 +154,10 @@ def _install_interpreter_benchmarker() -> list[str]:
 INTERPRETER_AUTOTUNERS = _install_interpreter_benchmarker() if _interpreting() else []
 
 
-def _snapshot(state_cache: torch.Tensor, indices: torch.Tensor, has_initial: torch.Tensor) -> torch.Tensor:
-    """vLLM's dense initial-state copy (zeros where the mask is false)."""
+def _snapshot(state_cache: torch.Tensor, initial_state_indices: torch.Tensor,
+              has_initial_states: torch.Tensor) -> torch.Tensor:
+    """vLLM's dense initial-state copy (zeros where the mask is false); the stage contract's names and semantics."""
+    indices, has_initial = initial_state_indices, has_initial_states
     if has_initial.dtype != torch.bool:
         has_initial = has_initial != 0
     if state_cache.is_cuda or state_cache.is_xpu:
@@ -183,12 +191,95 @@ def _refuse_negative_slots(final_state_indices: torch.Tensor) -> None:
             "(ssd_state_passing.py, HAS_FINAL_STATES), i.e. outside the cache, where our contract writes nothing")
 
 
+# ---- the warmup hook: representative calls, as a vLLM server warms --------------------------------------------------
+# A vLLM server does not enumerate Triton specializations: it runs dummy forward passes at startup (profiling, and
+# the compile sizes), and whatever those launches compiled is warm. The hook does the same with representative calls
+# per model configuration: sequences as (context tokens already cached, new tokens, has an initial state).
+WARMUP_BATCHES = (
+    ((0, None, False),),  # one new sequence of exactly one chunk (None: the chunk size)
+    ((5, 20, True), (0, 7, False)),  # one continuing mid-chunk over a chunk boundary, one new and short
+)
+WARMUP_MODES = ("direct", "returned", "checkpoint")
+WARMUP_ROW_PADS = (0, 1)  # compact state rows, and rows padded by one element (vLLM pages may pad stride(0))
+
+
+def _varlen(sequences, chunk_size: int) -> tuple[list[int], list[int], list[int], list[int]]:
+    """cu_seqlens, cu_chunk_seqlens, last_chunk_indices and seq_idx, chunks aligned to absolute positions."""
+    cu_seqlens, cu_chunks, last_chunk, seq_idx = [0], [0], [], []
+    for b, (context, tokens, _) in enumerate(sequences):
+        start, pos = cu_seqlens[-1], 0
+        while pos < tokens:
+            pos = min(tokens, pos + chunk_size - (context + pos) % chunk_size)
+            cu_chunks.append(start + pos)
+            seq_idx.append(b)
+        last_chunk.append(len(seq_idx) - 1)
+        cu_seqlens.append(start + tokens)
+    return cu_seqlens, cu_chunks, last_chunk, seq_idx
+
+
+def _warmup_call(config, sequences, mode: str, row_pad: int, device: str) -> dict:
+    """``ssd_prefill`` keywords for ``sequences`` under ``config`` (a ModelConfig, read by attribute): int32 slot
+    indices (as vLLM's metadata makes them), slot b the initial state and slot b + batch the final state of
+    sequence b."""
+    H, P, N, G, Q = config.nheads, config.headdim, config.dstate, config.ngroups, config.chunk_size
+    sequences = [(c, Q if t is None else t, h) for c, t, h in sequences]
+    cu_seqlens, cu_chunks, last_chunk, seq_idx = _varlen(sequences, Q)
+    T, batch = cu_seqlens[-1], len(sequences)
+    io = dict(dtype=config.io_dtype, device=device)
+    f32 = dict(dtype=torch.float32, device=device)
+    i32 = dict(dtype=torch.int32, device=device)
+    row = H * P * N + row_pad
+    cache = torch.zeros(2 * batch * row, dtype=config.state_dtype, device=device)
+    d_shape = {"none": None, "per_head": (H,), "per_channel": (H, P)}[config.D]
+    return dict(
+        x=torch.randn(T, H, P, **io), dt=torch.rand(T, H, **f32), A=-torch.rand(H, **f32),
+        B=torch.randn(T, G, N, **io), C=torch.randn(T, G, N, **io), chunk_size=Q,
+        cu_seqlens=torch.tensor(cu_seqlens, **i32), cu_chunk_seqlens=torch.tensor(cu_chunks, **i32),
+        last_chunk_indices=torch.tensor(last_chunk, **i32), seq_idx=torch.tensor(seq_idx, **i32),
+        out=torch.empty(T, H, P, **io), D=torch.rand(d_shape, **f32) if d_shape else None,
+        z=torch.randn(T, H, P, **io) if config.z else None, dt_bias=torch.rand(H, **f32) if config.dt_bias else None,
+        dt_softplus=bool(config.dt_softplus), dt_limit=tuple(config.dt_limit),
+        state_cache=cache.as_strided((2 * batch, H, P, N), (row, P * N, N, 1)),
+        initial_state_indices=torch.arange(batch, **i32),
+        has_initial_states=torch.tensor([h for _, _, h in sequences], device=device),
+        final_state_indices=torch.arange(batch, 2 * batch, **i32) if mode == "direct" else None,
+        return_intermediate_states=mode == "checkpoint",
+    )
+
+
 class VllmSSDProvider:
-    """vLLM's ``mamba_chunk_scan_combined_varlen`` behind the harness's ``ssd_prefill`` (snapshot path only)."""
+    """vLLM's ``mamba_chunk_scan_combined_varlen`` behind the harness's ``ssd_prefill`` (snapshot path only), with
+    the optional hooks (docs/provider.md#optional-hooks): ``warmup(requests)`` and ``stages``."""
 
     name = f"vllm-{VERSION}-ssd"
     supported_paths = frozenset({"snapshot"})
     source = SOURCE
+    # Stage hooks with the harness's stage contracts (docs/architecture.md). The snapshot gather is vLLM's, with the
+    # same contract (the adapter's copy: a bool mask made from an int one, and under the interpreter the wrapper's
+    # own kernel launch). Not offered: vLLM's state passing (``_state_passing_fwd``, private) takes (C, H, P*N)
+    # states and finds sequences by ``last_chunk_indices`` instead of ``seq_idx``, and stores a negative slot's
+    # final state outside the cache where the contract writes nothing: not the same contract. vLLM has no indexed
+    # twin.
+    stages = SimpleNamespace(gather_initial_states=_snapshot)
+
+    def warmup(self, requests) -> int:
+        """What a vLLM server's startup dummy runs compile, for each model configuration: representative calls
+        (``WARMUP_BATCHES``: one new sequence of one chunk; a sequence continuing mid-chunk over a chunk boundary
+        beside a new short one) in each final-state mode, on compact and padded cache rows, int32 contiguous slot
+        indices and bool masks; vLLM's autotuners tune on the first of them. What real calls bring beyond that
+        (int64 or strided slot indices, caches at a storage offset, other token and chunk counts where a kernel
+        specializes on them) compiles at first use, and the recompile guard names it. Returns the calls made."""
+        device = "cuda" if not _interpreting() else "cpu"
+        calls = 0
+        for config in requests:
+            for sequences in WARMUP_BATCHES:
+                for mode in WARMUP_MODES:
+                    for row_pad in WARMUP_ROW_PADS:
+                        self.ssd_prefill(**_warmup_call(config, sequences, mode, row_pad, device))
+                        calls += 1
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return calls
 
     def ssd_prefill(self, x, dt, A, B, C, *, chunk_size, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx,
                     out, D=None, z=None, dt_bias=None, dt_softplus=False, dt_limit=(0.0, math.inf), state_cache,

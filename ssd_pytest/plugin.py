@@ -35,9 +35,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="a JSON report of an earlier run (--ssd-report): its item durations are the expected "
                          "costs that balance --shard and, under -n, hand out the longest work first")
     group.addoption("--recompile-guard", action="store_true",
-                    help="before a case's first item, a compile-only warmup of its model configuration (once per "
-                         "configuration and worker); then fail any case item during which a kernel compiles (GPU) or "
-                         "launches a specialization that warmup did not produce (interpreter)")
+                    help="before a case's first item, the provider's warmup(requests) hook on its model "
+                         "configuration (once per configuration and worker); then fail any case item during which a "
+                         "Triton kernel, anyone's, compiles (GPU) or launches a specialization that warmup did not "
+                         "produce (interpreter). A provider without the hook: unsupported")
     group.addoption("--isolation", choices=("process", "none"), default=None,
                     help="where case items run: process = a supervised child process per pytest process, replaced "
                          "after a crash, exit, hang or sticky device error, which then fail only the item that caused "

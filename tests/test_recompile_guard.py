@@ -197,3 +197,73 @@ def test_gpu_warmup_compiles_what_a_real_call_then_finds(device):
             with guard_no_recompile([_copy_scalar_probe], warmed=[specialization_key(
                     _copy_scalar_probe, (torch.float32, torch.float32, 16))]):
                 _copy_scalar_probe[(1,)](src, dst, 33)
+
+
+def test_every_kernel_mode_judges_kernels_nobody_listed():
+    """The provider-neutral guard: no list of kernels, and a launch of any jit function is keyed (here a toy kernel
+    that is nobody's registration); a warmed one passes, another class fails naming it."""
+    table = torch.arange(40, dtype=torch.float32, device=DEVICE).reshape(8, 5)
+    dst = torch.zeros(1, device=DEVICE)
+    warmed = [_key(_copy_scalar, pointer(torch.float32), 1)]
+    if DEVICE == "cuda":
+        _copy_scalar.warmup(torch.float32, torch.float32, 1, grid=(1,))
+    with guard_no_recompile(warmed=warmed) as record:
+        _copy(table[:, 4], dst, 1)
+    assert record.kernels == {f"{__name__}._copy_scalar": 1} and dst.item() == 5.0, record
+    with pytest.raises(RecompileError, match=r"_copy_scalar: specialization not warmed up"):
+        with guard_no_recompile(warmed=warmed):
+            _copy(table[:, 1], dst, 5)
+
+
+def test_launch_listeners_see_launches_and_warmup_entries_and_restore_the_classes():
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    from harness.triton_launches import listening
+
+    originals = {cls: cls.__dict__["run"] for cls in (JITFunction, InterpretedFunction)}
+    outer, inner = [], []
+    with listening(lambda fn, args, kwargs, warmup: outer.append(warmup)):
+        with listening(lambda fn, args, kwargs, warmup: inner.append((fn, warmup))):
+            _copy_scalar.warmup(torch.float32, torch.float32, 3, grid=(1,))
+            _copy(torch.zeros(4, device=DEVICE), torch.zeros(1, device=DEVICE), 2)
+        _copy(torch.zeros(4, device=DEVICE), torch.zeros(1, device=DEVICE), 2)
+    assert inner == [(_copy_scalar, True), (_copy_scalar, False)], inner
+    assert outer == [True, False, False], outer
+    assert {cls: cls.__dict__["run"] for cls in originals} == originals  # the classes' own run is back
+
+
+def test_unverified_triton_is_refused_for_launch_listening(monkeypatch):
+    from harness import triton_launches
+
+    monkeypatch.setattr(triton, "__version__", "9.0.0")
+    with pytest.raises(triton_launches.UnsupportedTriton, match="widen VERIFIED"):
+        with triton_launches.listening(lambda *a: None):
+            pass
+
+
+def test_server_warmup_sees_exactly_what_our_registry_plans():
+    """Watching our provider's warmup hook yields the registry's own keys: under the interpreter its warmup entries
+    are seen though nothing compiles, so the generic guard holds our kernels to what the registry warms."""
+    if DEVICE == "cuda":
+        pytest.skip("on the GPU the warmup's compiles are the witness; keys are compared under the interpreter")
+    from harness.checks import load_provider
+    from harness.checks.hooks import ModelConfig
+    from harness.guards.server_warmup import warm
+    from kernels.warmup import warmup_models
+
+    config = ModelConfig(2, 4, 16, 1, 16, torch.float32, torch.float16, D="per_channel", z=True)
+    observed = warm(load_provider("kernels:provider"), [config])
+    planned = warmup_models([config]).keys
+    assert {(k.kernel, k.key) for k in observed.keys} == {(k.kernel, k.key) for k in planned}
+    assert "_chunk_scan_kernel" in observed.summary() and len(observed.keys) == len(planned)
+
+
+def test_a_provider_without_the_warmup_hook_says_why():
+    from harness.checks import load_provider
+    from harness.checks.hooks import ModelConfig
+    from harness.guards.server_warmup import warm
+
+    with pytest.raises(NotImplementedError, match="provider 'reference' has no warmup\\(requests\\) hook; the "
+                                                  "recompile guard cannot know what a server would warm"):
+        warm(load_provider("reference:provider"), [ModelConfig(2, 4, 16, 1, 16, torch.float32, torch.float32)])

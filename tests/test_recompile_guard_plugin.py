@@ -1,8 +1,10 @@
-"""--recompile-guard in the pytest plugin: before a case's first item, one warmup of its model request; then any case
-item that needs a specialization the warmup did not produce fails (CPU: by specialization key; GPU: by the compile
-hook)."""
+"""--recompile-guard in the pytest plugin: before a case's first item, the provider's warmup hook on its model
+configuration; then any case item that needs a specialization the warmup did not produce fails, whoever's kernel it
+is (CPU: by specialization key; GPU: by the compile hook). Without the hook, items are unsupported by the guard."""
 
 from __future__ import annotations
+
+import importlib
 
 import pytest
 import yaml
@@ -14,10 +16,12 @@ pytest_plugins = ["pytester"]
 
 @pytest.fixture(scope="module", autouse=True)
 def _kernels_imported_outside():
-    """Keep Triton's native modules in pytester's sys.modules snapshot (they cannot be loaded twice)."""
+    """Keep Triton's native modules in pytester's sys.modules snapshot (they cannot be loaded twice), and the warmup
+    registry with them (a test patches it; an inner run must not import a second copy)."""
     from harness.checks import load_provider
 
     load_provider("kernels:provider")
+    import kernels.warmup  # noqa: F401
 
 
 def run_guarded(pytester, device, *args, select="tiny-direct"):
@@ -73,14 +77,15 @@ def test_each_model_request_is_warmed_once_before_its_first_item(pytester, tmp_p
                          "probe in tests/test_recompile_guard.py")
 def test_narrower_warmup_makes_the_guard_fire(pytester, monkeypatch, device):
     """Negative control: a warmup without the case's per-head D leaves chunk scan's D class unwarmed."""
-    from harness import warmup
+    from kernels import warmup
 
-    real = warmup.requests_from_cases
+    real = warmup.model_request
 
-    def without_d(cases):
-        return [(shape, io, state, {**opts, "d_kinds": ("none",)}) for shape, io, state, opts in real(cases)]
+    def without_d(config):
+        shape, io, state, opts = real(config)
+        return shape, io, state, {**opts, "d_kinds": ("none",)}
 
-    monkeypatch.setattr(warmup, "requests_from_cases", without_d)
+    monkeypatch.setattr(warmup, "model_request", without_d)
     # in this process: the monkeypatch does not reach a supervised child
     result = run_guarded(pytester, device, "--provider", "kernels:provider", "--isolation", "none", "-k", "determinism")
     assert result.ret == 1
@@ -92,5 +97,72 @@ def test_a_check_that_does_not_run_is_skipped_not_judged_by_the_guard(pytester, 
     turn its skip into a failure."""
     result = run_guarded(pytester, device, "--provider", "reference:provider", select="tiny-direct and indexed")
     outcomes = result.parseoutcomes()
-    assert result.ret == 0 and outcomes.get("skipped", 0) >= 1 and not outcomes.get("failed"), (
-        result.stdout.str()[-3000:])
+    assert result.ret == 0 and outcomes.get("skipped", 0) >= 1 and not outcomes.get("failed"), result.stdout.str()[-3000:]
+
+
+def run_slot_cases(pytester, device, provider: str, *args):
+    """``tests.autotuned_providers.CASES`` under the guard against a foreign provider (its writeback is an
+    autotuned Triton kernel that is not ours)."""
+    from tests import autotuned_providers
+
+    cases = pytester.makefile(".yaml", slots=autotuned_providers.CASES)
+    return pytester.runpytest_inprocess("-p", "ssd_pytest.plugin", "--device", device, "-p", "no:cacheprovider",
+                                        "-s", "-rfs", "--recompile-guard", str(cases), "--provider", provider, *args)
+
+
+def test_a_foreign_providers_warmup_hook_is_what_its_items_are_held_to(pytester, device):
+    """The guard warms through the provider's own hook and judges whichever kernels it launches: here a foreign
+    autotuned writeback, warmed by representative calls on every layout the cases use."""
+    result = run_slot_cases(pytester, device, "tests.warmup_providers:warms_every_layout")
+    outcomes = result.parseoutcomes()
+    assert result.ret == 0 and outcomes.get("passed", 0) >= 10 and not outcomes.get("failed"), \
+        result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*warmup: * by provider 'slot-update-warmed-2-layouts'*slot_update_kernel*"])
+
+
+@pytest.mark.interpreter(reason="on the GPU the guard's witness is a compile, and a layout an earlier test of this "
+                         "worker compiled does not compile again; the GPU negative control is the cold-cache probe in "
+                         "tests/test_recompile_guard.py")
+def test_a_foreign_warmup_that_skips_a_layout_fails_the_items_that_need_it(pytester, device):
+    """Negative control: the compact-only warmup never launched the writeback on slot-update-first's padded cache
+    that starts 4 bytes into its storage; every item of that case that writes the cache fails, naming the kernel and
+    the argument classes; the other case, on a compact cache, passes."""
+    result = run_slot_cases(pytester, device, "tests.warmup_providers:warms_compact_only")
+    assert result.ret == 1, result.stdout.str()[-3000:]
+    failed = [line for line in result.outlines if line.startswith("FAILED")]
+    assert failed and all("slot-update-first" in line for line in failed), failed
+    assert any("determinism" in line for line in failed), failed
+    result.stdout.fnmatch_lines(["*recompile guard (after warmup:*", "*kernel tests.autotuned_providers."
+                                 "slot_update_kernel: specialization not warmed up*",
+                                 "*cache_ptr: needed *fp32 unaligned, closest warmed *fp32 aligned16*"])
+    assert result.parseoutcomes().get("passed", 0) >= 5, result.stdout.str()[-3000:]  # slot-update-second's
+
+
+def test_a_provider_without_the_hook_is_unsupported_never_failed_or_passed(pytester, device):
+    """Without warmup(requests) the guard cannot know what a server would warm: every item that ran and passed is
+    an unsupported skip with that reason; none fails for it and none passes."""
+    result = run_slot_cases(pytester, device, "tests.autotuned_providers:private_copy", "-k", "not reference_bound")
+    outcomes = result.parseoutcomes()
+    assert result.ret == 0 and not outcomes.get("passed") and not outcomes.get("failed"), result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*unsupported: provider 'slot-update-private-copy' has no warmup(requests) hook; "
+                                 "the recompile guard cannot know what a server would warm*"])
+
+
+def test_without_the_hook_a_failing_check_still_fails(pytester, device):
+    result = run_guarded(pytester, device, "--provider", "tests.broken_providers:on_reference.wrong_slot",
+                         select="tiny-direct and untouched_storage")
+    assert result.ret == 1 and result.parseoutcomes().get("failed") == 1, result.stdout.str()[-3000:]
+
+
+def test_a_warmup_hook_that_raises_errors_every_item_of_its_configuration_once(pytester, device):
+    # The module the inner run loads the provider from (an earlier inner run's copy left sys.modules with it).
+    warmup_providers = importlib.import_module("tests.warmup_providers")
+
+    # in this process, where the hook's call count is visible
+    result = run_slot_cases(pytester, device, "tests.warmup_providers:warmup_raises", "--isolation", "none", "-k",
+                            "slot-update-second and (determinism or untouched_storage)")
+    outcomes = result.parseoutcomes()
+    assert result.ret == 1 and outcomes.get("errors") == 2 and not outcomes.get("passed"), result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*recompile guard: the warmup hook of provider * raised on *: RuntimeError: no "
+                                 "device memory for the warmup*"])
+    assert warmup_providers.warmup_raises.calls == 1

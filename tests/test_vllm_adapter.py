@@ -84,6 +84,18 @@ cases:
       - {context: 0, tokens: 40, init_slot: 0, has_state: true}
     cache: {slots: 1}
     call: {final_state: checkpoint, path: auto}
+  - id: vllm-warmed-layout
+    description: vllm-direct's model configuration on the layouts the adapter's warmup covers (compact rows at the
+      start of their storage, int32 contiguous slots)
+    seed: 26
+    shape: {nheads: 2, headdim: 4, dstate: 16, ngroups: 1, chunk_size: 16}
+    dtype: {io: float32, state: float32}
+    options: {D: per_head, z: true, dt_bias: true, dt_softplus: true, dt_limit: [0.01, 0.5]}
+    sequences:
+      - {context: 5, tokens: 20, init_slot: 1, has_state: true, final_slot: 2}
+    cache: {slots: 4}
+    indices: {layout: contiguous, dtype: int32}
+    call: {final_state: direct, path: auto}
   - id: vllm-negative-final
     description: a padded sequence (final slot -1) whose slot -1 lies inside the cache's storage (offset = one row)
     seed: 25
@@ -339,3 +351,39 @@ def test_interpreter_gather_matches_the_torch_snapshot_where_vllm_asserts_cuda(d
     got = vllm_ssd._snapshot(cache.to(device), indices.to(device), has.to(device))
     want = snapshot.gather_initial_states(cache, indices, has)
     assert_bits_equal(got.cpu(), want, what="vLLM gather vs torch.where snapshot")
+
+
+@needs_ops
+def test_stage_hooks_are_the_ones_with_our_contract(cases, vllm_provider, device):
+    """vLLM's gather has the stage contract, so gather_exact runs on it; its state passing has another contract and
+    is not offered, so state_passing_exact is unsupported, naming the hook."""
+    for case_id in ("vllm-direct", "vllm-batch-fp16"):
+        result = run_check(cases[case_id], "gather_exact", vllm_provider, device=device, provider_spec=SPEC)
+        assert result.status is Status.PASSED, (case_id, result.message or result.reason)
+    result = run_check(cases["vllm-direct"], "state_passing_exact", vllm_provider, device=device, provider_spec=SPEC)
+    assert result.status is Status.UNSUPPORTED and "lacks stage hook stages.state_passing" in result.reason, \
+        result.reason
+
+
+@needs_ops
+def test_warmup_hook_covers_its_layouts_and_the_guard_names_what_it_does_not(cases, vllm_provider, device):
+    """The adapter warms by representative calls, as a vLLM server does. A case on the layouts they cover launches
+    nothing new; vllm-direct's cache starts two elements into its storage, a pointer class no warmup call had,
+    and the guard names vLLM's kernels that would compile for it."""
+    from harness.checks.hooks import model_configs
+    from harness.guards.recompile import RecompileError
+    from harness.guards.server_warmup import guarded, warm
+
+    warmed = warm(vllm_provider, model_configs([cases["vllm-warmed-layout"]]))
+    assert model_configs([cases["vllm-direct"]]) == list(warmed.configs)
+    assert "_chunk_scan_fwd_kernel" in warmed.summary()
+    with guarded(warmed) as record:
+        result = run_check(cases["vllm-warmed-layout"], "determinism", vllm_provider, device=device,
+                           provider_spec=SPEC)
+    assert result.status is Status.PASSED and record.launches > 0, (result.message, record)
+    with pytest.raises(RecompileError) as fired:
+        with guarded(warmed):
+            run_check(cases["vllm-direct"], "determinism", vllm_provider, device=device, provider_spec=SPEC)
+    text = str(fired.value)
+    assert "gather_initial_states._gather_initial_states_kernel: specialization not warmed up" in text, text
+    assert "state_ptr: needed *fp32 unaligned, closest warmed *fp32 aligned16" in text, text

@@ -1,45 +1,52 @@
-"""Kernel-level exact checks of our own kernels (docs/checks.md): state passing teacher-forced on the kernels' own
-chunk states and dA_cumsum vs ``reference.chunked.state_passing`` under the device's arithmetic profile, and the
-fused gather vs the ``torch.where`` snapshot. They test ``kernels/``, so they apply only when the provider is ours."""
+"""Stage-level exact checks (docs/checks.md), for any provider that offers the stage hooks they need
+(``provider.stages``, docs/provider.md#optional-hooks; each hook has docs/architecture.md's stage contract): state
+passing teacher-forced on the reference's dA_cumsum and chunk states vs ``reference.chunked.state_passing`` under
+the device's arithmetic profile, and the snapshot gather vs the ``torch.where`` snapshot. A provider without the
+hook a check needs is unsupported by it, never passed."""
 
 from __future__ import annotations
 
 import torch
 
 from harness.checks.base import Check
+from harness.checks.hooks import stage_hook
 from harness.checks.paths import eligibility
 from harness.checks.registry import register
 from harness.compare import assert_bits_equal, assert_storage_equal, storage_bytes
 from kernels.environment import arithmetic_profile
 
 
-def _ours(provider, provider_spec: str) -> tuple[bool, str]:
-    module = type(provider).__module__.split(".")[0]
-    if module == "kernels" or provider_spec.split(":")[0].split(".")[0] == "kernels":
-        return True, ""
-    return False, f"kernel-level check of kernels/; provider {provider_spec or module!r} is not kernels:provider"
+def _offers(name: str):
+    """``provider_applies``: the provider offers ``stages.<name>`` (else the unsupported reason names it)."""
+
+    def applies(provider, provider_spec: str) -> tuple[bool, str]:
+        fn, reason = stage_hook(provider, name)
+        return fn is not None, reason
+
+    return applies
 
 
-def _teacher_inputs(inputs):
-    """The kernels' own dA_cumsum (H,C,Q) and chunk states (C,H,P,N) fp32 for these inputs."""
-    from kernels.chunk_cumsum import chunk_cumsum
-    from kernels.chunk_state import chunk_state
+def _teacher_inputs(inputs, profile: str):
+    """dA_cumsum (H,C,Q) and chunk states (C,H,P,N), fp32, for these inputs: the reference's stages under the
+    device's profile (any valid inputs teacher-force state passing; these are the case's own)."""
+    from reference import chunked
 
     o = inputs.case.options
-    dA_cumsum, dt_out = chunk_cumsum(
+    dA_cumsum, dt_out = chunked.chunk_cumsum(
         inputs.dt, inputs.A, inputs.case.shape.chunk_size, inputs.cu_chunk_seqlens,
-        dt_bias=inputs.dt_bias, dt_softplus=o.dt_softplus, dt_limit=o.dt_limit,
+        dt_bias=inputs.dt_bias, dt_softplus=o.dt_softplus, dt_limit=o.dt_limit, profile=profile,
     )
-    return dA_cumsum, chunk_state(inputs.B, inputs.x, dt_out, dA_cumsum, inputs.cu_chunk_seqlens)
+    return dA_cumsum, chunked.chunk_state(inputs.B, inputs.x, dt_out, dA_cumsum, inputs.cu_chunk_seqlens,
+                                          profile=profile)
 
 
 def _state_passing_exact(ctx) -> dict:
-    from kernels.state_passing import state_passing
     from reference import chunked, snapshot
 
+    state_passing, _ = stage_hook(ctx.provider, "state_passing")
     profile = arithmetic_profile(ctx.device)
     kernel_in, ref_in = ctx.inputs(), ctx.inputs()
-    dA_cumsum, states = _teacher_inputs(kernel_in)
+    dA_cumsum, states = _teacher_inputs(ref_in, profile)
     initial = snapshot.gather_initial_states(
         ref_in.state_cache, ref_in.initial_state_indices, ref_in.has_initial_states
     )
@@ -52,57 +59,66 @@ def _state_passing_exact(ctx) -> dict:
         return dict(state_cache=inp.state_cache, final_state_indices=inp.final_state_indices,
                     last_chunk_indices=inp.last_chunk_indices)
 
-    got = state_passing(states, dA_cumsum, kernel_in.seq_idx, initial_states=initial, out_dtype=out_dtype,
-                        profile=profile, **writeback(kernel_in))
+    # The provider's stage gets copies: one that wrote into its inputs must not change the reference's.
+    got = state_passing(states.clone(), dA_cumsum.clone(), kernel_in.seq_idx, initial_states=initial.clone(),
+                        out_dtype=out_dtype, profile=profile, **writeback(kernel_in))
     ref = chunked.state_passing(states, dA_cumsum, ref_in.seq_idx, initial_states=initial, out_dtype=out_dtype,
                                 profile=profile, **writeback(ref_in))
-    assert_bits_equal(got, ref.exiting, what=f"state_passing exiting states (kernel vs reference, profile {profile})")
+    assert_bits_equal(got, ref.exiting, what=f"state_passing exiting states (provider vs reference, profile {profile})")
     assert_storage_equal(kernel_in.cache_base, storage_bytes(ref_in.cache_base),
-                         what="cache storage after state_passing writeback (kernel vs reference)")
-    compared = ["exiting states", "cache storage"]
-    if eligibility(ctx.case)[0]:
-        from kernels.state_passing_indexed import state_passing_indexed
-
+                         what="cache storage after state_passing writeback (provider vs reference)")
+    compared, not_compared = ["exiting states", "cache storage"], []
+    state_passing_indexed, missing = stage_hook(ctx.provider, "state_passing_indexed")
+    if eligibility(ctx.case)[0] and state_passing_indexed is None:
+        not_compared.append(f"indexed entering states and cache storage: {missing}")
+    elif eligibility(ctx.case)[0]:
         idx_in = ctx.inputs()
         entering = torch.empty_like(ref.entering)
         state_passing_indexed(
-            states, dA_cumsum, state_cache=idx_in.state_cache,
+            states.clone(), dA_cumsum.clone(), state_cache=idx_in.state_cache,
             init_slot_index=idx_in.initial_state_indices[:1], has_initial_state=idx_in.has_initial_states[:1],
             final_slot_index=idx_in.final_state_indices[:1], out=entering,
         )
-        assert_bits_equal(entering, ref.entering, what="state_passing_indexed entering states (kernel vs reference)")
+        assert_bits_equal(entering, ref.entering,
+                          what="state_passing_indexed entering states (provider vs reference)")
         assert_storage_equal(idx_in.cache_base, storage_bytes(ref_in.cache_base),
-                             what="cache storage after indexed state passing (kernel vs reference)")
+                             what="cache storage after indexed state passing (provider vs reference)")
         compared += ["indexed entering states", "indexed cache storage"]
-    return {"profile": profile, "compared": compared}
+    stats = {"profile": profile, "compared": compared}
+    if not_compared:
+        stats["not compared"] = not_compared
+    return stats
 
 
 def _gather_exact(ctx) -> dict:
-    from kernels.gather import gather_initial_states
     from reference import snapshot
 
+    gather_initial_states, _ = stage_hook(ctx.provider, "gather_initial_states")
     inputs = ctx.inputs()
     got = gather_initial_states(inputs.state_cache, inputs.initial_state_indices, inputs.has_initial_states)
     want = snapshot.gather_initial_states(inputs.state_cache, inputs.initial_state_indices, inputs.has_initial_states)
-    assert_bits_equal(got, want, what="fused gather vs torch.where snapshot")
+    assert_bits_equal(got, want, what="provider's stages.gather_initial_states vs torch.where snapshot")
+    assert_storage_equal(inputs.cache_base, storage_bytes(ctx.inputs().cache_base),
+                         what="cache storage after the gather (it only reads)")
     return {"rows": int(got.shape[0])}
 
 
 register(
     Check(
         name="state_passing_exact",
-        doc="kernels.state_passing (and the indexed twin) teacher-forced == reference.chunked.state_passing (bits)",
+        doc="stages.state_passing (and stages.state_passing_indexed) teacher-forced == reference.chunked."
+            "state_passing (bits)",
         run=_state_passing_exact,
         needs_paths=frozenset(),
-        provider_applies=_ours,
+        provider_applies=_offers("state_passing"),
     )
 )
 register(
     Check(
         name="gather_exact",
-        doc="kernels.gather.gather_initial_states == reference torch.where snapshot (bits)",
+        doc="stages.gather_initial_states == reference torch.where snapshot (bits)",
         run=_gather_exact,
         needs_paths=frozenset(),
-        provider_applies=_ours,
+        provider_applies=_offers("gather_initial_states"),
     )
 )

@@ -1,10 +1,12 @@
 """Recompile guard: after the startup warmup, a real call must not compile anything (docs/checks.md).
 
-On the GPU two independent witnesses are used: Triton's runtime compile hook (``knobs.runtime.jit_cache_hook``,
-called before every in-memory compile with the kernel and its cache key) and the per-device kernel caches of the
-watched kernels (``JITFunction.device_caches[device][0]``, compared before/after). The hook never returns a truthy
-value of its own: a truthy return makes Triton skip the compile *and the launch* (``JITFunction._do_compile``), which
-would turn the guard into a silent no-op of the kernel. A hook installed by someone else is still called and its
+The guard judges every ``@triton.jit`` function launched inside it, whoever wrote it (or only a listed few): launches
+are seen at the jit classes' ``run`` (``harness.triton_launches``), compiles at Triton's compile hook. On the GPU two
+independent witnesses are used: Triton's runtime compile hook (``knobs.runtime.jit_cache_hook``, called before every
+in-memory compile with the kernel and its cache key) and the per-device kernel caches of every launched function
+(``JITFunction.device_caches[device][0]``, compared between its first launch in the block and the block's end).
+The hook never returns a truthy value of its own: a truthy return makes Triton skip the compile *and the launch*
+(``JITFunction._do_compile``), which would turn the guard into a silent no-op of the kernel. A hook installed by someone else is still called and its
 answer passed through unchanged.
 
 Under the interpreter nothing compiles, so both witnesses are empty by construction; the guard then requires the
@@ -19,7 +21,7 @@ first element is the ``{key: CompiledKernel}`` dict in 3.4 .. 3.6 (3.5 added the
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
 import pytest
@@ -33,8 +35,9 @@ from harness.guards.specialization import (
     base_jit_function,
     explain_missing,
     kernel_name,
-    recording_launches,
+    specialization_key,
 )
+from harness.triton_launches import listening
 
 
 class RecompileError(AssertionError):
@@ -116,38 +119,78 @@ def compiles_possible() -> bool:
     return not knobs.runtime.interpret
 
 
-@contextlib.contextmanager
-def guard_no_recompile(kernels: Iterable[Any] = (), warmed: Iterable[SpecKey] | None = None) -> Iterator[None]:
-    """Fail on exit if anything compiled inside the block (GPU), or if a launch of ``kernels`` used a key outside
-    ``warmed`` (both backends; required under the interpreter, where nothing compiles).
+EVERY_KERNEL = None  # ``guard_no_recompile(EVERY_KERNEL, ...)``: every jit function launched in the block, anyone's
 
-    kernels: the kernels whose caches are cross-checked and whose launches are keyed (Autotuner or jit objects).
+
+@dataclass
+class GuardRecord:
+    """What a guarded block launched (real launches, not warmups): the kernels seen and, when warmed keys were
+    given, every launch's specialization key."""
+
+    kernels: dict[str, int] = field(default_factory=dict)  # kernel name -> launches
+    keys: list[SpecKey] = field(default_factory=list)
+
+    @property
+    def launches(self) -> int:
+        return sum(self.kernels.values())
+
+
+@contextlib.contextmanager
+def guard_no_recompile(kernels: Iterable[Any] | None = EVERY_KERNEL,
+                       warmed: Iterable[SpecKey] | None = None) -> Iterator[GuardRecord]:
+    """Fail on exit if anything compiled inside the block (GPU), or if a launch used a key outside ``warmed``
+    (both backends; required under the interpreter, where nothing compiles).
+
+    kernels: ``EVERY_KERNEL`` (default) judges every ``@triton.jit`` function launched inside the block, whoever
+    wrote it (``harness.triton_launches``); a list (Autotuner or jit objects) judges only those, and a block that
+    launches none of them fails (the guard would have checked nothing).
     """
-    kernels = list(kernels)
+    every = kernels is EVERY_KERNEL
+    kernels = [] if every else list(kernels)
     warmed = None if warmed is None else list(warmed)
     if not compiles_possible() and warmed is None:
         raise ValueError("guard_no_recompile: under the interpreter nothing compiles; pass the warmed keys "
                          "(kernels.warmup.warmup(...).keys) so that launch keys can be compared")
-    if warmed is not None and not kernels:
+    if warmed is not None and not every and not kernels:
         raise ValueError("guard_no_recompile: warmed keys given but no kernels to watch")
-    before = {kernel_name(k): kernel_cache_keys(k) for k in kernels}
+    watched = {id(base_jit_function(k)) for k in kernels}
+    # Per launched jit function, its in-memory binaries before its first launch in the block (the second GPU
+    # witness): taken up front for the listed kernels, at first sight for the others.
+    before: dict[int, tuple[Any, set]] = {id(base_jit_function(k)): (base_jit_function(k), kernel_cache_keys(k))
+                                          for k in kernels}
+    record = GuardRecord()
+    unkeyed: list[str] = []
+
+    def on_run(fn, args, kwargs, warmup):
+        if warmup or not (every or id(fn) in watched):
+            return
+        if id(fn) not in before:
+            before[id(fn)] = (fn, kernel_cache_keys(fn))
+        name = kernel_name(fn)
+        record.kernels[name] = record.kernels.get(name, 0) + 1
+        if warmed is not None:
+            try:
+                record.keys.append(specialization_key(fn, args, kwargs))
+            except Exception as exc:  # noqa: BLE001 - an argument Triton's binder takes but our keying does not
+                unkeyed.append(f"{name}: its specialization key cannot be computed ({type(exc).__name__}: {exc})")
+
     with contextlib.ExitStack() as stack:
         events = stack.enter_context(compile_events())
-        launches = stack.enter_context(recording_launches(kernels)) if kernels else []
-        yield
+        stack.enter_context(listening(on_run))
+        yield record
     problems = []
     for e in events:
         problems.append(f"compile hook: {e.kernel} compiled{' (warmup)' if e.is_warmup else ''} key {e.key}\n"
                         f"    {e.signature}")
-    for k in kernels:
-        new = kernel_cache_keys(k) - before[kernel_name(k)]
-        for device, key in sorted(new, key=str):
-            problems.append(f"kernel cache: {kernel_name(k)} gained key {key} on device {device}")
+    for fn, keys in before.values():
+        for device, key in sorted(kernel_cache_keys(fn) - keys, key=str):
+            problems.append(f"kernel cache: {kernel_name(fn)} gained key {key} on device {device}")
+    problems += unkeyed
     if warmed is not None:
-        if not launches:
-            problems.append(f"no launch of the watched kernels happened: {sorted(before)}")
+        if not every and not record.launches:
+            problems.append(f"no launch of the watched kernels happened: {sorted(kernel_name(k) for k in kernels)}")
         try:
-            assert_keys_warmed(launches, warmed)
+            assert_keys_warmed(record.keys, warmed)
         except MissingSpecialization as e:
             problems.append(str(e))
     if problems:
@@ -160,5 +203,5 @@ def no_recompile():
     return guard_no_recompile
 
 
-__all__ = ["RecompileError", "CompileEvent", "compile_events", "kernel_cache_keys", "compiles_possible",
-           "guard_no_recompile", "no_recompile", "explain_missing"]
+__all__ = ["RecompileError", "CompileEvent", "GuardRecord", "EVERY_KERNEL", "compile_events", "kernel_cache_keys",
+           "compiles_possible", "guard_no_recompile", "no_recompile", "explain_missing"]

@@ -12,6 +12,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
+from harness.triton_launches import listening
 from kernels.specialization import (  # noqa: F401  (re-exported: the guards' callers name keys from here)
     SpecKey,
     base_jit_function,
@@ -71,24 +72,16 @@ class Launch:
 @contextlib.contextmanager
 def _wrapped_runs(kernels: Iterable[Any], on_launch) -> Iterator[None]:
     """Call ``on_launch(base_kernel, args, kwargs)`` for every real launch (not warmups) of ``kernels`` inside the
-    block. Wraps each base jit object's ``run`` for the duration (an instance attribute; ``Autotuner`` and
-    ``kernel[grid]`` both go through it), so the arguments are exactly what Triton would key on, on either backend."""
-    patched = []
-    for k in {id(base_jit_function(k)): base_jit_function(k) for k in kernels}.values():
-        original = k.run
+    block, with the arguments exactly as Triton keys them, on either backend (``harness.triton_launches``:
+    ``Autotuner`` and ``kernel[grid]`` both end in the jit function's ``run``)."""
+    watched = {id(base_jit_function(k)) for k in kernels}
 
-        def run(*args, _kernel=k, _original=original, grid, warmup, **kwargs):
-            if not warmup:
-                on_launch(_kernel, args, kwargs)
-            return _original(*args, grid=grid, warmup=warmup, **kwargs)
+    def listener(fn, args, kwargs, warmup):
+        if not warmup and id(fn) in watched:
+            on_launch(fn, args, kwargs)
 
-        k.run = run
-        patched.append(k)
-    try:
+    with listening(listener):
         yield
-    finally:
-        for k in patched:
-            del k.run  # back to the class's method
 
 
 @contextlib.contextmanager

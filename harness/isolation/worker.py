@@ -14,7 +14,7 @@ class Worker:
         self.provider, self.device, self.provider_spec = provider, device, provider_spec
         # In a process that ignores SIGINT every KeyboardInterrupt comes from provider code (run_check's docstring).
         self.interrupts_are_errors = interrupts_are_errors
-        self.guard = RecompileGuard(device, warmup_first)
+        self.guard = RecompileGuard(provider, device, warmup_first)
         self._case = None
         self._context: CheckContext | None = None
 
@@ -40,10 +40,11 @@ class Worker:
         return (BaseException,) if self.interrupts_are_errors else (Exception, SystemExit)
 
     def warmup(self, case) -> str:
-        """Warm the case's model request for the recompile guard (once per process): the WarmupReport's summary
-        when this call warmed it, "" when this process had warmed it already."""
-        _, report, fresh = self.guard.warm(case)
-        return report.summary() if fresh else ""
+        """Warm the case's model configuration through the provider's hook for the recompile guard (once per
+        process): the warmup's summary when this call warmed it; "" when this process had warmed it already or the
+        provider has no hook (its items say so)."""
+        observed, fresh = self.guard.warm(case)
+        return observed.summary() if fresh else ""
 
     def sticky(self, result: CheckResult) -> str:
         """Non-empty (the cause) when this process must not run another item after ``result``."""
