@@ -199,13 +199,13 @@ def test_gpu_warmup_compiles_what_a_real_call_then_finds(device):
                 _copy_scalar_probe[(1,)](src, dst, 33)
 
 
-def test_every_kernel_mode_judges_kernels_nobody_listed():
+def test_every_kernel_mode_judges_kernels_nobody_listed(device):
     """The provider-neutral guard: no list of kernels, and a launch of any jit function is keyed (here a toy kernel
     that is nobody's registration); a warmed one passes, another class fails naming it."""
-    table = torch.arange(40, dtype=torch.float32, device=DEVICE).reshape(8, 5)
-    dst = torch.zeros(1, device=DEVICE)
-    warmed = [_key(_copy_scalar, pointer(torch.float32), 1)]
-    if DEVICE == "cuda":
+    table = torch.arange(40, dtype=torch.float32, device=device).reshape(8, 5)
+    dst = torch.zeros(1, device=device)
+    warmed = [_key(_copy_scalar, pointer(torch.float32), 1, device)]
+    if device == "cuda":
         _copy_scalar.warmup(torch.float32, torch.float32, 1, grid=(1,))
     with guard_no_recompile(warmed=warmed) as record:
         _copy(table[:, 4], dst, 1)
@@ -215,7 +215,7 @@ def test_every_kernel_mode_judges_kernels_nobody_listed():
             _copy(table[:, 1], dst, 5)
 
 
-def test_launch_listeners_see_launches_and_warmup_entries_and_restore_the_classes():
+def test_launch_listeners_see_launches_and_warmup_entries_and_restore_the_classes(device):
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
@@ -226,8 +226,8 @@ def test_launch_listeners_see_launches_and_warmup_entries_and_restore_the_classe
     with listening(lambda fn, args, kwargs, warmup: outer.append(warmup)):
         with listening(lambda fn, args, kwargs, warmup: inner.append((fn, warmup))):
             _copy_scalar.warmup(torch.float32, torch.float32, 3, grid=(1,))
-            _copy(torch.zeros(4, device=DEVICE), torch.zeros(1, device=DEVICE), 2)
-        _copy(torch.zeros(4, device=DEVICE), torch.zeros(1, device=DEVICE), 2)
+            _copy(torch.zeros(4, device=device), torch.zeros(1, device=device), 2)
+        _copy(torch.zeros(4, device=device), torch.zeros(1, device=device), 2)
     assert inner == [(_copy_scalar, True), (_copy_scalar, False)], inner
     assert outer == [True, False, False], outer
     assert {cls: cls.__dict__["run"] for cls in originals} == originals  # the classes' own run is back
@@ -242,11 +242,11 @@ def test_unverified_triton_is_refused_for_launch_listening(monkeypatch):
             pass
 
 
+@pytest.mark.interpreter(reason="on the GPU the warmup's compiles are the witness; keys are compared under the "
+                         "interpreter")
 def test_server_warmup_sees_exactly_what_our_registry_plans():
     """Watching our provider's warmup hook yields the registry's own keys: under the interpreter its warmup entries
     are seen though nothing compiles, so the generic guard holds our kernels to what the registry warms."""
-    if DEVICE == "cuda":
-        pytest.skip("on the GPU the warmup's compiles are the witness; keys are compared under the interpreter")
     from harness.checks import load_provider
     from harness.checks.hooks import ModelConfig
     from harness.guards.server_warmup import warm

@@ -97,7 +97,8 @@ def test_a_check_that_does_not_run_is_skipped_not_judged_by_the_guard(pytester, 
     turn its skip into a failure."""
     result = run_guarded(pytester, device, "--provider", "reference:provider", select="tiny-direct and indexed")
     outcomes = result.parseoutcomes()
-    assert result.ret == 0 and outcomes.get("skipped", 0) >= 1 and not outcomes.get("failed"), result.stdout.str()[-3000:]
+    assert result.ret == 0 and outcomes.get("skipped", 0) >= 1 and not outcomes.get("failed"), (
+        result.stdout.str()[-3000:])
 
 
 def run_slot_cases(pytester, device, provider: str, *args):

@@ -6,8 +6,8 @@ independent witnesses are used: Triton's runtime compile hook (``knobs.runtime.j
 in-memory compile with the kernel and its cache key) and the per-device kernel caches of every launched function
 (``JITFunction.device_caches[device][0]``, compared between its first launch in the block and the block's end).
 The hook never returns a truthy value of its own: a truthy return makes Triton skip the compile *and the launch*
-(``JITFunction._do_compile``), which would turn the guard into a silent no-op of the kernel. A hook installed by someone else is still called and its
-answer passed through unchanged.
+(``JITFunction._do_compile``), which would turn the guard into a silent no-op of the kernel. A hook installed by
+someone else is still called and its answer passed through unchanged.
 
 Under the interpreter nothing compiles, so both witnesses are empty by construction; the guard then requires the
 warmed specialization keys and compares each launch's key against them (``specialization.py``).
