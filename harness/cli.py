@@ -476,11 +476,35 @@ def cmd_validate(args) -> int:
             errors.append(f"{case.source}: {exc}")
     for e in errors:
         print(e)
+    warnings = _regression_tier_warnings(loaded.cases)
+    for w in warnings:
+        print(w)
     if errors:
         print(f"{len(errors)} error(s) in {len(files)} file(s)")
         return EXIT_FAILED
-    print(f"ok: {len(loaded.cases)} cases in {len(files)} files")
+    print(f"ok: {len(loaded.cases)} cases in {len(files)} files"
+          + (f", {len(warnings)} warning(s)" if warnings else ""))
     return EXIT_OK
+
+
+def _regression_tier_warnings(cases) -> list[str]:
+    """A regression case (a file under a ``regressions`` folder) with items the CPU tier skips: the CI run of every
+    change is the CPU tier, so only the nightly GPU run would run those items."""
+    from harness.checks.tiers import cpu_tier_gaps
+
+    lines = []
+    for case in cases:
+        if case.source is None or "regressions" not in Path(case.source).parts:
+            continue
+        try:
+            skipped, why = cpu_tier_gaps(case)
+        except ValueError:
+            continue  # unknown check names: already an error
+        if skipped:
+            lines.append(f"warning: {case.source}: {case.id}: the CPU tier skips {', '.join(skipped)} ({why}), so "
+                         f"CI runs them only on the nightly GPU run, not on every change; add tiers: {{cpu: true}} to "
+                         f"the case to run them on the CPU tier too")
+    return lines
 
 
 def cmd_generate(args) -> int:

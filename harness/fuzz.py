@@ -3,7 +3,8 @@
 ``cases()`` draws small, valid cases over the ``ssd-case/1`` schema (every combination the loader accepts is
 reachable; none it rejects is drawn). ``fuzz`` runs the applicable checks against a provider, lets Hypothesis shrink
 the first failure (keeping the check that failed fixed, so the shrunk case shows the same failure) and writes it as a
-YAML case (``expect: pass``, ``checks: [<the failing check>]``) through ``harness.cases.loader.dump_case``.
+YAML case (``expect: pass``, ``checks: [<the failing check>]``, ``tiers: {cpu: true}``) through
+``harness.cases.loader.dump_case``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
 from harness.cases.model import (
-    CPU_MAX_CHUNK_HEADS,
     INDEX_DTYPES,
     IO_DTYPES,
     STATE_DTYPES,
@@ -34,6 +34,7 @@ from harness.cases.model import (
     Options,
     SequenceSpec,
     Shape,
+    Tiers,
     default_family,
 )
 from harness.varlen import build_varlen_metadata
@@ -41,11 +42,15 @@ from harness.varlen import build_varlen_metadata
 FAMILY = "fuzz"
 MAX_SEQUENCES = 3
 MAX_TOKENS = 40  # per sequence: the interpreter is slow
+# Chunks x heads of a drawn case: every check of it takes seconds at most in the interpreter. Drawn cases run on the
+# CPU tier whatever its per-item estimate says (tiers.cpu: true), and so do the regressions written from them.
+MAX_CHUNK_HEADS = 12
 
 
 @st.composite
 def cases(draw, max_sequences: int = MAX_SEQUENCES) -> Case:
-    """A small valid case (shapes within the interpreter tier). ``id`` is a placeholder until a failure is written."""
+    """A small valid case (within MAX_CHUNK_HEADS), run on the CPU tier. ``id`` is a placeholder until a failure is
+    written."""
     ngroups = draw(st.sampled_from([1, 2]))
     shape = Shape(
         nheads=ngroups * draw(st.integers(1, 2)),
@@ -92,14 +97,14 @@ def cases(draw, max_sequences: int = MAX_SEQUENCES) -> Case:
     else:
         indices = IndicesSpec(layout="contiguous", dtype=index_dtype)
     case = Case.create("fuzz-candidate", shape=shape, dtype=dtype, options=options, sequences=sequences, cache=cache,
-                       indices=indices, call=CallSpec(final_state=final_state))
+                       indices=indices, call=CallSpec(final_state=final_state), tiers=Tiers(cpu=True))
     path = draw(st.sampled_from(["auto", "snapshot", "indexed"] if case.indexed_eligible() else ["auto", "snapshot"]))
     return replace(case, seed=draw(st.integers(0, 2**16)), call=CallSpec(final_state=final_state, path=path))
 
 
 def _sequence_lengths(draw, shape: Shape, max_sequences: int) -> list[tuple[int, int]]:
-    """(context, tokens) per sequence, within the interpreter tier's budget of chunks x heads."""
-    budget = CPU_MAX_CHUNK_HEADS // shape.nheads  # chunks left for the whole batch
+    """(context, tokens) per sequence, within MAX_CHUNK_HEADS chunks x heads."""
+    budget = MAX_CHUNK_HEADS // shape.nheads  # chunks left for the whole batch
     q = shape.chunk_size
     lengths = []
     for _ in range(draw(st.integers(1, max_sequences))):

@@ -26,7 +26,7 @@ def make_case(**changes) -> Case:
         indices=IndicesSpec("block_table", "int32", columns=5, init_column=1, final_column=3, rows_before=1),
         family="builder",
     )
-    assert case.tiers == Tiers(cpu=True)
+    assert case.tiers == Tiers() and case.cpu_blocks() == 9  # the CPU tier by estimate: 3 chunks x 3 heads
     return replace(case, **changes)
 
 

@@ -121,7 +121,7 @@ def test_design_example_loads_with_its_values(tmp_path):
     assert [s.final_slot for s in case.sequences] == [5, 3]
     assert case.cache.fill == "nan" and case.indices.rows_before == 3
     assert case.checks == ("all",) and case.expect == Expect("pass")
-    assert case.tiers == Tiers(cpu=False)  # 332 tokens of 8x64x128 states: GPU only
+    assert case.tiers == Tiers() and case.cpu_blocks() == 48  # 6 chunks x 8 heads: the CPU tier by estimate
     elig = case.indexed_eligible()
     assert not elig and "2 sequences" in elig.reason
     assert case.metadata().batch == 2 and case.metadata().total_tokens == 332
@@ -135,7 +135,7 @@ def test_defaults_of_a_minimal_case(tmp_path):
     assert case.indices.layout == "contiguous" and case.indices.dtype == "int32"
     assert case.call.final_state == "direct" and case.call.path == "auto"
     assert case.inputs == InputKnobs()
-    assert case.tiers.cpu  # 20 tokens, 2x4x16 states
+    assert case.tiers == Tiers() and case.cpu_blocks() == 4  # 2 chunks x 2 heads
     assert case.indexed_eligible() and tuple(case.indexed_eligible()) == (True, "")
     assert case.source == tmp_path / "minimal.yaml" and case.index_in_file == 0
     assert "minimal-1" in case.summary() and "\n" not in case.summary()
@@ -153,6 +153,7 @@ def test_round_trip_of_the_design_example_and_variants(tmp_path):
     variants = [
         replace(case, family="explicit_family", expect=Expect("xfail", "wrong bits, see commit abc123")),
         replace(case, inputs=InputKnobs(dt_offset=-5.5, x_scale=0.25), tiers=Tiers(cpu=True)),
+        replace(case, tiers=Tiers(cpu=False)),
         replace(case, cache=replace(case.cache, fill=-7.25), options=replace(case.options, dt_limit=(0.01, 0.1))),
         replace(case, checks=("path_equivalence", "storage_unchanged")),
     ]

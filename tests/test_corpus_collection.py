@@ -47,16 +47,19 @@ def test_checked_in_cases_are_collected_in_full(pytester, device):
     assert re.search(rf"\b{len(want)} tests? collected", out)
 
 
-def test_every_item_of_a_case_beyond_the_cpu_tier_skips_with_a_reason():
-    cases = [c for c in _corpus_cases() if not c.tiers.cpu]
-    if not cases:
-        pytest.skip("every corpus case is interpreter-sized")
+def test_every_item_beyond_the_cpu_tier_skips_naming_the_limits_and_the_override():
+    from harness.checks.tiers import runs_on_cpu
+
+    beyond = [(c, name) for c in _corpus_cases() for name, _ in selected_checks(c) if not runs_on_cpu(c, name)]
+    if not beyond:
+        pytest.skip("every corpus item is in the CPU tier")
     provider = load_provider("kernels:provider")
-    for case in cases:
-        for name, _ in selected_checks(case):
-            result = run_check(case, name, provider, device="cpu")  # decided before any tensor is built
-            assert result.status in (Status.SKIPPED, Status.UNSUPPORTED), (case.id, name, result.status)
-            assert result.reason, (case.id, name)
+    for case, name in beyond:
+        result = run_check(case, name, provider, device="cpu")  # decided before any tensor is built
+        assert result.status in (Status.SKIPPED, Status.UNSUPPORTED), (case.id, name, result.status)
+        if result.status is Status.SKIPPED:
+            assert "blocks > 12 per case" in result.reason and "tiers: {cpu: true}" in result.reason, result.reason
+            assert str(case.source) in result.reason, result.reason
 
 
 def test_a_freshly_generated_corpus_is_collected_in_full(pytester, tmp_path, device):

@@ -36,7 +36,6 @@ from harness.cases.model import (
     SequenceSpec,
     Shape,
     Tiers,
-    default_cpu_tier,
     default_family,
 )
 from harness.cases.schema import CaseError, SchemaViolation, describe, validate
@@ -220,7 +219,7 @@ def _case_from_dict(data: dict, source: Path, index: int) -> Case:
         checks=tuple(data.get("checks", ("all",))),
         expect=Expect("pass") if expect == "pass" else Expect("xfail", expect["xfail"]),
         inputs=InputKnobs(**{k: float(v) for k, v in data.get("inputs", {}).items()}),
-        tiers=Tiers(cpu=tiers["cpu"]) if tiers is not None else Tiers(cpu=default_cpu_tier(shape, sequences)),
+        tiers=Tiers(cpu=tiers["cpu"]) if tiers is not None else Tiers(),
         family=data.get("family", default_family(data["id"])),
         source=source,
         index_in_file=index,
@@ -436,7 +435,8 @@ def load_cases(paths: Iterable[str | Path]) -> list[Case]:
 
 
 def case_to_dict(case: Case, with_schema: bool = True) -> dict:
-    """The mapping ``dump_case`` writes: every key explicit except inputs at their defaults and a derived family."""
+    """The mapping ``dump_case`` writes: every key explicit except inputs at their defaults, a derived family and
+    tiers left to the CPU tier's estimate."""
     out: dict[str, Any] = {"schema": SCHEMA_ID} if with_schema else {}
     out["id"] = case.id
     if case.family != default_family(case.id):
@@ -474,7 +474,8 @@ def case_to_dict(case: Case, with_schema: bool = True) -> dict:
     knobs = {k: v for k, v in vars(case.inputs).items() if v != getattr(InputKnobs(), k)}
     if knobs:
         out["inputs"] = knobs
-    out["tiers"] = {"cpu": case.tiers.cpu}
+    if case.tiers.cpu is not None:
+        out["tiers"] = {"cpu": case.tiers.cpu}
     return out
 
 

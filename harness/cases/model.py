@@ -39,12 +39,11 @@ SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "int32"
 # The slot-index dtypes ssd_prefill accepts (the interface's, ``kernels.interface``), by their YAML names.
 INDEX_DTYPES = tuple(name for name, dtype in TORCH_DTYPES.items() if dtype in interface.INDEX_DTYPES)
 
-# Sizes up to which a case runs through the interpreter in reasonable time (the CPU tier, docs/checks.md).
-CPU_MAX_TOKENS = 140  # admits 2 * 64 + 5: a partial, a full and a partial chunk
-CPU_MAX_STATE_ELEMENTS = 8192  # nheads * headdim * dstate
-CPU_MAX_CHUNK = 128
-# Per-chunk kernels run one interpreted program per (chunk, head, block): bound chunks x heads.
-CPU_MAX_CHUNK_HEADS = 12
+# The interpreter's unit of work (the CPU tier, docs/checks.md#tiers): one head of one chunk, up to this many chunk
+# rows and state columns. The chunk-scan kernel walks a chunk in 64-row blocks and the state in blocks of at most
+# 128 columns, so a (chunk, head) of chunk_size 256 and dstate 256 is 4 x 2 blocks.
+CPU_BLOCK_ROWS = 64
+CPU_BLOCK_STATE = 128
 
 
 @dataclass(frozen=True)
@@ -148,7 +147,10 @@ class InputKnobs:
 
 @dataclass(frozen=True)
 class Tiers:
-    cpu: bool  # small enough for the interpreter tier
+    """``cpu``: None (the YAML leaves it out): each item runs on the CPU tier when its estimated interpreter time is
+    within the limit (``harness.checks.tiers``); True: every item runs there; False: none does."""
+
+    cpu: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -179,15 +181,17 @@ def count_chunks(chunk_size: int, sequences: tuple[SequenceSpec, ...]) -> int:
     return total
 
 
-def default_cpu_tier(shape: Shape, sequences: tuple[SequenceSpec, ...]) -> bool:
-    """Small enough for the interpreter tier (a few seconds per check on one core): few tokens, small slots,
-    chunks of at most CPU_MAX_CHUNK, and few (chunk, head) programs."""
-    return (
-        sum(s.tokens for s in sequences) <= CPU_MAX_TOKENS
-        and shape.state_elements <= CPU_MAX_STATE_ELEMENTS
-        and shape.chunk_size <= CPU_MAX_CHUNK
-        and count_chunks(shape.chunk_size, sequences) * shape.nheads <= CPU_MAX_CHUNK_HEADS
-    )
+def cpu_block_factors(shape: Shape, sequences: tuple[SequenceSpec, ...]) -> tuple[int, int, int, int]:
+    """(chunks, heads, row blocks per chunk, state blocks per head): ``cpu_blocks`` is their product."""
+    return (count_chunks(shape.chunk_size, sequences), shape.nheads, -(-shape.chunk_size // CPU_BLOCK_ROWS),
+            -(-shape.dstate // CPU_BLOCK_STATE))
+
+
+def cpu_blocks(shape: Shape, sequences: tuple[SequenceSpec, ...]) -> int:
+    """Interpreter blocks of one call: chunks x heads x ceil(chunk_size / CPU_BLOCK_ROWS) x ceil(dstate /
+    CPU_BLOCK_STATE). The interpreter runs every Triton program as numpy code, so a call's time grows with these
+    (docs/checks.md#tiers)."""
+    return math.prod(cpu_block_factors(shape, sequences))
 
 
 @dataclass(frozen=True)
@@ -217,7 +221,7 @@ class Case:
                **fields) -> "Case":
         """A case with the schema's default for every field not given (what the loader fills in for a key a YAML
         file leaves out): no description, default options, contiguous int32 indices, a direct call on path auto,
-        all checks, expected to pass, default input knobs, the CPU tier by size (``default_cpu_tier``) and the
+        all checks, expected to pass, default input knobs, the CPU tier by estimated cost (``Tiers()``) and the
         family from the id. ``dtype`` may be ``(io, state)``; a sequence may be ``SequenceSpec``'s fields as a
         tuple; ``cache`` defaults to a compact cache with one slot past the highest slot the sequences name.
         ``fields``: any other ``Case`` field."""
@@ -226,7 +230,7 @@ class Case:
             slots = [s.init_slot for s in sequences] + [s.final_slot for s in sequences if s.final_slot is not None]
             cache = CacheSpec(slots=max(slots) + 1)
         defaults = dict(description="", options=Options(), indices=IndicesSpec(), call=CallSpec(), checks=("all",),
-                        expect=Expect(), inputs=InputKnobs(), tiers=Tiers(cpu=default_cpu_tier(shape, sequences)),
+                        expect=Expect(), inputs=InputKnobs(), tiers=Tiers(),
                         family=default_family(id))
         return cls(id=id, seed=seed, shape=shape, dtype=dtype if isinstance(dtype, Dtypes) else Dtypes(*dtype),
                    sequences=sequences, cache=cache, **{**defaults, **fields})
@@ -238,6 +242,10 @@ class Case:
     @property
     def total_tokens(self) -> int:
         return sum(s.tokens for s in self.sequences)
+
+    def cpu_blocks(self) -> int:
+        """Interpreter blocks of one call of this case (``cpu_blocks``)."""
+        return cpu_blocks(self.shape, self.sequences)
 
     def indexed_eligible(self) -> Eligibility:
         """Indexed path rule (docs/domain.md): one sequence, direct writeback, no intermediate states.

@@ -242,10 +242,12 @@ CASE_PROPERTIES: dict[str, Any] = {
         doc="How the builder draws tensors; omitted knobs keep their defaults (changing a default changes every "
             "case's tensors).",
     ),
-    "tiers": _obj({"cpu": _bool("Run on the CPU interpreter tier (else skipped there with the reason).")},
+    "tiers": _obj({"cpu": _bool("true: every item of the case runs on the CPU interpreter tier; false: none does "
+                                "(each is skipped there with the reason).")},
                   ("cpu",),
-                  doc="Which tiers run the case. Default: cpu is true when the case is small enough for the "
-                      "interpreter (harness.cases.model.default_cpu_tier)."),
+                  doc="Which tiers run the case. Without it, each item runs on the CPU tier when its estimated "
+                      "interpreter time is within the limit (harness.checks.tiers, docs/checks.md#tiers); the GPU "
+                      "tier runs every item."),
 }
 CASE_REQUIRED = ("id", "seed", "shape", "dtype", "sequences", "cache")
 assert set(EXPECT_KINDS) == {"pass", "xfail"}  # the expect node above spells both forms

@@ -33,5 +33,6 @@ register(
         doc="every autotuner the call launches tunes from scratch; a replay of the chosen configs leaves the same "
             "bytes",
         run=_autotune_idempotent,
+        cpu_calls=3.6,
     )
 )

@@ -44,6 +44,9 @@ class Check:
     case_applies: Callable[[Any], tuple[bool, str]] = _always
     needs_paths: frozenset[str] | None = None  # None: the path the case's own call asks for
     provider_applies: Callable[[Any, str], tuple[bool, str]] = _any_provider
+    # Interpreter time of the check in calls of the case's size (measured; docs/checks.md#tiers): what the CPU tier's
+    # estimate multiplies the seconds of one call by.
+    cpu_calls: float = 1.0
 
     def applies(self, case, provider, provider_spec: str = "") -> tuple[bool, str]:
         """(True, "") or (False, reason); a reason starting with ``unsupported:`` means the provider lacks a path."""

@@ -90,5 +90,6 @@ register(
         name="reference_bound",
         doc="out and final/chunk-end states vs the fp64 sequential reference within the derived bound",
         run=_reference_bound,
+        cpu_calls=1.0,
     )
 )

@@ -111,6 +111,7 @@ register(
         run=_state_passing_exact,
         needs_paths=frozenset(),
         provider_applies=_offers("state_passing"),
+        cpu_calls=0.2,
     )
 )
 register(
@@ -120,5 +121,6 @@ register(
         run=_gather_exact,
         needs_paths=frozenset(),
         provider_applies=_offers("gather_initial_states"),
+        cpu_calls=0.02,
     )
 )

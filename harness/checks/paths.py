@@ -92,6 +92,7 @@ register(
         run=_indexed_vs_snapshot,
         case_applies=eligibility,
         needs_paths=frozenset({"snapshot", "indexed"}),
+        cpu_calls=3.8,
     )
 )
 register(
@@ -100,5 +101,6 @@ register(
         doc="path=auto == path=snapshot (bits); on ineligible calls path=indexed raises ValueError and writes nothing",
         run=_auto_vs_snapshot,
         needs_paths=frozenset({"snapshot"}),
+        cpu_calls=3.0,
     )
 )

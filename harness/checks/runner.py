@@ -1,4 +1,5 @@
-"""Run one check on one case and turn the outcome into a ``CheckResult`` (honouring ``expect`` and the CPU tier)."""
+"""Run one check on one case and turn the outcome into a ``CheckResult`` (honouring ``expect`` and the CPU tier,
+``harness.checks.tiers``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import traceback
 from harness.checks.base import CheckContext, CheckResult, NotApplicable, Status
 from harness.checks.providers import DEFAULT_PROVIDER
 from harness.checks.registry import get_check
+from harness.checks.tiers import cpu_tier_reason
 from harness.compare import Mismatch
 
 
@@ -20,15 +22,6 @@ def repro_line(case, check: str, provider_spec: str = DEFAULT_PROVIDER, device: 
     if device:
         parts += ["--device", device]
     return shlex.join(parts)
-
-
-def _cpu_tier_reason(case, device: str) -> str:
-    if device != "cpu":
-        return ""
-    tiers = getattr(case, "tiers", None)
-    if tiers is not None and not getattr(tiers, "cpu", True):
-        return f"too large for the CPU interpreter tier ({case.summary()}); runs on the GPU tier"
-    return ""
 
 
 def run_check(
@@ -61,7 +54,7 @@ def run_check(
         result.status = Status.UNSUPPORTED if reason.startswith("unsupported") else Status.SKIPPED
         result.reason = reason
         return result
-    tier = _cpu_tier_reason(case, device)
+    tier = cpu_tier_reason(case, check_name) if device == "cpu" else ""
     if tier:
         result.status, result.reason = Status.SKIPPED, tier
         return result

@@ -80,6 +80,7 @@ register(
         doc="has_state false over a NaN slot == has_state true over a zeroed slot (bits)",
         run=_masked_state,
         case_applies=_masked_applies,
+        cpu_calls=2.0,
     )
 )
 register(
@@ -87,5 +88,6 @@ register(
         name="returned_shapes",
         doc="returned tensors have the documented shape and dtype (None for direct writeback)",
         run=_returned_shapes,
+        cpu_calls=1.0,
     )
 )

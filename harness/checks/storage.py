@@ -53,6 +53,7 @@ register(
         name="untouched_storage",
         doc="every cache-storage byte outside the written final slots is unchanged",
         run=_untouched_storage,
+        cpu_calls=1.0,
     )
 )
 register(
@@ -60,6 +61,7 @@ register(
         name="readonly_inputs",
         doc="x, dt, A, B, C, D, z, dt_bias, index tensors and metadata are unchanged bit for bit",
         run=_readonly_inputs,
+        cpu_calls=1.0,
     )
 )
 register(
@@ -67,5 +69,6 @@ register(
         name="determinism",
         doc="a second identical call gives identical bits (out, cache storage, returned)",
         run=_determinism,
+        cpu_calls=2.0,
     )
 )
