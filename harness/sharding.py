@@ -3,6 +3,8 @@
 Greedy longest-processing-time assignment: items sorted by (cost descending, id) go one by one to the shard with the
 least total cost so far (ties to the lowest shard number). The result depends only on the item ids and costs, so every
 runner of a CI matrix computes the same partition, and the union of the N shards is every item exactly once.
+``partition_units`` does the same with units of items that must share a shard (all checks of one YAML case, whose
+inputs are built once per process), each weighing the sum of its items' costs.
 """
 
 from __future__ import annotations
@@ -28,15 +30,19 @@ def parse_shard(text: str) -> tuple[int, int]:
     return k, n
 
 
+def _unique(ids: list[str]) -> None:
+    if len(set(ids)) != len(ids):
+        dup = sorted({i for i in ids if ids.count(i) > 1})[:3]
+        raise ValueError(f"shards: item ids must be unique, found duplicates {dup}")
+
+
 def partition(items: Iterable[tuple[str, float]], n: int) -> list[list[str]]:
     """Assign (id, cost) items to ``n`` shards; returns the ids of each shard in their original order."""
     if n < 1:
         raise ValueError(f"shards: expected n >= 1, found {n}")
     items = list(items)
     ids = [i for i, _ in items]
-    if len(set(ids)) != len(ids):
-        dup = sorted({i for i in ids if ids.count(i) > 1})[:3]
-        raise ValueError(f"shards: item ids must be unique, found duplicates {dup}")
+    _unique(ids)
     order = {item_id: pos for pos, item_id in enumerate(ids)}
     heap = [(0.0, shard) for shard in range(n)]
     owner: dict[str, int] = {}
@@ -53,6 +59,26 @@ def partition(items: Iterable[tuple[str, float]], n: int) -> list[list[str]]:
 def select(items: Iterable[tuple[str, float]], k: int, n: int) -> set[str]:
     """Ids of shard ``k`` (1-based) of ``n``."""
     return set(partition(items, n)[k - 1])
+
+
+def partition_units(items: Iterable[tuple[str, str, float]], n: int) -> list[list[str]]:
+    """Assign (id, unit, cost) items to ``n`` shards, every unit's items to one shard: ``partition`` over the units,
+    each costing the sum of its items. Returns the ids of each shard in their original order."""
+    items = list(items)
+    _unique([i for i, _, _ in items])
+    unit_cost: dict[str, float] = {}
+    for _, unit, cost in items:
+        unit_cost[unit] = unit_cost.get(unit, 0.0) + float(cost)
+    owner = {unit: k for k, units in enumerate(partition(unit_cost.items(), n)) for unit in units}
+    shards: list[list[str]] = [[] for _ in range(n)]
+    for item_id, unit, _ in items:
+        shards[owner[unit]].append(item_id)
+    return shards
+
+
+def select_units(items: Iterable[tuple[str, str, float]], k: int, n: int) -> set[str]:
+    """Ids of shard ``k`` (1-based) of ``n``, every unit whole (``partition_units``)."""
+    return set(partition_units(items, n)[k - 1])
 
 
 class ItemCosts:

@@ -1,10 +1,12 @@
-"""``--shard K/N`` and ``--durations-from``: which items this run keeps, and the expected cost of each item."""
+"""``--shard K/N`` and ``--durations-from``: which items this run keeps (whole cases, whole xdist groups), and the
+expected cost of each item."""
 
 from __future__ import annotations
 
 import pytest
 
-from harness.sharding import ItemCosts, parse_shard, select
+from harness.sharding import ItemCosts, parse_shard, select_units
+from ssd_pytest import state
 from ssd_pytest.items import CheckItem
 
 _costs_key = pytest.StashKey[ItemCosts]()
@@ -23,16 +25,37 @@ def measured_costs(config: pytest.Config) -> ItemCosts | None:
     return config.stash[_costs_key]
 
 
+# Expected seconds of a case item the CPU tier skips (decided before anything is built), and of a test that is no
+# case item, when no earlier run measured them.
+SKIPPED_ITEM_SECONDS = 0.01
+OTHER_TEST_SECONDS = 1.0
+
+
 def item_cost(item: pytest.Item) -> float:
-    """Measured seconds with ``--durations-from``; otherwise a case item's size (tokens x state elements), 1 for any
-    other test."""
+    """Measured seconds with ``--durations-from``; otherwise a case item's estimated interpreter seconds
+    (``harness.checks.tiers``: its calls x the case's blocks; on the GPU a relative size), a skip's on the CPU tier,
+    and ``OTHER_TEST_SECONDS`` for any other test."""
     measured = measured_costs(item.config)
     if measured is not None:
         return measured(item.nodeid)
     if not isinstance(item, CheckItem):
-        return 1.0
-    case = item.case
-    return float(case.total_tokens * case.shape.state_elements)
+        return OTHER_TEST_SECONDS
+    from harness.checks.tiers import cpu_estimate, runs_on_cpu
+
+    if item.config.stash.get(state.DEVICE, None) == "cpu" and not runs_on_cpu(item.case, item.check):
+        return SKIPPED_ITEM_SECONDS
+    return cpu_estimate(item.case, item.check)
+
+
+def shard_unit(item: pytest.Item) -> str:
+    """What one shard keeps whole: every check of one YAML case (its inputs are built once per process), the tests
+    marked ``xdist_group(name)`` (their module fixtures run once), any other test alone."""
+    if isinstance(item, CheckItem):
+        return item.parent.nodeid
+    mark = item.get_closest_marker("xdist_group")
+    if mark is not None:
+        return f"xdist_group:{mark.args[0] if mark.args else mark.kwargs.get('name', 'default')}"
+    return item.nodeid
 
 
 def keep_shard(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -44,7 +67,7 @@ def keep_shard(config: pytest.Config, items: list[pytest.Item]) -> None:
         k, n = parse_shard(shard)
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
-    keep = select([(it.nodeid, item_cost(it)) for it in items], k, n)
+    keep = select_units([(it.nodeid, shard_unit(it), item_cost(it)) for it in items], k, n)
     deselected = [it for it in items if it.nodeid not in keep]
     items[:] = [it for it in items if it.nodeid in keep]
     if deselected:

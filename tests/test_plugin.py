@@ -112,20 +112,25 @@ def test_xfail_is_honoured_and_stale_xfail_fails_strictly(pytester, device):
     stale.stdout.fnmatch_lines(["*XPASS(strict): determinism passed but the case expects a failure*"])
 
 
-def test_shards_cover_every_item_once(pytester, tiny, device):
+def test_shards_cover_every_item_once_and_keep_each_case_whole(pytester, tiny, device):
     def ids(*extra):
         out = run_inner(pytester, device, str(tiny), "--collect-only", "-q", *extra).stdout.lines
         return {line for line in out if "::" in line}
 
+    def cases(nodeids):
+        return {i.rsplit("::", 1)[0] for i in nodeids}
+
     everything = ids()
     first, second = ids("--shard", "1/2"), ids("--shard", "2/2")
     assert first and second and not first & second and first | second == everything
-    # Measured costs (--durations-from): the one item measured as slow gets a shard to itself.
+    assert not cases(first) & cases(second)  # a case's checks share one shard (its inputs are built once)
+    # Measured costs (--durations-from): the case of the one item measured as slow gets a shard to itself.
     slow = sorted(everything)[0]
     earlier = pytester.path / "earlier.json"
     Report([ItemRecord(i, "passed", duration=100.0 if i == slow else 0.1) for i in everything]).write(earlier)
     measured = [ids("--shard", f"{k}/2", "--durations-from", str(earlier)) for k in (1, 2)]
-    assert {slow} in measured and measured[0] | measured[1] == everything, measured
+    assert measured[0] | measured[1] == everything and not cases(measured[0]) & cases(measured[1]), measured
+    assert cases({slow}) in (cases(measured[0]), cases(measured[1])), measured
     bad = run_inner(pytester, device, str(tiny), "--collect-only", "--shard", "1/2", "--durations-from",
                     str(pytester.path / "none.json"))
     assert bad.ret != 0 and "--durations-from" in "\n".join(bad.errlines) and "none.json" in "\n".join(bad.errlines)

@@ -1,4 +1,5 @@
-"""--shard K/N: the union of shards is the whole suite, with no overlap, balanced by cost, deterministic."""
+"""--shard K/N: the union of shards is the whole suite, with no overlap, balanced by cost, deterministic, and a unit (a
+case's items) never split."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.sharding import parse_shard, partition, select
+from harness.sharding import parse_shard, partition, partition_units, select, select_units
 
 ids = st.lists(st.text("abcdefgh:/_", min_size=1, max_size=12), min_size=0, max_size=60, unique=True)
 
@@ -27,6 +28,38 @@ def test_union_is_everything_exactly_once(names, n, seed):
     assert [set(s) for s in partition(shuffled, n)] == [set(s) for s in shards]
     # every K/N selection agrees with the partition
     assert set().union(*(select(items, k, n) for k in range(1, n + 1))) == set(names)
+
+
+@settings(max_examples=150, deadline=None)
+@given(names=ids, n=st.integers(1, 7), seed=st.integers(0, 10**6))
+def test_units_stay_whole_and_the_union_is_everything_exactly_once(names, n, seed):
+    rng = random.Random(seed)
+    items = [(name, f"unit{rng.randrange(max(1, len(names) // 3))}", rng.choice([0.0, 1.0, rng.random() * 100]))
+             for name in names]
+    shards = partition_units(items, n)
+    flat = [i for s in shards for i in s]
+    assert sorted(flat) == sorted(names) and len(flat) == len(set(flat))
+    shard_of = {i: k for k, shard in enumerate(shards) for i in shard}
+    for unit in {u for _, u, _ in items}:  # a unit's items all in one shard
+        assert len({shard_of[i] for i, u, _ in items if u == unit}) == 1, unit
+    for shard in shards:  # in their original order
+        assert shard == [i for i, _, _ in items if i in set(shard)]
+    shuffled = items[:]
+    rng.shuffle(shuffled)
+    assert [set(s) for s in partition_units(shuffled, n)] == [set(s) for s in shards]
+    assert set().union(*(select_units(items, k, n) for k in range(1, n + 1))) == set(names)
+
+
+def test_units_are_balanced_by_their_summed_cost():
+    """Six cases of ten checks each: whole cases go to two shards, three cases each, whatever the items' order."""
+    items = [(f"c{c}::check{k}", f"c{c}", float(c + 1)) for k in range(10) for c in range(6)]
+    shards = partition_units(items, 2)
+    cases = [{i.split("::")[0] for i in s} for s in shards]
+    assert not cases[0] & cases[1] and len(cases[0] | cases[1]) == 6
+    loads = [sum(c for i, _, c in items if i in s) for s in map(set, shards)]
+    assert loads == [110.0, 100.0]  # LPT over case totals 60, 50, ..., 10: {60, 30, 20} and {50, 40, 10}
+    with pytest.raises(ValueError, match="duplicates"):
+        partition_units([("a", "u", 1.0), ("a", "v", 1.0)], 2)
 
 
 def test_balanced_by_cost():
