@@ -64,7 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--check", action="append", default=None, metavar="NAME",
                      help="only this check (repeatable)")
     run.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the JSON report here")
-    run.add_argument("--quiet", action="store_true", help="no per-item progress lines")
+    run.add_argument("-v", "--verbose", action="store_true",
+                     help="a progress line per item (default: a line per case, with its items' outcomes, elapsed "
+                          "time and ETA; a failing item always gets its own lines)")
+    run.add_argument("--quiet", action="store_true", help="no progress lines (failing items still get theirs)")
     _add_isolation_options(run)
 
     repro = sub.add_parser("repro", help="run one case file (one case / check) and print the full report",
@@ -287,6 +290,21 @@ def _table(records) -> list[str]:
     return lines
 
 
+def _skip_lines(records, verbose: bool) -> list[str]:
+    """Skipped and unsupported items grouped by the kind of reason (its text up to the first colon), with one
+    example each; per-item lines (-v) already showed every reason."""
+    groups: dict[str, list] = defaultdict(list)
+    for r in records:
+        if r.check and r.outcome in ("skipped", "unsupported"):
+            groups[r.reason.split(":", 1)[0] or r.outcome].append(r)
+    if not groups or verbose:
+        return []
+    lines = ["skipped or unsupported items by reason (one example each; -v shows every item's):"]
+    for kind, recs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        lines.append(f"  {len(recs):>5}  {kind}; e.g. {recs[0].case_id}::{recs[0].check}: {recs[0].reason}")
+    return lines
+
+
 # ---------------------------------------------------------------- commands
 
 
@@ -317,6 +335,7 @@ def cmd_run(args) -> int:
 def _run_plan(args, runner, device: str, spec: str, cases, plan, bad) -> int:
     from harness.checks.providers import ProviderError
     from harness.isolation import IsolationError
+    from harness.progress import CaseProgress, item_weight
     from harness.report import Report, summary_lines
 
     live = _live_report(args.json)
@@ -334,6 +353,7 @@ def _run_plan(args, runner, device: str, spec: str, cases, plan, bad) -> int:
         print(f"ERROR       {message}", flush=True)
     case_number = {case_id: k for k, case_id in enumerate(dict.fromkeys(c.id for c, _ in plan), 1)}
     ncases = len(case_number)
+    progress = CaseProgress(plan, lambda case, check: item_weight(case, check, device))
     with _sigterm_interrupts():
         try:
             for i, (case, check) in enumerate(plan, 1):
@@ -346,7 +366,7 @@ def _run_plan(args, runner, device: str, spec: str, cases, plan, bad) -> int:
                 if live is not None:
                     live.append(record)
                 failures += result.status.is_failure
-                if not args.quiet or result.status.is_failure:
+                if args.verbose or result.status.is_failure:
                     note = result.summary or result.reason
                     note, last_note = ("" if note == last_note and not result.summary else note), note
                     print(f"[{i}/{len(plan)} case {case_number[case.id]}/{ncases}] "
@@ -355,6 +375,9 @@ def _run_plan(args, runner, device: str, spec: str, cases, plan, bad) -> int:
                           flush=True)
                 if result.status.is_failure:
                     print("    repro: " + result.repro, flush=True)
+                case_line = progress.item_done(case, check, result.status.value)
+                if case_line and not args.quiet:
+                    print(case_line, flush=True)
                 for restart in runner.restarts[restarts:]:
                     if restart.cause != result.summary:  # a sticky device error: the item's own error differs
                         print(f"    provider process replaced: {restart.cause}", flush=True)
@@ -369,6 +392,7 @@ def _run_plan(args, runner, device: str, spec: str, cases, plan, bad) -> int:
               EXIT_FAILED if failures else EXIT_OK)
     print()
     print("\n".join(_table(records)))
+    print("\n".join(_skip_lines(records, verbose=args.verbose)))
     if bad:
         print(f"bad case files (not run): {len(bad)}")
         print("\n".join(f"  {file}" for file, _ in bad))

@@ -33,7 +33,7 @@ dtype: {io: float32, state: float32}
 sequences: [{context: 3, tokens: 20, init_slot: 0, has_state: true, final_slot: 1}]
 cache: {slots: 2}
 """
-PASSED_GOOD = "PASSED      good-1::determinism"
+PASSED_GOOD = "good-1  1 passed  [1/1 cases, "  # its case's progress line
 
 
 @pytest.fixture
@@ -305,11 +305,13 @@ def test_run_where_every_item_is_skipped_or_unsupported_exits_2(tmp_path, device
     skipped = _tiny(tmp_path, "tiny-batch", checks=["indexed_vs_snapshot"])  # named, not applicable: a skip
     proc = harness("run", str(skipped), "--device", device, "--provider", "reference:provider")
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "SKIPPED" in proc.stdout and "nothing ran: 1 items, none passed or failed" in proc.stderr
+    assert "tiny-batch  1 skipped  [1/1 cases" in proc.stdout, proc.stdout
+    assert "nothing ran: 1 items, none passed or failed" in proc.stderr
+    assert "      1  not applicable; e.g. tiny-batch::indexed_vs_snapshot: not applicable: " in proc.stdout
     # gather_exact checks our kernels only: against the reference provider it is unsupported
     unsupported = harness("run", str(_tiny(tmp_path, "tiny-direct")), "--device", device,
                           "--provider", "reference:provider", "--check", "gather_exact")
-    assert unsupported.returncode == 2 and "UNSUPPORTED" in unsupported.stdout, unsupported.stdout + unsupported.stderr
+    assert unsupported.returncode == 2 and "tiny-direct  1 unsupported" in unsupported.stdout, unsupported.stdout
 
 
 def test_repro_that_runs_nothing_exits_2(tmp_path, device):

@@ -9,6 +9,7 @@ re-imports torch and re-initialises CUDA (seconds each on the GPU tier).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -66,6 +67,7 @@ def test_run_exits_nonzero_with_repro_for_each_broken_provider(tmp_path, provide
     assert f"FAILED      {case_id}::{check}" in proc.stdout
     assert f"repro: python -m harness repro {path} --check {check} --case {case_id} --provider {spec}" in proc.stdout
     assert "failures so far: 1" in proc.stdout
+    assert f"{case_id}  1 failed  [1/1 cases, " in proc.stdout  # a failing item has its lines, then its case's
 
 
 def test_run_exits_zero_when_all_pass_and_writes_json(tmp_path, device):
@@ -81,6 +83,21 @@ def test_run_exits_zero_when_all_pass_and_writes_json(tmp_path, device):
     assert sorted((r.check, r.outcome) for r in items) == [("determinism", "passed"), ("masked_state", "passed")]
     first, second = sorted(items, key=lambda r: r.start)  # run in order: the second began after the first ended
     assert first.start > 0 and second.start >= first.start + first.duration - 1e-3
+
+
+def test_run_prints_a_line_per_case_and_with_verbose_one_per_item(tmp_path, device):
+    path = _one_case_file(tmp_path, "tiny-batch")
+    checks = ("--check", "determinism", "--check", "masked_state")
+    proc = harness("run", str(path), "--device", device, *checks)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"^tiny-batch  2 passed  \[1/1 cases, \d+s elapsed, done\]$", proc.stdout, re.M), proc.stdout
+    assert "PASSED" not in proc.stdout
+    verbose = harness("run", str(path), "--device", device, *checks, "-v")
+    assert "[1/2 case 1/1] PASSED      tiny-batch::determinism" in verbose.stdout
+    assert "[2/2 case 1/1] PASSED      tiny-batch::masked_state" in verbose.stdout
+    assert "tiny-batch  2 passed  [1/1 cases, " in verbose.stdout
+    quiet = harness("run", str(path), "--device", device, *checks, "--quiet")
+    assert "tiny-batch  2 passed" not in quiet.stdout and "PASSED" not in quiet.stdout and quiet.returncode == 0
 
 
 def test_repro_prints_the_full_report(tiny_file, device):
