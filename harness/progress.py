@@ -3,7 +3,9 @@ cases done, the time elapsed and an estimate of the time left.
 
 The estimate weighs every item by its expected cost (``harness.checks.tiers.cpu_estimate``: the check's calls times
 the case's interpreter blocks; an item the CPU tier skips weighs almost nothing), so that a run whose first cases are
-small does not promise to end early: time left = elapsed x (weight left / weight done).
+small does not promise to end early. The rate is measured from the end of the first item on, since the first item
+also waits for the process that runs it to start (torch, Triton, a CUDA context): time left = (time since the first
+item ended) x (weight left / weight done since).
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class CaseProgress:
         self.weights = {(case.id, check): weight(case, check) for case, check in plan}
         self.weight_left = sum(self.weights.values())
         self.weight_done = 0.0
+        self.first: tuple[float, float] | None = None  # (when the first item ended, the weight done by then)
         self.width = min(ID_WIDTH, max((len(case_id) for case_id in self.left), default=0))
 
     def item_done(self, case, check: str, outcome: str) -> str | None:
@@ -70,6 +73,8 @@ class CaseProgress:
         weight = self.weights.pop((case.id, check), 0.0)
         self.weight_done += weight
         self.weight_left -= weight
+        if self.first is None:
+            self.first = (self.clock(), self.weight_done)
         self.outcomes.setdefault(case.id, Counter())[outcome] += 1
         self.left[case.id] -= 1
         if self.left[case.id] > 0:
@@ -81,11 +86,13 @@ class CaseProgress:
 
     def status(self) -> str:
         """``12/40 cases, 3m10s elapsed, ETA 7m``."""
-        elapsed = self.clock() - self.start
+        now = self.clock()
+        elapsed = now - self.start
         if self.cases_done == self.cases:
             eta = "done"
-        elif self.weight_done > 0:
-            eta = "ETA " + format_eta(elapsed * max(0.0, self.weight_left) / self.weight_done)
+        elif self.first is not None and self.weight_done > self.first[1]:
+            since, weight = now - self.first[0], self.weight_done - self.first[1]
+            eta = "ETA " + format_eta(since * max(0.0, self.weight_left) / weight)
         else:
             eta = "ETA unknown"
         return f"{self.cases_done}/{self.cases} cases, {format_duration(elapsed)} elapsed, {eta}"

@@ -35,19 +35,22 @@ def test_one_line_per_case_when_its_last_item_ends_with_its_outcomes_and_the_cos
                ("a-larger-case", "b"): 2.0}
     clock = Clock()
     progress = CaseProgress(plan, lambda case, check: weights[(case.id, check)], clock=clock)
-    clock.now += 5
+    clock.now += 30  # the first item also waited for its process to start: the rate is measured after it
     assert progress.item_done(small, "a", "passed") is None  # the case has an item left
     clock.now += 5
-    # 10 s for 2 of 10 weight: 8 left take 40 s (an ETA by item count would say 10 s)
+    # 5 s for 1 of the 9 weight left after the first item: the 8 left take 40 s (by item count: 5 s)
     assert progress.item_done(small, "b", "skipped") == (
-        "small-case     1 passed 1 skipped  [1/2 cases, 10s elapsed, ETA 40s]")
-    clock.now += 170
+        "small-case     1 passed 1 skipped  [1/2 cases, 35s elapsed, ETA 40s]")
+    clock.now += 145
     assert progress.item_done(large, "b", "failed") is None
     assert progress.item_done(large, "a", "passed") == (
         "a-larger-case  1 passed 1 failed  [2/2 cases, 3m00s elapsed, done]")
 
 
-def test_an_eta_before_any_weight_is_done_is_unknown():
-    case = SimpleNamespace(id="c")
-    progress = CaseProgress([(case, "a"), (case, "b")], lambda case, check: 0.0, clock=Clock())
-    assert progress.status() == "0/1 cases, 0s elapsed, ETA unknown"
+def test_the_eta_is_unknown_until_an_item_after_the_first_has_ended():
+    one, two = SimpleNamespace(id="one"), SimpleNamespace(id="two")
+    clock = Clock()
+    progress = CaseProgress([(one, "a"), (two, "a")], lambda case, check: 1.0, clock=clock)
+    assert progress.status() == "0/2 cases, 0s elapsed, ETA unknown"
+    clock.now += 3
+    assert progress.item_done(one, "a", "passed") == "one  1 passed  [1/2 cases, 3s elapsed, ETA unknown]"
