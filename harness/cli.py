@@ -113,6 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
     times.add_argument("--write-durations", type=Path, metavar="FILE",
                        help="also write the items' durations alone (a compact report for pytest --durations-from)")
 
+    html = sub.add_parser("report-html", help="an HTML page of a report's error against its bounds, per check",
+                          description="One self-contained HTML page (inline SVG) from a report written by `run "
+                                      "--json` or pytest --ssd-report: per check its outcomes and each item's largest "
+                                      "error over its bound (bounded checks) or ulp distance (exact checks).")
+    html.add_argument("report", type=Path)
+    html.add_argument("-o", "--out", type=Path, required=True, metavar="FILE", help="the HTML file to write")
+
     sub.add_parser("bench", help="benchmarks (harness.bench)", add_help=False,
                    description="Dispatches to harness.bench.main(argv).")
     sub.add_parser("warmup", help="compile-only warmup of every specialization the cases need (time, count)",
@@ -257,7 +264,8 @@ def _record(result, nodeid: str, start: float):
     return ItemRecord(
         nodeid=nodeid, outcome=result.status.value, duration=result.duration, case_id=result.case_id,
         check=result.check, family=result.family, source=result.source, seed=result.seed,
-        max_ulp=result.max_ulp, reason=result.reason, summary=result.summary, repro=result.repro, start=start,
+        max_ulp=result.max_ulp, bound_use=result.bound_use, reason=result.reason, summary=result.summary,
+        repro=result.repro, start=start,
         message=result.message[:MESSAGE_CHARS] if result.status.is_failure else "",
     )
 
@@ -609,6 +617,24 @@ def cmd_times(args) -> int:
     return EXIT_OK
 
 
+def cmd_report_html(args) -> int:
+    from harness.report import Report, merge_parts, parts_dir
+    from harness.report_html import render
+
+    if args.report.is_file():
+        report = Report.read(args.report)
+    elif parts_dir(args.report).is_dir():  # a run killed before it merged: its live parts
+        report = merge_parts(args.report, remove=False)
+    else:
+        raise Unusable(f"{args.report}: no such report")
+    try:
+        args.out.write_text(render(report, title=f"ssd-harness: {args.report.name}"), encoding="utf-8")
+    except OSError as exc:
+        raise Unusable(f"--out {args.out}: cannot write it ({exc.strerror or exc})") from None
+    print(f"wrote {args.out}: {sum(1 for r in report.items if r.check)} case items")
+    return EXIT_OK
+
+
 def cmd_warmup(argv: list[str]) -> int:
     """The device must be chosen before ``kernels`` is imported, so it is read here and the rest is warmup's."""
     pre = argparse.ArgumentParser(add_help=False)
@@ -625,7 +651,7 @@ def cmd_warmup(argv: list[str]) -> int:
 
 
 COMMANDS = {"run": cmd_run, "repro": cmd_repro, "validate": cmd_validate, "generate": cmd_generate,
-            "schema": cmd_schema, "fuzz": cmd_fuzz, "times": cmd_times}
+            "schema": cmd_schema, "fuzz": cmd_fuzz, "times": cmd_times, "report-html": cmd_report_html}
 
 
 def main(argv: list[str] | None = None) -> int:

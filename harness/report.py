@@ -37,6 +37,7 @@ class ItemRecord:
     source: str = ""
     seed: int | None = None
     max_ulp: int | None = None
+    bound_use: float | None = None  # a bounded check's largest error / bound (harness.compare)
     reason: str = ""  # why skipped / unsupported / xfailed
     summary: str = ""  # what differed, one line
     repro: str = ""

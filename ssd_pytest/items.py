@@ -191,6 +191,8 @@ class CheckItem(pytest.Item):
             raise CheckFailed(f"the process running the provider could not start: {exc}") from None
         if result.max_ulp is not None:
             self.user_properties.append(("max_ulp", result.max_ulp))
+        if result.bound_use is not None:
+            self.user_properties.append(("bound_use", result.bound_use))
         if result.summary:
             self.user_properties.append(("mismatch", result.summary))
         self.user_properties.append(("repro", result.repro))

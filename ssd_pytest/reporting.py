@@ -93,6 +93,7 @@ class Recorder:
                     source=report.location[0] if report.location else "",
                     seed=props.get("seed"),
                     max_ulp=props.get("max_ulp"),
+                    bound_use=props.get("bound_use"),
                     reason=_reason(report),
                     summary=summary,
                     repro=str(props.get("repro", "")),

@@ -454,7 +454,8 @@ def test_one_xdist_run_merges_reports_keeps_units_together_and_starts_the_costli
     props = [{p.get("name"): p.get("value") for p in tc.iter("property")} for tc in cases_xml]
     props = [p for p in props if p]
     assert len(props) == 6 and all({"case_id", "check", "seed", "family"} <= set(p) for p in props)
-    assert all("max_ulp" in p for p in props if p["check"] == "reference_bound")
+    assert all({"max_ulp", "bound_use"} <= set(p) for p in props if p["check"] == "reference_bound")
+    assert all(0 < i["bound_use"] < 1 for i in case_items if i["check"] == "reference_bound"), case_items
     grouped = {i["worker"] for i in items if "test_grouped.py" in i["nodeid"]}
     assert len([i for i in items if "test_grouped.py" in i["nodeid"]]) == 4 and len(grouped) == 1, items
     assert {i["worker"] for i in items} == {"gw0", "gw1"}

@@ -102,6 +102,12 @@ class CheckResult:
         value = self.stats.get("max_ulp")
         return int(value) if value is not None else None
 
+    @property
+    def bound_use(self) -> float | None:
+        """A bounded check's largest error over its bound (1.0: at the bound); None for an exact check."""
+        value = self.stats.get("max_bound_use")
+        return float(value) if value is not None else None
+
     def as_dict(self) -> dict:
         return {
             "case_id": self.case_id,
