@@ -3,7 +3,8 @@ dependency) of a run's error against its bounds, for nightly artifacts.
 
 Per check: its outcomes, and one dot per item on a logarithmic axis. A bounded check's dot sits at the item's largest
 error over its bound (``ItemRecord.bound_use``; 1 is the bound, where the dashed line is); an exact check's at the
-largest ulp distance it saw (0 ulp, exactness, at the left edge). A dot's tooltip names the item; failures are red.
+largest ulp distance it saw (0 ulp, exactness, at the left edge: a passed exact item without a recorded distance
+differed nowhere). A dot's tooltip names the item; failures are red.
 Below, the items closest to their bound.
 """
 
@@ -48,12 +49,22 @@ def _axis(decades: tuple[int, int], label: str, mark_one: bool) -> list[str]:
     return parts
 
 
+def _value(record, bounded: bool) -> float | None:
+    """Where an item's dot goes: its error over its bound; for an exact check its ulp distance, 0 when it passed
+    without recording one (nothing differed); None: nothing measured (skipped, unsupported, an error)."""
+    if bounded:
+        return record.bound_use
+    if record.max_ulp is not None:
+        return record.max_ulp
+    return 0 if record.outcome in ("passed", "xpassed") else None
+
+
 def _strip(records, bounded: bool) -> str:
     decades = BOUND_DECADES if bounded else ULP_DECADES
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH + 40}" height="{HEIGHT}" role="img">']
     parts += _axis(decades, "err/bound" if bounded else "ulp", bounded)
     for k, r in enumerate(records):
-        value = r.bound_use if bounded else r.max_ulp
+        value = _value(r, bounded)
         if value is None:
             continue
         y = 8 + (k * 7919 % 17)  # spread dots vertically so that equal values stay visible
@@ -85,7 +96,7 @@ def render(report: Report, title: str = "ssd-harness run") -> str:
         records = by_check[check]
         bounded = any(r.bound_use is not None for r in records)
         outcomes = Counter(r.outcome for r in records)
-        measured = [r for r in records if (r.bound_use if bounded else r.max_ulp) is not None]
+        measured = [r for r in records if _value(r, bounded) is not None]
         what = "largest error / bound per item" if bounded else "largest ulp distance per item (exact: 0)"
         out.append(f"<h2><code>{html.escape(check)}</code></h2>")
         out.append(f"<p>{html.escape(', '.join(f'{n} {k}' for k, n in sorted(outcomes.items())))}; "

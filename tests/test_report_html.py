@@ -18,8 +18,9 @@ def _report() -> Report:
                         max_ulp=k, bound_use=10.0 ** -k) for k in range(1, 5)]
     bound.append(ItemRecord("f::<odd>&::reference_bound", "failed", case_id="<odd>&", check="reference_bound",
                             max_ulp=900, bound_use=3.5))
-    exact = [ItemRecord("f::case-1::determinism", "passed", case_id="case-1", check="determinism", max_ulp=0),
-             ItemRecord("f::case-2::determinism", "skipped", case_id="case-2", check="determinism")]
+    exact = [ItemRecord("f::case-1::determinism", "passed", case_id="case-1", check="determinism"),
+             ItemRecord("f::case-2::determinism", "skipped", case_id="case-2", check="determinism"),
+             ItemRecord("f::case-3::determinism", "failed", case_id="case-3", check="determinism", max_ulp=40)]
     return Report(items=bound + exact, meta={"device": "cpu", "provider": "kernels:provider", "command": "run"})
 
 
@@ -31,7 +32,8 @@ def test_each_check_gets_its_outcomes_and_a_dot_per_measured_item():
     assert set(sections) == {"reference_bound", "determinism"}
     bounded, exact = sections["reference_bound"], sections["determinism"]
     assert bounded.count("<circle") == 5 and "the bound" in bounded  # the dashed line at err/bound 1
-    assert exact.count("<circle") == 1 and "the bound" not in exact and "1 passed, 1 skipped" in exact
+    assert "the bound" not in exact and "1 failed, 1 passed, 1 skipped; 2 measured" in exact
+    assert "case-1::determinism: passed, 0 ulp" in exact and "case-3::determinism: failed, 40 ulp" in exact
     assert "&lt;odd&gt;&amp;::reference_bound: failed, 3.5" in bounded and "<odd>" not in page  # escaped
     assert 'fill="#c62828"' in bounded  # the failure in red
     worst = re.findall(r"<tr><td><code>(.*?)</code></td><td>(.*?)</td>", bounded)
