@@ -70,7 +70,7 @@ class Status(str, enum.Enum):
     PASSED = "passed"
     FAILED = "failed"  # a Mismatch, or a wrong exception behaviour the check asserts on
     ERROR = "error"  # the check or provider raised something else
-    SKIPPED = "skipped"  # not applicable to this case, or too large for this tier
+    SKIPPED = "skipped"  # not applicable to this case, or beyond this tier (harness.checks.tiers)
     UNSUPPORTED = "unsupported"  # the provider lacks a path the check needs
     XFAILED = "xfailed"  # failed, and the case says expect: xfail
     XPASSED = "xpassed"  # passed although the case expects a failure: strict, counts as a failure
