@@ -147,8 +147,9 @@ class InputKnobs:
 
 @dataclass(frozen=True)
 class Tiers:
-    """``cpu``: None (the YAML leaves it out): each item runs on the CPU tier when its estimated interpreter time is
-    within the limit (``harness.checks.tiers``); True: every item runs there; False: none does."""
+    """``cpu``: None (the YAML leaves it out): the CPU tier runs the items its estimate admits
+    (``harness.checks.tiers``: every item of a small case, the cheap items of a larger one); True: every item runs
+    there; False: none does."""
 
     cpu: bool | None = None
 
