@@ -308,6 +308,25 @@ def test_the_recompile_guard_runs_inside_the_child(tiny, device):
     assert supervisor.restarts == [] and supervisor.processes == 1
 
 
+def test_a_supervisor_sends_its_messages_after_sys_modules_was_restored(tiny, device, monkeypatch):
+    """pytester's in-process runs restore sys.modules afterwards: a submodule first imported during one leaves
+    sys.modules while its package keeps it as an attribute. A supervisor made after that must send messages whose
+    classes pickle finds in sys.modules (a stale protocol module fails every item with a PicklingError)."""
+    import harness.isolation as package
+    import harness.isolation.protocol
+    import harness.isolation.supervisor  # noqa: F401 - in sys.modules and as the package's attributes
+
+    for name in ("protocol", "supervisor"):
+        monkeypatch.setattr(package, name, getattr(package, name))  # restored after the test, as is sys.modules
+        monkeypatch.delitem(sys.modules, f"harness.isolation.{name}")
+    from harness.isolation.supervisor import Supervisor  # as open_runner imports it
+
+    assert package.IsolationError is sys.modules["harness.isolation.supervisor"].IsolationError  # what callers catch
+    with Supervisor("kernels:provider", device) as supervisor:
+        result = supervisor.run(_tiny_cases(tiny)["tiny-direct"], "gather_exact")
+    assert result.status is Status.PASSED, result.message
+
+
 def test_an_unloadable_provider_is_a_provider_error_not_an_item_result(tiny, device):
     from harness.checks import ProviderError
     from harness.isolation import Supervisor

@@ -64,9 +64,10 @@ def __getattr__(name: str):
     """``Supervisor``, ``InProcess``, ``IsolationError`` and ``Restart`` on first use: importing this package stays
     cheap (no torch) for processes that only read the settings."""
     if name in ("Supervisor", "IsolationError", "Restart", "describe_exit"):
-        from harness.isolation import supervisor
+        import importlib
 
-        return getattr(supervisor, name)
+        # Through sys.modules, not the package's attribute (see the protocol import in harness.isolation.supervisor).
+        return getattr(importlib.import_module("harness.isolation.supervisor"), name)
     if name == "InProcess":
         from harness.isolation.inprocess import InProcess
 

@@ -26,10 +26,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+# A dotted import binds the module that sys.modules holds, where pickle finds the message classes; ``from
+# harness.isolation import protocol`` would take the package's attribute, which can outlive the module's entry in
+# sys.modules where a test harness restores sys.modules after an in-process run (pytester).
+import harness.isolation.protocol as protocol
 from harness.checks.base import CheckResult
 from harness.checks.providers import ProviderError
 from harness.checks.runner import fault_result
-from harness.isolation import protocol
 from harness.isolation.channel import Channel, ChannelClosed
 from harness.isolation.settings import TimeLimit, item_timeout
 
