@@ -134,6 +134,10 @@ class LaunchesUnwarmed(_Broken):
 
     breakage = "launches a kernel specialization outside the case's model request"
 
+    def warmup(self, requests):
+        """Our kernels' warmup hook: it warms each case's model configuration, which has ``D``."""
+        return self.inner.warmup(requests)
+
     def call(self, *args, out, state_cache, **kwargs):
         if kwargs.get("D") is not None:
             self.inner.ssd_prefill(*args, **{**kwargs, "D": None}, out=out.clone(), state_cache=state_cache.clone())
@@ -186,3 +190,17 @@ class _Lazy:
 
 _wild_store = _Lazy()
 illegal_memory_access = IllegalMemoryAccess()
+
+
+class ReportsThreads(_Faulty):
+    """Not a fault of a kernel: raises on the faulting case with its process's torch thread count and OMP_NUM_THREADS,
+    so a test can see what a supervised child was given."""
+
+    def fault(self) -> None:
+        import torch
+
+        omp = os.environ.get("OMP_NUM_THREADS")
+        raise RuntimeError(f"torch threads={torch.get_num_threads()} OMP_NUM_THREADS={omp}")
+
+
+reports_threads = ReportsThreads()

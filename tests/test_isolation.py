@@ -300,12 +300,34 @@ def test_the_recompile_guard_runs_inside_the_child(tiny, device):
         good = supervisor.run(case, "determinism", guard=True)
     assert good.status is Status.PASSED, good.message
     with Supervisor("tests.faulty_providers:launches_unwarmed", device) as supervisor:
-        unguarded = supervisor.run(case, "determinism")
+        # guarded first: on the GPU the witness is a compile, and a child that ran the call unguarded has compiled
+        # the unwarmed specialization already
         guarded = supervisor.run(case, "determinism", guard=True)  # warms the request itself
+        unguarded = supervisor.run(case, "determinism")
     assert unguarded.status is Status.PASSED, unguarded.message
     assert guarded.status is Status.FAILED and guarded.summary.startswith("recompile guard: "), guarded.message
     assert "_chunk_scan_kernel" in guarded.message and "repro: python -m harness repro" in guarded.message
     assert supervisor.restarts == [] and supervisor.processes == 1
+
+
+def test_the_child_gets_this_processs_share_of_torch_threads(tiny, device):
+    """A child with torch's default (one thread per core) beside N pytest workers oversubscribes the host N-fold; it
+    takes the thread count of the process it stands in for."""
+    import torch
+
+    from harness.isolation import Supervisor
+
+    case = _tiny_cases(tiny)[fp.FAULTING_CASE]
+    before = torch.get_num_threads()
+    torch.set_num_threads(3 if before != 3 else 2)
+    try:
+        with Supervisor("tests.faulty_providers:reports_threads", device) as supervisor:
+            result = supervisor.run(case, "determinism")
+        wanted = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    assert result.status is Status.ERROR, result.message
+    assert f"torch threads={wanted} OMP_NUM_THREADS={wanted}" in result.message, result.message
 
 
 def test_an_unloadable_provider_is_a_provider_error_not_an_item_result(tiny, device):

@@ -107,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         from harness import backend
 
         device = backend.configure(hello.device)
+        if hello.torch_threads:
+            import torch
+
+            torch.set_num_threads(hello.torch_threads)
         from harness.checks import load_provider
         from harness.checks.providers import provider_name
         from harness.isolation.worker import Worker

@@ -15,6 +15,7 @@ class Hello:
     device: str
     provider_spec: str
     warmup_first: float = 0.0
+    torch_threads: int = 0  # the parent's torch intra-op thread count (its share of the cores); 0: torch's default
 
 
 @dataclass
