@@ -59,6 +59,7 @@ class Unusable:
 class ItemDone:
     result: object  # harness.checks.CheckResult
     sticky: str = ""  # non-empty: the child must not run another item (harness.isolation.sticky); it exits next
+    compiles: dict | None = None  # the child's Triton compiles and cache loads during the item (CompileLedger.drain)
 
 
 @dataclass
@@ -67,3 +68,4 @@ class Warmed:
     error: str = ""  # non-empty: the warmup raised (the exception in one line)
     detail: str = ""  # its traceback
     sticky: str = ""
+    compiles: dict | None = None  # as ItemDone's

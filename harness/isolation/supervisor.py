@@ -268,6 +268,7 @@ class Supervisor:
             self.restarts.append(Restart(item, cause))
             return fault_result(case, check, cause, detail=detail, duration=seconds,
                                 provider_spec=self.provider_spec, repro_device=repro_device)
+        _absorb_compiles(reply)
         result = reply.result
         if reply.sticky:
             self._reap()
@@ -284,6 +285,7 @@ class Supervisor:
         if fault is not None:
             self.restarts.append(Restart(item, fault[0]))
             raise IsolationError(f"{item}: {fault[0]}", fault[1])
+        _absorb_compiles(reply)
         if reply.sticky:
             self._reap()
             self.restarts.append(Restart(item, reply.sticky))
@@ -302,3 +304,13 @@ def _torch_threads() -> int:
     default: nothing here decided a share)."""
     torch = sys.modules.get("torch")
     return torch.get_num_threads() if torch is not None else 0
+
+
+def _absorb_compiles(reply) -> None:
+    """The child's compiles count as this process's: its ledger (if it keeps one) is what a report reads."""
+    if reply.compiles:
+        from harness import timeline
+
+        ledger = timeline.installed_compile_ledger()
+        if ledger is not None:
+            ledger.absorb(reply.compiles)
