@@ -33,5 +33,7 @@ register(
         doc="every autotuner the call launches tunes from scratch; a replay of the chosen configs leaves the same "
             "bytes",
         run=_autotune_idempotent,
+        not_a_serving_call="it makes every autotuner tune from scratch, launching (on the GPU: compiling) configs "
+                           "that a warmed server's tuning never chose",
     )
 )
