@@ -389,5 +389,5 @@ def test_warmup_hook_covers_its_layouts_and_the_guard_names_what_it_does_not(cas
         assert "gather_initial_states._gather_initial_states_kernel: specialization not warmed up" in text, text
         assert "state_ptr: needed *fp32 unaligned, closest warmed *fp32 aligned16" in text, text
     else:  # on the GPU, the compile itself; the unaligned state pointer is the class no warmup call had
-        assert "compile hook: vllm.model_executor.layers.mamba.ops.gather_initial_states._gather_initial_states_kernel" \
-            " compiled key [('*fp32', '')" in text, text
+        kernel = "vllm.model_executor.layers.mamba.ops.gather_initial_states._gather_initial_states_kernel"
+        assert f"compile hook: {kernel} compiled key [('*fp32', '')" in text, text
