@@ -36,10 +36,16 @@ cache: {slots: 2}
 PASSED_GOOD = "PASSED      good-1::determinism"
 
 
+# Runs here are about files, not faults: in this process, since a supervised child per run re-imports torch and
+# initialises the device (seconds each on the GPU; tests/test_isolation.py covers the child).
+IN_PROCESS = ("--isolation", "none")
+
+
 @pytest.fixture
 def run_good(device) -> tuple[str, ...]:
-    """``harness run`` options for GOOD: one check against the PyTorch reference provider, on the session's device."""
-    return ("--device", device, "--provider", "reference:provider", "--check", "determinism")
+    """``harness run`` options for GOOD: one check against the PyTorch reference provider, on the session's device,
+    in this process (IN_PROCESS)."""
+    return ("--device", device, "--provider", "reference:provider", "--check", "determinism", *IN_PROCESS)
 
 
 def _bad(old: str, new: str) -> bytes:
@@ -299,25 +305,25 @@ def _tiny(tmp_path: Path, case_id: str, **changes) -> Path:
 
 def test_run_with_every_item_filtered_out_exits_2(tmp_path, device):
     path = _tiny(tmp_path, "tiny-batch")  # two sequences: the indexed path's check does not apply
-    proc = harness("run", str(path), "--device", device, "--check", "indexed_vs_snapshot")
+    proc = harness("run", str(path), "--device", device, "--check", "indexed_vs_snapshot", *IN_PROCESS)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "nothing to run: no check of the 1 cases" in proc.stderr and "--check indexed_vs_snapshot" in proc.stderr
 
 
 def test_run_where_every_item_is_skipped_or_unsupported_exits_2(tmp_path, device):
     skipped = _tiny(tmp_path, "tiny-batch", checks=["indexed_vs_snapshot"])  # named, not applicable: a skip
-    proc = harness("run", str(skipped), "--device", device, "--provider", "reference:provider")
+    proc = harness("run", str(skipped), "--device", device, "--provider", "reference:provider", *IN_PROCESS)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "SKIPPED" in proc.stdout and "nothing ran: 1 items, none passed or failed" in proc.stderr
     # gather_exact checks our kernels only: against the reference provider it is unsupported
-    unsupported = harness("run", str(_tiny(tmp_path, "tiny-direct")), "--device", device,
+    unsupported = harness("run", str(_tiny(tmp_path, "tiny-direct")), "--device", device, *IN_PROCESS,
                           "--provider", "reference:provider", "--check", "gather_exact")
     assert unsupported.returncode == 2 and "UNSUPPORTED" in unsupported.stdout, unsupported.stdout + unsupported.stderr
 
 
 def test_repro_that_runs_nothing_exits_2(tmp_path, device):
     path = _tiny(tmp_path, "tiny-direct")
-    unsupported = harness("repro", str(path), "--check", "gather_exact", "--device", device,
+    unsupported = harness("repro", str(path), "--check", "gather_exact", "--device", device, *IN_PROCESS,
                           "--provider", "reference:provider")
     assert unsupported.returncode == 2, unsupported.stdout + unsupported.stderr
     assert "UNSUPPORTED: tiny-direct::gather_exact" in unsupported.stdout

@@ -25,7 +25,8 @@ def _kernels_imported_outside():
 
 
 def run_guarded(pytester, device, *args, select="tiny-direct"):
-    """The inner run on the session's device (the interpreter cannot run where numpy >= 2.4, as on the GPU runner)."""
+    """The inner run on the session's device (the interpreter cannot run where numpy >= 2.4, as on the GPU runner);
+    its items run in a supervised child unless ``args`` say ``--isolation none``."""
     tiny = pytester.makefile(".yaml", tiny=bp.TINY_CASES)
     return pytester.runpytest_inprocess("-p", "ssd_pytest.plugin", "--device", device, "-p", "no:cacheprovider",
                                         "-s", "--recompile-guard", str(tiny), "-k", select, *args)
@@ -103,12 +104,13 @@ def test_a_check_that_does_not_run_is_skipped_not_judged_by_the_guard(pytester, 
 
 def run_slot_cases(pytester, device, provider: str, *args):
     """``tests.autotuned_providers.CASES`` under the guard against a foreign provider (its writeback is an
-    autotuned Triton kernel that is not ours)."""
+    autotuned Triton kernel that is not ours), its items in this process."""
     from tests import autotuned_providers
 
     cases = pytester.makefile(".yaml", slots=autotuned_providers.CASES)
     return pytester.runpytest_inprocess("-p", "ssd_pytest.plugin", "--device", device, "-p", "no:cacheprovider",
-                                        "-s", "-rfs", "--recompile-guard", str(cases), "--provider", provider, *args)
+                                        "-s", "-rfs", "--recompile-guard", str(cases), "--provider", provider,
+                                        "--isolation", "none", *args)
 
 
 def test_a_foreign_providers_warmup_hook_is_what_its_items_are_held_to(pytester, device):
@@ -159,8 +161,8 @@ def test_a_warmup_hook_that_raises_errors_every_item_of_its_configuration_once(p
     # The module the inner run loads the provider from (an earlier inner run's copy left sys.modules with it).
     warmup_providers = importlib.import_module("tests.warmup_providers")
 
-    # in this process, where the hook's call count is visible
-    result = run_slot_cases(pytester, device, "tests.warmup_providers:warmup_raises", "--isolation", "none", "-k",
+    # in this process (run_slot_cases), where the hook's call count is visible
+    result = run_slot_cases(pytester, device, "tests.warmup_providers:warmup_raises", "-k",
                             "slot-update-second and (determinism or untouched_storage)")
     outcomes = result.parseoutcomes()
     assert result.ret == 1 and outcomes.get("errors") == 2 and not outcomes.get("passed"), result.stdout.str()[-3000:]

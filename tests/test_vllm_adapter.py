@@ -29,6 +29,10 @@ SPEC = "peers.vllm_ssd:provider"
 ASSEMBLE = "python scripts/assemble_vllm_ops.py"
 OPS_FOLDER = REPO / ".peers" / "vllm-0.33.0"
 
+# One worker runs this module: each test launches vLLM's kernels, and on the GPU every worker that does compiles all
+# of them (seconds each); in one process they compile once.
+pytestmark = pytest.mark.xdist_group("vllm-kernels")
+
 
 def _ops_available() -> bool:
     return (OPS_FOLDER / "vllm/model_executor/layers/mamba/ops/ssd_combined.py").is_file() or (
