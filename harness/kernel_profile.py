@@ -49,10 +49,11 @@ def stage_of(kernel: str) -> str:
 def kernel_times(events: Iterable) -> dict[str, dict]:
     """Device activities grouped by name: name -> {"us": summed duration, "count": launches}. ``events`` are
     ``torch.profiler``'s ``FunctionEvent``s (or anything with ``name``, ``device_type`` and ``time_range``); host-side
-    events (operators, CUDA runtime calls) are left out."""
+    events (operators, CUDA runtime calls such as ``cudaGraphLaunch``) and GPU user annotations are left out."""
     grouped: dict[str, dict] = {}
     for event in events:
-        if event.device_type != DeviceType.CUDA:
+        # A user annotation projected onto the GPU timeline is a device event too, but spans work, it is none.
+        if event.device_type != DeviceType.CUDA or getattr(event, "is_user_annotation", False):
             continue
         entry = grouped.setdefault(event.name, {"us": 0.0, "count": 0})
         entry["us"] += event.time_range.elapsed_us()

@@ -227,9 +227,12 @@ def test_kernel_names_map_to_stages(name, stage):
     assert kernel_profile.stage_of(name) == stage
 
 
-def test_kernel_times_group_device_events_by_name_and_leave_host_events_out():
+def test_kernel_times_group_device_events_by_name_and_leave_host_events_and_annotations_out():
+    annotation = FunctionEvent(id=0, name="ssd call", thread=0, start_us=0, end_us=120.0, device_type=DeviceType.CUDA,
+                               is_user_annotation=True)
     events = [kernel("_chunk_scan_kernel", 90.0), kernel("_chunk_scan_kernel", 10.0, start=100),
-              kernel("_gather_initial_states_kernel", 3.0), host("cudaGraphLaunch", 50.0), host("aten::where", 7.0)]
+              kernel("_gather_initial_states_kernel", 3.0), host("cudaGraphLaunch", 50.0), host("aten::where", 7.0),
+              annotation]
     assert kernel_profile.kernel_times(events) == {"_chunk_scan_kernel": {"us": 100.0, "count": 2},
                                                    "_gather_initial_states_kernel": {"us": 3.0, "count": 1}}
 
