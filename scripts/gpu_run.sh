@@ -2,7 +2,7 @@
 # One call on the GPU runner does everything (device time is scarce): environment, the test suite on CUDA,
 # the case corpus, the bench. Usage: scripts/gpu_run.sh [STEP...] with steps env, tests, cases, bench
 # (default: env tests cases bench; also pyc, startup, spawn-probe, exit-probe, recheck, suite, suite-warm, warmup, cases-warm, stages,
-# profile-ref, profile-warmup). Full logs go under $OUT (the device tool brings them back); a short table is printed last.
+# profile-ref, profile-warmup, peer-bench). Full logs go under $OUT (the device tool brings them back); a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
 export PYTHONUNBUFFERED=1
@@ -92,6 +92,14 @@ for step in $steps; do
     profile-warmup)  # where loading the corpus' specializations from a warm disk cache goes (a case's first item
       # pays it per worker): one process, after a suite step filled the cache
       run_step profile-warmup bash -c "$PY -m cProfile -o $OUT/warmup.prof -m harness warmup --device cuda --jobs 1 | tail -n 3; $PY -c \"import pstats; p = pstats.Stats('$OUT/warmup.prof'); p.sort_stats('cumulative').print_stats(45); p.sort_stats('tottime').print_stats(25)\" | grep -v '^$' | tail -n 80" ;;
+    peer-bench)  # ours against vLLM's kernels (peers.vllm_ssd: ops from the carried .peers/ or an installed vllm) in one
+      # process on the same inputs, calls alternating round by round: whole calls by graph replay (peer-bench), then
+      # each stage's device time in one whole call, from torch.profiler (peer-stages); all four workloads
+      workloads="--workload short-continuation --workload prefill-4256 --workload continue-600 --workload mixed-3"
+      run_step peer-bench $PY -m harness bench --peer peers.vllm_ssd:provider --rounds 3 $workloads \
+        --json "$OUT/peer-bench.json"
+      run_step peer-stages $PY -m harness bench --stages --peer peers.vllm_ssd:provider --rounds 3 $workloads \
+        --json "$OUT/peer-stages.json" ;;
     stages)  # each stage of the 4256-token prefill alone, as tuned and with every candidate config forced
       run_step stages $PY -m harness bench --stages --reps 100 --json "$OUT/stages.json" ;;
     baseline)  # the suite as suite runs it, at an older commit's tree unpacked into .baseline/ (carried): the same
