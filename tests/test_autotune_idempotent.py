@@ -125,6 +125,31 @@ def test_our_provider_is_not_flagged_and_retunes_every_stage(tiny, device):
     assert result.stats["trial_launches"] >= len(stages), result.stats
 
 
+def test_a_config_cache_outside_tritons_autotuner_is_emptied_through_the_providers_hook(cases, device):
+    """A launcher that keeps the chosen config itself (vLLM's ``launch_autotuned``) never reaches Triton's autotuner
+    again for a key it tuned: the check sees no tuning unless the provider names that cache (``tuning_caches``).
+    With the hook the destructive writeback is flagged on a key an earlier case tuned, the harmless one passes, and
+    the cache holds what it held before."""
+    hidden = ap.CachedConfigWriteback(reads_private_copy=False, offers_hook=False)
+    _tune_on(cases["slot-update-first"], hidden, device)
+    unseen = run_check(cases["slot-update-second"], CHECK, hidden, device=device)
+    assert unseen.status is Status.SKIPPED and "launched no Triton autotuner" in unseen.reason, unseen.message
+
+    named = ap.CachedConfigWriteback(reads_private_copy=False, offers_hook=True)
+    _tune_on(cases["slot-update-first"], named, device)
+    before = dict(named.configs)
+    assert len(before) == 1, before
+    flagged = run_check(cases["slot-update-second"], CHECK, named, device=device)
+    assert flagged.status is Status.FAILED and "autotuning trials changed memory" in flagged.message, flagged.message
+    assert named.configs == before
+
+    harmless = ap.CachedConfigWriteback(reads_private_copy=True, offers_hook=True)
+    _tune_on(cases["slot-update-first"], harmless, device)
+    passed = run_check(cases["slot-update-second"], CHECK, harmless, device=device)
+    assert passed.status is Status.PASSED, passed.message
+    _assert_trials(passed, len(KERNEL.configs))
+
+
 def test_a_provider_without_autotuners_is_not_passed(tiny, device):
     result = run_check(tiny["tiny-direct"], CHECK, load_provider("reference:provider"), device=device)
     assert result.status is Status.SKIPPED, (result.status, result.message)

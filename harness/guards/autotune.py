@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator, MutableMapping
 
 import torch
 
@@ -259,12 +259,27 @@ def _compare_returned(replayed: Any, tuned: list[tuple[str, torch.Tensor]]) -> l
     return failures
 
 
+@contextlib.contextmanager
+def _emptied(caches: Iterable[MutableMapping]) -> Iterator[None]:
+    caches = list(caches)
+    saved = [dict(c) for c in caches]
+    for c in caches:
+        c.clear()
+    try:
+        yield
+    finally:
+        for c, content in zip(caches, saved, strict=True):
+            c.clear()
+            c.update(content)
+
+
 def check_autotune_safe(
     call: Callable[..., Any],
     *,
     args: tuple = (),
     kwargs: dict | None = None,
     do_bench: Callable | None = None,
+    own_caches: Iterable[MutableMapping] = (),
 ) -> AutotuneReport:
     """Run ``call(*args, **kwargs)`` with every autotuner it launches tuning from scratch and prove the trials left
     no trace.
@@ -272,14 +287,15 @@ def check_autotune_safe(
     Tensors are found in ``args``, ``kwargs`` and, for a ``functools.partial``, its bound arguments. Raises
     ``DestructiveAutotuning`` naming the storage, the differing bytes and the kernels' chosen configs,
     ``NothingTuned`` when no autotuner ran a trial; returns what was tuned otherwise. Leaves the tensors as the
-    tuned call left them.
+    tuned call left them. ``own_caches``: tuning results the caller's code keeps outside Triton's autotuners
+    (``harness.checks.hooks.tuning_caches``), emptied for the tuned call (kept for the replay) and restored after.
     """
     kwargs = dict(kwargs or {})
     named = call_tensors(call, args, kwargs)
     if not named:
         raise ValueError("check_autotune_safe: the call has no tensor arguments to snapshot")
     snap = StorageSnapshot.take(named)
-    with fresh_autotune_state(do_bench) as state:
+    with fresh_autotune_state(do_bench) as state, _emptied(own_caches):
         returned = _returned_copies(call(*args, **kwargs))
         report = AutotuneReport(state.chosen(), state.trials.launches, len(snap.tensors), state.trials.configs,
                                 [kernel_name(t) for t in state.tuners])
