@@ -157,6 +157,24 @@ def test_small_cases_pass_through_the_harness(cases, vllm_provider, device, case
 
 
 @needs_ops
+def test_the_autotuning_check_sees_vllms_tuning_through_its_cache_hook(cases, vllm_provider, device):
+    """vLLM launches a tuned key's kernel directly from its own config cache; through ``tuning_caches`` the check
+    empties it, so vLLM's autotuners tune again (here after a plain call tuned every key) and the replay is judged."""
+    from harness.checks import CheckContext
+
+    case = cases["vllm-direct"]
+    context = CheckContext(case, vllm_provider, device, SPEC)
+    context.call(context.inputs())  # every key tuned, and cached by vLLM's launcher
+    (cache,) = vllm_provider.tuning_caches()
+    before = dict(cache)
+    assert before, "vLLM's launcher cached no config"
+    result = run_check(case, "autotune_idempotent", vllm_provider, device=device, provider_spec=SPEC)
+    assert result.status is Status.PASSED, (result.status, result.message or result.reason)
+    assert any("_chunk_scan_fwd_kernel" in name for name in result.stats["autotuners"]), result.stats
+    assert result.stats["trial_launches"] > 0 and cache == before
+
+
+@needs_ops
 def test_a_mapping_that_drops_an_argument_is_caught(cases, vllm_provider, device):
     """Negative control for the test above: vLLM called without dt_softplus (an argument the adapter must pass on)
     fails reference_bound on the same case."""
