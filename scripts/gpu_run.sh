@@ -117,10 +117,12 @@ for step in $steps; do
       run_step faults-pytest $PY -m pytest /tmp/tiny.yaml -p ssd_pytest.plugin --rootdir . -q -n 4 --workers-per-gpu 4 \
         --device cuda -p no:cacheprovider \
         --provider tests.faulty_providers:illegal_memory_access --ssd-report "$OUT/faults-pytest.json" -rfE --tb=line ;;
-    vllm-corpus)  # the whole corpus against vLLM's kernels (peers.vllm_ssd, ops from the carried .peers/)
+    vllm-corpus)  # the whole corpus against vLLM's kernels (peers.vllm_ssd, ops from the carried .peers/), under the
+      # recompile guard (the adapter's warmup hook) unless VLLM_ARGS says otherwise; autotune_idempotent runs always
       export TRITON_CACHE_DIR=$(mktemp -d)
       run_step vllm-corpus $PY -m pytest cases -q -n "$WORKERS" --workers-per-gpu "${WPG:-$WORKERS}" --device cuda \
-        -p no:cacheprovider --provider peers.vllm_ssd:provider --ssd-report "$OUT/vllm-report.json" -rfE --tb=line
+        -p no:cacheprovider --provider peers.vllm_ssd:provider --ssd-report "$OUT/vllm-report.json" -rfE --tb=line \
+        ${VLLM_ARGS---recompile-guard}
       $PY -c "import sys; from harness.report import Report; r = Report.read(sys.argv[1]); print(r.counts()); [print(f'=== {i.nodeid}\n{i.message}') for i in r.failures]" \
         "$OUT/vllm-report.json" > "$OUT/vllm-failures.txt" 2>&1 && rm -rf "$OUT/vllm-report.json.parts"
       head -n 1 "$OUT/vllm-failures.txt" ;;
