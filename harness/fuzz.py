@@ -244,7 +244,6 @@ class _Runners:
                                          provider=provider)
         self.active = self._open()
         self.spare = None
-        self.closed: list = []
 
     @property
     def isolated(self) -> bool:
@@ -312,8 +311,6 @@ class _Search:
             return failure is not None
         try:
             failure = self._run(case)
-        except (_Stop, KeyboardInterrupt):
-            raise
         except Exception as exc:  # noqa: BLE001 - the harness's failure: ends the search, never shrunk
             raise _Abort(exc) from exc
         self._seen[case] = failure
