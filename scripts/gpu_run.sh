@@ -126,6 +126,15 @@ for step in $steps; do
       $PY -c "import sys; from harness.report import Report; r = Report.read(sys.argv[1]); print(r.counts()); [print(f'=== {i.nodeid}\n{i.message}') for i in r.failures]" \
         "$OUT/vllm-report.json" > "$OUT/vllm-failures.txt" 2>&1 && rm -rf "$OUT/vllm-report.json.parts"
       head -n 1 "$OUT/vllm-failures.txt" ;;
+    fuzz-vllm)  # the fuzzer against vLLM's kernels: a fault is a finding, shrunk in fresh children and written as YAML;
+      # then repro of each file it wrote (FUZZ_SECONDS: the search's wall-time budget)
+      export TRITON_CACHE_DIR=$(mktemp -d)
+      run_step fuzz-vllm $PY -m harness fuzz --device cuda --provider peers.vllm_ssd:provider --budget 400 \
+        --time-budget "${FUZZ_SECONDS:-240}" --heartbeat 10 --out "$OUT/fuzz-vllm"
+      for found in "$OUT"/fuzz-vllm/*.yaml; do
+        [ -f "$found" ] && run_step fuzz-vllm-repro $PY -m harness repro "$found" --device cuda \
+          --provider peers.vllm_ssd:provider
+      done ;;
     *)
       echo "unknown step $step" >&2; exit 2 ;;
   esac
