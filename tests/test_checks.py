@@ -116,6 +116,27 @@ def test_xfail_is_honoured_and_a_stale_xfail_is_a_strict_xpass(tiny, device):
     assert "XPASS(strict)" in stale.message and "repro:" in stale.message
 
 
+def test_an_xfail_for_named_providers_leaves_the_others_strict(tiny, device):
+    """The provider under test is named by its spec (``provider_spec``): an xfail naming another provider changes
+    nothing, so a failure stays a failure; one naming it turns a pass into a strict XPASS; a process that died
+    (``fault_result``) is judged the same way."""
+    from harness.checks.runner import fault_result
+
+    case = replace(tiny["tiny-batch"], expect=Expect("xfail", "theirs clobbers x", ("theirs:provider",)))
+    caught = run_check(case, "readonly_inputs", bp.MutatesInput(), device=device, provider_spec="theirs:provider")
+    assert caught.status is Status.XFAILED and caught.reason == ("expected failure with --provider "
+                                                                 "theirs:provider: theirs clobbers x"), caught.reason
+    ours_broken = run_check(case, "readonly_inputs", bp.MutatesInput(), device=device)
+    assert ours_broken.status is Status.FAILED
+    ours = run_check(case, "readonly_inputs", load_provider("kernels:provider"), device=device)
+    assert ours.status is Status.PASSED
+    listed = replace(case, expect=Expect("xfail", "theirs clobbers x", ("theirs:provider", "kernels:provider")))
+    stale = run_check(listed, "readonly_inputs", load_provider("kernels:provider"), device=device)
+    assert stale.status is Status.XPASSED and "remove kernels:provider from expect.providers" in stale.message
+    assert fault_result(case, "readonly_inputs", "died").status is Status.ERROR
+    assert fault_result(case, "readonly_inputs", "died", provider_spec="theirs:provider").status is Status.XFAILED
+
+
 def test_provider_crash_is_an_error_with_traceback(tiny, device):
     class Crashes:
         name = "crashes"

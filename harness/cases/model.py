@@ -125,8 +125,17 @@ class CallSpec:
 
 @dataclass(frozen=True)
 class Expect:
+    """What a case's items should do. ``providers``: the ``--provider`` specs (``module:attr``, spelled as the run
+    names them) an xfail applies to; every other provider must pass. ``None``: the xfail applies to every
+    provider."""
+
     kind: str = "pass"
     reason: str | None = None  # required for xfail: why, with an issue or commit reference
+    providers: tuple[str, ...] | None = None  # xfail only
+
+    def fails_for(self, provider_spec: str) -> bool:
+        """Whether the case's items are expected to fail when ``provider_spec`` is the provider under test."""
+        return self.kind == "xfail" and (self.providers is None or provider_spec in self.providers)
 
 
 @dataclass(frozen=True)
