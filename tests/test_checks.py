@@ -184,3 +184,33 @@ def test_untouched_storage_sees_a_byte_before_the_offset(tiny, kernels_provider,
     assert case.cache.offset > 0
     result = run_check(case, "untouched_storage", WritesBeforeOffset(), device=device)
     assert result.status is Status.FAILED and "at (0,)" in result.message, result.message
+
+
+def test_untouched_storage_sees_a_padded_sequence_stored_before_slot_0(tiny, kernels_provider, device):
+    """A provider that stores a padded sequence's final state at ``slot * stride(0)`` (what vLLM 0.33 does) writes
+    before slot 0. With no offset that row would lie outside the storage; the builder's guard puts it inside, so
+    the check sees the store instead of missing it."""
+
+    class StoresPaddedRows:
+        name = "stores-padded-rows"
+        supported_paths = kernels_provider.supported_paths
+
+        def ssd_prefill(self, *args, state_cache, final_state_indices=None, **kwargs):
+            result = kernels_provider.ssd_prefill(*args, state_cache=state_cache,
+                                                  final_state_indices=final_state_indices, **kwargs)
+            base = torch.empty(0, dtype=state_cache.dtype, device=state_cache.device).set_(
+                state_cache.untyped_storage())
+            for slot in final_state_indices.tolist():
+                start = state_cache.storage_offset() + slot * state_cache.stride(0)
+                if slot < 0:
+                    assert start >= 0, "the row before slot 0 is outside the storage"
+                    base[start : start + state_cache[0].numel()] = 1.0
+            return result
+
+    batch = tiny["tiny-batch"]
+    padded = replace(batch, sequences=(batch.sequences[0], replace(batch.sequences[1], final_slot=-1)),
+                     cache=replace(batch.cache, offset=0))
+    assert padded.cache_guard() > 0
+    assert run_check(padded, "untouched_storage", kernels_provider, device=device).status is Status.PASSED
+    result = run_check(padded, "untouched_storage", StoresPaddedRows(), device=device)
+    assert result.status is Status.FAILED and "elements differ" in result.message, result.message
