@@ -347,14 +347,15 @@ def _run_plan(args, runner, device: str, spec: str, cases, plan, bad) -> int:
                     live.append(record)
                 failures += result.status.is_failure
                 if not args.quiet or result.status.is_failure:
-                    note = result.summary or result.reason
-                    note, last_note = ("" if note == last_note and not result.summary else note), note
-                    print(f"[{i}/{len(plan)} case {case_number[case.id]}/{ncases}] "
-                          f"{result.status.value.upper():<11} {case.id}::{check} "
-                          f"({result.duration:.2f}s) failures so far: {failures}" + (f"\n    {note}" if note else ""),
-                          flush=True)
-                if result.status.is_failure:
-                    print("    repro: " + result.repro, flush=True)
+                    line = (f"[{i}/{len(plan)} case {case_number[case.id]}/{ncases}] "
+                            f"{result.status.value.upper():<11} {case.id}::{check} "
+                            f"({result.duration:.2f}s) failures so far: {failures}")
+                    if result.status.is_failure:  # what differed, on the item's own line (as pytest -rf shows it)
+                        print(f"{line} - {result.summary}\n    repro: {result.repro}", flush=True)
+                    else:  # a skip's reason, or an xfail's summary, once for a run of items that share it
+                        note = result.summary or result.reason
+                        note, last_note = ("" if note == last_note and not result.summary else note), note
+                        print(line + (f"\n    {note}" if note else ""), flush=True)
                 for restart in runner.restarts[restarts:]:
                     if restart.cause != result.summary:  # a sticky device error: the item's own error differs
                         print(f"    provider process replaced: {restart.cause}", flush=True)

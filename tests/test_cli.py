@@ -9,6 +9,7 @@ re-imports torch and re-initialises CUDA (seconds each on the GPU tier).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -63,9 +64,10 @@ def test_run_exits_nonzero_with_repro_for_each_broken_provider(tmp_path, provide
     spec = f"tests.broken_providers:{provider_name}"
     proc = harness("run", str(path), "--device", device, "--provider", spec, "--check", check)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert f"FAILED      {case_id}::{check}" in proc.stdout
+    # The item's own line ends with what differed (the failure's summary); the repro line follows.
+    assert re.search(rf"^\[1/1 case 1/1\] FAILED +{case_id}::{check} \(.*\) failures so far: 1 - \S", proc.stdout,
+                     re.M), proc.stdout
     assert f"repro: python -m harness repro {path} --check {check} --case {case_id} --provider {spec}" in proc.stdout
-    assert "failures so far: 1" in proc.stdout
 
 
 def test_run_exits_zero_when_all_pass_and_writes_json(tmp_path, device):
@@ -87,8 +89,13 @@ def test_repro_prints_the_full_report(tiny_file, device):
     proc = harness("repro", str(tiny_file), "--case", "tiny-direct", "--check", "untouched_storage",
                    "--device", device, "--provider", "tests.broken_providers:wrong_slot")
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "FAILED: tiny-direct::untouched_storage" in proc.stdout
-    assert "elements differ in bits" in proc.stdout and "at (" in proc.stdout and "ulp" in proc.stdout
+    lines = proc.stdout.splitlines()
+    failed = lines.index(next(line for line in lines if line.startswith("FAILED: tiny-direct::untouched_storage")))
+    # The report's first line says what differed, in how many elements, by how many ulps; the elements follow.
+    assert re.fullmatch(r"cache storage outside written slots \[2\] \(storage elements\): \d+ of \d+ elements differ "
+                        r"in bits \(torch.float32, shape \(\d+,\)\), max ulp \d+ among the finite ones",
+                        lines[failed + 1]), lines[failed + 1]
+    assert "at (" in proc.stdout and "ulp" in proc.stdout
     assert "case: tiny-direct: H2 P4 N16" in proc.stdout
 
 

@@ -61,6 +61,24 @@ def test_pytest_items_catch_each_broken_provider(pytester, tiny, provider_name, 
     ])
 
 
+@pytest.mark.parametrize(("provider_name", "summary"), [
+    ("wrong_slot", "cache storage outside written slots [[]2[]] (storage elements): * of * elements differ in bits "
+                   "(torch.float32, shape (*)), max ulp * among the finite ones"),
+    ("ignores_initial_state", "out vs fp64 sequential reference: * of * elements exceed the derived bound "
+                              "(max |err| *, max ulp *)"),
+])
+def test_the_short_summary_line_of_a_failure_says_what_differed(pytester, tiny, monkeypatch, provider_name, summary,
+                                                                 device):
+    """``-rf``: the FAILED line ends with the failure's first line, which says what differed, in how many elements
+    and by how many ulps (the breakages wrap the reference provider: quick on either device)."""
+    monkeypatch.setenv("COLUMNS", "1000")  # pytest trims the line to the terminal's width
+    check, case_id = bp.CAUGHT_BY[provider_name]
+    provider = f"tests.broken_providers:on_reference.{provider_name}"
+    result = run_inner(pytester, device, str(tiny), "--provider", provider, "-k", f"{case_id} and {check}", "-rf")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"FAILED *tiny.yaml::{case_id}::{check} - {summary}"])
+
+
 def test_items_are_file_case_check_and_unsupported_paths_skip_with_reason(pytester, tiny, device):
     result = run_inner(pytester, device, str(tiny), "--provider", "reference:provider", "-k", "tiny-direct and indexed")
     result.assert_outcomes(skipped=1)
