@@ -133,12 +133,16 @@ def _meta(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m harness bench",
+        description="Time the SSD prefill paths on the GPU (CUDA events and CUDA graph replay, medians) at the "
+                    "serving shape: a short continuation and a 4256-token prefill, each path variant.")
     parser.add_argument("--workload", action="append", choices=["short-continuation", "prefill-4256"],
                         help="repeatable; default both")
     parser.add_argument("--variant", action="append", choices=list(VARIANTS), help="repeatable; default all")
     parser.add_argument("--reps", type=int, default=200, help="timed repetitions per variant (median reported)")
-    parser.add_argument("--provider", default=DEFAULT_PROVIDER, help="module:attr of the provider to time")
+    parser.add_argument("--provider", default=DEFAULT_PROVIDER, metavar="MODULE:ATTR",
+                        help=f"the provider to time (default: {DEFAULT_PROVIDER})")
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
     parser.add_argument("--stages", action="store_true",
                         help="time each stage alone, as tuned and with every candidate config forced "
