@@ -22,13 +22,17 @@ def repro_line(case, check: str, provider_spec: str = DEFAULT_PROVIDER, device: 
     return shlex.join(parts)
 
 
-def _cpu_tier_reason(case, device: str) -> str:
-    if device != "cpu":
-        return ""
+def gpu_tier_only(case) -> str:
+    """Why ``case`` runs on the GPU tier only (the skip reason on the CPU tier), or "" when the CPU tier runs it.
+    The pytest plugin marks such case items ``gpu`` with this reason."""
     tiers = getattr(case, "tiers", None)
     if tiers is not None and not getattr(tiers, "cpu", True):
         return f"too large for the CPU interpreter tier ({case.summary()}); runs on the GPU tier"
     return ""
+
+
+def _cpu_tier_reason(case, device: str) -> str:
+    return gpu_tier_only(case) if device == "cpu" else ""
 
 
 def run_check(
@@ -56,14 +60,16 @@ def run_check(
     """
     check = get_check(check_name)
     result = _blank_result(case, check_name, provider_spec, repro_device)
+    # The tier first: it depends on the case alone, so pytest decides it at collection (a skip marker) and every
+    # front end reports a case outside the CPU tier the same way, whatever the provider supports.
+    tier = _cpu_tier_reason(case, device)
+    if tier:
+        result.status, result.reason = Status.SKIPPED, tier
+        return result
     ok, reason = check.applies(case, provider, provider_spec)
     if not ok:
         result.status = Status.UNSUPPORTED if reason.startswith("unsupported") else Status.SKIPPED
         result.reason = reason
-        return result
-    tier = _cpu_tier_reason(case, device)
-    if tier:
-        result.status, result.reason = Status.SKIPPED, tier
         return result
 
     ctx = context or CheckContext(case, provider, device, provider_spec)
