@@ -121,14 +121,24 @@ def build_parser() -> argparse.ArgumentParser:
                         help="where to write it (default: the shipped cases/schema/ssd-case-1.schema.json)")
 
     fuzz = sub.add_parser("fuzz", help="Hypothesis search for failing cases; writes a regression YAML",
-                          description="Search small valid cases for a failing check; a failure is shrunk and "
-                                      "written to DIR as a YAML case that reproduces it.")
-    fuzz.add_argument("--budget", type=int, required=True, metavar="N", help="examples to try")
+                          description="Search small valid cases for a failing check; a failure (a mismatch, an "
+                                      "exception, a crash, a hang past the item time limit, a sticky device "
+                                      "error) is shrunk and written to DIR as a YAML case that reproduces it. "
+                                      "Progress goes to stderr.")
+    fuzz.add_argument("--budget", type=int, required=True, metavar="N",
+                      help="examples to try while searching (shrinking a failure is not counted)")
+    fuzz.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                      help="wall time for searching and shrinking together, checked before each item; when it runs "
+                           "out, the smallest failure found so far is written (default: no limit)")
+    fuzz.add_argument("--heartbeat", type=float, default=None, metavar="SECONDS",
+                      help="seconds between progress lines on stderr: examples tried, faults seen, elapsed time, "
+                           "the smallest failure so far (default 10)")
     fuzz.add_argument("--out", type=Path, required=True, metavar="DIR",
                       help="where a shrunk failing case is written, as a YAML file (cases/regressions/ to keep it)")
     fuzz.add_argument("--seed", type=int, default=0, help="Hypothesis seed (default 0: reproducible searches)")
     _add_check_option(fuzz, "only this check (repeatable)")
     _add_target_options(fuzz)
+    _add_isolation_options(fuzz)
 
     times = sub.add_parser("times", help="where a run spent its time, from a JSON report (by check and family)",
                            description="Time per check family and case family from a report written by "
@@ -153,28 +163,13 @@ def build_parser() -> argparse.ArgumentParser:
 # ---------------------------------------------------------------- shared steps
 
 
-def _target(args) -> tuple[str, object, str]:
-    """Configure the backend (before kernels are imported), then load the provider."""
-    from harness.checks.providers import DEFAULT_PROVIDER, ProviderError, load_provider
-
-    try:
-        device = backend.configure(args.device)
-    except (ValueError, RuntimeError) as exc:
-        raise Unusable(str(exc)) from None
-    spec = args.provider or DEFAULT_PROVIDER
-    try:
-        provider = load_provider(spec)
-    except ProviderError as exc:
-        raise Unusable(str(exc)) from None
-    return device, provider, spec
-
-
-def _runner(args):
-    """Configure the backend, read the isolation settings and check the provider spec; returns (runner, device,
-    spec). The runner starts nothing yet. With process isolation the provider is imported by the child alone, so
-    a provider whose import crashes cannot take this process with it."""
+def _isolation(args) -> tuple[str, str, object, str, object]:
+    """Configure the backend, read the isolation settings and check the provider spec; returns (device, mode,
+    time limit, spec, provider). ``provider`` is loaded here only with ``--isolation none``: with process isolation
+    the provider is imported by the child alone, so a provider whose import crashes cannot take this process with
+    it."""
     from harness.checks.providers import DEFAULT_PROVIDER, ProviderError, check_provider_spec, load_provider
-    from harness.isolation import isolation_mode, item_timeout, open_runner
+    from harness.isolation import isolation_mode, item_timeout
 
     try:
         device = backend.configure(args.device)
@@ -192,6 +187,14 @@ def _runner(args):
             check_provider_spec(spec)
     except ProviderError as exc:
         raise Unusable(str(exc)) from None
+    return device, mode, limit, spec, provider
+
+
+def _runner(args):
+    """``_isolation``'s runner: returns (runner, device, spec). The runner starts nothing yet."""
+    from harness.isolation import open_runner
+
+    device, mode, limit, spec, provider = _isolation(args)
     return open_runner(spec, device, isolation=mode, timeout=limit, provider=provider), device, spec
 
 
@@ -539,27 +542,40 @@ def cmd_schema(args) -> int:
 
 
 def cmd_fuzz(args) -> int:
-    from harness.fuzz import NoFailure, NothingTried, fuzz
+    from harness.checks.providers import ProviderError
+    from harness.fuzz import HEARTBEAT_SECONDS, NoFailure, NothingTried, fuzz
+    from harness.isolation import IsolationError
 
     if args.budget < 1:
         raise Unusable(f"--budget: expected an integer >= 1, found {args.budget}")
+    for option, value in (("--time-budget", args.time_budget), ("--heartbeat", args.heartbeat)):
+        if value is not None and not (0 < value < float("inf")):
+            raise Unusable(f"{option}: expected seconds (a number > 0), found {value:g}")
     _check_names(args.check)
-    device, provider, spec = _target(args)
-    start = time.perf_counter()
+    device, mode, limit, spec, provider = _isolation(args)
     try:
-        found = fuzz(provider, budget=args.budget, out_dir=args.out, device=device, provider_spec=spec,
-                     checks=args.check, seed=args.seed)
+        with _sigterm_interrupts():
+            found = fuzz(spec, budget=args.budget, out_dir=args.out, device=device, checks=args.check,
+                         seed=args.seed, isolation=mode, timeout=limit, provider=provider,
+                         time_budget=args.time_budget, heartbeat=args.heartbeat or HEARTBEAT_SECONDS)
     except NothingTried as exc:
         raise Unusable(f"fuzz: nothing ran: {exc}") from None
-    took = time.perf_counter() - start
+    except (ProviderError, IsolationError) as exc:
+        raise Unusable(f"fuzz: {exc}") from None
+    interrupted = found.stopped == "interrupted"
+    stopped = f"; stopped early: {found.stopped}" if found.stopped else ""
     if isinstance(found, NoFailure):
-        print(f"fuzz: no failure in {found.examples} examples, {found.items} items ({took:.1f}s), "
-              f"provider={spec}, device={device}")
-        return EXIT_OK
-    print(f"fuzz: {found.check} failed; shrunk case written to {found.path} ({took:.1f}s)")
+        print(f"fuzz: no failure in {found.examples} examples, {found.items} items ({found.seconds:.1f}s), "
+              f"provider={spec}, device={device}{stopped}")
+        return EXIT_INTERRUPTED if interrupted else EXIT_OK
+    shrunk = "partly shrunk" if found.stopped else "shrunk"
+    what = f"{found.check} failed" if not found.failure.fault else found.failure.describe()
+    print(f"fuzz: {what}; {shrunk} case written to {found.path} ({found.seconds:.1f}s{stopped})")
     print(found.summary)
+    print(f"first seen on: {found.first.summary().split(': ', 1)[-1]}")
     print(f"repro: {found.repro}")
-    return EXIT_FAILED
+    print(f"fuzz: {found.examples} examples, {found.faults} faults, {found.restarts} provider process restarts")
+    return EXIT_INTERRUPTED if interrupted else EXIT_FAILED
 
 
 def cmd_bench(argv: list[str]) -> int:

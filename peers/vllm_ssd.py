@@ -249,7 +249,7 @@ def _warmup_call(config, sequences, mode: str, row_pad: int, device: str) -> dic
 
 class VllmSSDProvider:
     """vLLM's ``mamba_chunk_scan_combined_varlen`` behind the harness's ``ssd_prefill`` (snapshot path only), with
-    the optional hooks (docs/provider.md#optional-hooks): ``warmup(requests)`` and ``stages``."""
+    the optional hooks (docs/provider.md#optional-hooks): ``warmup(requests)``, ``stages`` and ``tuning_caches``."""
 
     name = f"vllm-{VERSION}-ssd"
     supported_paths = frozenset({"snapshot"})
@@ -261,6 +261,15 @@ class VllmSSDProvider:
     # final state outside the cache where the contract writes nothing: not the same contract. vLLM has no indexed
     # twin.
     stages = SimpleNamespace(gather_initial_states=_snapshot)
+
+    def tuning_caches(self) -> list[dict]:
+        """vLLM's ``triton_helpers.launch_autotuned`` keeps each autotuned kernel's chosen config in the module's
+        ``_autotuned_configs`` (keyed by kernel, tuning-key values and argument dtypes) and launches ``kernel.fn``
+        directly after the first tune, so Triton's autotuner never runs again for that key: the autotuning check
+        empties this dict for its tuned call. [] where the module has no such cache (another vLLM version)."""
+        helpers = sys.modules.get(f"{OPS}.triton_helpers")
+        cache = getattr(helpers, "_autotuned_configs", None)
+        return [cache] if isinstance(cache, dict) else []
 
     def warmup(self, requests) -> int:
         """What a vLLM server's startup dummy runs compile, for each model configuration: representative calls

@@ -42,9 +42,10 @@ def tiny(pytester) -> Path:
 
 def run_inner(pytester, device, *args):
     """An in-process pytest session with the plugin, on the session's device (the interpreter cannot run where
-    numpy >= 2.4, as on the GPU runner)."""
+    numpy >= 2.4, as on the GPU runner), its items in this process: these tests are about the plugin, and a
+    supervised child per session re-imports torch and initialises the device (tests/test_isolation.py covers it)."""
     return pytester.runpytest_inprocess("-p", "ssd_pytest.plugin", "--device", device, "-p", "no:cacheprovider",
-                                        "-rsx", *args)
+                                        "-rsx", "--isolation", "none", *args)
 
 
 @pytest.mark.parametrize("provider_name", sorted(bp.CAUGHT_BY))

@@ -29,6 +29,10 @@ SPEC = "peers.vllm_ssd:provider"
 ASSEMBLE = "python scripts/assemble_vllm_ops.py"
 OPS_FOLDER = REPO / ".peers" / "vllm-0.33.0"
 
+# One worker runs this module: each test launches vLLM's kernels, and on the GPU every worker that does compiles all
+# of them (seconds each); in one process they compile once.
+pytestmark = pytest.mark.xdist_group("vllm-kernels")
+
 
 def _ops_available() -> bool:
     return (OPS_FOLDER / "vllm/model_executor/layers/mamba/ops/ssd_combined.py").is_file() or (
@@ -150,6 +154,24 @@ def test_small_cases_pass_through_the_harness(cases, vllm_provider, device, case
     for check in PASSING[case_id]:
         result = run_check(case, check, vllm_provider, device=device, provider_spec=SPEC, context=context)
         assert result.status is Status.PASSED, (check, result.status, result.message or result.reason)
+
+
+@needs_ops
+def test_the_autotuning_check_sees_vllms_tuning_through_its_cache_hook(cases, vllm_provider, device):
+    """vLLM launches a tuned key's kernel directly from its own config cache; through ``tuning_caches`` the check
+    empties it, so vLLM's autotuners tune again (here after a plain call tuned every key) and the replay is judged."""
+    from harness.checks import CheckContext
+
+    case = cases["vllm-direct"]
+    context = CheckContext(case, vllm_provider, device, SPEC)
+    context.call(context.inputs())  # every key tuned, and cached by vLLM's launcher
+    (cache,) = vllm_provider.tuning_caches()
+    before = dict(cache)
+    assert before, "vLLM's launcher cached no config"
+    result = run_check(case, "autotune_idempotent", vllm_provider, device=device, provider_spec=SPEC)
+    assert result.status is Status.PASSED, (result.status, result.message or result.reason)
+    assert any("_chunk_scan_fwd_kernel" in name for name in result.stats["autotuners"]), result.stats
+    assert result.stats["trial_launches"] > 0 and cache == before
 
 
 @needs_ops
@@ -385,5 +407,9 @@ def test_warmup_hook_covers_its_layouts_and_the_guard_names_what_it_does_not(cas
         with guarded(warmed):
             run_check(cases["vllm-direct"], "determinism", vllm_provider, device=device, provider_spec=SPEC)
     text = str(fired.value)
-    assert "gather_initial_states._gather_initial_states_kernel: specialization not warmed up" in text, text
-    assert "state_ptr: needed *fp32 unaligned, closest warmed *fp32 aligned16" in text, text
+    if device == "cpu":  # under the interpreter the witness is the launch's key against the warmed keys
+        assert "gather_initial_states._gather_initial_states_kernel: specialization not warmed up" in text, text
+        assert "state_ptr: needed *fp32 unaligned, closest warmed *fp32 aligned16" in text, text
+    else:  # on the GPU, the compile itself; the unaligned state pointer is the class no warmup call had
+        kernel = "vllm.model_executor.layers.mamba.ops.gather_initial_states._gather_initial_states_kernel"
+        assert f"compile hook: {kernel} compiled key [('*fp32', '')" in text, text

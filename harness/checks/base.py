@@ -44,6 +44,9 @@ class Check:
     case_applies: Callable[[Any], tuple[bool, str]] = _always
     needs_paths: frozenset[str] | None = None  # None: the path the case's own call asks for
     provider_applies: Callable[[Any, str], tuple[bool, str]] = _any_provider
+    # Why the recompile guard does not judge this check ("" = it does): a check that makes the provider do what a
+    # warmed server never does (tune from scratch) compiles by design, whatever the provider's warmup covered.
+    not_a_serving_call: str = ""
 
     def applies(self, case, provider, provider_spec: str = "") -> tuple[bool, str]:
         """(True, "") or (False, reason); a reason starting with ``unsupported:`` means the provider lacks a path."""
