@@ -120,6 +120,8 @@ ENORMOUS: dict[str, tuple[bytes, str]] = {
                            " {context: 0, tokens: 1073741825, init_slot: 0, has_state: true}]\n"
                            "call: {final_state: returned}"),
                       "sequences[1].tokens"),
+    # The storage holds the row a negative final slot addresses (Case.cache_guard): 2^31 rows before slot 0.
+    "negative_final_slot": (_bad("final_slot: 1}]", "final_slot: -2147483648}]"), "sequences[0].final_slot"),
 }
 
 

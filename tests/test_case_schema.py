@@ -165,6 +165,7 @@ def test_round_trip_of_the_design_example_and_variants(tmp_path):
     _round_trip(tmp_path, case, "rt0.yaml")
     variants = [
         replace(case, family="explicit_family", expect=Expect("xfail", "wrong bits, see commit abc123")),
+        replace(case, expect=Expect("xfail", "vLLM writes slot -1", ("peers.vllm_ssd:provider", "mine.sub:obj.attr"))),
         replace(case, inputs=InputKnobs(dt_offset=-5.5, x_scale=0.25), tiers=Tiers(cpu=True)),
         replace(case, cache=replace(case.cache, fill=-7.25), options=replace(case.options, dt_limit=(0.01, 0.1))),
         replace(case, checks=("path_equivalence", "storage_unchanged")),
@@ -172,6 +173,17 @@ def test_round_trip_of_the_design_example_and_variants(tmp_path):
     for i, variant in enumerate(variants):
         back = _round_trip(tmp_path, variant, f"rt{i + 1}.yaml")
         assert back.family == variant.family and back.expect == variant.expect and back.inputs == variant.inputs
+
+
+def test_an_xfail_for_named_providers_applies_to_them_only(tmp_path):
+    text = MINIMAL + "expect: {xfail: 'their bug, see docs', providers: [peers.vllm_ssd:provider, theirs:p]}\n"
+    (case,) = load_case_file(_write(tmp_path, "scoped.yaml", text))
+    assert case.expect == Expect("xfail", "their bug, see docs", ("peers.vllm_ssd:provider", "theirs:p"))
+    assert case.expect.fails_for("peers.vllm_ssd:provider") and case.expect.fails_for("theirs:p")
+    assert not case.expect.fails_for("kernels:provider") and not case.expect.fails_for("reference:provider")
+    everyone = Expect("xfail", "our bug")
+    assert everyone.fails_for("kernels:provider") and everyone.fails_for("peers.vllm_ssd:provider")
+    assert not Expect().fails_for("kernels:provider")
 
 
 def test_round_trip_changes_are_seen():

@@ -116,6 +116,27 @@ def test_xfail_is_honoured_and_a_stale_xfail_is_a_strict_xpass(tiny, device):
     assert "XPASS(strict)" in stale.message and "repro:" in stale.message
 
 
+def test_an_xfail_for_named_providers_leaves_the_others_strict(tiny, device):
+    """The provider under test is named by its spec (``provider_spec``): an xfail naming another provider changes
+    nothing, so a failure stays a failure; one naming it turns a pass into a strict XPASS; a process that died
+    (``fault_result``) is judged the same way."""
+    from harness.checks.runner import fault_result
+
+    case = replace(tiny["tiny-batch"], expect=Expect("xfail", "theirs clobbers x", ("theirs:provider",)))
+    caught = run_check(case, "readonly_inputs", bp.MutatesInput(), device=device, provider_spec="theirs:provider")
+    assert caught.status is Status.XFAILED and caught.reason == ("expected failure with --provider "
+                                                                 "theirs:provider: theirs clobbers x"), caught.reason
+    ours_broken = run_check(case, "readonly_inputs", bp.MutatesInput(), device=device)
+    assert ours_broken.status is Status.FAILED
+    ours = run_check(case, "readonly_inputs", load_provider("kernels:provider"), device=device)
+    assert ours.status is Status.PASSED
+    listed = replace(case, expect=Expect("xfail", "theirs clobbers x", ("theirs:provider", "kernels:provider")))
+    stale = run_check(listed, "readonly_inputs", load_provider("kernels:provider"), device=device)
+    assert stale.status is Status.XPASSED and "remove kernels:provider from expect.providers" in stale.message
+    assert fault_result(case, "readonly_inputs", "died").status is Status.ERROR
+    assert fault_result(case, "readonly_inputs", "died", provider_spec="theirs:provider").status is Status.XFAILED
+
+
 def test_provider_crash_is_an_error_with_traceback(tiny, device):
     class Crashes:
         name = "crashes"
@@ -166,3 +187,33 @@ def test_untouched_storage_sees_a_byte_before_the_offset(tiny, kernels_provider,
     assert case.cache.offset > 0
     result = run_check(case, "untouched_storage", WritesBeforeOffset(), device=device)
     assert result.status is Status.FAILED and "at (0,)" in result.message, result.message
+
+
+def test_untouched_storage_sees_a_padded_sequence_stored_before_slot_0(tiny, kernels_provider, device):
+    """A provider that stores a padded sequence's final state at ``slot * stride(0)`` (what vLLM 0.33 does) writes
+    before slot 0. With no offset that row would lie outside the storage; the builder's guard puts it inside, so
+    the check sees the store instead of missing it."""
+
+    class StoresPaddedRows:
+        name = "stores-padded-rows"
+        supported_paths = kernels_provider.supported_paths
+
+        def ssd_prefill(self, *args, state_cache, final_state_indices=None, **kwargs):
+            result = kernels_provider.ssd_prefill(*args, state_cache=state_cache,
+                                                  final_state_indices=final_state_indices, **kwargs)
+            base = torch.empty(0, dtype=state_cache.dtype, device=state_cache.device).set_(
+                state_cache.untyped_storage())
+            for slot in final_state_indices.tolist():
+                start = state_cache.storage_offset() + slot * state_cache.stride(0)
+                if slot < 0:
+                    assert start >= 0, "the row before slot 0 is outside the storage"
+                    base[start : start + state_cache[0].numel()] = 1.0
+            return result
+
+    batch = tiny["tiny-batch"]
+    padded = replace(batch, sequences=(batch.sequences[0], replace(batch.sequences[1], final_slot=-1)),
+                     cache=replace(batch.cache, offset=0))
+    assert padded.cache_guard() > 0
+    assert run_check(padded, "untouched_storage", kernels_provider, device=device).status is Status.PASSED
+    result = run_check(padded, "untouched_storage", StoresPaddedRows(), device=device)
+    assert result.status is Status.FAILED and "elements differ" in result.message, result.message

@@ -86,6 +86,41 @@ def test_run_exits_zero_when_all_pass_and_writes_json(tmp_path, device):
     assert first.start > 0 and second.start >= first.start + first.duration - 1e-3
 
 
+def _expecting(tmp_path: Path, case_id: str, expect: dict) -> Path:
+    """``_one_case_file`` with ``expect`` set on the case."""
+    import yaml
+
+    path = _one_case_file(tmp_path, case_id)
+    data = yaml.safe_load(path.read_text())
+    data["cases"][0]["expect"] = expect
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_run_applies_an_xfail_to_the_providers_it_names_only(tmp_path, device):
+    broken = "tests.broken_providers:wrong_slot"
+    path = _expecting(tmp_path, "tiny-direct", {"xfail": "writes the slot after its own", "providers": [broken]})
+    report = tmp_path / "report.json"
+    caught = harness("run", str(path), "--device", device, "--provider", broken, "--check", "untouched_storage",
+                     "--json", str(report))
+    assert caught.returncode == 0, caught.stdout + caught.stderr
+    assert "case items: 1 xfailed" in caught.stdout, caught.stdout
+    from harness.report import Report
+
+    (item,) = Report.read(report).items
+    assert item.reason == f"expected failure with --provider {broken}: writes the slot after its own", item.reason
+    ours = harness("run", str(path), "--device", device, "--check", "untouched_storage")
+    assert ours.returncode == 0 and "case items: 1 passed" in ours.stdout, ours.stdout + ours.stderr
+    stale = _expecting(tmp_path, "tiny-direct", {"xfail": "thought broken", "providers": ["kernels:provider", broken]})
+    proc = harness("run", str(stale), "--device", device, "--check", "untouched_storage")
+    assert proc.returncode == 1 and "case items: 1 xpassed" in proc.stdout, proc.stdout + proc.stderr
+    assert ("XPASS(strict): untouched_storage passed but the case expects a failure with --provider "
+            "kernels:provider (thought broken)") in proc.stdout
+    repro = harness("repro", str(stale), "--case", "tiny-direct", "--check", "untouched_storage", "--device", device)
+    assert repro.returncode == 1, repro.stdout + repro.stderr
+    assert f"remove kernels:provider from expect.providers in {stale}" in repro.stdout, repro.stdout
+
+
 def test_repro_prints_the_full_report(tiny_file, device):
     proc = harness("repro", str(tiny_file), "--case", "tiny-direct", "--check", "untouched_storage",
                    "--device", device, "--provider", "tests.broken_providers:wrong_slot")

@@ -152,6 +152,25 @@ def test_xfail_is_honoured_and_stale_xfail_fails_strictly(pytester, device):
     stale.stdout.fnmatch_lines(["*XPASS(strict): determinism passed but the case expects a failure*"])
 
 
+def test_an_xfail_for_named_providers_applies_to_them_only(pytester, device):
+    broken = "tests.broken_providers:wrong_slot"
+    scoped = bp.TINY_CASES.replace("    call: {final_state: direct, path: auto}\n  - id: tiny-batch",
+                                   "    call: {final_state: direct, path: auto}\n"
+                                   f"    expect: {{xfail: 'writes the slot after its own', providers: [{broken}]}}\n"
+                                   "  - id: tiny-batch")
+    path = pytester.makefile(".yaml", scoped=scoped)
+    caught = run_inner(pytester, device, str(path), "--provider", broken, "-k", "tiny-direct and untouched")
+    caught.assert_outcomes(xfailed=1)
+    caught.stdout.fnmatch_lines([f"*expected failure with --provider {broken}: writes the slot after its own*"])
+    ours = run_inner(pytester, device, str(path), "-k", "tiny-direct and untouched")
+    ours.assert_outcomes(passed=1)
+    ours_listed = pytester.makefile(".yaml", stale=scoped.replace(broken, "kernels:provider"))
+    stale = run_inner(pytester, device, str(ours_listed), "-k", "tiny-direct and untouched")
+    stale.assert_outcomes(failed=1)
+    stale.stdout.fnmatch_lines(["*XPASS(strict): untouched_storage passed but the case expects a failure with "
+                                "--provider kernels:provider (writes the slot after its own)*"])
+
+
 def test_shards_cover_every_item_once(pytester, tiny, device):
     def ids(*extra):
         out = run_inner(pytester, device, str(tiny), "--collect-only", "-q", *extra).stdout.lines

@@ -236,7 +236,7 @@ def _case_from_dict(data: dict, source: Path, index: int, line: int = 0) -> Case
         ),
         call=CallSpec(**data.get("call", {})),
         checks=tuple(data.get("checks", ("all",))),
-        expect=Expect("pass") if expect == "pass" else Expect("xfail", expect["xfail"]),
+        expect=_expect(expect),
         inputs=InputKnobs(**{k: float(v) for k, v in data.get("inputs", {}).items()}),
         tiers=Tiers(cpu=tiers["cpu"]) if tiers is not None else Tiers(cpu=default_cpu_tier(shape, sequences)),
         family=data.get("family", default_family(data["id"])),
@@ -244,6 +244,13 @@ def _case_from_dict(data: dict, source: Path, index: int, line: int = 0) -> Case
         index_in_file=index,
         line=line,
     )
+
+
+def _expect(data: str | dict) -> Expect:
+    if data == "pass":
+        return Expect("pass")
+    providers = data.get("providers")
+    return Expect("xfail", data["xfail"], tuple(providers) if providers is not None else None)
 
 
 def check_combinations(case: Case, data: dict) -> None:
@@ -489,11 +496,20 @@ def case_to_dict(case: Case, with_schema: bool = True) -> dict:
         out["indices"]["rows_before"] = idx.rows_before
     out["call"] = {"final_state": case.call.final_state, "path": case.call.path}
     out["checks"] = list(case.checks)
-    out["expect"] = "pass" if case.expect.kind == "pass" else {"xfail": case.expect.reason}
+    out["expect"] = _expect_to_dict(case.expect)
     knobs = {k: v for k, v in vars(case.inputs).items() if v != getattr(InputKnobs(), k)}
     if knobs:
         out["inputs"] = knobs
     out["tiers"] = {"cpu": case.tiers.cpu}
+    return out
+
+
+def _expect_to_dict(expect: Expect) -> str | dict:
+    if expect.kind == "pass":
+        return "pass"
+    out: dict[str, Any] = {"xfail": expect.reason}
+    if expect.providers is not None:
+        out["providers"] = list(expect.providers)
     return out
 
 

@@ -49,9 +49,9 @@ def run_check(
     """Run ``check_name`` on ``case`` against ``provider`` on ``device`` ("cuda" or "cpu").
 
     ``context`` lets several checks of one case share the built inputs. Failures carry the Mismatch report, the case
-    summary and the repro line; a case with ``expect: xfail`` turns a failure into XFAILED and a pass into XPASSED
-    (strict: a stale xfail does not hide). A check that finds nothing to judge (``NotApplicable``) is SKIPPED with
-    its reason, whatever the case expects.
+    summary and the repro line; a case whose ``expect: xfail`` applies to ``provider_spec`` turns a failure into
+    XFAILED and a pass into XPASSED (strict: a stale xfail does not hide). A check that finds nothing to judge
+    (``NotApplicable``) is SKIPPED with its reason, whatever the case expects.
 
     Anything the check or provider raises is an ERROR of this item, ``SystemExit`` included (a provider calling
     ``sys.exit`` must not end the run, let alone with its status). ``KeyboardInterrupt`` is the user's Ctrl-C in
@@ -94,7 +94,7 @@ def run_check(
         result.summary = trace.splitlines()[-1]  # the exception's own line
         result.message = failure_message(result.summary, trace, case, result.repro)
     result.duration = time.perf_counter() - start
-    return apply_expect(result, case)
+    return apply_expect(result, case, provider_spec)
 
 
 def failure_message(summary: str, details: str, case, repro: str) -> str:
@@ -125,21 +125,27 @@ def fault_result(case, check_name: str, cause: str, *, detail: str = "", duratio
     result = _blank_result(case, check_name, provider_spec, repro_device)
     result.status, result.summary, result.duration = Status.ERROR, cause, duration
     result.message = failure_message(cause, detail, case, result.repro)
-    return apply_expect(result, case)
+    return apply_expect(result, case, provider_spec)
 
 
-def apply_expect(result: CheckResult, case) -> CheckResult:
-    """``expect: xfail``: a failure becomes XFAILED, a pass XPASSED (strict); other expectations change nothing."""
+def apply_expect(result: CheckResult, case, provider_spec: str = DEFAULT_PROVIDER) -> CheckResult:
+    """The case's ``expect`` for the provider under test (``provider_spec``, as ``--provider`` names it): an xfail
+    that applies to it turns a failure into XFAILED and a pass into XPASSED (strict); an xfail for other providers
+    only, like ``expect: pass``, changes nothing."""
     check_name = result.check
     expect = getattr(case, "expect", None)
-    if expect is not None and getattr(expect, "kind", "pass") == "xfail":
-        if result.status.is_failure:
-            result.status, result.reason = Status.XFAILED, f"expected failure: {expect.reason}"
-        else:
-            result.status = Status.XPASSED
-            result.summary = f"XPASS(strict): {check_name} passed but the case expects a failure ({expect.reason})"
-            result.message = (
-                f"{result.summary}\nremove the stale xfail from {case.source}\ncase: {case.summary()}\n"
-                f"repro: {result.repro}"
-            )
+    if expect is None or not expect.fails_for(provider_spec):
+        return result
+    if expect.providers is None:
+        scope, remedy = "", f"remove the stale xfail from {case.source}"
+    else:
+        scope = f" with --provider {provider_spec}"
+        remedy = (f"remove {provider_spec} from expect.providers in {case.source} (the whole xfail if it is the "
+                  "only one)")
+    if result.status.is_failure:
+        result.status, result.reason = Status.XFAILED, f"expected failure{scope}: {expect.reason}"
+    else:
+        result.status = Status.XPASSED
+        result.summary = f"XPASS(strict): {check_name} passed but the case expects a failure{scope} ({expect.reason})"
+        result.message = f"{result.summary}\n{remedy}\ncase: {case.summary()}\nrepro: {result.repro}"
     return result
