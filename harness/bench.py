@@ -338,7 +338,10 @@ def _meta(args, peer) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m harness bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m harness bench",
+        description="Time the SSD prefill paths on the GPU (CUDA events and CUDA graph replay, medians), ours and "
+                    "optionally a peer's, on the bench workloads.")
     parser.add_argument("--workload", action="append", choices=list(WORKLOADS),
                         help="repeatable; default all (--stages without --peer: prefill-4256)")
     parser.add_argument("--variant", action="append", choices=list(ALL_VARIANTS),
@@ -348,7 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=5,
                         help="measurements of each call, alternating ours and the peer's (median and best "
                              "reported; --stages --peer: profiled calls of each)")
-    parser.add_argument("--provider", default=DEFAULT_PROVIDER, help="module:attr of the provider to time (ours)")
+    parser.add_argument("--provider", default=DEFAULT_PROVIDER, metavar="MODULE:ATTR",
+                        help=f"the provider to time: ours (default: {DEFAULT_PROVIDER})")
     parser.add_argument("--peer", metavar="MODULE:ATTR",
                         help="a provider to compare with, timed in the same process on the same inputs "
                              "(e.g. peers.vllm_ssd:provider)")

@@ -1,4 +1,5 @@
-"""``python -m harness``: run, repro, validate, generate, schema, fuzz, times, warmup and bench (each with ``--help``).
+"""``python -m harness``: run, repro, validate, generate, schema, fuzz, times, warmup and bench (each with ``--help``;
+help texts are plain text, ``DESCRIPTION`` and ``EPILOG`` the top level's).
 
 The same ``harness.checks.run_check`` serves this CLI and the pytest plugin, and the same rule
 (``harness.cases.files``) says which files are cases. ``run``, ``repro`` and ``fuzz`` run each item in a supervised
@@ -53,36 +54,65 @@ def _add_isolation_options(p: argparse.ArgumentParser) -> None:
                         + ")")
 
 
+class _CheckNames:
+    """The registered checks' names, read when a help text is shown (``%(check_names)s``): the registry imports
+    torch, which a command that prints no help should not wait for here."""
+
+    def __str__(self) -> str:
+        from harness.checks import check_names
+
+        return ", ".join(check_names())
+
+
+def _add_check_option(p: argparse.ArgumentParser, help: str) -> None:
+    action = p.add_argument("--check", action="append", default=None, metavar="NAME",
+                            help=f"{help}; one of: %(check_names)s")
+    action.check_names = _CheckNames()  # argparse fills %(name)s in a help text from the action's attributes
+
+
+DESCRIPTION = ("Correctness harness for the Mamba2 SSD prefill path: run the checks of YAML cases against a provider "
+               "of ssd_prefill (our Triton kernels by default), re-run one failing item, validate and generate case "
+               "files, search for failing cases, and report where a run spent its time. Each command has its own "
+               "--help.")
+EPILOG = ("exit status (run, repro, validate, fuzz, times): 0 everything passed; 1 any failure (a strict XPASS, an "
+          "error and a bad case file included); 2 the command could not run (no case files, an unusable provider, "
+          "unknown check names, an unwritable report) or nothing ran (every item skipped or unsupported); 130 "
+          "interrupted (Ctrl-C or SIGTERM).")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m harness", description=DESCRIPTION, epilog=EPILOG)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run the checks of YAML cases; non-zero exit on any failure",
-                         description="Run every applicable check of every case (default: cases/).")
+                         description="Run every applicable check of every case (default: cases/), each item in a "
+                                     "supervised child process; print one line per item and a table per check.")
     run.add_argument("paths", nargs="*", type=Path, help="case files or folders (default: cases/)")
     _add_target_options(run)
-    run.add_argument("--check", action="append", default=None, metavar="NAME",
-                     help="only this check (repeatable)")
+    _add_check_option(run, "only this check (repeatable)")
     run.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the JSON report here")
-    run.add_argument("--quiet", action="store_true", help="no per-item progress lines")
+    run.add_argument("--quiet", action="store_true", help="no per-item progress lines (failures still print)")
     _add_isolation_options(run)
 
     repro = sub.add_parser("repro", help="run one case file (one case / check) and print the full report",
-                           description="Re-run a failing item and print what differed in full.")
-    repro.add_argument("file", type=Path)
+                           description="Re-run a failing item and print what differed in full (the line every "
+                                       "failure prints).")
+    repro.add_argument("file", type=Path, help="the case file (.yaml or .yml)")
     repro.add_argument("--case", default=None, metavar="ID", help="case id (default: every case in the file)")
-    repro.add_argument("--check", action="append", default=None, metavar="NAME",
-                       help="check name (repeatable; default: the case's checks)")
+    _add_check_option(repro, "check name (repeatable; default: the case's checks)")
     _add_target_options(repro)
     _add_isolation_options(repro)
 
     validate = sub.add_parser("validate", help="load case files and report every error (exit 1 on any)",
                               description="Validate case files: schema, combinations, unique ids, check names.")
-    validate.add_argument("paths", nargs="+", type=Path)
+    validate.add_argument("paths", nargs="+", type=Path, help="case files or folders")
 
     generate = sub.add_parser("generate", help="write the generated case corpus",
-                              description="Generate the case corpus (harness.cases.generate.generate_corpus).")
-    generate.add_argument("--out", type=Path, required=True, metavar="DIR")
+                              description="Write the generated case corpus: one YAML file per family, the same "
+                                          "bytes on every run (harness/cases/generate.py). The checked-in corpus "
+                                          "is cases/corpus (make generate).")
+    generate.add_argument("--out", type=Path, required=True, metavar="DIR",
+                          help="the folder to write (cases/corpus for the checked-in corpus)")
 
     schema = sub.add_parser("schema", help="write the case JSON Schema (cases/schema/ssd-case-1.schema.json)",
                             description="Write the JSON Schema of ssd-case/1 from harness.cases.schema, the one "
@@ -103,27 +133,30 @@ def build_parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--heartbeat", type=float, default=None, metavar="SECONDS",
                       help="seconds between progress lines on stderr: examples tried, faults seen, elapsed time, "
                            "the smallest failure so far (default 10)")
-    fuzz.add_argument("--out", type=Path, required=True, metavar="DIR")
+    fuzz.add_argument("--out", type=Path, required=True, metavar="DIR",
+                      help="where a shrunk failing case is written, as a YAML file (cases/regressions/ to keep it)")
     fuzz.add_argument("--seed", type=int, default=0, help="Hypothesis seed (default 0: reproducible searches)")
-    fuzz.add_argument("--check", action="append", default=None, metavar="NAME", help="only this check (repeatable)")
+    _add_check_option(fuzz, "only this check (repeatable)")
     _add_target_options(fuzz)
     _add_isolation_options(fuzz)
 
     times = sub.add_parser("times", help="where a run spent its time, from a JSON report (by check and family)",
                            description="Time per check family and case family from a report written by "
-                                       "`run --json` or pytest --ssd-report, slowest first; for pytest reports "
+                                       "run --json or pytest --ssd-report, slowest first; for pytest reports "
                                        "also each process's start-up and the Triton compiles (harness.timeline).")
-    times.add_argument("report", type=Path)
+    times.add_argument("report", type=Path, help="the JSON report (or, of a run that was killed, its name: the "
+                                                 "parts its processes wrote are merged)")
     times.add_argument("--by", action="append", choices=("check", "family", "worker"), default=None,
                        help="grouping (repeatable; default check and family)")
-    times.add_argument("--top", type=int, default=15)
+    times.add_argument("--top", type=int, default=15, metavar="N", help="the N slowest groups (default 15)")
     times.add_argument("--write-durations", type=Path, metavar="FILE",
                        help="also write the items' durations alone (a compact report for pytest --durations-from)")
 
-    sub.add_parser("bench", help="benchmarks (harness.bench)", add_help=False,
-                   description="Dispatches to harness.bench.main(argv).")
+    # Listed here for the overview; main() hands their arguments (and --help) to harness.bench and harness.warmup.
     sub.add_parser("warmup", help="compile-only warmup of every specialization the cases need (time, count)",
-                   add_help=False, description="Dispatches to kernels.warmup.main(argv).")
+                   add_help=False)
+    sub.add_parser("bench", help="GPU benchmarks of the SSD prefill paths (events and graph-replay medians)",
+                   add_help=False)
     return parser
 
 
@@ -350,14 +383,15 @@ def _run_plan(args, runner, device: str, spec: str, cases, plan, bad) -> int:
                     live.append(record)
                 failures += result.status.is_failure
                 if not args.quiet or result.status.is_failure:
-                    note = result.summary or result.reason
-                    note, last_note = ("" if note == last_note and not result.summary else note), note
-                    print(f"[{i}/{len(plan)} case {case_number[case.id]}/{ncases}] "
-                          f"{result.status.value.upper():<11} {case.id}::{check} "
-                          f"({result.duration:.2f}s) failures so far: {failures}" + (f"\n    {note}" if note else ""),
-                          flush=True)
-                if result.status.is_failure:
-                    print("    repro: " + result.repro, flush=True)
+                    line = (f"[{i}/{len(plan)} case {case_number[case.id]}/{ncases}] "
+                            f"{result.status.value.upper():<11} {case.id}::{check} "
+                            f"({result.duration:.2f}s) failures so far: {failures}")
+                    if result.status.is_failure:  # what differed, on the item's own line (as pytest -rf shows it)
+                        print(f"{line} - {result.summary}\n    repro: {result.repro}", flush=True)
+                    else:  # a skip's reason, or an xfail's summary, once for a run of items that share it
+                        note = result.summary or result.reason
+                        note, last_note = ("" if note == last_note and not result.summary else note), note
+                        print(line + (f"\n    {note}" if note else ""), flush=True)
                 for restart in runner.restarts[restarts:]:
                     if restart.cause != result.summary:  # a sticky device error: the item's own error differs
                         print(f"    provider process replaced: {restart.cause}", flush=True)
@@ -491,8 +525,12 @@ def cmd_generate(args) -> int:
         from harness.cases.generate import generate_corpus
     except ImportError as exc:
         raise Unusable(f"generate: harness.cases.generate is not available ({exc})") from None
+    from harness.cases.loader import load_cases
+
     written = list(generate_corpus(args.out) or [])
-    print(f"generated: {len(written)} files under {args.out}")
+    cases = load_cases(written)  # as every run reads them: the tier of each case is the loader's
+    print(f"generated: {len(written)} files under {args.out}: {len(cases)} cases, "
+          f"{sum(c.tiers.cpu for c in cases)} in the CPU tier")
     return EXIT_OK
 
 

@@ -8,9 +8,12 @@ kernels at their top and never configure the backend; they take the decision fro
 This file must import neither triton nor a kernel module: pytest loads it before ``pytest_configure`` when a path
 under tests/ is named on the command line. Helpers that test modules share live in ``tests/support.py``.
 
-Markers (declared in pyproject.toml), each with the reason a reader sees in the skip line:
+Markers (``interpreter`` declared in pyproject.toml, ``gpu`` by the plugin), each with the reason a reader sees in
+the skip line:
 ``@pytest.mark.gpu(reason=...)``: needs real compiles on a CUDA device; skipped under the interpreter.
 ``@pytest.mark.interpreter(reason=...)``: needs Triton's interpreter; skipped on the GPU.
+Case items (``ssd_case``) outside the CPU tier carry ``gpu`` too; the plugin skips those itself, with the tier's
+reason, so this file leaves them alone.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Skip the items whose marker names another device: as a skip marker, so that the skip line names the test."""
     here = backend.current_device()
     for item in items:
+        if item.get_closest_marker("ssd_case"):
+            continue
         for name, needed in _NEEDS.items():
             marker = item.get_closest_marker(name)
             if marker is None:

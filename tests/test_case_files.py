@@ -233,14 +233,16 @@ def test_the_device_bound_names_the_largest_tensor_and_the_whole_need(tmp_path):
 def test_each_good_file_is_parsed_once(tmp_path, monkeypatch):
     """libyaml (or the Python parser where PyYAML lacks it) reads each good file once; a file it refuses is read again
     by the Python parser, which words the error and is the judge (harness.cases.loader._parse_yaml says why)."""
+    from harness.cases import loader
+
     calls = []
-    real_load = yaml.load
+    real_load = loader._load  # yaml.load's work, keeping where each mapping starts
 
-    def counted(stream, Loader):  # noqa: N803 - yaml.load's own argument name
-        calls.append(Loader)
-        return real_load(stream, Loader=Loader)
+    def counted(text, loader_class):
+        calls.append(loader_class)
+        return real_load(text, loader_class)
 
-    monkeypatch.setattr(yaml, "load", counted)
+    monkeypatch.setattr(loader, "_load", counted)
     folder = tmp_path / "suite"
     folder.mkdir()
     (folder / "one.yaml").write_text(GOOD)

@@ -137,8 +137,21 @@ def test_defaults_of_a_minimal_case(tmp_path):
     assert case.inputs == InputKnobs()
     assert case.tiers.cpu  # 20 tokens, 2x4x16 states
     assert case.indexed_eligible() and tuple(case.indexed_eligible()) == (True, "")
-    assert case.source == tmp_path / "minimal.yaml" and case.index_in_file == 0
+    assert case.source == tmp_path / "minimal.yaml" and case.index_in_file == 0 and case.line == 0
     assert "minimal-1" in case.summary() and "\n" not in case.summary()
+
+
+def test_each_case_knows_the_line_it_starts_on(tmp_path):
+    """0-based, as pytest counts an item's location (the line its skip lines name)."""
+    body = [line for line in MINIMAL.splitlines() if not line.startswith("schema:")]
+    listed = "schema: ssd-case/1\n# a comment\ncases:\n"
+    starts = []
+    for k in range(3):
+        starts.append(listed.count("\n"))
+        listed += "".join(("  - " if i == 0 else "    ") + line.replace("minimal-1", f"c{k}") + "\n"
+                          for i, line in enumerate(body))
+    cases = load_case_file(_write(tmp_path, "listed.yaml", listed))
+    assert [c.line for c in cases] == starts and starts[0] == 3, (listed, [c.line for c in cases])
 
 
 def _round_trip(tmp_path: Path, case, name: str):
@@ -177,7 +190,7 @@ def test_round_trip_changes_are_seen():
     """Negative control for the round-trip test: equality notices a changed field but ignores the source path."""
     case = load_cases([CASE_DIRS[0]])[0]
     assert replace(case, seed=case.seed + 1) != case
-    assert replace(case, source=Path("elsewhere.yaml"), index_in_file=7) == case
+    assert replace(case, source=Path("elsewhere.yaml"), index_in_file=7, line=70) == case
 
 
 def test_round_trip_of_every_corpus_case(tmp_path):

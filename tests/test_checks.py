@@ -153,6 +153,9 @@ def test_cpu_tier_skip_carries_a_reason(tiny, kernels_provider):
     big = replace(tiny["tiny-direct"], tiers=Tiers(cpu=False))
     result = run_check(big, "determinism", kernels_provider, device="cpu")
     assert result.status is Status.SKIPPED and "interpreter tier" in result.reason
+    # Decided from the case alone, before the provider's paths (as pytest decides it, at collection).
+    unsupported_there = run_check(big, "indexed_vs_snapshot", load_provider("reference:provider"), device="cpu")
+    assert unsupported_there.status is Status.SKIPPED and "interpreter tier" in unsupported_there.reason
 
 
 def test_all_expands_to_case_applicable_checks_and_explicit_names_are_kept(tiny):

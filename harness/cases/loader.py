@@ -73,7 +73,9 @@ def _strict(base: type) -> type:
                     None, None, f"key {key!r} repeated (first on line {seen[key] + 1})", key_node.start_mark
                 )
             seen[key] = key_node.start_mark.line
-        return base.construct_mapping(loader, node, deep=deep)
+        mapping = base.construct_mapping(loader, node, deep=deep)
+        loader.mapping_lines[id(mapping)] = node.start_mark.line  # where a case starts, for reports (_load)
+        return mapping
 
     def construct_int(loader, node: yaml.ScalarNode) -> int:
         # Python refuses to read longer decimal integers, and a long base-60 literal (1:2:3:...) costs quadratic
@@ -90,7 +92,11 @@ def _strict(base: type) -> type:
                                 f"{describe(node.value)}, which overflows to infinity", node.start_mark)
         return value
 
-    loader = type(f"Strict{base.__name__}", (base,), {})
+    def __init__(loader, stream) -> None:
+        base.__init__(loader, stream)
+        loader.mapping_lines = {}  # id of each mapping constructed -> its 0-based first line
+
+    loader = type(f"Strict{base.__name__}", (base,), {"__init__": __init__})
     loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
     loader.add_constructor("tag:yaml.org,2002:int", construct_int)
     loader.add_constructor("tag:yaml.org,2002:float", construct_float)
@@ -126,9 +132,20 @@ def _read_text(path: Path) -> str:
                         f"byte 0x{data[e.start]:02x}, not UTF-8 (column {e.start - line_start + 1})") from None
 
 
-def _parse_yaml(path: Path, text: str) -> Any:
+def _load(text: str, loader_class: type) -> tuple[Any, dict[int, int]]:
+    """What ``yaml.load`` returns, and the 0-based line where each mapping in it starts, by ``id`` of the dict (all
+    of them live as long as the data does)."""
+    loader = loader_class(text)
     try:
-        return yaml.load(text, Loader=_FastStrictLoader)  # noqa: S506 - a safe loader subclass
+        return loader.get_single_data(), loader.mapping_lines
+    finally:
+        loader.dispose()
+
+
+def _parse_yaml(path: Path, text: str) -> tuple[Any, dict[int, int]]:
+    """The file's data and the line of each of its mappings (``_load``)."""
+    try:
+        return _load(text, _FastStrictLoader)
     except yaml.YAMLError as e:
         first: yaml.YAMLError = e
     except RecursionError:  # the pure-Python parser (where PyYAML lacks libyaml) recurses once per nesting level
@@ -139,7 +156,7 @@ def _parse_yaml(path: Path, text: str) -> Any:
     # import's C extension, whose parser then refuses good files ("could not determine a constructor for the tag
     # None"). Only the error path parses twice.
     try:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        return _load(text, _StrictLoader)
     except yaml.YAMLError as e:
         raise _yaml_error(path, text, e) from None
     except RecursionError:
@@ -169,8 +186,9 @@ def _float_or_nan_str(value: Any) -> str | float:
     return float(value)
 
 
-def _case_from_dict(data: dict, source: Path, index: int) -> Case:
-    """Build a Case from a structurally valid mapping (defaults filled in). Combinations are checked afterwards."""
+def _case_from_dict(data: dict, source: Path, index: int, line: int = 0) -> Case:
+    """Build a Case from a structurally valid mapping (defaults filled in), found at ``line`` (0-based) of
+    ``source``. Combinations are checked afterwards."""
     options = data.get("options", {})
     shape = Shape(**data["shape"])
     sequences = tuple(
@@ -224,6 +242,7 @@ def _case_from_dict(data: dict, source: Path, index: int) -> Case:
         family=data.get("family", default_family(data["id"])),
         source=source,
         index_in_file=index,
+        line=line,
     )
 
 
@@ -365,7 +384,7 @@ def load_case_file(path: str | Path) -> list[Case]:
 
 def _load_file(path: Path) -> tuple[list[Case], bool]:
     """The file's cases and whether they were listed under ``cases:`` (for key paths in errors)."""
-    data = _parse_yaml(path, _read_text(path))
+    data, lines = _parse_yaml(path, _read_text(path))
     if not isinstance(data, dict):
         raise CaseError(path, "(top level)", "a mapping", describe(data))
     # The schema id comes first: a file of another schema should not be judged by this one's keys.
@@ -381,7 +400,7 @@ def _load_file(path: Path) -> tuple[list[Case], bool]:
     cases: list[Case] = []
     first_index: dict[str, int] = {}
     for i, (item, prefix) in enumerate(items):
-        case = _case_from_dict(item, path, i)
+        case = _case_from_dict(item, path, i, lines.get(id(item), 0))
         try:
             check_combinations(case, item)
             check_sizes(case)

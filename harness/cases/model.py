@@ -219,6 +219,7 @@ class Case:
     # Where the case came from; not part of its meaning, so not compared.
     source: Path | None = field(default=None, compare=False)
     index_in_file: int = field(default=0, compare=False)
+    line: int = field(default=0, compare=False)  # 0-based: where the case's mapping starts in ``source``
 
     @classmethod
     def create(cls, id: str, *, shape: Shape, dtype: Dtypes | tuple[str, str],

@@ -22,13 +22,17 @@ def repro_line(case, check: str, provider_spec: str = DEFAULT_PROVIDER, device: 
     return shlex.join(parts)
 
 
-def _cpu_tier_reason(case, device: str) -> str:
-    if device != "cpu":
-        return ""
+def gpu_tier_only(case) -> str:
+    """Why ``case`` runs on the GPU tier only (the skip reason on the CPU tier), or "" when the CPU tier runs it.
+    The pytest plugin marks such case items ``gpu`` with this reason."""
     tiers = getattr(case, "tiers", None)
     if tiers is not None and not getattr(tiers, "cpu", True):
         return f"too large for the CPU interpreter tier ({case.summary()}); runs on the GPU tier"
     return ""
+
+
+def _cpu_tier_reason(case, device: str) -> str:
+    return gpu_tier_only(case) if device == "cpu" else ""
 
 
 def run_check(
@@ -56,19 +60,20 @@ def run_check(
     """
     check = get_check(check_name)
     result = _blank_result(case, check_name, provider_spec, repro_device)
+    # The tier first: it depends on the case alone, so pytest decides it at collection (a skip marker) and every
+    # front end reports a case outside the CPU tier the same way, whatever the provider supports.
+    tier = _cpu_tier_reason(case, device)
+    if tier:
+        result.status, result.reason = Status.SKIPPED, tier
+        return result
     ok, reason = check.applies(case, provider, provider_spec)
     if not ok:
         result.status = Status.UNSUPPORTED if reason.startswith("unsupported") else Status.SKIPPED
         result.reason = reason
         return result
-    tier = _cpu_tier_reason(case, device)
-    if tier:
-        result.status, result.reason = Status.SKIPPED, tier
-        return result
 
     ctx = context or CheckContext(case, provider, device, provider_spec)
     start = time.perf_counter()
-    failure = ""
     try:
         result.stats = dict(check.run(ctx) or {})
     except NotApplicable as exc:
@@ -78,20 +83,26 @@ def run_check(
     except Mismatch as exc:
         result.status = Status.FAILED
         result.stats = dict(exc.stats)
-        failure = exc.report
+        result.summary, result.message = exc.summary, failure_message(exc.summary, exc.details, case, result.repro)
     except BaseException as exc:  # noqa: BLE001 - a crashing provider is a finding, reported with its traceback
         if isinstance(exc, KeyboardInterrupt) and not interrupts_are_errors:
             raise
         result.status = Status.ERROR
-        failure = traceback.format_exc()
+        trace = traceback.format_exc().rstrip()
         if not isinstance(exc, Exception):
-            failure = failure.rstrip() + " (raised inside the check: an error of this item, not the end of the run)"
+            trace += " (raised inside the check: an error of this item, not the end of the run)"
+        result.summary = trace.splitlines()[-1]  # the exception's own line
+        result.message = failure_message(result.summary, trace, case, result.repro)
     result.duration = time.perf_counter() - start
-
-    if failure:
-        result.summary = failure.strip().splitlines()[-1 if result.status is Status.ERROR else 0]
-        result.message = f"{check_name} failed\n{failure.rstrip()}\ncase: {case.summary()}\nrepro: {result.repro}"
     return apply_expect(result, case, provider_spec)
+
+
+def failure_message(summary: str, details: str, case, repro: str) -> str:
+    """A failed item's full report. Its first line is ``summary``, one line of what differed (how many elements,
+    the max ulp) or what was raised: the line that pytest's ``-rf`` short summary and the CLI's progress line show.
+    Then the details (the rest of the comparison's report, or the traceback), the case and the repro line."""
+    body = f"\n{details.rstrip()}" if details.strip() else ""
+    return f"{summary}{body}\ncase: {case.summary()}\nrepro: {repro}"
 
 
 def _blank_result(case, check_name: str, provider_spec: str, repro_device: str | None) -> CheckResult:
@@ -113,8 +124,7 @@ def fault_result(case, check_name: str, cause: str, *, detail: str = "", duratio
     the dying process). The case's ``expect`` applies as for any other failure."""
     result = _blank_result(case, check_name, provider_spec, repro_device)
     result.status, result.summary, result.duration = Status.ERROR, cause, duration
-    body = cause + (f"\n{detail.rstrip()}" if detail.strip() else "")
-    result.message = f"{check_name} failed\n{body}\ncase: {case.summary()}\nrepro: {result.repro}"
+    result.message = failure_message(cause, detail, case, result.repro)
     return apply_expect(result, case, provider_spec)
 
 
