@@ -38,6 +38,17 @@ def profile(device: str) -> str:
     return arithmetic_profile(device)
 
 
+@pytest.fixture(scope="session")
+def tiny_cases(tmp_path_factory) -> dict:
+    """``tests.broken_providers.TINY_CASES`` loaded: case id -> Case (three small cases every provider can run)."""
+    from harness.cases.loader import load_case_file
+    from tests.broken_providers import TINY_CASES
+
+    path = tmp_path_factory.mktemp("cases") / "tiny.yaml"
+    path.write_text(TINY_CASES)
+    return {c.id: c for c in load_case_file(path)}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip the items whose marker names another device: as a skip marker, so that the skip line names the test."""
     here = backend.current_device()

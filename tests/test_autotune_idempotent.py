@@ -12,7 +12,6 @@ from harness.checks import CheckContext, Status, load_provider, run_check
 from harness.guards.autotune import StorageSnapshot, call_tensors
 from harness.guards.specialization import kernel_name
 from tests import autotuned_providers as ap
-from tests import broken_providers as bp
 
 KERNEL = ap.slot_update_kernel
 CHECK = "autotune_idempotent"
@@ -22,13 +21,6 @@ CHECK = "autotune_idempotent"
 def cases(tmp_path_factory) -> dict:
     path = tmp_path_factory.mktemp("cases") / "slot_update.yaml"
     path.write_text(ap.CASES)
-    return {c.id: c for c in load_case_file(path)}
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> dict:
-    path = tmp_path_factory.mktemp("cases") / "tiny.yaml"
-    path.write_text(bp.TINY_CASES)
     return {c.id: c for c in load_case_file(path)}
 
 
@@ -107,12 +99,12 @@ def test_private_copy_writeback_is_not_flagged(cases, device):
     assert _autotuner_state(KERNEL) == before
 
 
-def test_our_provider_is_not_flagged_and_retunes_every_stage(tiny, device):
+def test_our_provider_is_not_flagged_and_retunes_every_stage(tiny_cases, device):
     from dataclasses import replace
 
     provider = load_provider("kernels:provider")
     # the snapshot path, whose state passing is autotuned (path auto takes the indexed one on a GPU: fixed config)
-    case = replace(tiny["tiny-direct"], call=replace(tiny["tiny-direct"].call, path="snapshot"))
+    case = replace(tiny_cases["tiny-direct"], call=replace(tiny_cases["tiny-direct"].call, path="snapshot"))
     ctx = CheckContext(case, provider, device)
     ctx.call(ctx.inputs())  # every tuning key of this call tuned before the check
     result = run_check(case, CHECK, provider, device=device)
@@ -150,19 +142,19 @@ def test_a_config_cache_outside_tritons_autotuner_is_emptied_through_the_provide
     _assert_trials(passed, len(KERNEL.configs))
 
 
-def test_a_provider_without_autotuners_is_not_passed(tiny, device):
-    result = run_check(tiny["tiny-direct"], CHECK, load_provider("reference:provider"), device=device)
+def test_a_provider_without_autotuners_is_not_passed(tiny_cases, device):
+    result = run_check(tiny_cases["tiny-direct"], CHECK, load_provider("reference:provider"), device=device)
     assert result.status is Status.SKIPPED, (result.status, result.message)
     assert result.reason == "not applicable: the call launched no Triton autotuner, so there was no tuning to check"
 
 
-def test_xfail_case_without_autotuners_stays_a_skip(tiny, device):
+def test_xfail_case_without_autotuners_stays_a_skip(tiny_cases, device):
     """A skip found by running is not a pass, so an expected failure does not turn it into XPASS."""
     from dataclasses import replace
 
     from harness.cases.model import Expect
 
-    case = replace(tiny["tiny-direct"], expect=Expect(kind="xfail", reason="demo"))
+    case = replace(tiny_cases["tiny-direct"], expect=Expect(kind="xfail", reason="demo"))
     result = run_check(case, CHECK, load_provider("reference:provider"), device=device)
     assert result.status is Status.SKIPPED, (result.status, result.message)
 
