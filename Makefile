@@ -9,8 +9,12 @@ PYTEST_ARGS ?=
 # build, which pins a Triton of its own), then the package with the `cpu` extra (triton 3.6.0 and a numpy its
 # interpreter accepts, < 2.4: docs/exactness.md) and the `dev` extra (ruff, jsonschema). A GPU runner keeps its
 # preinstalled CUDA torch, Triton and numpy: `make test TORCH_SPEC= EXTRAS=dev VENV_FLAGS=--system-site-packages`.
+# A host that cannot resolve PyTorch's index (an offline mirror that carries the CPU wheel) installs from its
+# configured index instead: pip would otherwise retry the unreachable host for torch and each of its dependencies.
 TORCH_SPEC ?= torch==2.13.0
-TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?= $(shell $(PYTHON) -c "import socket; socket.getaddrinfo('download.pytorch.org', 443)" \
+	>/dev/null 2>&1 && echo $(TORCH_CPU_INDEX))
 EXTRAS ?= cpu,dev
 VENV_FLAGS ?=
 

@@ -118,7 +118,9 @@ def test_the_cpu_extra_pins_triton_and_numpy_and_every_install_line_agrees():
     assert variables["EXTRAS"] == "cpu,dev" and '-e ".[$(EXTRAS)]"' in makefile, variables
     assert "NUMPY_SPEC" not in makefile  # the numpy limit lives in the extra alone
     readme = (ROOT / "README.md").read_text()
-    torch_line = f".venv/bin/pip install {variables['TORCH_SPEC']} --index-url {variables['TORCH_INDEX']}"
+    cpu_index = re.search(r"^TORCH_CPU_INDEX := (.*)$", makefile, re.M).group(1)
+    assert "$(TORCH_CPU_INDEX)" in variables["TORCH_INDEX"], variables  # used where that host resolves
+    torch_line = f".venv/bin/pip install {variables['TORCH_SPEC']} --index-url {cpu_index}"
     assert torch_line in readme and ".venv/bin/pip install -e '.[cpu,dev]'" in readme
     nightly = (ROOT / ".github" / "workflows" / "nightly-gpu.yml").read_text()
     assert re.search(r"MAKE_GPU: .*\bTORCH_SPEC= .*\bEXTRAS=dev\b", nightly), "the GPU install keeps its own torch"
