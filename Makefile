@@ -13,8 +13,8 @@ PYTEST_ARGS ?=
 # configured index instead: pip would otherwise retry the unreachable host for torch and each of its dependencies.
 TORCH_SPEC ?= torch==2.13.0
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
-TORCH_INDEX ?= $(shell $(PYTHON) -c "import socket; socket.getaddrinfo('download.pytorch.org', 443)" \
-	>/dev/null 2>&1 && echo $(TORCH_CPU_INDEX))
+RESOLVES := import socket; socket.getaddrinfo('download.pytorch.org', 443)
+TORCH_INDEX ?= $(shell $(PYTHON) -c "$(RESOLVES)" >/dev/null 2>&1 && echo $(TORCH_CPU_INDEX))
 EXTRAS ?= cpu,dev
 VENV_FLAGS ?=
 
