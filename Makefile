@@ -5,10 +5,17 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
-# The CPU install (dev machines, CI): the CPU torch wheel and a numpy the Triton 3.6 interpreter accepts (< 2.4,
-# docs/exactness.md). A GPU runner keeps its own torch/numpy: `make test TORCH_SPEC= NUMPY_SPEC= VENV_FLAGS=--system-site-packages`.
+# The CPU install (dev machines, CI): the CPU torch wheel from PyTorch's CPU index (PyPI's Linux wheel is the CUDA
+# build, which pins a Triton of its own), then the package with the `cpu` extra (triton 3.6.0 and a numpy its
+# interpreter accepts, < 2.4: docs/exactness.md) and the `dev` extra (ruff, jsonschema). A GPU runner keeps its
+# preinstalled CUDA torch, Triton and numpy: `make test TORCH_SPEC= EXTRAS=dev VENV_FLAGS=--system-site-packages`.
+# A host that cannot resolve PyTorch's index (an offline mirror that carries the CPU wheel) installs from its
+# configured index instead: pip would otherwise retry the unreachable host for torch and each of its dependencies.
 TORCH_SPEC ?= torch==2.13.0
-NUMPY_SPEC ?= numpy<2.4
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+RESOLVES := import socket; socket.getaddrinfo('download.pytorch.org', 443)
+TORCH_INDEX ?= $(shell $(PYTHON) -c "$(RESOLVES)" >/dev/null 2>&1 && echo $(TORCH_CPU_INDEX))
+EXTRAS ?= cpu,dev
 VENV_FLAGS ?=
 
 .PHONY: run test lint bench generate validate bytecode clean-venv
@@ -16,8 +23,8 @@ VENV_FLAGS ?=
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(if $(strip $(TORCH_SPEC) $(NUMPY_SPEC)),$(PY) -m pip install -q $(foreach s,$(TORCH_SPEC) $(NUMPY_SPEC),"$(s)"))
-	$(PY) -m pip install -q -e ".[dev]"
+	$(if $(strip $(TORCH_SPEC)),$(PY) -m pip install -q "$(TORCH_SPEC)" $(if $(strip $(TORCH_INDEX)),--index-url $(TORCH_INDEX)))
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
 	touch $@
 
 run: $(STAMP)

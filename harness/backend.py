@@ -8,10 +8,20 @@ may come first). The pytest plugin and the CLI call it first thing.
 from __future__ import annotations
 
 import ctypes
+import importlib.metadata
+import importlib.util
 import os
+import re
 import sys
 
 DEVICES = ("auto", "cuda", "cpu")
+
+# Triton's interpreter up to 3.6 turns the one-element numpy array that holds a run-time integer into a Python int
+# with int(array), which numpy 2.4 made a TypeError ("only 0-dimensional arrays can be converted to Python
+# scalars"): every kernel that loops over a run-time integer then fails. Later Triton converts the element itself.
+INTERPRETER_NUMPY_BELOW = (2, 4)
+LAST_TRITON_WITH_THE_LIMIT = (3, 6)
+CPU_INSTALL = "pip install -e '.[cpu]'"  # in the checkout; the extra pins triton 3.6.0 and numpy < 2.4 (pyproject)
 
 
 def _check_requested(requested: str) -> None:
@@ -97,11 +107,50 @@ def create_cuda_context_in_background(library: str = "libcuda.so.1", driver=None
     return thread
 
 
+def _installed_version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """The leading release numbers: ``2.4.0rc1`` -> (2, 4, 0)."""
+    found = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(part) for part in found.group(0).split(".")) if found else ()
+
+
+def interpreter_install_problem() -> str | None:
+    """Why this Python cannot run the kernels in Triton's interpreter, read from the installed distributions without
+    importing Triton (configure must set TRITON_INTERPRET first); None when nothing is known to be wrong."""
+    if importlib.util.find_spec("triton") is None:
+        return (f"device cpu runs the kernels in Triton's interpreter, and triton is not installed; install the "
+                f"cpu extra, which pins triton 3.6.0 and numpy < 2.4: {CPU_INSTALL}")
+    triton_version = _installed_version("triton")
+    numpy_version = _installed_version("numpy")
+    if triton_version is None or numpy_version is None:
+        return None  # another distribution of Triton (a nightly): nothing known about it
+    if _release(triton_version)[:2] > LAST_TRITON_WITH_THE_LIMIT:
+        return None
+    if _release(numpy_version)[:2] < INTERPRETER_NUMPY_BELOW:
+        return None
+    below = ".".join(map(str, INTERPRETER_NUMPY_BELOW))
+    return (f"device cpu runs the kernels in Triton {triton_version}'s interpreter, which needs numpy < {below}; "
+            f"found numpy {numpy_version} (with it, every CPU item errors with TypeError('only 0-dimensional arrays "
+            f"can be converted to Python scalars')). Install the cpu extra, which pins numpy < {below}: {CPU_INSTALL} "
+            f"(or pip install 'numpy<{below}')")
+
+
 def configure(requested: str = "auto") -> str:
     """Resolve the device and set ``TRITON_INTERPRET`` to match, before any kernel module is imported. Under the
     interpreter, autotuners without a benchmarker of their own get a deterministic stand-in
-    (``harness.triton_autotuner.use_interpreter_benchmarker``)."""
+    (``harness.triton_autotuner.use_interpreter_benchmarker``). Raises RuntimeError for the interpreter where this
+    Python's Triton or numpy cannot run it (``interpreter_install_problem``), naming the install line."""
     device = resolve_device(requested)
+    if device == "cpu":
+        problem = interpreter_install_problem()
+        if problem:
+            raise RuntimeError(problem)
     want = "1" if device == "cpu" else "0"
     # kernels.backend is the module that reads the variable (once, when imported, before any kernel is defined);
     # the package and its triton-free modules (kernels.environment, kernels.interface) may be imported earlier.

@@ -1,47 +1,64 @@
-"""``python -m harness bench``: time the SSD prefill paths on the GPU (CUDA events and CUDA graph replay, medians).
+"""``python -m harness bench``: time the SSD prefill paths on the GPU, alone or against a peer provider.
 
-Workloads (issue 3/4): a short continuation (one sequence, 32 new tokens after a 4224-token context) and a 4256-token
-prefill, at the serving shape nheads 64, headdim 64, dstate 128, ngroups 1, chunk 256, bf16 io and state, 64 slots.
-Variants: the snapshot path with the PyTorch ``torch.where`` gather, with the fused Triton gather, and the indexed
-path. Inputs come from the case builder (the same generator as every case). Performance is measured here, never in
+Workloads, at the serving shape nheads 64, headdim 64, dstate 128, ngroups 1, chunk 256, bf16 io and state, 64 slots,
+D per head, dt_bias, softplus (``WORKLOADS``): a short continuation (one sequence, 32 new tokens after a
+4224-token context), a 4256-token prefill, a longer continuation (600 new tokens after 4224) and a mixed batch of
+three (32 after 4224, 600 after 4224, and 1600 new). Inputs come from the case builder (the same generator as
+every case); every sequence reads its initial state from one slot and writes its final state to another, so
+repeated calls see the same inputs.
+
+Variants of ours: the snapshot path with the PyTorch ``torch.where`` gather, with the fused Triton gather, and the
+indexed path (one sequence only: the mixed batch has no indexed variant). ``--peer MODULE:ATTR`` adds another
+provider (e.g. ``peers.vllm_ssd:provider``), timed in the same process on the same input tensors: its supported
+paths (``supported_paths``), called with ``path`` alone. Each call is captured once as a CUDA graph; then, round
+after round (``--rounds``), every call of the workload is measured once in turn, ours then the peer's, as the
+median of ``--reps`` replays, so drift over the run reaches both alike. Reported: the median and the best of the
+per-round medians, and ours / the peer's (the peer's run of the same path, or of its first path when it lacks
+ours). ``--stages`` times each stage of ours alone (``harness.stage_bench``); ``--stages --peer`` compares the
+stages of one whole call of each by profiling (``harness.kernel_profile``). Performance is measured here, never in
 timed tests.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import inspect
 import json
-import math
 import os
+import statistics
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from harness import DEFAULT_PROVIDER
 from harness.cases.model import CacheSpec, Case, Dtypes, Options, SequenceSpec, Shape
-from harness.cuda_timing import time_events, time_graph
 
 SERVING_SHAPE = Shape(nheads=64, headdim=64, dstate=128, ngroups=1, chunk_size=256)
 
-# (workload, variant) -> microseconds, graph replay, vLLM 0.33 stock Triton kernels on the same H200 (issue 3).
-VLLM_REFERENCE_US = {
-    ("short-continuation", "snapshot-torch"): 36.3,
-    ("short-continuation", "snapshot-fused"): 29.3,
-    ("prefill-4256", "snapshot-torch"): 212.0,
-    ("prefill-4256", "snapshot-fused"): 203.0,
+# name -> the call's sequences: (context tokens already cached, new tokens, initial-state slot, has an initial
+# state, final-state slot). No final slot is an initial slot of the call.
+WORKLOADS = {
+    "short-continuation": ((4224, 32, 3, True, 5),),
+    "prefill-4256": ((0, 4256, 3, False, 5),),
+    "continue-600": ((4224, 600, 3, True, 5),),
+    "mixed-3": ((4224, 32, 3, True, 6), (4224, 600, 4, True, 7), (0, 1600, 5, False, 8)),
 }
+# Variants of ours: ``ssd_prefill`` keywords (``gather`` is an extension of kernels:provider, docs/provider.md).
 VARIANTS = {
     "snapshot-torch": {"path": "snapshot", "gather": "torch"},
     "snapshot-fused": {"path": "snapshot", "gather": "fused"},
     "indexed": {"path": "indexed"},
 }
+# Variants of a provider that takes ``path`` alone (a peer always; ours with --variant snapshot).
+PATH_VARIANTS = {"snapshot": {"path": "snapshot"}, "indexed": {"path": "indexed"}}
+ALL_VARIANTS = {**VARIANTS, **PATH_VARIANTS}
 
 
 def workload_case(name: str) -> Case:
-    """The bench workloads as cases (distinct init and final slots, so repeated calls see the same inputs)."""
-    context, tokens, has_state = {"short-continuation": (4224, 32, True), "prefill-4256": (0, 4256, False)}[name]
+    """The bench workload ``name`` as a case."""
     return Case.create(
         f"bench-{name}",
         description=f"bench workload {name}",
@@ -49,41 +66,257 @@ def workload_case(name: str) -> Case:
         shape=SERVING_SHAPE,
         dtype=Dtypes(io="bfloat16", state="bfloat16"),
         options=Options(D="per_head", z=False, dt_bias=True, dt_softplus=True),
-        sequences=[SequenceSpec(context=context, tokens=tokens, init_slot=3, has_state=has_state, final_slot=5)],
+        sequences=[SequenceSpec(*s) for s in WORKLOADS[name]],
         cache=CacheSpec(slots=64, fill=0.0),
         family="bench",
     )
 
 
+# ---- which calls a provider makes ------------------------------------------------------------------------------------
+
+
+def _takes(provider, keyword: str) -> bool:
+    """Whether ``provider.ssd_prefill`` accepts ``keyword`` (by name, or through ``**kwargs``)."""
+    try:
+        params = inspect.signature(provider.ssd_prefill).parameters
+    except (TypeError, ValueError):  # no signature to read: let the call decide
+        return True
+    return keyword in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def default_variants(provider) -> list[str]:
+    """Ours: every variant of ``VARIANTS`` when the provider takes their keywords, else the plain paths."""
+    return list(VARIANTS) if _takes(provider, "gather") else list(PATH_VARIANTS)
+
+
+def variants_for(provider, names: list[str], case: Case) -> tuple[list[tuple[str, dict]], list[str]]:
+    """The variants of ``names`` that ``provider`` can run on ``case``, as (name, ``ssd_prefill`` keywords), and a
+    line per variant it cannot run, with the reason."""
+    from harness.checks.providers import provider_name, supported_paths
+
+    runnable, skipped = [], []
+    paths, name = supported_paths(provider), provider_name(provider)
+    eligible = case.indexed_eligible()
+    for variant in names:
+        call = ALL_VARIANTS[variant]
+        missing = [k for k in call if k != "path" and not _takes(provider, k)]
+        if call["path"] not in paths:
+            skipped.append(f"{case.id} {variant}: provider {name!r} lacks the {call['path']} path")
+        elif call["path"] == "indexed" and not eligible:
+            skipped.append(f"{case.id} {variant}: {eligible.reason}")
+        elif missing:
+            skipped.append(f"{case.id} {variant}: provider {name!r} takes no {', '.join(missing)} keyword")
+        else:
+            runnable.append((variant, call))
+    return runnable, skipped
+
+
+def counterpart(path: str, peer_variants: list[str]) -> str | None:
+    """The peer's variant an ours variant on ``path`` is compared with: the same path, else the peer's first."""
+    return path if path in peer_variants else (peer_variants[0] if peer_variants else None)
+
+
+# ---- whole calls, interleaved ----------------------------------------------------------------------------------------
+
+
 @dataclass
-class Timing:
+class Entry:
+    """One call timed: a variant of one side (``ours`` or ``peer``) on one workload."""
+
     workload: str
+    side: str
     variant: str
-    events_us: float
-    graph_us: float
-    graph_error: str | None = None
+    call: dict
+    samples: list[float] = field(default_factory=list)  # one per round: the median us of ``reps`` replays
+    error: str | None = None
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.samples) if self.samples else None
+
+    @property
+    def best(self) -> float | None:
+        return min(self.samples) if self.samples else None
 
 
-def bench(workloads: list[str], variants: list[str], reps: int, provider) -> list[Timing]:
-    from harness.cases.builder import build_inputs
+def interleave(entries: list[Entry], fns: list, rounds: int, timer) -> None:
+    """Prepare every call (``timer.prepare(fn)``: capture), then for each of ``rounds`` rounds measure each
+    prepared call once, in ``entries``' order (``timer.measure``), appending to its ``samples``. A call that cannot
+    be prepared gets its ``error`` and no samples; the others still run."""
+    prepared = []
+    for entry, fn in zip(entries, fns, strict=True):
+        try:
+            prepared.append(timer.prepare(fn))
+        except Exception as exc:  # a call that cannot be captured is a finding, reported in the table
+            entry.error = f"{type(exc).__name__}: {exc}"
+            prepared.append(None)
+    for _ in range(rounds):
+        for entry, handle in zip(entries, prepared, strict=True):
+            if handle is not None:
+                entry.samples.append(timer.measure(handle))
 
-    results = []
+
+def workload_entries(workload: str, provider, our_variants: list[str], peer) -> tuple[list[Entry], list[str]]:
+    """The entries of one workload, ours first then the peer's (the paths it supports), and the lines of the
+    variants skipped."""
+    from harness.checks.providers import supported_paths
+
+    case = workload_case(workload)
+    ours, skipped = variants_for(provider, our_variants, case)
+    entries = [Entry(workload, "ours", name, call) for name, call in ours]
+    if peer is not None:
+        paths = supported_paths(peer)
+        theirs, peer_skipped = variants_for(peer, [v for v in PATH_VARIANTS if v in paths], case)
+        entries += [Entry(workload, "peer", name, call) for name, call in theirs]
+        skipped += [f"peer {line}" for line in peer_skipped]
+    return entries, skipped
+
+
+def _call(provider, inputs, call: dict):
+    extra = {k: v for k, v in call.items() if k != "path"}
+    return functools.partial(provider.ssd_prefill, **inputs.kwargs(path=call["path"]), **extra)
+
+
+def bench(workloads: list[str], our_variants: list[str], provider, peer, rounds: int, timer,
+          build_inputs=None, device: str = "cuda") -> tuple[list[Entry], list[str]]:
+    """Time every workload: its calls (ours, then the peer's) on one set of input tensors, interleaved over
+    ``rounds``. Returns the entries and the lines of the variants skipped."""
+    if build_inputs is None:
+        from harness.cases.builder import build_inputs
+    entries, skipped = [], []
     for workload in workloads:
-        inputs = build_inputs(workload_case(workload), "cuda")
-        for variant in variants:
-            kwargs = inputs.kwargs(path=VARIANTS[variant]["path"])
-            extra = {k: v for k, v in VARIANTS[variant].items() if k != "path"}
+        these, lines = workload_entries(workload, provider, our_variants, peer)
+        skipped += lines
+        inputs = build_inputs(workload_case(workload), device)
+        fns = [_call(provider if e.side == "ours" else peer, inputs, e.call) for e in these]
+        interleave(these, fns, rounds, timer)  # the graphs of this workload are freed when it returns
+        entries += these
+    return entries, skipped
 
-            def call(kwargs=kwargs, extra=extra):
-                provider.ssd_prefill(**kwargs, **extra)
 
-            events = time_events(call, reps)
-            try:
-                graph, error = time_graph(call, reps), None
-            except Exception as exc:  # a path that cannot be captured is a finding, reported in the table
-                graph, error = math.nan, f"{type(exc).__name__}: {exc}"
-            results.append(Timing(workload, variant, events, graph, error))
-    return results
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def summarize(entries: list[Entry], skipped: list[str] | None = None) -> dict:
+    """Rows (median and best of the rounds; for ours with a peer: the peer variant compared and the ratios
+    ours/peer of the medians and of the bests) and issue 4's targets for the indexed path (medians)."""
+    by = {(e.workload, e.side, e.variant): e for e in entries}
+    rows = []
+    for e in entries:
+        row = {"workload": e.workload, "side": e.side, "variant": e.variant, "median_us": e.median,
+               "best_us": e.best, "samples_us": list(e.samples), "error": e.error}
+        if e.side == "ours":
+            peer_variants = [p.variant for p in entries if p.workload == e.workload and p.side == "peer"]
+            other = by.get((e.workload, "peer", counterpart(e.call["path"], peer_variants) or ""))
+            row["peer_variant"] = other.variant if other else None
+            row["ratio"] = _ratio(e.median, other.median) if other else None
+            row["best_ratio"] = _ratio(e.best, other.best) if other else None
+        rows.append(row)
+    targets = {}
+    for workload in dict.fromkeys(e.workload for e in entries):
+        idx, torch_where, fused = (by.get((workload, "ours", v))
+                                   for v in ("indexed", "snapshot-torch", "snapshot-fused"))
+        if idx and torch_where and idx.median and torch_where.median:
+            targets[f"{workload}: indexed speedup vs torch.where (target >= 1.2)"] = torch_where.median / idx.median
+        if idx and fused and idx.median and fused.median:
+            targets[f"{workload}: indexed / fused gather time (target <= 1.0)"] = idx.median / fused.median
+    return {"rows": rows, "targets": targets, "skipped": list(skipped or [])}
+
+
+def _us(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def print_table(summary: dict) -> None:
+    peer = any(r["side"] == "peer" for r in summary["rows"])
+    rounds = max((len(r["samples_us"]) for r in summary["rows"]), default=0)
+    print(f"graph replay: median and best of {rounds} round(s) of per-round medians"
+          + ("; ratio: ours / the peer's variant named, of the medians and of the bests" if peer else ""))
+    head = f"{'workload':<20} {'side':<5} {'variant':<16} {'median us':>9} {'best us':>8}"
+    print(head + (f"  {'peer':<10} {'ratio':>7} {'best ratio':>10}" if peer else ""))
+    for row in summary["rows"]:
+        line = (f"{row['workload']:<20} {row['side']:<5} {row['variant']:<16} {_us(row['median_us']):>9} "
+                f"{_us(row['best_us']):>8}")
+        if peer and row["side"] == "ours":
+            ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}x"
+            best = "-" if row["best_ratio"] is None else f"{row['best_ratio']:.2f}x"
+            line += f"  {row['peer_variant'] or '-':<10} {ratio:>7} {best:>10}"
+        print(line)
+        if row["error"]:
+            print(f"  graph capture failed: {row['error']}")
+    for name, value in summary["targets"].items():
+        print(f"{name}: {value:.3f}")
+    for line in summary["skipped"]:
+        print(f"skipped: {line}")
+
+
+# ---- stages against a peer, by profiling -----------------------------------------------------------------------------
+
+
+def _profiled_run(fn, capture, profile) -> tuple:
+    """What ``--stages --peer`` profiles for the call ``fn``: (run, "graph") for a replay of its CUDA graph, or
+    (fn, "eager") with the reason when the graph cannot be captured or its replay shows no device activity to the
+    profiler."""
+    from harness import kernel_profile
+
+    try:
+        replay = capture(fn).replay
+    except Exception as exc:
+        return fn, "eager", f"graph capture failed ({type(exc).__name__}: {exc})"
+    if not kernel_profile.kernel_times(profile(replay)):
+        return fn, "eager", "the profiler saw no device activity in a graph replay"
+    return replay, "graph", None
+
+
+def bench_peer_stages(workloads: list[str], our_variants: list[str], provider, peer, rounds: int,
+                      capture=None, profile=None, build_inputs=None, device: str = "cuda") -> dict:
+    """Per workload and variant of ours: the device time of one whole call by stage, ours against the peer's
+    counterpart variant (``counterpart``), from ``rounds`` profiled calls each, alternating
+    (``harness.kernel_profile``). ``capture(fn)`` returns a graph with ``replay`` (``cuda_timing.capture_graph``);
+    a call whose graph cannot be profiled is profiled as eager calls, and the report says so."""
+    from harness import kernel_profile
+    from harness.checks.providers import provider_name
+
+    if build_inputs is None:
+        from harness.cases.builder import build_inputs
+    if capture is None:
+        from harness.cuda_timing import capture_graph as capture
+    if profile is None:
+        kernel_profile.start_profiler()
+        profile = kernel_profile.profile_call
+    tables, skipped = [], []
+    for workload in workloads:
+        entries, lines = workload_entries(workload, provider, our_variants, peer)
+        skipped += lines
+        peer_variants = [e.variant for e in entries if e.side == "peer"]
+        if not peer_variants:
+            skipped.append(f"{workload}: the peer runs no variant of it")
+            continue
+        inputs = build_inputs(workload_case(workload), device)
+        runs, sources = {}, {}
+        for e in entries:
+            label = f"{e.side} {e.variant}"
+            fn = _call(provider if e.side == "ours" else peer, inputs, e.call)
+            runs[label], sources[label], why = _profiled_run(fn, capture, profile)
+            if why:
+                skipped.append(f"{workload} {label}: {why}; profiled as eager calls")
+        calls = kernel_profile.profile_rounds(runs, rounds, profile)
+        summaries = {label: kernel_profile.summarize_calls(c) for label, c in calls.items()}
+        for e in entries:
+            if e.side != "ours":
+                continue
+            ours, theirs = f"ours {e.variant}", f"peer {counterpart(e.call['path'], peer_variants)}"
+            tables.append({
+                "workload": workload, "variant": e.variant, "peer_variant": theirs.split(" ", 1)[1],
+                "rounds": rounds, "ours_source": sources[ours], "peer_source": sources[theirs],
+                "rows": kernel_profile.compare(summaries[ours], summaries[theirs]),
+                "ours": summaries[ours], "peer": summaries[theirs],
+            })
+    return {"peer_name": provider_name(peer), "tables": tables, "skipped": skipped}
+
+
+# ---- the command -----------------------------------------------------------------------------------------------------
 
 
 def _commit() -> str:
@@ -93,60 +326,66 @@ def _commit() -> str:
         return "unknown"
 
 
-def summarize(results: list[Timing]) -> dict:
-    """Ratios against vLLM's figures and the indexed-path targets (issue 4: >= 1.2x vs torch.where, <= fused)."""
-    by = {(r.workload, r.variant): r for r in results}
-    rows = []
-    for r in results:
-        ref = VLLM_REFERENCE_US.get((r.workload, r.variant))
-        rows.append({
-            "workload": r.workload, "variant": r.variant, "events_us": r.events_us, "graph_us": r.graph_us,
-            "vllm_graph_us": ref, "vs_vllm": (r.graph_us / ref) if ref else None, "graph_error": r.graph_error,
-        })
-    targets = {}
-    for workload in {r.workload for r in results}:
-        idx, torch_where, fused = (by.get((workload, v)) for v in ("indexed", "snapshot-torch", "snapshot-fused"))
-        if idx and torch_where:
-            targets[f"{workload}: indexed speedup vs torch.where (target >= 1.2)"] = torch_where.graph_us / idx.graph_us
-        if idx and fused:
-            targets[f"{workload}: indexed / fused gather time (target <= 1.0)"] = idx.graph_us / fused.graph_us
-    return {"rows": rows, "targets": targets}
+def _meta(args, peer) -> dict:
+    from harness.checks.providers import provider_name
 
-
-def print_table(summary: dict) -> None:
-    print(f"{'workload':<20} {'variant':<16} {'events us':>10} {'graph us':>10} {'vLLM us':>8} {'vs vLLM':>8}")
-    for row in summary["rows"]:
-        ref = f"{row['vllm_graph_us']:.1f}" if row["vllm_graph_us"] else "-"
-        ratio = f"{row['vs_vllm']:.2f}x" if row["vs_vllm"] else "-"
-        print(f"{row['workload']:<20} {row['variant']:<16} {row['events_us']:>10.1f} {row['graph_us']:>10.1f} "
-              f"{ref:>8} {ratio:>8}")
-        if row["graph_error"]:
-            print(f"  graph capture failed: {row['graph_error']}")
-    for name, value in summary["targets"].items():
-        print(f"{name}: {value:.3f}")
-
-
-def _meta(args) -> dict:
-    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "triton": __import__("triton").__version__, "commit": os.environ.get("COMMIT") or _commit(),
-            "provider": args.provider, "reps": args.reps}
+            "provider": args.provider, "reps": args.reps, "rounds": args.rounds}
+    if peer is not None:
+        meta.update(peer=args.peer, peer_name=provider_name(peer), peer_source=str(getattr(peer, "source", "")))
+    return meta
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m harness bench",
+        description="Time the SSD prefill paths on the GPU (CUDA events and CUDA graph replay, medians), ours and "
+                    "optionally a peer's, on the bench workloads.")
+    parser.add_argument("--workload", action="append", choices=list(WORKLOADS),
+                        help="repeatable; default all (--stages without --peer: prefill-4256)")
+    parser.add_argument("--variant", action="append", choices=list(ALL_VARIANTS),
+                        help="variant of ours, repeatable; default snapshot-torch, snapshot-fused, indexed "
+                             "(--stages: snapshot-fused); the peer runs its supported paths")
+    parser.add_argument("--reps", type=int, default=200, help="graph replays per measurement (their median)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="measurements of each call, alternating ours and the peer's (median and best "
+                             "reported; --stages --peer: profiled calls of each)")
+    parser.add_argument("--provider", default=DEFAULT_PROVIDER, metavar="MODULE:ATTR",
+                        help=f"the provider to time: ours (default: {DEFAULT_PROVIDER})")
+    parser.add_argument("--peer", metavar="MODULE:ATTR",
+                        help="a provider to compare with, timed in the same process on the same inputs "
+                             "(e.g. peers.vllm_ssd:provider)")
+    parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    parser.add_argument("--stages", action="store_true",
+                        help="without --peer: time each stage of ours alone, as tuned and with every candidate "
+                             "config forced (harness.stage_bench); with --peer: device time per stage of one whole "
+                             "call of each, from torch.profiler (harness.kernel_profile)")
+    return parser
+
+
+def _write(path: str | None, report: dict) -> None:
+    if path:
+        with open(path, "w") as fh:
+            json.dump(report, fh, indent=2)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", action="append", choices=["short-continuation", "prefill-4256"],
-                        help="repeatable; default both")
-    parser.add_argument("--variant", action="append", choices=list(VARIANTS), help="repeatable; default all")
-    parser.add_argument("--reps", type=int, default=200, help="timed repetitions per variant (median reported)")
-    parser.add_argument("--provider", default=DEFAULT_PROVIDER, help="module:attr of the provider to time")
-    parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
-    parser.add_argument("--stages", action="store_true",
-                        help="time each stage alone, as tuned and with every candidate config forced "
-                             "(harness.stage_bench); --variant picks the path (default snapshot-fused), "
-                             "--workload defaults to prefill-4256")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
+    from harness.checks.providers import ProviderError, check_provider_spec
+
+    if args.rounds < 1 or args.reps < 1:
+        print("bench: --rounds and --reps must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        for spec in [args.provider] + ([args.peer] if args.peer else []):
+            check_provider_spec(spec)
+    except ProviderError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
-        print("bench: needs a CUDA device (timings under the interpreter mean nothing)", file=sys.stderr)
+        print("bench: needs a CUDA device (timings under the interpreter mean nothing); nothing was timed",
+              file=sys.stderr)
         return 2
     from harness.backend import AUTOTUNE_CACHE_ENV
     from kernels.environment import AUTOTUNE_BUDGET_ENV
@@ -157,25 +396,40 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.pop(AUTOTUNE_BUDGET_ENV, None)
     from harness.checks.providers import load_provider
 
-    provider = load_provider(args.provider)
-    if args.stages:
+    try:
+        provider = load_provider(args.provider)
+        peer = load_provider(args.peer) if args.peer else None
+    except ProviderError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2
+    if args.stages and peer is None:
         from harness import stage_bench
 
         variant = (args.variant or ["snapshot-fused"])[0]
         cases = {w: workload_case(w) for w in args.workload or ["prefill-4256"]}
-        report = stage_bench.bench_stages(provider, cases, variant, VARIANTS[variant], args.reps)
-        report["meta"] = _meta(args)
-        if args.json:
-            with open(args.json, "w") as fh:
-                json.dump(report, fh, indent=2)
+        report = stage_bench.bench_stages(provider, cases, variant, ALL_VARIANTS[variant], args.reps)
+        report["meta"] = _meta(args, None)
+        _write(args.json, report)
         stage_bench.print_stage_report({k: v for k, v in report.items() if k != "meta"})
         return 0
-    results = bench(args.workload or ["short-continuation", "prefill-4256"], args.variant or list(VARIANTS),
-                    args.reps, provider)
-    summary = summarize(results)
-    summary.update(_meta(args))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(summary, fh, indent=2)
+    workloads = args.workload or list(WORKLOADS)
+    if args.stages:
+        from harness import kernel_profile
+
+        report = bench_peer_stages(workloads, args.variant or ["snapshot-fused"], provider, peer, args.rounds)
+        report["meta"] = _meta(args, peer)
+        _write(args.json, report)
+        kernel_profile.print_comparison(report)
+        return 0 if report["tables"] else 2
+    from harness.cuda_timing import GraphTimer
+
+    entries, skipped = bench(workloads, args.variant or default_variants(provider), provider, peer, args.rounds,
+                             GraphTimer(args.reps))
+    summary = summarize(entries, skipped)
+    summary["meta"] = _meta(args, peer)
+    _write(args.json, summary)
     print_table(summary)
-    return 0
+    if not any(e.samples for e in entries):
+        return 2  # nothing was timed
+    return 1 if any(e.error for e in entries) else 0
+

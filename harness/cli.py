@@ -1,4 +1,5 @@
-"""``python -m harness``: run, repro, validate, generate, schema, fuzz, times, warmup and bench (each with ``--help``).
+"""``python -m harness``: run, repro, validate, generate, schema, fuzz, times, report-html, warmup and bench (each with
+``--help``; help texts are plain text, ``DESCRIPTION`` and ``EPILOG`` the top level's).
 
 The same ``harness.checks.run_check`` serves this CLI and the pytest plugin, and the same rule
 (``harness.cases.files``) says which files are cases. ``run``, ``repro`` and ``fuzz`` run each item in a supervised
@@ -53,16 +54,43 @@ def _add_isolation_options(p: argparse.ArgumentParser) -> None:
                         + ")")
 
 
+class _CheckNames:
+    """The registered checks' names, read when a help text is shown (``%(check_names)s``): the registry imports
+    torch, which a command that prints no help should not wait for here."""
+
+    def __str__(self) -> str:
+        from harness.checks import check_names
+
+        return ", ".join(check_names())
+
+
+def _add_check_option(p: argparse.ArgumentParser, help: str) -> None:
+    action = p.add_argument("--check", action="append", default=None, metavar="NAME",
+                            help=f"{help}; one of: %(check_names)s")
+    action.check_names = _CheckNames()  # argparse fills %(name)s in a help text from the action's attributes
+
+
+DESCRIPTION = ("Correctness harness for the Mamba2 SSD prefill path: run the checks of YAML cases against a provider "
+               "of ssd_prefill (our Triton kernels by default), re-run one failing item, validate and generate case "
+               "files, search for failing cases, report where a run spent its time and draw a run's errors against "
+               "their bounds. Each command has its own --help.")
+EPILOG = ("exit status (run, repro, validate, fuzz, times): 0 everything passed; 1 any failure (a strict XPASS, an "
+          "error and a bad case file included); 2 the command could not run (no case files, an unusable provider, "
+          "unknown check names, an unwritable report) or nothing ran (every item skipped or unsupported); 130 "
+          "interrupted (Ctrl-C or SIGTERM).")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m harness", description=DESCRIPTION, epilog=EPILOG)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run the checks of YAML cases; non-zero exit on any failure",
-                         description="Run every applicable check of every case (default: cases/).")
+                         description="Run every applicable check of every case (default: cases/), each item in a "
+                                     "supervised child process; print one line per case (-v: per item) and a table "
+                                     "per check.")
     run.add_argument("paths", nargs="*", type=Path, help="case files or folders (default: cases/)")
     _add_target_options(run)
-    run.add_argument("--check", action="append", default=None, metavar="NAME",
-                     help="only this check (repeatable)")
+    _add_check_option(run, "only this check (repeatable)")
     run.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the JSON report here")
     run.add_argument("-v", "--verbose", action="store_true",
                      help="a progress line per item (default: a line per case, with its items' outcomes, elapsed "
@@ -71,21 +99,24 @@ def build_parser() -> argparse.ArgumentParser:
     _add_isolation_options(run)
 
     repro = sub.add_parser("repro", help="run one case file (one case / check) and print the full report",
-                           description="Re-run a failing item and print what differed in full.")
-    repro.add_argument("file", type=Path)
+                           description="Re-run a failing item and print what differed in full (the line every "
+                                       "failure prints).")
+    repro.add_argument("file", type=Path, help="the case file (.yaml or .yml)")
     repro.add_argument("--case", default=None, metavar="ID", help="case id (default: every case in the file)")
-    repro.add_argument("--check", action="append", default=None, metavar="NAME",
-                       help="check name (repeatable; default: the case's checks)")
+    _add_check_option(repro, "check name (repeatable; default: the case's checks)")
     _add_target_options(repro)
     _add_isolation_options(repro)
 
     validate = sub.add_parser("validate", help="load case files and report every error (exit 1 on any)",
                               description="Validate case files: schema, combinations, unique ids, check names.")
-    validate.add_argument("paths", nargs="+", type=Path)
+    validate.add_argument("paths", nargs="+", type=Path, help="case files or folders")
 
     generate = sub.add_parser("generate", help="write the generated case corpus",
-                              description="Generate the case corpus (harness.cases.generate.generate_corpus).")
-    generate.add_argument("--out", type=Path, required=True, metavar="DIR")
+                              description="Write the generated case corpus: one YAML file per family, the same "
+                                          "bytes on every run (harness/cases/generate.py). The checked-in corpus "
+                                          "is cases/corpus (make generate).")
+    generate.add_argument("--out", type=Path, required=True, metavar="DIR",
+                          help="the folder to write (cases/corpus for the checked-in corpus)")
 
     schema = sub.add_parser("schema", help="write the case JSON Schema (cases/schema/ssd-case-1.schema.json)",
                             description="Write the JSON Schema of ssd-case/1 from harness.cases.schema, the one "
@@ -94,64 +125,62 @@ def build_parser() -> argparse.ArgumentParser:
                         help="where to write it (default: the shipped cases/schema/ssd-case-1.schema.json)")
 
     fuzz = sub.add_parser("fuzz", help="Hypothesis search for failing cases; writes a regression YAML",
-                          description="Search small valid cases for a failing check; a failure is shrunk and "
-                                      "written to DIR as a YAML case that reproduces it.")
-    fuzz.add_argument("--budget", type=int, required=True, metavar="N", help="examples to try")
-    fuzz.add_argument("--out", type=Path, required=True, metavar="DIR")
+                          description="Search small valid cases for a failing check; a failure (a mismatch, an "
+                                      "exception, a crash, a hang past the item time limit, a sticky device "
+                                      "error) is shrunk and written to DIR as a YAML case that reproduces it. "
+                                      "Progress goes to stderr.")
+    fuzz.add_argument("--budget", type=int, required=True, metavar="N",
+                      help="examples to try while searching (shrinking a failure is not counted)")
+    fuzz.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                      help="wall time for searching and shrinking together, checked before each item; when it runs "
+                           "out, the smallest failure found so far is written (default: no limit)")
+    fuzz.add_argument("--heartbeat", type=float, default=None, metavar="SECONDS",
+                      help="seconds between progress lines on stderr: examples tried, faults seen, elapsed time, "
+                           "the smallest failure so far (default 10)")
+    fuzz.add_argument("--out", type=Path, required=True, metavar="DIR",
+                      help="where a shrunk failing case is written, as a YAML file (cases/regressions/ to keep it)")
     fuzz.add_argument("--seed", type=int, default=0, help="Hypothesis seed (default 0: reproducible searches)")
-    fuzz.add_argument("--check", action="append", default=None, metavar="NAME", help="only this check (repeatable)")
+    _add_check_option(fuzz, "only this check (repeatable)")
     _add_target_options(fuzz)
+    _add_isolation_options(fuzz)
 
     times = sub.add_parser("times", help="where a run spent its time, from a JSON report (by check and family)",
                            description="Time per check family and case family from a report written by "
-                                       "`run --json` or pytest --ssd-report, slowest first; for pytest reports "
+                                       "run --json or pytest --ssd-report, slowest first; for pytest reports "
                                        "also each process's start-up and the Triton compiles (harness.timeline).")
-    times.add_argument("report", type=Path)
+    times.add_argument("report", type=Path, help="the JSON report (or, of a run that was killed, its name: the "
+                                                 "parts its processes wrote are merged)")
     times.add_argument("--by", action="append", choices=("check", "family", "worker"), default=None,
                        help="grouping (repeatable; default check and family)")
-    times.add_argument("--top", type=int, default=15)
+    times.add_argument("--top", type=int, default=15, metavar="N", help="the N slowest groups (default 15)")
     times.add_argument("--write-durations", type=Path, metavar="FILE",
                        help="also write the items' durations alone (a compact report for pytest --durations-from)")
 
     html = sub.add_parser("report-html", help="an HTML page of a report's error against its bounds, per check",
-                          description="One self-contained HTML page (inline SVG) from a report written by `run "
-                                      "--json` or pytest --ssd-report: per check its outcomes and each item's largest "
+                          description="One self-contained HTML page (inline SVG) from a report written by run "
+                                      "--json or pytest --ssd-report: per check its outcomes and each item's largest "
                                       "error over its bound (bounded checks) or ulp distance (exact checks).")
-    html.add_argument("report", type=Path)
+    html.add_argument("report", type=Path, help="the JSON report (or a killed run's report, from its live parts)")
     html.add_argument("-o", "--out", type=Path, required=True, metavar="FILE", help="the HTML file to write")
 
-    sub.add_parser("bench", help="benchmarks (harness.bench)", add_help=False,
-                   description="Dispatches to harness.bench.main(argv).")
+    # Listed here for the overview; main() hands their arguments (and --help) to harness.bench and harness.warmup.
     sub.add_parser("warmup", help="compile-only warmup of every specialization the cases need (time, count)",
-                   add_help=False, description="Dispatches to kernels.warmup.main(argv).")
+                   add_help=False)
+    sub.add_parser("bench", help="GPU benchmarks of the SSD prefill paths (events and graph-replay medians)",
+                   add_help=False)
     return parser
 
 
 # ---------------------------------------------------------------- shared steps
 
 
-def _target(args) -> tuple[str, object, str]:
-    """Configure the backend (before kernels are imported), then load the provider."""
-    from harness.checks.providers import DEFAULT_PROVIDER, ProviderError, load_provider
-
-    try:
-        device = backend.configure(args.device)
-    except (ValueError, RuntimeError) as exc:
-        raise Unusable(str(exc)) from None
-    spec = args.provider or DEFAULT_PROVIDER
-    try:
-        provider = load_provider(spec)
-    except ProviderError as exc:
-        raise Unusable(str(exc)) from None
-    return device, provider, spec
-
-
-def _runner(args):
-    """Configure the backend, read the isolation settings and check the provider spec; returns (runner, device,
-    spec). The runner starts nothing yet. With process isolation the provider is imported by the child alone, so
-    a provider whose import crashes cannot take this process with it."""
+def _isolation(args) -> tuple[str, str, object, str, object]:
+    """Configure the backend, read the isolation settings and check the provider spec; returns (device, mode,
+    time limit, spec, provider). ``provider`` is loaded here only with ``--isolation none``: with process isolation
+    the provider is imported by the child alone, so a provider whose import crashes cannot take this process with
+    it."""
     from harness.checks.providers import DEFAULT_PROVIDER, ProviderError, check_provider_spec, load_provider
-    from harness.isolation import isolation_mode, item_timeout, open_runner
+    from harness.isolation import isolation_mode, item_timeout
 
     try:
         device = backend.configure(args.device)
@@ -169,6 +198,14 @@ def _runner(args):
             check_provider_spec(spec)
     except ProviderError as exc:
         raise Unusable(str(exc)) from None
+    return device, mode, limit, spec, provider
+
+
+def _runner(args):
+    """``_isolation``'s runner: returns (runner, device, spec). The runner starts nothing yet."""
+    from harness.isolation import open_runner
+
+    device, mode, limit, spec, provider = _isolation(args)
     return open_runner(spec, device, isolation=mode, timeout=limit, provider=provider), device, spec
 
 
@@ -375,14 +412,15 @@ def _run_plan(args, runner, device: str, spec: str, cases, plan, bad) -> int:
                     live.append(record)
                 failures += result.status.is_failure
                 if args.verbose or result.status.is_failure:
-                    note = result.summary or result.reason
-                    note, last_note = ("" if note == last_note and not result.summary else note), note
-                    print(f"[{i}/{len(plan)} case {case_number[case.id]}/{ncases}] "
-                          f"{result.status.value.upper():<11} {case.id}::{check} "
-                          f"({result.duration:.2f}s) failures so far: {failures}" + (f"\n    {note}" if note else ""),
-                          flush=True)
-                if result.status.is_failure:
-                    print("    repro: " + result.repro, flush=True)
+                    line = (f"[{i}/{len(plan)} case {case_number[case.id]}/{ncases}] "
+                            f"{result.status.value.upper():<11} {case.id}::{check} "
+                            f"({result.duration:.2f}s) failures so far: {failures}")
+                    if result.status.is_failure:  # what differed, on the item's own line (as pytest -rf shows it)
+                        print(f"{line} - {result.summary}\n    repro: {result.repro}", flush=True)
+                    else:  # a skip's reason, or an xfail's summary, once for a run of items that share it
+                        note = result.summary or result.reason
+                        note, last_note = ("" if note == last_note and not result.summary else note), note
+                        print(line + (f"\n    {note}" if note else ""), flush=True)
                 case_line = progress.item_done(case, check, result.status.value)
                 if case_line and not args.quiet:
                     print(case_line, flush=True)
@@ -544,8 +582,14 @@ def cmd_generate(args) -> int:
         from harness.cases.generate import generate_corpus
     except ImportError as exc:
         raise Unusable(f"generate: harness.cases.generate is not available ({exc})") from None
+    from harness.cases.loader import load_cases
+    from harness.checks.tiers import cpu_tier_items
+
     written = list(generate_corpus(args.out) or [])
-    print(f"generated: {len(written)} files under {args.out}")
+    cases = load_cases(written)  # as every run reads them: each case's tiers are the loader's
+    on_cpu, items = cpu_tier_items(cases)
+    print(f"generated: {len(written)} files under {args.out}: {len(cases)} cases, {items} items, {on_cpu} of them "
+          f"in the CPU tier")
     return EXIT_OK
 
 
@@ -557,27 +601,40 @@ def cmd_schema(args) -> int:
 
 
 def cmd_fuzz(args) -> int:
-    from harness.fuzz import NoFailure, NothingTried, fuzz
+    from harness.checks.providers import ProviderError
+    from harness.fuzz import HEARTBEAT_SECONDS, NoFailure, NothingTried, fuzz
+    from harness.isolation import IsolationError
 
     if args.budget < 1:
         raise Unusable(f"--budget: expected an integer >= 1, found {args.budget}")
+    for option, value in (("--time-budget", args.time_budget), ("--heartbeat", args.heartbeat)):
+        if value is not None and not (0 < value < float("inf")):
+            raise Unusable(f"{option}: expected seconds (a number > 0), found {value:g}")
     _check_names(args.check)
-    device, provider, spec = _target(args)
-    start = time.perf_counter()
+    device, mode, limit, spec, provider = _isolation(args)
     try:
-        found = fuzz(provider, budget=args.budget, out_dir=args.out, device=device, provider_spec=spec,
-                     checks=args.check, seed=args.seed)
+        with _sigterm_interrupts():
+            found = fuzz(spec, budget=args.budget, out_dir=args.out, device=device, checks=args.check,
+                         seed=args.seed, isolation=mode, timeout=limit, provider=provider,
+                         time_budget=args.time_budget, heartbeat=args.heartbeat or HEARTBEAT_SECONDS)
     except NothingTried as exc:
         raise Unusable(f"fuzz: nothing ran: {exc}") from None
-    took = time.perf_counter() - start
+    except (ProviderError, IsolationError) as exc:
+        raise Unusable(f"fuzz: {exc}") from None
+    interrupted = found.stopped == "interrupted"
+    stopped = f"; stopped early: {found.stopped}" if found.stopped else ""
     if isinstance(found, NoFailure):
-        print(f"fuzz: no failure in {found.examples} examples, {found.items} items ({took:.1f}s), "
-              f"provider={spec}, device={device}")
-        return EXIT_OK
-    print(f"fuzz: {found.check} failed; shrunk case written to {found.path} ({took:.1f}s)")
+        print(f"fuzz: no failure in {found.examples} examples, {found.items} items ({found.seconds:.1f}s), "
+              f"provider={spec}, device={device}{stopped}")
+        return EXIT_INTERRUPTED if interrupted else EXIT_OK
+    shrunk = "partly shrunk" if found.stopped else "shrunk"
+    what = f"{found.check} failed" if not found.failure.fault else found.failure.describe()
+    print(f"fuzz: {what}; {shrunk} case written to {found.path} ({found.seconds:.1f}s{stopped})")
     print(found.summary)
+    print(f"first seen on: {found.first.summary().split(': ', 1)[-1]}")
     print(f"repro: {found.repro}")
-    return EXIT_FAILED
+    print(f"fuzz: {found.examples} examples, {found.faults} faults, {found.restarts} provider process restarts")
+    return EXIT_INTERRUPTED if interrupted else EXIT_FAILED
 
 
 def cmd_bench(argv: list[str]) -> int:

@@ -15,13 +15,23 @@ _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 class Mismatch(AssertionError):
-    """Raised by every comparison here. ``report`` is the full text, ``count`` the number of differing elements."""
+    """Raised by every comparison here. ``report`` is the full text, whose first line (``summary``) says what
+    differed, in how many elements and, for floats, by how many ulps at most; ``details`` is the rest. ``count``:
+    the number of differing elements (-1 where shapes, dtypes or kinds differ)."""
 
     def __init__(self, report: str, count: int, stats: dict | None = None):
         super().__init__(report)
         self.report = report
         self.count = count
         self.stats = stats or {}
+
+    @property
+    def summary(self) -> str:
+        return self.report.strip().partition("\n")[0]
+
+    @property
+    def details(self) -> str:
+        return self.report.strip().partition("\n")[2]
 
 
 @dataclass
@@ -116,11 +126,16 @@ def assert_bits_equal(
     is_float = a.dtype.is_floating_point
     width = 8 * a.element_size()
     ulps = ulp_distance(a, e).reshape(-1) if is_float else None
-    lines = [f"{what}: {count} of {a.numel()} elements differ in bits ({a.dtype}, shape {tuple(a.shape)})"]
+    stats: dict = {"mismatched": count, "numel": a.numel()}
+    first = f"{what}: {count} of {a.numel()} elements differ in bits ({a.dtype}, shape {tuple(a.shape)})"
     if is_float:
         both_finite = torch.isfinite(a.reshape(-1)) & torch.isfinite(e.reshape(-1)) & diff
         if both_finite.any():
-            lines.append(f"  max ulp distance among finite mismatches: {int(ulps[both_finite].max())}")
+            stats["max_ulp"] = int(ulps[both_finite].max())
+            first += f", max ulp {stats['max_ulp']} among the finite ones"
+        else:
+            first += ", none of them a pair of finite values (no ulp distance)"
+    lines = [first]
     for f in flat:
         idx = _fmt_index(f, tuple(a.shape))
         if is_float:
@@ -134,7 +149,7 @@ def assert_bits_equal(
             lines.append(f"  at {idx}: actual {a.reshape(-1)[f].item()} expected {e.reshape(-1)[f].item()}")
     if count > len(flat):
         lines.append(f"  ... {count - len(flat)} more")
-    raise Mismatch("\n".join(lines + _header(what, repro, context)), count=count)
+    raise Mismatch("\n".join(lines + _header(what, repro, context)), count=count, stats=stats)
 
 
 def storage_bytes(t: torch.Tensor) -> torch.Tensor:

@@ -1,10 +1,25 @@
 """Hypothesis search for failing cases (``python -m harness fuzz --budget N --out cases/regressions``).
 
 ``cases()`` draws small, valid cases over the ``ssd-case/1`` schema (every combination the loader accepts is
-reachable; none it rejects is drawn). ``fuzz`` runs the applicable checks against a provider, lets Hypothesis shrink
-the first failure (keeping the check that failed fixed, so the shrunk case shows the same failure) and writes it as a
-YAML case (``expect: pass``, ``checks: [<the failing check>]``, ``tiers: {cpu: true}``) through
+reachable; none it rejects is drawn). ``fuzz`` runs the applicable checks of each drawn case against a provider,
+lets Hypothesis shrink the first failure and writes the shrunk case as a YAML case (``expect: pass``,
+``checks: [<the failing check>]``, ``tiers: {cpu: true}``, the failure in its description) through
 ``harness.cases.loader.dump_case``.
+
+Every item runs through a ``harness.isolation`` runner: by default in a supervised child process, so a provider
+that crashes, hangs past the item time limit or leaves a sticky device error (a poisoned CUDA context) costs that
+item its process, the item is a failure with the cause in one line, and the next item runs in a healthy child. A
+fault is a finding like a mismatch: the first failure fixes what the shrinking keeps (``Failure.signature``: the
+same check failing the same way: a mismatch, an exception of the same type, a crash with the same cause, a hang, a
+sticky device error). Each case runs once; Hypothesis' final replay of the minimal case is answered from memory.
+
+Budgets: ``budget`` examples for the search (shrinking is Hypothesis' to bound: it stops after five minutes), and
+an optional wall-time budget for search and shrinking together, checked before each item (an item running when it
+passes ends by itself or at its time limit). Hypothesis' own deadline is off: the item time limit is what stops a
+slow item. When the time budget runs out, or on Ctrl-C (SIGTERM in the CLI), the smallest failure seen so far is
+written. Progress goes to a log (stderr): a line at the start and at the first failure, and a heartbeat every
+``heartbeat`` seconds from a side thread (examples tried, faults seen, process restarts, elapsed time, the smallest
+failure so far), so that an item that hangs does not silence the search.
 """
 
 from __future__ import annotations
@@ -13,7 +28,11 @@ import hashlib
 import math
 import os
 import random
+import re
+import sys
 import tempfile
+import threading
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -45,6 +64,7 @@ MAX_TOKENS = 40  # per sequence: the interpreter is slow
 # Chunks x heads of a drawn case: every check of it takes seconds at most in the interpreter. Drawn cases run on the
 # CPU tier whatever its per-item estimate says (tiers.cpu: true), and so do the regressions written from them.
 MAX_CHUNK_HEADS = 12
+HEARTBEAT_SECONDS = 10.0
 
 
 @st.composite
@@ -119,23 +139,83 @@ def _sequence_lengths(draw, shape: Shape, max_sequences: int) -> list[tuple[int,
     return lengths
 
 
+# ---------------------------------------------------------------- what was found
+
+
+@dataclass(frozen=True)
+class Failure:
+    """How one item failed, in the terms the search keeps fixed while it shrinks.
+
+    ``kind``: ``mismatch`` (the check's comparison failed), ``exception`` (the provider or check raised), ``crash``
+    (the process running the item died), ``hang`` (the item ran past its time limit) or ``sticky device error`` (the
+    item's error left its process unable to run another item). ``cause``: one line, the cause as the isolation layer
+    or the check reported it. ``signature``: what a smaller case must show to count as the same failure."""
+
+    check: str
+    kind: str
+    cause: str
+    signature: str
+
+    @property
+    def fault(self) -> bool:
+        return self.kind != "mismatch"
+
+    def describe(self) -> str:
+        """One line for people: "determinism failed with a crash (the process running the provider died: ...)"."""
+        if not self.fault:
+            return f"{self.check} failed ({self.cause})"
+        article = "an" if self.kind[0] in "aeiou" else "a"
+        return f"{self.check} failed with {article} {self.kind} ({self.cause})"
+
+
+def classify(result, replaced: str = "") -> Failure:
+    """The failure of ``result`` (a failing CheckResult); ``replaced``: the cause the runner recorded when the item
+    cost its process (``runner.restarts``), "" when the process lived on."""
+    check, summary = result.check, " ".join(result.summary.split())
+    if replaced.startswith("timed out"):
+        return Failure(check, "hang", replaced, "hang")
+    if replaced.startswith("the process running the provider"):  # died, or exited: isolation.describe_exit
+        return Failure(check, "crash", replaced, f"crash: {replaced}")
+    if replaced:  # harness.isolation.sticky: "sticky device error: <the error>" or "the device context is unusable"
+        cause = replaced.removeprefix("sticky device error: ")
+        if summary and summary not in cause:
+            cause = f"{summary}; {cause}"
+        return Failure(check, "sticky device error", cause, "sticky device error")
+    if result.status.value == "error":
+        name = re.match(r"[\w.]*", summary).group(0) or summary
+        return Failure(check, "exception", summary, f"exception: {name}")
+    return Failure(check, "mismatch", summary, "mismatch")
+
+
 @dataclass
 class Finding:
-    """A shrunk failure written to ``path``."""
+    """A shrunk failure written to ``path``. ``stopped``: why the search ended before Hypothesis finished shrinking
+    ("" when it finished: the case is as small as Hypothesis gets it)."""
 
     path: Path
     case_id: str
     check: str
     summary: str
     repro: str
+    failure: Failure
+    first: Case | None = None  # the case that showed the failure first, before shrinking
+    stopped: str = ""
+    examples: int = 0
+    faults: int = 0
+    restarts: int = 0
+    seconds: float = 0.0
 
 
 @dataclass
 class NoFailure:
-    """The search ended without a failure, after this many drawn cases and checks that reached a verdict."""
+    """The search ended without a failure, after this many drawn cases and checks that reached a verdict.
+    ``stopped``: why it ended before the example budget ("" when the budget was spent)."""
 
     examples: int
     items: int
+    stopped: str = ""
+    restarts: int = 0
+    seconds: float = 0.0
 
 
 class NothingTried(Exception):
@@ -143,42 +223,223 @@ class NothingTried(Exception):
     found means nothing here."""
 
 
-class _Search:
-    """The predicate Hypothesis minimises: "some check fails", narrowed to the first failing check once seen."""
+class _Stop(BaseException):
+    """Ends the search from inside Hypothesis' test function: Hypothesis re-raises what is not an Exception at once,
+    without treating it as a failure to shrink. ``args[0]``: why."""
 
-    def __init__(self, provider, device: str, provider_spec: str, checks: list[str] | None):
-        self.provider, self.device, self.spec, self.only = provider, device, provider_spec, checks
-        self.target: str | None = None
-        self.last_summary = ""
+
+class _Abort(BaseException):
+    """The harness itself could not run an item (an unloadable provider, a child that does not start): carried out
+    of Hypothesis, then raised as ``args[0]``, so that it is not shrunk like a provider's failure."""
+
+
+# ---------------------------------------------------------------- the runners
+
+
+class _Runners:
+    """The isolation runner that runs the next item, and (once a child has been lost) a spare whose child starts
+    while the search goes on: after an item that cost its process, the spare takes over and the runner that lost
+    its child starts a new one and becomes the spare. Shrinking a fault loses a child at nearly every step; the
+    spare keeps the child's start-up (torch, the device, the provider) off most of those steps."""
+
+    def __init__(self, provider_spec: str, device: str, *, isolation: str | None, timeout, provider):
+        from harness.isolation import open_runner
+
+        self._open = lambda: open_runner(provider_spec, device, isolation=isolation, timeout=timeout,
+                                         provider=provider)
+        self.active = self._open()
+        self.spare = None
+
+    @property
+    def isolated(self) -> bool:
+        return self.active.mode == "process"
+
+    @property
+    def limit(self):
+        return self.active.limit
+
+    def start(self) -> None:
+        self.active.start()
+
+    def run(self, case, check: str):
+        """(CheckResult, the cause of the child lost to this item or "")."""
+        runner = self.active
+        before = len(runner.restarts)
+        result = runner.run(case, check)
+        item = f"{case.id}::{check}"
+        lost = [r.cause for r in runner.restarts[before:] if r.item == item]
+        if lost and self.isolated:
+            runner.start()
+            if self.spare is None:
+                self.spare = self._open()
+                self.spare.start()
+            self.active, self.spare = self.spare, runner
+        return result, lost[-1] if lost else ""
+
+    @property
+    def restarts(self) -> int:
+        return sum(len(r.restarts) for r in self._all())
+
+    def _all(self) -> list:
+        return [r for r in (self.active, self.spare) if r is not None]
+
+    def close(self) -> None:
+        for runner in self._all():
+            runner.close()
+
+
+# ---------------------------------------------------------------- the search
+
+
+class _Search:
+    """The predicate Hypothesis minimises: "some check fails", narrowed once a failure is seen to the same check
+    failing the same way (``Failure.signature``). Every case is run once: Hypothesis' final replay of the minimal
+    case is answered from ``_seen``, so a crash or a hang is not paid for again."""
+
+    def __init__(self, runners: _Runners, only: list[str] | None, deadline: float, time_budget: float | None):
+        self.runners, self.only = runners, only
+        self.deadline, self.time_budget = deadline, time_budget
+        self.target: Failure | None = None
+        self.first: Case | None = None
+        self.smallest: tuple[Case, Failure] | None = None
         self.examples = 0
         self.items = 0  # checks run to a verdict (not skipped or unsupported)
+        self.faults = 0  # items that ended in an error, a crash, a hang or a sticky device error
+        self._seen: dict[Case, Failure | None] = {}
+        self._lock = threading.Lock()  # the heartbeat thread reads what this one writes
 
     def fails(self, case: Case) -> bool:
-        from harness.checks import CheckContext, Status, run_check, selected_checks
+        if case in self._seen:
+            failure = self._seen[case]
+            if failure is not None:
+                self._record(case, failure)
+            return failure is not None
+        try:
+            failure = self._run(case)
+        except Exception as exc:  # noqa: BLE001 - the harness's failure: ends the search, never shrunk
+            raise _Abort(exc) from exc
+        self._seen[case] = failure
+        if failure is None:
+            return False
+        self._record(case, failure)
+        return True
 
-        self.examples += 1
+    def _run(self, case: Case) -> Failure | None:
+        from harness.checks import Status, selected_checks
+
+        self._check_time()
         names = [n for n, _ in selected_checks(case) if not self.only or n in self.only]
         if self.target is not None:
-            names = [n for n in names if n == self.target]
-        ctx = CheckContext(case, self.provider, self.device, self.spec)
-        for name in names:
-            result = run_check(case, name, self.provider, device=self.device, provider_spec=self.spec, context=ctx)
-            self.items += result.status not in (Status.SKIPPED, Status.UNSUPPORTED)
-            if result.status.is_failure:
-                self.target = name
-                self.last_summary = result.summary
-                return True
-        return False
+            names = [n for n in names if n == self.target.check]
+        with self._lock:
+            self.examples += 1
+        for k, name in enumerate(names):
+            if k:
+                self._check_time()
+            result, lost = self.runners.run(case, name)
+            if result.status in (Status.SKIPPED, Status.UNSUPPORTED):
+                continue
+            with self._lock:
+                self.items += 1
+                self.faults += result.status is Status.ERROR or bool(lost)
+            if not result.status.is_failure:
+                continue
+            failure = classify(result, lost)
+            if self.target is None or failure.signature == self.target.signature:
+                return failure
+        return None
+
+    def _check_time(self) -> None:
+        if time.monotonic() >= self.deadline:
+            raise _Stop(f"the time budget of {self.time_budget:g} s ran out")
+
+    def _record(self, case: Case, failure: Failure) -> None:
+        with self._lock:
+            if self.target is None:
+                self.target, self.first = failure, case
+            if self.smallest is None or size(case) < size(self.smallest[0]):
+                self.smallest = (case, failure)
+
+    def settle(self, minimal: Case) -> None:
+        """Hypothesis finished shrinking at ``minimal``: that is the case to write (its order, not ``size``'s)."""
+        with self._lock:
+            self.smallest = (minimal, self._seen[minimal])
+
+    def status(self, elapsed: float) -> str:
+        """One line: where the search is."""
+        with self._lock:
+            smallest, examples, faults = self.smallest, self.examples, self.faults
+        phase = "shrinking" if smallest else "searching"
+        head = (f"fuzz: {phase}: {examples} examples, {faults} fault{'s' * (faults != 1)}, "
+                f"{self.runners.restarts} process restarts, {elapsed:.0f} s")
+        if smallest is None:
+            return f"{head}; no failure yet"
+        case, failure = smallest
+        return f"{head}; smallest failure so far: {failure.describe()} on {_shape_of(case)}"
 
 
-def _named(case: Case, check: str, provider_spec: str, device: str, summary: str) -> Case:
+def size(case: Case) -> tuple:
+    """An order on cases for "the smallest failure so far" while Hypothesis is still shrinking (its own order is
+    on the choices it drew, which the search does not see): fewer sequences, tokens and context first, then the
+    smaller shape, cache, index layout and options."""
+    o, c = case.options, case.cache
+    options = (o.D != "none") + o.z + o.dt_bias + o.dt_softplus + (o.dt_limit != (0.0, math.inf))
+    return (case.batch, case.total_tokens, sum(s.context for s in case.sequences), case.shape.nheads,
+            case.shape.headdim, case.shape.ngroups, case.shape.chunk_size, c.slots, c.row_pad + c.offset,
+            case.indices.layout != "contiguous", options, case.seed)
+
+
+def _shape_of(case: Case) -> str:
+    """``Case.summary()`` without the placeholder id."""
+    return case.summary().split(": ", 1)[-1]
+
+
+class _Heartbeat:
+    """Writes ``search.status`` to ``log`` every ``interval`` seconds from a side thread, so that an item that
+    hangs (or a child that takes long to start) does not silence the search."""
+
+    def __init__(self, search: _Search, log, interval: float, started: float):
+        self.search, self.log, self.interval, self.started = search, log, interval, started
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="fuzz-heartbeat", daemon=True)
+        self._lock = threading.Lock()
+
+    def say(self, line: str) -> None:
+        with self._lock:
+            try:
+                print(line, file=self.log, flush=True)
+            except (OSError, ValueError):  # a closed or broken stream: the search goes on
+                pass
+
+    def _beat(self) -> None:
+        while not self._done.wait(self.interval):
+            self.say(self.search.status(time.monotonic() - self.started))
+
+    def __enter__(self) -> "_Heartbeat":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+# ---------------------------------------------------------------- writing
+
+
+def _named(case: Case, failure: Failure, provider_spec: str, device: str) -> Case:
+    check = failure.check
     body = f"{case.shape}{case.dtype}{case.options}{case.sequences}{case.cache}{case.indices}{case.call}{case.seed}"
-    digest = hashlib.sha1(f"{check}|{body}".encode()).hexdigest()[:8]
+    digest = hashlib.sha1(f"{check}|{failure.signature}|{body}".encode()).hexdigest()[:8]
     case_id = f"{FAMILY}-{check.replace('_', '-')}-{digest}"
-    description = (f"found by python -m harness fuzz against {provider_spec} on {device}: {check} failed "
-                   f"({summary.strip()[:200]})")
+    description = (f"found by python -m harness fuzz against {provider_spec} on {device}: "
+                   f"{_clip(failure.describe(), 300)}")
     return replace(case, id=case_id, family=default_family(case_id), description=description, checks=(check,),
                    expect=Expect("pass"))
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def write_finding(case: Case, out_dir: Path) -> Path:
@@ -204,27 +465,83 @@ def write_finding(case: Case, out_dir: Path) -> Path:
     return path
 
 
-def fuzz(provider, *, budget: int, out_dir: Path, device: str, provider_spec: str,
-         checks: list[str] | None = None, seed: int = 0) -> Finding | NoFailure:
-    """Try ``budget`` cases; on a failure shrink it, write it to ``out_dir`` and return the finding. Raises
-    ``NothingTried`` when no check reached a verdict."""
+# ---------------------------------------------------------------- the search, driven
+
+
+def fuzz(provider_spec: str, *, budget: int, out_dir: Path, device: str, checks: list[str] | None = None,
+         seed: int = 0, isolation: str | None = None, timeout=None, provider=None, time_budget: float | None = None,
+         heartbeat: float = HEARTBEAT_SECONDS, log=None) -> Finding | NoFailure:
+    """Try up to ``budget`` cases against ``provider_spec`` on ``device`` (resolved); on a failure shrink it, write
+    it to ``out_dir`` and return the finding.
+
+    ``isolation``, ``timeout``, ``provider``: ``harness.isolation.open_runner``'s (a process per runner by default;
+    ``timeout``: the item time limit). ``time_budget``: seconds for the search and shrinking together (None: no
+    limit), checked before each item. ``heartbeat``: seconds between progress lines on ``log`` (default stderr).
+    When a budget runs out or the search is interrupted (KeyboardInterrupt), the smallest failure seen so far is
+    written and returned with ``stopped`` saying why. Raises ``NothingTried`` when no check reached a verdict, and
+    the harness's own errors (``ProviderError``, ``IsolationError``) as they are."""
     from harness.checks import repro_line
 
-    search = _Search(provider, device, provider_spec, checks)
-    config = settings(max_examples=budget, database=None, deadline=None,
+    log = sys.stderr if log is None else log
+    started = time.monotonic()
+    deadline = math.inf if time_budget is None else started + time_budget
+    runners = _Runners(provider_spec, device, isolation=isolation, timeout=timeout, provider=provider)
+    search = _Search(runners, checks, deadline, time_budget)
+    config = settings(max_examples=budget, database=None, deadline=None,  # the item time limit stops slow items
                       suppress_health_check=list(HealthCheck))
+    budgets = f"up to {budget} examples" + (f" or {time_budget:g} s" if time_budget is not None else "")
+    stopped = ""
     try:
-        minimal = find(cases(), search.fails, settings=config, random=random.Random(seed))
-    except NoSuchExample:
-        if not search.items:
+        with _Heartbeat(search, log, heartbeat, started) as beat:
+            beat.say(f"fuzz: searching {budgets} against {provider_spec} on {device} (isolation "
+                     f"{runners.active.mode}, item time limit {runners.limit.describe()}, heartbeat every "
+                     f"{heartbeat:g} s)")
+            runners.start()
+            try:
+                search.settle(find(cases(), _announcing(search, beat, started), settings=config,
+                                   random=random.Random(seed)))
+            except NoSuchExample:
+                pass
+            except _Stop as stop:
+                stopped = str(stop.args[0])
+            except KeyboardInterrupt:
+                stopped = "interrupted"
+            except _Abort as abort:
+                raise abort.args[0] from None
+            if stopped:
+                beat.say(f"fuzz: stopped: {stopped}")
+    finally:
+        runners.close()
+    seconds = time.monotonic() - started
+    if search.smallest is None:
+        if not search.items and stopped != "interrupted":
             only = f" (--check {', '.join(checks)})" if checks else ""
             raise NothingTried(f"no check{only} passed or failed on any of {search.examples} drawn cases: each was "
-                               "filtered out, skipped or unsupported") from None
-        return NoFailure(examples=search.examples, items=search.items)
-    check = search.target
-    search.fails(minimal)  # the summary of the minimal case itself (Hypothesis tried others after it)
-    named = _named(minimal, check, provider_spec, device, search.last_summary)
+                               "filtered out, skipped or unsupported"
+                               + (f" ({stopped})" if stopped else ""))
+        return NoFailure(examples=search.examples, items=search.items, stopped=stopped, restarts=runners.restarts,
+                         seconds=seconds)
+    case, failure = search.smallest
+    named = _named(case, failure, provider_spec, device)
     path = write_finding(named, Path(out_dir))
     named = replace(named, source=path)
-    return Finding(path=path, case_id=named.id, check=check, summary=search.last_summary,
-                   repro=repro_line(named, check, provider_spec, device))
+    repro = repro_line(named, failure.check, provider_spec, device)
+    if failure.kind == "hang" and "default" not in runners.limit.origin:
+        repro += f" --item-timeout {runners.limit.seconds:g}"  # the limit the hang was found under
+    return Finding(path=path, case_id=named.id, check=failure.check, summary=failure.cause, repro=repro,
+                   failure=failure, first=search.first, stopped=stopped, examples=search.examples,
+                   faults=search.faults, restarts=runners.restarts, seconds=seconds)
+
+
+def _announcing(search: _Search, beat: _Heartbeat, started: float):
+    """``search.fails``, saying on the log when the first failure is found."""
+
+    def fails(case: Case) -> bool:
+        found_before = search.target is not None
+        failed = search.fails(case)
+        if failed and not found_before:
+            beat.say(f"fuzz: found after {search.examples} examples ({time.monotonic() - started:.0f} s): "
+                     f"{search.target.describe()} on {_shape_of(case)}; shrinking")
+        return failed
+
+    return fails

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import time
 from collections import defaultdict
 
@@ -78,6 +79,31 @@ class CompileLedger:
     def to_dict(self) -> dict:
         return {"compiled": {h: [k, n, round(s, 4), o] for h, (k, n, s, o) in self.compiled.items()},
                 "loaded": self.loaded, "load_seconds": round(self.load_seconds, 4)}
+
+    def drain(self) -> dict | None:
+        """What was recorded since the last drain (``to_dict``'s form), then empty; None when nothing was."""
+        if not self.compiled and not self.loaded:
+            return None
+        delta = self.to_dict()
+        self.compiled, self.loaded, self.load_seconds = {}, 0, 0.0
+        return delta
+
+    def absorb(self, delta: dict) -> None:
+        """Add another process's drained record (a supervised child running this process's items) as this process's
+        own, under this process's current origin."""
+        for digest, (kernel, count, seconds, _) in delta["compiled"].items():
+            entry = self.compiled.setdefault(digest, [kernel, 0, 0.0, self.origin])
+            entry[1] += count
+            entry[2] += seconds
+        self.loaded += delta["loaded"]
+        self.load_seconds += delta["load_seconds"]
+
+
+def installed_compile_ledger() -> CompileLedger | None:
+    """This process's ledger, if ``install_compile_ledger`` ran here and it is still Triton's listener."""
+    triton = sys.modules.get("triton")
+    listener = getattr(getattr(getattr(triton, "knobs", None), "compilation", None), "listener", None)
+    return listener if isinstance(listener, CompileLedger) else None
 
 
 def install_compile_ledger() -> CompileLedger | None:

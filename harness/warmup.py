@@ -182,14 +182,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     from triton import knobs
 
-    parser = argparse.ArgumentParser(prog="python -m harness warmup", description=main.__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m harness warmup",
+        description="Compile (GPU) or key (interpreter) every specialization the SSD path needs for the shapes of a "
+                    "case corpus (or one --shape); print the time and the number of specializations.")
     parser.add_argument("paths", nargs="*", default=["cases"], help="case files or directories (default: cases)")
     parser.add_argument("--shape", help="one model shape instead of the cases: nheads,headdim,dstate,ngroups,chunk")
     parser.add_argument("--io", nargs="+", choices=sorted(_DTYPE_NAMES), help="io dtypes (with --shape)")
     parser.add_argument("--state", nargs="+", choices=sorted(_DTYPE_NAMES), help="state dtypes (with --shape)")
     parser.add_argument("--kernels", nargs="+", choices=registry.registered(),
                         help="registrations to warm (default all)")
-    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                        help="cuda, or cpu (Triton interpreter); auto = cuda when visible (default)")
     parser.add_argument("--verbose", action="store_true", help="list every specialization")
     parser.add_argument("--jobs", type=int, default=1, metavar="N",
                         help="compile in N processes first (each a share, into the Triton disk cache), then load "

@@ -30,12 +30,19 @@ Where our contract and vLLM 0.33's differ:
 - **No indexed path.** vLLM always reads initial states from a dense copy: ``supported_paths`` is {"snapshot"}
   and ``path="indexed"`` raises ValueError (the harness then reports indexed checks as unsupported).
 - **Negative final slots.** Ours: a negative final slot (a padded sequence) writes nothing. vLLM 0.33's state
-  passing kernel (ssd_state_passing.py, ``HAS_FINAL_STATES``) stores at ``slot * stride(0)`` without a
-  ``slot >= 0`` test, i.e. before the start of the cache (out of bounds, or into whatever precedes it), although
-  causal_conv1d, called with the same index tensor in the same layer, skips ``PAD_SLOT_ID`` (-1). The provider
-  refuses such calls with NotImplementedError rather than let vLLM write outside the cache (which under Triton's
-  interpreter is a write into the process's heap). Reading the indices costs a device sync; inside CUDA graph
-  capture they cannot be read, and the call goes through unchecked.
+  passing kernel (ssd_state_passing.py, ``_state_passing_fwd_kernel`` under ``HAS_FINAL_STATES``) loads the slot and
+  stores the final state at ``final_states_ptr + slot * stride(0)`` without a ``slot >= 0`` test, i.e. ``-slot``
+  rows before slot 0. A vLLM bug, not a choice: causal_conv1d, called with the same index tensor in the same layer,
+  skips ``PAD_SLOT_ID`` (-1). The adapter passes such calls through, so that the harness and the fuzzer see what vLLM
+  does. On a GPU always (no index read, no sync; nothing differs inside CUDA graph capture): the harness's cases keep
+  the row a negative slot addresses inside the cache's storage (``Case.cache_guard``), where ``untouched_storage``
+  fails on the store; for other callers it lands in whatever memory precedes the cache, or faults, which the
+  harness's isolation turns into that item's error. Under Triton's interpreter (CPU tensors) a store is a plain write
+  to the host address computed, with no fault to stop it: a row before the cache's storage would be the process's
+  heap, corrupting it silently or crashing later somewhere unrelated. There the adapter reads the (host) indices and
+  refuses a call with NotImplementedError, naming the cause, when a negative slot's row starts before the storage;
+  one whose rows lie inside (every harness case) goes through. ``cases/regressions/vllm-0.33-negative-final-slot.yaml``
+  keeps the failure visible (an xfail for this provider only).
 - **Checkpoint mode with final slots.** Ours writes nothing in checkpoint mode whatever ``final_state_indices``
   holds; vLLM asserts that the two are not combined, so checkpoint mode never passes the cache.
 - **has_initial_states** may be int in ours; vLLM's gather asserts bool, so an int mask is passed as ``mask != 0``.
@@ -179,16 +186,20 @@ def _snapshot(state_cache: torch.Tensor, initial_state_indices: torch.Tensor,
     return out
 
 
-def _refuse_negative_slots(final_state_indices: torch.Tensor) -> None:
-    if final_state_indices.is_cuda and torch.cuda.is_current_stream_capturing():
-        return
-    negative = (final_state_indices < 0).nonzero().flatten().tolist()
-    if negative:
-        slots = final_state_indices.tolist()
+def _refuse_stores_outside_the_storage(state_cache: torch.Tensor, final_state_indices: torch.Tensor) -> None:
+    """CPU tensors (the interpreter): NotImplementedError when vLLM would store a negative slot's final state before
+    the cache's storage, i.e. into the process's heap (the module's docstring, "Negative final slots")."""
+    slots = final_state_indices.tolist()
+    outside = sorted({s for s in slots if s < 0 and state_cache.storage_offset() + s * state_cache.stride(0) < 0})
+    if outside:
+        padded = [b for b, s in enumerate(slots) if s in outside]
         raise NotImplementedError(
-            f"vLLM {VERSION}: final_state_indices {slots} has negative slots for sequences {negative}; vLLM's state "
-            "passing writes a final state at slot * stride(0) without skipping negative slots "
-            "(ssd_state_passing.py, HAS_FINAL_STATES), i.e. outside the cache, where our contract writes nothing")
+            f"vLLM {VERSION}: final_state_indices {slots}: the state passing kernel stores a negative slot's final "
+            "state at slot * stride(0) without skipping it (ssd_state_passing.py, HAS_FINAL_STATES), where our "
+            f"contract writes nothing. For slots {outside} (sequences {padded}) that row starts before the cache's "
+            f"storage (storage_offset {state_cache.storage_offset()}, stride(0) {state_cache.stride(0)}); under "
+            "Triton's interpreter the store would write into this process's heap, so the adapter refuses the call "
+            "on CPU tensors (on a GPU it passes it through)")
 
 
 # ---- the warmup hook: representative calls, as a vLLM server warms --------------------------------------------------
@@ -249,7 +260,7 @@ def _warmup_call(config, sequences, mode: str, row_pad: int, device: str) -> dic
 
 class VllmSSDProvider:
     """vLLM's ``mamba_chunk_scan_combined_varlen`` behind the harness's ``ssd_prefill`` (snapshot path only), with
-    the optional hooks (docs/provider.md#optional-hooks): ``warmup(requests)`` and ``stages``."""
+    the optional hooks (docs/provider.md#optional-hooks): ``warmup(requests)``, ``stages`` and ``tuning_caches``."""
 
     name = f"vllm-{VERSION}-ssd"
     supported_paths = frozenset({"snapshot"})
@@ -261,6 +272,15 @@ class VllmSSDProvider:
     # final state outside the cache where the contract writes nothing: not the same contract. vLLM has no indexed
     # twin.
     stages = SimpleNamespace(gather_initial_states=_snapshot)
+
+    def tuning_caches(self) -> list[dict]:
+        """vLLM's ``triton_helpers.launch_autotuned`` keeps each autotuned kernel's chosen config in the module's
+        ``_autotuned_configs`` (keyed by kernel, tuning-key values and argument dtypes) and launches ``kernel.fn``
+        directly after the first tune, so Triton's autotuner never runs again for that key: the autotuning check
+        empties this dict for its tuned call. [] where the module has no such cache (another vLLM version)."""
+        helpers = sys.modules.get(f"{OPS}.triton_helpers")
+        cache = getattr(helpers, "_autotuned_configs", None)
+        return [cache] if isinstance(cache, dict) else []
 
     def warmup(self, requests) -> int:
         """What a vLLM server's startup dummy runs compile, for each model configuration: representative calls
@@ -291,8 +311,8 @@ class VllmSSDProvider:
         if path not in ("auto", "snapshot"):
             raise ValueError(f"path: expected one of auto, snapshot, indexed; found {path!r}")
         direct = final_state_indices is not None and not return_intermediate_states
-        if direct:
-            _refuse_negative_slots(final_state_indices)
+        if direct and state_cache.device.type == "cpu":
+            _refuse_stores_outside_the_storage(state_cache, final_state_indices)
         initial_states = _snapshot(state_cache, initial_state_indices, has_initial_states)
         return mamba_chunk_scan_combined_varlen(
             x, dt, A, B, C,

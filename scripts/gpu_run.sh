@@ -2,7 +2,7 @@
 # One call on the GPU runner does everything (device time is scarce): environment, the test suite on CUDA,
 # the case corpus, the bench. Usage: scripts/gpu_run.sh [STEP...] with steps env, tests, cases, bench
 # (default: env tests cases bench; also pyc, startup, spawn-probe, exit-probe, recheck, suite, suite-warm, warmup, cases-warm, stages,
-# profile-ref, profile-warmup). Full logs go under $OUT (the device tool brings them back); a short table is printed last.
+# profile-ref, profile-warmup, peer-bench). Full logs go under $OUT (the device tool brings them back); a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
 export PYTHONUNBUFFERED=1
@@ -92,6 +92,14 @@ for step in $steps; do
     profile-warmup)  # where loading the corpus' specializations from a warm disk cache goes (a case's first item
       # pays it per worker): one process, after a suite step filled the cache
       run_step profile-warmup bash -c "$PY -m cProfile -o $OUT/warmup.prof -m harness warmup --device cuda --jobs 1 | tail -n 3; $PY -c \"import pstats; p = pstats.Stats('$OUT/warmup.prof'); p.sort_stats('cumulative').print_stats(45); p.sort_stats('tottime').print_stats(25)\" | grep -v '^$' | tail -n 80" ;;
+    peer-bench)  # ours against vLLM's kernels (peers.vllm_ssd: ops from the carried .peers/ or an installed vllm) in one
+      # process on the same inputs, calls alternating round by round: whole calls by graph replay (peer-bench), then
+      # each stage's device time in one whole call, from torch.profiler (peer-stages); all four workloads
+      workloads="--workload short-continuation --workload prefill-4256 --workload continue-600 --workload mixed-3"
+      run_step peer-bench $PY -m harness bench --peer peers.vllm_ssd:provider --rounds 3 $workloads \
+        --json "$OUT/peer-bench.json"
+      run_step peer-stages $PY -m harness bench --stages --peer peers.vllm_ssd:provider --rounds 3 $workloads \
+        --json "$OUT/peer-stages.json" ;;
     stages)  # each stage of the 4256-token prefill alone, as tuned and with every candidate config forced
       run_step stages $PY -m harness bench --stages --reps 100 --json "$OUT/stages.json" ;;
     baseline)  # the suite as suite runs it, at an older commit's tree unpacked into .baseline/ (carried): the same
@@ -109,13 +117,24 @@ for step in $steps; do
       run_step faults-pytest $PY -m pytest /tmp/tiny.yaml -p ssd_pytest.plugin --rootdir . -q -n 4 --workers-per-gpu 4 \
         --device cuda -p no:cacheprovider \
         --provider tests.faulty_providers:illegal_memory_access --ssd-report "$OUT/faults-pytest.json" -rfE --tb=line ;;
-    vllm-corpus)  # the whole corpus against vLLM's kernels (peers.vllm_ssd, ops from the carried .peers/)
+    vllm-corpus)  # the whole corpus against vLLM's kernels (peers.vllm_ssd, ops from the carried .peers/), under the
+      # recompile guard (the adapter's warmup hook) unless VLLM_ARGS says otherwise; autotune_idempotent runs always
       export TRITON_CACHE_DIR=$(mktemp -d)
       run_step vllm-corpus $PY -m pytest cases -q -n "$WORKERS" --workers-per-gpu "${WPG:-$WORKERS}" --device cuda \
-        -p no:cacheprovider --provider peers.vllm_ssd:provider --ssd-report "$OUT/vllm-report.json" -rfE --tb=line
+        -p no:cacheprovider --provider peers.vllm_ssd:provider --ssd-report "$OUT/vllm-report.json" -rfE --tb=line \
+        ${VLLM_ARGS---recompile-guard}
       $PY -c "import sys; from harness.report import Report; r = Report.read(sys.argv[1]); print(r.counts()); [print(f'=== {i.nodeid}\n{i.message}') for i in r.failures]" \
         "$OUT/vllm-report.json" > "$OUT/vllm-failures.txt" 2>&1 && rm -rf "$OUT/vllm-report.json.parts"
       head -n 1 "$OUT/vllm-failures.txt" ;;
+    fuzz-vllm)  # the fuzzer against vLLM's kernels: a fault is a finding, shrunk in fresh children and written as YAML;
+      # then repro of each file it wrote (FUZZ_SECONDS: the search's wall-time budget)
+      export TRITON_CACHE_DIR=$(mktemp -d)
+      run_step fuzz-vllm $PY -m harness fuzz --device cuda --provider peers.vllm_ssd:provider --budget 400 \
+        --time-budget "${FUZZ_SECONDS:-240}" --heartbeat 10 --out "$OUT/fuzz-vllm"
+      for found in "$OUT"/fuzz-vllm/*.yaml; do
+        [ -f "$found" ] && run_step fuzz-vllm-repro $PY -m harness repro "$found" --device cuda \
+          --provider peers.vllm_ssd:provider
+      done ;;
     *)
       echo "unknown step $step" >&2; exit 2 ;;
   esac

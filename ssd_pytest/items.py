@@ -1,5 +1,10 @@
 """YAML case files become collectors and items: ``<file>::<case id>::<check>``. A ``CaseFile`` holds the file's
-cases, a ``CaseNode`` one case (its built inputs are shared by its checks), a ``CheckItem`` runs one check."""
+cases, a ``CaseNode`` one case (its built inputs are shared by its checks), a ``CheckItem`` runs one check.
+
+An item's location is its case's line in the YAML file, so the skip lines of ``-rs`` point there. Items outside the
+CPU tier (``harness.checks.tiers``) carry the ``gpu`` marker with the tier's reason (``-m gpu`` selects them,
+``-m "not gpu"`` leaves them out); on the CPU tier they are skipped at collection with that reason
+(``skip_gpu_only``)."""
 
 from __future__ import annotations
 
@@ -151,6 +156,11 @@ class CheckItem(pytest.Item):
         self.explicit = explicit
         case = self.parent.case
         self.add_marker("ssd_case")
+        from harness.checks.runner import gpu_tier_only
+
+        gpu_only = gpu_tier_only(case, check)
+        if gpu_only:
+            self.add_marker(pytest.mark.gpu(reason=gpu_only))
         self.user_properties += [("case_id", case.id), ("check", check), ("seed", case.seed),
                                  ("family", case.family)]
 
@@ -209,4 +219,27 @@ class CheckItem(pytest.Item):
         return super().repr_failure(excinfo, style)
 
     def reportinfo(self):
-        return self.path, None, f"{self.case.id}::{self.check}"
+        return self.path, self.case.line, f"{self.case.id}::{self.check}"
+
+
+GPU_MARKER = ("gpu(reason): needs the GPU: real compiles on a CUDA device, or (case items) a case outside the CPU "
+              "interpreter tier; skipped under the interpreter with the reason")
+
+
+def skip_gpu_only(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On the CPU tier, a skip marker with the tier's reason on every case item marked ``gpu``: decided from the
+    case alone, before any setup (the recompile guard's warmup) or child process."""
+    if config.stash[state.DEVICE] != "cpu":
+        return
+    for item in items:
+        marker = item.get_closest_marker("gpu") if isinstance(item, CheckItem) else None
+        if marker is not None:
+            item.add_marker(pytest.mark.skip(reason=marker.kwargs["reason"]))
+
+
+def locate_skip(item: pytest.Item, report: pytest.TestReport) -> None:
+    """A case item skipped while it ran (not applicable, unsupported) is reported at its case's line in the YAML
+    file, as a skip marker is, rather than at the line of this plugin that raised the skip."""
+    if (isinstance(item, CheckItem) and report.skipped and not hasattr(report, "wasxfail")
+            and isinstance(report.longrepr, tuple)):
+        report.longrepr = (str(item.path), item.case.line + 1, report.longrepr[2])

@@ -94,6 +94,7 @@ def pytest_configure(config: pytest.Config) -> None:
     case_items.configure(config)
     reporting.configure(config)
     config.addinivalue_line("markers", "ssd_case: an item generated from a YAML case")
+    config.addinivalue_line("markers", case_items.GPU_MARKER)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -107,6 +108,7 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector):
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    case_items.skip_gpu_only(config, items)
     sharding.keep_shard(config, items)
 
 
@@ -121,6 +123,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     ledger = item.config.stash.get(state.LEDGER, None)
     if ledger is not None:
         ledger.origin = item.nodeid  # compiles from here to the next item's setup are this item's
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    report = yield
+    case_items.locate_skip(item, report)
+    return report
 
 
 @pytest.hookimpl(trylast=True)

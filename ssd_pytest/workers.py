@@ -89,9 +89,13 @@ def _claims_dir_for_this_run() -> str:
 def prepare_workers(requested_device: str) -> str:
     """In the xdist controller, which runs no kernels: list the GPUs once, without torch (backend.gpus_for_workers),
     and name the compile-claims folder the workers share; the workers inherit the environment when xdist spawns
-    them and each resolves its device itself. Returns the device the workers will use."""
-    os.environ[compile_claims.CLAIMS_ENV] = _claims_dir_for_this_run()  # workers share their warmups' compiles
+    them and each resolves its device itself. Returns the device the workers will use. Raises RuntimeError, as
+    ``backend.configure`` would in each worker, where the workers would run an interpreter this Python cannot run."""
     gpus = backend.gpus_for_workers(requested_device)
+    problem = None if gpus else backend.interpreter_install_problem()
+    if problem:
+        raise RuntimeError(problem)
+    os.environ[compile_claims.CLAIMS_ENV] = _claims_dir_for_this_run()  # workers share their warmups' compiles
     if gpus:
         os.environ[GPU_LIST_ENV] = ",".join(gpus)
     return "cuda" if gpus else "cpu"

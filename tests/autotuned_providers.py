@@ -105,9 +105,39 @@ class SlotUpdateWriteback:
         else:
             src, rows = state_cache, dst
         rows = rows.to(state_cache.device)
-        slot_update_kernel[lambda meta: (batch, triton.cdiv(dim, meta["BLOCK"]))](
-            state_cache, dst, src, rows, decay, delta, dim, dim // heads, state_cache.stride(0), src.stride(0), heads)
+        self.launch(lambda meta: (batch, triton.cdiv(dim, meta["BLOCK"])),
+                    state_cache, dst, src, rows, decay, delta, dim, dim // heads, state_cache.stride(0), src.stride(0),
+                    heads)
         return None
+
+    def launch(self, grid, *args) -> None:
+        slot_update_kernel[grid](*args)
+
+
+class CachedConfigWriteback(SlotUpdateWriteback):
+    """The slot update launched as vLLM's ``launch_autotuned`` launches its kernels: the first launch per (tuning
+    key, argument dtypes) goes through the autotuner, which tunes; the chosen config is kept in ``configs`` and
+    later launches call the jit function with it directly, so Triton's autotuner never runs again for that key.
+    ``offers_hook``: whether ``tuning_caches()`` returns ``configs`` (the provider hook for such caches)."""
+
+    def __init__(self, reads_private_copy: bool, offers_hook: bool):
+        super().__init__(reads_private_copy)
+        self.configs: dict = {}
+        if offers_hook:
+            self.tuning_caches = lambda: [self.configs]
+
+    @property
+    def name(self) -> str:
+        return super().name + "-cached-config"
+
+    def launch(self, grid, *args) -> None:
+        key = (args[6], *(getattr(a, "dtype", None) for a in args))  # ``dim`` is the autotuner's key
+        config = self.configs.get(key)
+        if config is None:
+            slot_update_kernel[grid](*args)
+            self.configs[key] = slot_update_kernel.best_config
+            return
+        slot_update_kernel.fn[grid](*args, **config.all_kwargs())
 
 
 in_place = SlotUpdateWriteback(reads_private_copy=False)

@@ -8,9 +8,12 @@ kernels at their top and never configure the backend; they take the decision fro
 This file must import neither triton nor a kernel module: pytest loads it before ``pytest_configure`` when a path
 under tests/ is named on the command line. Helpers that test modules share live in ``tests/support.py``.
 
-Markers (declared in pyproject.toml), each with the reason a reader sees in the skip line:
+Markers (``interpreter`` declared in pyproject.toml, ``gpu`` by the plugin), each with the reason a reader sees in
+the skip line:
 ``@pytest.mark.gpu(reason=...)``: needs real compiles on a CUDA device; skipped under the interpreter.
 ``@pytest.mark.interpreter(reason=...)``: needs Triton's interpreter; skipped on the GPU.
+Case items (``ssd_case``) outside the CPU tier carry ``gpu`` too; the plugin skips those itself, with the tier's
+reason, so this file leaves them alone.
 """
 
 from __future__ import annotations
@@ -35,10 +38,23 @@ def profile(device: str) -> str:
     return arithmetic_profile(device)
 
 
+@pytest.fixture(scope="session")
+def tiny_cases(tmp_path_factory) -> dict:
+    """``tests.broken_providers.TINY_CASES`` loaded: case id -> Case (three small cases every provider can run)."""
+    from harness.cases.loader import load_case_file
+    from tests.broken_providers import TINY_CASES
+
+    path = tmp_path_factory.mktemp("cases") / "tiny.yaml"
+    path.write_text(TINY_CASES)
+    return {c.id: c for c in load_case_file(path)}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip the items whose marker names another device: as a skip marker, so that the skip line names the test."""
     here = backend.current_device()
     for item in items:
+        if item.get_closest_marker("ssd_case"):
+            continue
         for name, needed in _NEEDS.items():
             marker = item.get_closest_marker(name)
             if marker is None:

@@ -1,6 +1,8 @@
 """Providers that fault the way a kernel under test can: each wraps a working provider (``tests.broken_providers``'
 wrapper) and faults on the calls of one case of ``TINY_CASES``, ``tiny-batch`` (the only one with two groups), so
-that every other case must still run and pass.
+that every other case must still run and pass. The ``*_on_batch`` / ``*_across_chunks`` ones fault on a region of
+the fuzzer's search space instead (every call with two or more sequences; every call where a sequence crosses a
+chunk boundary), for the fuzzer to find and shrink.
 
 Use as ``--provider tests.faulty_providers:<name>`` (around ``reference:provider``: the search for faults needs no
 Triton interpreter). ``SSD_TEST_PID_FILE``: when set, a provider that hangs or crashes first appends its process id
@@ -128,11 +130,100 @@ sticky_device_error = StickyDeviceError()
 raises_keyboard_interrupt = RaisesKeyboardInterrupt()
 
 
+# ---- faults on a region of the search space (the fuzzer's cases)
+
+
+def _batch_of_two_or_more(kwargs) -> bool:
+    return kwargs["has_initial_states"].shape[0] >= 2
+
+
+def _crosses_a_chunk_boundary(kwargs) -> bool:
+    """Some sequence spans two or more chunks: more chunks than sequences (chunks never hold two sequences)."""
+    return kwargs["seq_idx"].numel() > kwargs["has_initial_states"].shape[0]
+
+
+class _Regional(_Broken):
+    """Faults on every call inside ``region``, works everywhere else."""
+
+    region = staticmethod(_batch_of_two_or_more)
+
+    def __init__(self):
+        super().__init__(base="reference:provider")
+
+    def call(self, *args, **kwargs):
+        if self.region(kwargs):
+            self.fault()
+        return self.inner.ssd_prefill(*args, **kwargs)
+
+    def fault(self) -> None:
+        raise NotImplementedError
+
+
+class SegfaultsOnBatch(_Regional):
+    breakage = "reads address 0 (a real SIGSEGV) on every call with two or more sequences"
+
+    def fault(self) -> None:
+        _note_pid()
+        ctypes.string_at(0)
+
+
+class HangsAcrossChunks(_Regional):
+    breakage = "never returns from a call where a sequence crosses a chunk boundary"
+    region = staticmethod(_crosses_a_chunk_boundary)
+
+    def fault(self) -> None:
+        _note_pid()
+        while True:
+            time.sleep(3600)
+
+
+class RaisesAcrossChunks(_Regional):
+    breakage = "raises IndexError on a call where a sequence crosses a chunk boundary"
+    region = staticmethod(_crosses_a_chunk_boundary)
+
+    def fault(self) -> None:
+        raise IndexError("chunk index out of range (a sequence crosses a chunk boundary)")
+
+
+class StickyOnBatch(_Regional):
+    breakage = ("an illegal memory access on a call with two or more sequences that, like a real one, leaves the "
+                "process's device context unusable: every later call in that process fails with the same error")
+
+    def call(self, *args, **kwargs):
+        if _POISONED["cause"] or self.region(kwargs):
+            _POISONED["cause"] = STICKY_MESSAGE
+            raise RuntimeError(_POISONED["cause"])
+        return self.inner.ssd_prefill(*args, **kwargs)
+
+
+class Slow(_Broken):
+    breakage = "none: every call works, and takes SLOW_SECONDS longer than it needs"
+
+    def __init__(self):
+        super().__init__(base="reference:provider")
+
+    def call(self, *args, **kwargs):
+        time.sleep(SLOW_SECONDS)
+        return self.inner.ssd_prefill(*args, **kwargs)
+
+
+SLOW_SECONDS = 0.3  # past Hypothesis' default deadline (0.2 s) for every example
+segfaults_on_batch = SegfaultsOnBatch()
+hangs_across_chunks = HangsAcrossChunks()
+raises_across_chunks = RaisesAcrossChunks()
+sticky_on_batch = StickyOnBatch()
+slow = Slow()
+
+
 class LaunchesUnwarmed(_Broken):
     """Not a fault of the results: our kernels, plus one launch per call without ``D`` (on copies, result
     discarded), a specialization that a case with ``D`` does not warm. The recompile guard must fail it."""
 
     breakage = "launches a kernel specialization outside the case's model request"
+
+    def warmup(self, requests):
+        """Our kernels' warmup hook: it warms each case's model configuration, which has ``D``."""
+        return self.inner.warmup(requests)
 
     def call(self, *args, out, state_cache, **kwargs):
         if kwargs.get("D") is not None:
@@ -186,3 +277,17 @@ class _Lazy:
 
 _wild_store = _Lazy()
 illegal_memory_access = IllegalMemoryAccess()
+
+
+class ReportsThreads(_Faulty):
+    """Not a fault of a kernel: raises on the faulting case with its process's torch thread count and OMP_NUM_THREADS,
+    so a test can see what a supervised child was given."""
+
+    def fault(self) -> None:
+        import torch
+
+        omp = os.environ.get("OMP_NUM_THREADS")
+        raise RuntimeError(f"torch threads={torch.get_num_threads()} OMP_NUM_THREADS={omp}")
+
+
+reports_threads = ReportsThreads()

@@ -93,6 +93,36 @@ def test_gap_check_sees_a_wrong_fill():
     assert not bool((int_view(gaps) == int_view(torch.tensor(-7.25, dtype=torch.float16))).all())
 
 
+@pytest.mark.parametrize(("state", "offset", "lowest"), [("float16", 5, -1), ("float32", 0, -1), ("float32", 7, -3)])
+def test_negative_final_slots_get_their_row_inside_the_storage(state, offset, lowest):
+    """The row ``slot * stride(0)`` before slot 0 lies in the storage, filled with the sentinel, whatever the offset;
+    the guard keeps the pointer's 16-byte alignment class and the slots' contents."""
+    case = make_case(dtype=replace(make_case().dtype, state=state),
+                     sequences=(SequenceSpec(5, 20, 2, True, lowest), SequenceSpec(0, 7, 1, False, 2)),
+                     cache=CacheSpec(slots=6, row_pad=3, offset=offset, fill=-7.25))
+    plain = build_inputs(replace(case, sequences=(SequenceSpec(5, 20, 2, True, 4), case.sequences[1])))
+    inp = build_inputs(case)
+    sc, guard, item = inp.state_cache, case.cache_guard(), inp.cache_base.element_size()
+    assert guard > 0 and guard * item % 16 == 0
+    assert sc.storage_offset() == guard + offset and inp.cache_base.numel() == plain.cache_base.numel() + guard
+    assert 0 <= sc.storage_offset() + lowest * sc.stride(0) < 16 // item  # the row's start, no more room than that
+    assert sc.data_ptr() % 16 == plain.state_cache.data_ptr() % 16
+    lead = inp.cache_base[: sc.storage_offset()]
+    assert bool((int_view(lead) == int_view(torch.tensor(-7.25, dtype=sc.dtype))).all())
+    for s in range(6):
+        assert torch.equal(int_view(sc[s]), int_view(plain.state_cache[s])), s
+
+
+def test_no_guard_without_negative_direct_slots():
+    assert make_case().cache_guard() == 0
+    returned = make_case(sequences=(SequenceSpec(5, 20, 2, True), SequenceSpec(0, 7, 1, False)),
+                         call=CallSpec("returned"), indices=IndicesSpec())
+    assert returned.cache_guard() == 0
+    room = make_case(sequences=(SequenceSpec(5, 20, 2, True, -1), SequenceSpec(0, 7, 1, False, 2)),
+                     cache=CacheSpec(slots=6, row_pad=3, offset=3 * 5 * 16 + 3, fill=-7.25))
+    assert room.cache_guard() == 0  # the offset holds slot -1's row already
+
+
 def test_block_table_column_views():
     case = make_case()
     inp = build_inputs(case)

@@ -36,10 +36,16 @@ cache: {slots: 2}
 PASSED_GOOD = "good-1  1 passed  [1/1 cases, "  # its case's progress line
 
 
+# Runs here are about files, not faults: in this process, since a supervised child per run re-imports torch and
+# initialises the device (seconds each on the GPU; tests/test_isolation.py covers the child).
+IN_PROCESS = ("--isolation", "none")
+
+
 @pytest.fixture
 def run_good(device) -> tuple[str, ...]:
-    """``harness run`` options for GOOD: one check against the PyTorch reference provider, on the session's device."""
-    return ("--device", device, "--provider", "reference:provider", "--check", "determinism")
+    """``harness run`` options for GOOD: one check against the PyTorch reference provider, on the session's device,
+    in this process (IN_PROCESS)."""
+    return ("--device", device, "--provider", "reference:provider", "--check", "determinism", *IN_PROCESS)
 
 
 def _bad(old: str, new: str) -> bytes:
@@ -90,9 +96,12 @@ BAD: dict[str, tuple[bytes, str]] = {
     "comments_only": (b"# nothing here\n", "(top level): expected a mapping, found null"),
     "top_level_list": (b"- schema: ssd-case/1\n", "(top level): expected a mapping, found a list of 1 item"),
     "top_level_text": (b"just some text\n", "(top level): expected a mapping, found 'just some text'"),
+    # Whether 3000 levels parse depends on the PyYAML build (libyaml's depth limit) and the Python: each outcome is
+    # one clear error naming the file and where.
     "nested_too_deep": (_bad("seed: 0", "seed: " + "[" * 3000 + "]" * 3000),
                         r"(line 3: expected valid YAML, found .*nesting depth.*|\(file\): expected YAML nested at "
-                        r"most a few hundred levels deep, found nesting too deep to read)"),
+                        r"most a few hundred levels deep, found nesting too deep to read|seed: expected an integer in "
+                        r"\[0, 2\^63 - 1\], found a list of 1 item)"),
     "larger_than_the_file_limit": (_bad("seed: 0", "seed: 0\n# " + "x" * MAX_FILE_BYTES),
                                    rf"\(file\): expected a case file of at most {MAX_FILE_BYTES:,} bytes \(split the "
                                    r"cases into several files: every pytest worker reads every file\), found "
@@ -111,6 +120,8 @@ ENORMOUS: dict[str, tuple[bytes, str]] = {
                            " {context: 0, tokens: 1073741825, init_slot: 0, has_state: true}]\n"
                            "call: {final_state: returned}"),
                       "sequences[1].tokens"),
+    # The storage holds the row a negative final slot addresses (Case.cache_guard): 2^31 rows before slot 0.
+    "negative_final_slot": (_bad("final_slot: 1}]", "final_slot: -2147483648}]"), "sequences[0].final_slot"),
 }
 
 
@@ -222,14 +233,16 @@ def test_the_device_bound_names_the_largest_tensor_and_the_whole_need(tmp_path):
 def test_each_good_file_is_parsed_once(tmp_path, monkeypatch):
     """libyaml (or the Python parser where PyYAML lacks it) reads each good file once; a file it refuses is read again
     by the Python parser, which words the error and is the judge (harness.cases.loader._parse_yaml says why)."""
+    from harness.cases import loader
+
     calls = []
-    real_load = yaml.load
+    real_load = loader._load  # yaml.load's work, keeping where each mapping starts
 
-    def counted(stream, Loader):  # noqa: N803 - yaml.load's own argument name
-        calls.append(Loader)
-        return real_load(stream, Loader=Loader)
+    def counted(text, loader_class):
+        calls.append(loader_class)
+        return real_load(text, loader_class)
 
-    monkeypatch.setattr(yaml, "load", counted)
+    monkeypatch.setattr(loader, "_load", counted)
     folder = tmp_path / "suite"
     folder.mkdir()
     (folder / "one.yaml").write_text(GOOD)
@@ -296,27 +309,27 @@ def _tiny(tmp_path: Path, case_id: str, **changes) -> Path:
 
 def test_run_with_every_item_filtered_out_exits_2(tmp_path, device):
     path = _tiny(tmp_path, "tiny-batch")  # two sequences: the indexed path's check does not apply
-    proc = harness("run", str(path), "--device", device, "--check", "indexed_vs_snapshot")
+    proc = harness("run", str(path), "--device", device, "--check", "indexed_vs_snapshot", *IN_PROCESS)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "nothing to run: no check of the 1 cases" in proc.stderr and "--check indexed_vs_snapshot" in proc.stderr
 
 
 def test_run_where_every_item_is_skipped_or_unsupported_exits_2(tmp_path, device):
     skipped = _tiny(tmp_path, "tiny-batch", checks=["indexed_vs_snapshot"])  # named, not applicable: a skip
-    proc = harness("run", str(skipped), "--device", device, "--provider", "reference:provider")
+    proc = harness("run", str(skipped), "--device", device, "--provider", "reference:provider", *IN_PROCESS)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "tiny-batch  1 skipped  [1/1 cases" in proc.stdout, proc.stdout
     assert "nothing ran: 1 items, none passed or failed" in proc.stderr
     assert "      1  not applicable; e.g. tiny-batch::indexed_vs_snapshot: not applicable: " in proc.stdout
     # gather_exact checks our kernels only: against the reference provider it is unsupported
-    unsupported = harness("run", str(_tiny(tmp_path, "tiny-direct")), "--device", device,
+    unsupported = harness("run", str(_tiny(tmp_path, "tiny-direct")), "--device", device, *IN_PROCESS,
                           "--provider", "reference:provider", "--check", "gather_exact")
     assert unsupported.returncode == 2 and "tiny-direct  1 unsupported" in unsupported.stdout, unsupported.stdout
 
 
 def test_repro_that_runs_nothing_exits_2(tmp_path, device):
     path = _tiny(tmp_path, "tiny-direct")
-    unsupported = harness("repro", str(path), "--check", "gather_exact", "--device", device,
+    unsupported = harness("repro", str(path), "--check", "gather_exact", "--device", device, *IN_PROCESS,
                           "--provider", "reference:provider")
     assert unsupported.returncode == 2, unsupported.stdout + unsupported.stderr
     assert "UNSUPPORTED: tiny-direct::gather_exact" in unsupported.stdout

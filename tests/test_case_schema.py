@@ -137,8 +137,21 @@ def test_defaults_of_a_minimal_case(tmp_path):
     assert case.inputs == InputKnobs()
     assert case.tiers == Tiers() and case.cpu_blocks() == 4  # 2 chunks x 2 heads
     assert case.indexed_eligible() and tuple(case.indexed_eligible()) == (True, "")
-    assert case.source == tmp_path / "minimal.yaml" and case.index_in_file == 0
+    assert case.source == tmp_path / "minimal.yaml" and case.index_in_file == 0 and case.line == 0
     assert "minimal-1" in case.summary() and "\n" not in case.summary()
+
+
+def test_each_case_knows_the_line_it_starts_on(tmp_path):
+    """0-based, as pytest counts an item's location (the line its skip lines name)."""
+    body = [line for line in MINIMAL.splitlines() if not line.startswith("schema:")]
+    listed = "schema: ssd-case/1\n# a comment\ncases:\n"
+    starts = []
+    for k in range(3):
+        starts.append(listed.count("\n"))
+        listed += "".join(("  - " if i == 0 else "    ") + line.replace("minimal-1", f"c{k}") + "\n"
+                          for i, line in enumerate(body))
+    cases = load_case_file(_write(tmp_path, "listed.yaml", listed))
+    assert [c.line for c in cases] == starts and starts[0] == 3, (listed, [c.line for c in cases])
 
 
 def _round_trip(tmp_path: Path, case, name: str):
@@ -152,6 +165,7 @@ def test_round_trip_of_the_design_example_and_variants(tmp_path):
     _round_trip(tmp_path, case, "rt0.yaml")
     variants = [
         replace(case, family="explicit_family", expect=Expect("xfail", "wrong bits, see commit abc123")),
+        replace(case, expect=Expect("xfail", "vLLM writes slot -1", ("peers.vllm_ssd:provider", "mine.sub:obj.attr"))),
         replace(case, inputs=InputKnobs(dt_offset=-5.5, x_scale=0.25), tiers=Tiers(cpu=True)),
         replace(case, tiers=Tiers(cpu=False)),
         replace(case, cache=replace(case.cache, fill=-7.25), options=replace(case.options, dt_limit=(0.01, 0.1))),
@@ -162,11 +176,22 @@ def test_round_trip_of_the_design_example_and_variants(tmp_path):
         assert back.family == variant.family and back.expect == variant.expect and back.inputs == variant.inputs
 
 
+def test_an_xfail_for_named_providers_applies_to_them_only(tmp_path):
+    text = MINIMAL + "expect: {xfail: 'their bug, see docs', providers: [peers.vllm_ssd:provider, theirs:p]}\n"
+    (case,) = load_case_file(_write(tmp_path, "scoped.yaml", text))
+    assert case.expect == Expect("xfail", "their bug, see docs", ("peers.vllm_ssd:provider", "theirs:p"))
+    assert case.expect.fails_for("peers.vllm_ssd:provider") and case.expect.fails_for("theirs:p")
+    assert not case.expect.fails_for("kernels:provider") and not case.expect.fails_for("reference:provider")
+    everyone = Expect("xfail", "our bug")
+    assert everyone.fails_for("kernels:provider") and everyone.fails_for("peers.vllm_ssd:provider")
+    assert not Expect().fails_for("kernels:provider")
+
+
 def test_round_trip_changes_are_seen():
     """Negative control for the round-trip test: equality notices a changed field but ignores the source path."""
     case = load_cases([CASE_DIRS[0]])[0]
     assert replace(case, seed=case.seed + 1) != case
-    assert replace(case, source=Path("elsewhere.yaml"), index_in_file=7) == case
+    assert replace(case, source=Path("elsewhere.yaml"), index_in_file=7, line=70) == case
 
 
 def test_round_trip_of_every_corpus_case(tmp_path):

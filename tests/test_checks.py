@@ -11,7 +11,6 @@ from dataclasses import replace
 import pytest
 import torch
 
-from harness.cases.loader import load_case_file
 from harness.cases.model import Expect, Tiers
 from harness.checks import (
     Status,
@@ -31,13 +30,6 @@ EXPECTED_CHECKS = {
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> dict:
-    path = tmp_path_factory.mktemp("cases") / "tiny.yaml"
-    path.write_text(bp.TINY_CASES)
-    return {c.id: c for c in load_case_file(path)}
-
-
-@pytest.fixture(scope="module")
 def kernels_provider():
     return load_provider("kernels:provider")
 
@@ -52,28 +44,28 @@ def test_registry_holds_every_design_check():
 
 
 @pytest.mark.parametrize("case_id", ["tiny-direct", "tiny-batch", "tiny-returned"])
-def test_kernels_pass_every_applicable_check(tiny, kernels_provider, device, case_id):
-    case = tiny[case_id]
+def test_kernels_pass_every_applicable_check(tiny_cases, kernels_provider, device, case_id):
+    case = tiny_cases[case_id]
     for name, _ in selected_checks(case):
         result = run_check(case, name, kernels_provider, device=device)
         assert result.status is Status.PASSED, result.message or result.reason
 
 
-def test_indexed_workspace_is_compared(tiny, kernels_provider, device):
-    result = run_check(tiny["tiny-direct"], "indexed_vs_snapshot", kernels_provider, device=device)
+def test_indexed_workspace_is_compared(tiny_cases, kernels_provider, device):
+    result = run_check(tiny_cases["tiny-direct"], "indexed_vs_snapshot", kernels_provider, device=device)
     assert result.status is Status.PASSED and result.stats["workspace"] == "compared", result.stats
 
 
 @pytest.mark.parametrize("provider_name", sorted(bp.CAUGHT_BY))
-def test_broken_provider_is_caught(tiny, device, provider_name):
+def test_broken_provider_is_caught(tiny_cases, device, provider_name):
     check, case_id = bp.CAUGHT_BY[provider_name]
     broken = type(bp.BROKEN[provider_name])()  # a fresh instance (call counters start at zero)
-    result = run_check(tiny[case_id], check, broken, device=device,
+    result = run_check(tiny_cases[case_id], check, broken, device=device,
                        provider_spec=f"tests.broken_providers:{provider_name}")
     assert result.status is Status.FAILED, f"{broken.breakage}: {check} gave {result.status} {result.reason}"
     assert result.summary and result.summary in result.message
-    assert tiny[case_id].summary() in result.message
-    assert (f"repro: python -m harness repro {tiny[case_id].source} --check {check} --case {case_id} "
+    assert tiny_cases[case_id].summary() in result.message
+    assert (f"repro: python -m harness repro {tiny_cases[case_id].source} --check {check} --case {case_id} "
             f"--provider tests.broken_providers:{provider_name}") in result.message
 
 
@@ -95,20 +87,21 @@ class _LyingWorkspace:
         return result
 
 
-def test_indexed_workspace_mismatch_is_caught(tiny, kernels_provider, device):
-    result = run_check(tiny["tiny-direct"], "indexed_vs_snapshot", _LyingWorkspace(kernels_provider), device=device)
+def test_indexed_workspace_mismatch_is_caught(tiny_cases, kernels_provider, device):
+    lying = _LyingWorkspace(kernels_provider)
+    result = run_check(tiny_cases["tiny-direct"], "indexed_vs_snapshot", lying, device=device)
     assert result.status is Status.FAILED and "entering-state workspace" in result.summary, result.message
 
 
-def test_missing_path_is_unsupported_never_passed(tiny, reference_provider, device):
-    result = run_check(tiny["tiny-direct"], "indexed_vs_snapshot", reference_provider, device=device,
+def test_missing_path_is_unsupported_never_passed(tiny_cases, reference_provider, device):
+    result = run_check(tiny_cases["tiny-direct"], "indexed_vs_snapshot", reference_provider, device=device,
                        provider_spec="reference:provider")
     assert result.status is Status.UNSUPPORTED
     assert "lacks the indexed path" in result.reason
 
 
-def test_xfail_is_honoured_and_a_stale_xfail_is_a_strict_xpass(tiny, device):
-    case = replace(tiny["tiny-batch"], expect=Expect("xfail", "issue 7: readonly inputs clobbered"))
+def test_xfail_is_honoured_and_a_stale_xfail_is_a_strict_xpass(tiny_cases, device):
+    case = replace(tiny_cases["tiny-batch"], expect=Expect("xfail", "issue 7: readonly inputs clobbered"))
     caught = run_check(case, "readonly_inputs", bp.MutatesInput(), device=device)
     assert caught.status is Status.XFAILED and "issue 7" in caught.reason
     stale = run_check(case, "readonly_inputs", load_provider("kernels:provider"), device=device)
@@ -116,38 +109,62 @@ def test_xfail_is_honoured_and_a_stale_xfail_is_a_strict_xpass(tiny, device):
     assert "XPASS(strict)" in stale.message and "repro:" in stale.message
 
 
-def test_provider_crash_is_an_error_with_traceback(tiny, device):
+def test_an_xfail_for_named_providers_leaves_the_others_strict(tiny_cases, device):
+    """The provider under test is named by its spec (``provider_spec``): an xfail naming another provider changes
+    nothing, so a failure stays a failure; one naming it turns a pass into a strict XPASS; a process that died
+    (``fault_result``) is judged the same way."""
+    from harness.checks.runner import fault_result
+
+    case = replace(tiny_cases["tiny-batch"], expect=Expect("xfail", "theirs clobbers x", ("theirs:provider",)))
+    caught = run_check(case, "readonly_inputs", bp.MutatesInput(), device=device, provider_spec="theirs:provider")
+    assert caught.status is Status.XFAILED and caught.reason == ("expected failure with --provider "
+                                                                 "theirs:provider: theirs clobbers x"), caught.reason
+    ours_broken = run_check(case, "readonly_inputs", bp.MutatesInput(), device=device)
+    assert ours_broken.status is Status.FAILED
+    ours = run_check(case, "readonly_inputs", load_provider("kernels:provider"), device=device)
+    assert ours.status is Status.PASSED
+    listed = replace(case, expect=Expect("xfail", "theirs clobbers x", ("theirs:provider", "kernels:provider")))
+    stale = run_check(listed, "readonly_inputs", load_provider("kernels:provider"), device=device)
+    assert stale.status is Status.XPASSED and "remove kernels:provider from expect.providers" in stale.message
+    assert fault_result(case, "readonly_inputs", "died").status is Status.ERROR
+    assert fault_result(case, "readonly_inputs", "died", provider_spec="theirs:provider").status is Status.XFAILED
+
+
+def test_provider_crash_is_an_error_with_traceback(tiny_cases, device):
     class Crashes:
         name = "crashes"
 
         def ssd_prefill(self, *args, **kwargs):
             raise RuntimeError("kernel launch failed")
 
-    result = run_check(tiny["tiny-direct"], "determinism", Crashes(), device=device)
+    result = run_check(tiny_cases["tiny-direct"], "determinism", Crashes(), device=device)
     assert result.status is Status.ERROR and result.status.is_failure
     assert "kernel launch failed" in result.summary and "Traceback" in result.message
 
 
-def test_cpu_tier_skip_carries_a_reason(tiny, kernels_provider):
-    big = replace(tiny["tiny-direct"], tiers=Tiers(cpu=False))
+def test_cpu_tier_skip_carries_a_reason(tiny_cases, kernels_provider):
+    big = replace(tiny_cases["tiny-direct"], tiers=Tiers(cpu=False))
     result = run_check(big, "determinism", kernels_provider, device="cpu")
     assert result.status is Status.SKIPPED and "tiers.cpu is false" in result.reason
+    # Decided from the case and the check alone, before the provider's paths (as pytest decides it, at collection).
+    unsupported_there = run_check(big, "indexed_vs_snapshot", load_provider("reference:provider"), device="cpu")
+    assert unsupported_there.status is Status.SKIPPED and "tiers.cpu is false" in unsupported_there.reason
 
 
-def test_all_expands_to_case_applicable_checks_and_explicit_names_are_kept(tiny):
-    direct = [n for n, _ in selected_checks(tiny["tiny-direct"])]
+def test_all_expands_to_case_applicable_checks_and_explicit_names_are_kept(tiny_cases):
+    direct = [n for n, _ in selected_checks(tiny_cases["tiny-direct"])]
     assert "masked_state" not in direct and "indexed_vs_snapshot" in direct  # no masked sequence; eligible
-    batch = [n for n, _ in selected_checks(tiny["tiny-batch"])]
+    batch = [n for n, _ in selected_checks(tiny_cases["tiny-batch"])]
     assert "masked_state" in batch and "indexed_vs_snapshot" not in batch
-    explicit = replace(tiny["tiny-direct"], checks=("masked_state",))
+    explicit = replace(tiny_cases["tiny-direct"], checks=("masked_state",))
     assert selected_checks(explicit) == [("masked_state", True)]
     ok, reason = get_check("masked_state").applies(explicit, load_provider("reference:provider"))
     assert not ok and "has_state: true" in reason
     with pytest.raises(ValueError, match="unknown"):
-        selected_checks(replace(tiny["tiny-direct"], checks=("no_such_check",)))
+        selected_checks(replace(tiny_cases["tiny-direct"], checks=("no_such_check",)))
 
 
-def test_untouched_storage_sees_a_byte_before_the_offset(tiny, kernels_provider, device):
+def test_untouched_storage_sees_a_byte_before_the_offset(tiny_cases, kernels_provider, device):
     class WritesBeforeOffset:
         name = "writes-before-offset"
         supported_paths = kernels_provider.supported_paths
@@ -159,7 +176,37 @@ def test_untouched_storage_sees_a_byte_before_the_offset(tiny, kernels_provider,
             base[0] = 0.0  # storage element 0 lies before the cache's storage offset
             return result
 
-    case = tiny["tiny-direct"]
+    case = tiny_cases["tiny-direct"]
     assert case.cache.offset > 0
     result = run_check(case, "untouched_storage", WritesBeforeOffset(), device=device)
     assert result.status is Status.FAILED and "at (0,)" in result.message, result.message
+
+
+def test_untouched_storage_sees_a_padded_sequence_stored_before_slot_0(tiny_cases, kernels_provider, device):
+    """A provider that stores a padded sequence's final state at ``slot * stride(0)`` (what vLLM 0.33 does) writes
+    before slot 0. With no offset that row would lie outside the storage; the builder's guard puts it inside, so
+    the check sees the store instead of missing it."""
+
+    class StoresPaddedRows:
+        name = "stores-padded-rows"
+        supported_paths = kernels_provider.supported_paths
+
+        def ssd_prefill(self, *args, state_cache, final_state_indices=None, **kwargs):
+            result = kernels_provider.ssd_prefill(*args, state_cache=state_cache,
+                                                  final_state_indices=final_state_indices, **kwargs)
+            base = torch.empty(0, dtype=state_cache.dtype, device=state_cache.device).set_(
+                state_cache.untyped_storage())
+            for slot in final_state_indices.tolist():
+                start = state_cache.storage_offset() + slot * state_cache.stride(0)
+                if slot < 0:
+                    assert start >= 0, "the row before slot 0 is outside the storage"
+                    base[start : start + state_cache[0].numel()] = 1.0
+            return result
+
+    batch = tiny_cases["tiny-batch"]
+    padded = replace(batch, sequences=(batch.sequences[0], replace(batch.sequences[1], final_slot=-1)),
+                     cache=replace(batch.cache, offset=0))
+    assert padded.cache_guard() > 0
+    assert run_check(padded, "untouched_storage", kernels_provider, device=device).status is Status.PASSED
+    result = run_check(padded, "untouched_storage", StoresPaddedRows(), device=device)
+    assert result.status is Status.FAILED and "elements differ" in result.message, result.message

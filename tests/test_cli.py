@@ -8,6 +8,7 @@ re-imports torch and re-initialises CUDA (seconds each on the GPU tier).
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import subprocess
@@ -64,9 +65,10 @@ def test_run_exits_nonzero_with_repro_for_each_broken_provider(tmp_path, provide
     spec = f"tests.broken_providers:{provider_name}"
     proc = harness("run", str(path), "--device", device, "--provider", spec, "--check", check)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert f"FAILED      {case_id}::{check}" in proc.stdout
+    # The item's own line ends with what differed (the failure's summary); the repro line follows.
+    assert re.search(rf"^\[1/1 case 1/1\] FAILED +{case_id}::{check} \(.*\) failures so far: 1 - \S", proc.stdout,
+                     re.M), proc.stdout
     assert f"repro: python -m harness repro {path} --check {check} --case {case_id} --provider {spec}" in proc.stdout
-    assert "failures so far: 1" in proc.stdout
     assert f"{case_id}  1 failed  [1/1 cases, " in proc.stdout  # a failing item has its lines, then its case's
 
 
@@ -100,12 +102,52 @@ def test_run_prints_a_line_per_case_and_with_verbose_one_per_item(tmp_path, devi
     assert "tiny-batch  2 passed" not in quiet.stdout and "PASSED" not in quiet.stdout and quiet.returncode == 0
 
 
+def _expecting(tmp_path: Path, case_id: str, expect: dict) -> Path:
+    """``_one_case_file`` with ``expect`` set on the case."""
+    import yaml
+
+    path = _one_case_file(tmp_path, case_id)
+    data = yaml.safe_load(path.read_text())
+    data["cases"][0]["expect"] = expect
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_run_applies_an_xfail_to_the_providers_it_names_only(tmp_path, device):
+    broken = "tests.broken_providers:wrong_slot"
+    path = _expecting(tmp_path, "tiny-direct", {"xfail": "writes the slot after its own", "providers": [broken]})
+    report = tmp_path / "report.json"
+    caught = harness("run", str(path), "--device", device, "--provider", broken, "--check", "untouched_storage",
+                     "--json", str(report))
+    assert caught.returncode == 0, caught.stdout + caught.stderr
+    assert "case items: 1 xfailed" in caught.stdout, caught.stdout
+    from harness.report import Report
+
+    (item,) = Report.read(report).items
+    assert item.reason == f"expected failure with --provider {broken}: writes the slot after its own", item.reason
+    ours = harness("run", str(path), "--device", device, "--check", "untouched_storage")
+    assert ours.returncode == 0 and "case items: 1 passed" in ours.stdout, ours.stdout + ours.stderr
+    stale = _expecting(tmp_path, "tiny-direct", {"xfail": "thought broken", "providers": ["kernels:provider", broken]})
+    proc = harness("run", str(stale), "--device", device, "--check", "untouched_storage")
+    assert proc.returncode == 1 and "case items: 1 xpassed" in proc.stdout, proc.stdout + proc.stderr
+    assert ("XPASS(strict): untouched_storage passed but the case expects a failure with --provider "
+            "kernels:provider (thought broken)") in proc.stdout
+    repro = harness("repro", str(stale), "--case", "tiny-direct", "--check", "untouched_storage", "--device", device)
+    assert repro.returncode == 1, repro.stdout + repro.stderr
+    assert f"remove kernels:provider from expect.providers in {stale}" in repro.stdout, repro.stdout
+
+
 def test_repro_prints_the_full_report(tiny_file, device):
     proc = harness("repro", str(tiny_file), "--case", "tiny-direct", "--check", "untouched_storage",
                    "--device", device, "--provider", "tests.broken_providers:wrong_slot")
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "FAILED: tiny-direct::untouched_storage" in proc.stdout
-    assert "elements differ in bits" in proc.stdout and "at (" in proc.stdout and "ulp" in proc.stdout
+    lines = proc.stdout.splitlines()
+    failed = lines.index(next(line for line in lines if line.startswith("FAILED: tiny-direct::untouched_storage")))
+    # The report's first line says what differed, in how many elements, by how many ulps; the elements follow.
+    assert re.fullmatch(r"cache storage outside written slots \[2\] \(storage elements\): \d+ of \d+ elements differ "
+                        r"in bits \(torch.float32, shape \(\d+,\)\), max ulp \d+ among the finite ones",
+                        lines[failed + 1]), lines[failed + 1]
+    assert "at (" in proc.stdout and "ulp" in proc.stdout
     assert "case: tiny-direct: H2 P4 N16" in proc.stdout
 
 
@@ -127,12 +169,69 @@ def test_unusable_inputs_exit_2_with_the_reason(tmp_path, device):
     assert bad_provider.returncode == 2 and "cannot import 'no_such_module'" in bad_provider.stderr
 
 
-@pytest.mark.parametrize("command", ["run", "repro", "validate", "generate", "fuzz"])
-def test_every_subcommand_has_help(command, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main([command, "--help"])
-    assert exit_info.value.code == 0
-    assert "usage: python -m harness " + command in capsys.readouterr().out
+SUBCOMMANDS = [*cli.COMMANDS, "warmup", "bench"]  # warmup and bench parse their own arguments
+
+
+def test_the_top_level_help_is_plain_text_and_lists_every_command():
+    proc = harness("--help")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "`" not in proc.stdout, proc.stdout  # no reST markup from docstrings
+    listed = re.findall(r"^    ([\w-]+)(?: |$)", proc.stdout, re.M)  # a long name's help goes on the next line
+    assert sorted(listed) == sorted(SUBCOMMANDS), (listed, proc.stdout)
+    assert "exit status" in proc.stdout and "130" in proc.stdout
+
+
+@pytest.mark.parametrize("command", SUBCOMMANDS)
+def test_every_subcommand_has_plain_help(command, device):
+    proc = harness(command, *(["--device", device] if command == "warmup" else []), "--help")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "usage: python -m harness " + command in proc.stdout
+    assert "`" not in proc.stdout, proc.stdout
+    assert not undocumented_arguments(proc.stdout), f"arguments without a help text: {proc.stdout}"
+
+
+def undocumented_arguments(help_text: str) -> list[str]:
+    """Arguments argparse lists with no help text: alone on their line, and the next line is not their help."""
+    lines = help_text.splitlines() + [""]
+    return [line.strip() for line, after in itertools.pairwise(lines)
+            if re.match(r"  \S", line) and "  " not in line.strip() and not re.match(r" {8,}\S", after)]
+
+
+def test_undocumented_arguments_are_found():
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="p")
+    parser.add_argument("report")
+    parser.add_argument("--top", type=int)
+    parser.add_argument("--device", choices=("a", "b"))
+    parser.add_argument("--explained-at-length-here", help="a help text")
+    assert undocumented_arguments(parser.format_help()) == ["report", "--top TOP", "--device {a,b}"]
+
+
+@pytest.mark.parametrize("command", ["run", "repro", "fuzz"])
+def test_the_check_option_lists_every_registered_check(command):
+    from harness.checks import check_names
+
+    text = " ".join(harness(command, "--help").stdout.split())  # argparse wraps long help texts
+    assert all(name in text for name in check_names()), text
+    assert "one of: " + ", ".join(check_names()) in text
+
+
+def test_the_generate_module_names_the_command_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    """``python -m harness.cases.generate`` used to take its first argument as the folder to write, so ``--help``
+    wrote a corpus into ./--help; the corpus's header now names ``python -m harness generate``."""
+    from harness.cases import generate
+
+    monkeypatch.chdir(tmp_path)
+    for argv, status, says in ((["--help"], 0, "python -m harness generate --out cases/corpus"),
+                               ([], 2, "nothing written; run: python -m harness generate --out cases/corpus"),
+                               (["cases/corpus"], 2, "unrecognized arguments: cases/corpus")):
+        with pytest.raises(SystemExit) as exit_info:
+            generate.main(argv)
+        out = capsys.readouterr()
+        assert exit_info.value.code == status and says in " ".join((out.out + out.err).split()), (argv, out)
+    assert not list(tmp_path.iterdir())  # nothing written
+    assert harness("generate", "--help").returncode == 0
 
 
 def test_unusable_input_exits_2(tiny_file, capsys, device):
@@ -165,4 +264,6 @@ def test_bench_dispatches_its_arguments(monkeypatch):
 def test_generate_writes_a_corpus_that_validates(tmp_path):
     proc = harness("generate", "--out", str(tmp_path / "corpus"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"generated: 5 files under .*: \d+ cases, \d+ items, \d+ of them in the CPU tier", proc.stdout), \
+        proc.stdout
     assert harness("validate", str(tmp_path / "corpus")).returncode == 0

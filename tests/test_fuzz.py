@@ -3,7 +3,9 @@ writes reproduces that failure through ``harness run`` (and passes on a working 
 
 The broken providers here wrap ``reference:provider`` (``tests.broken_providers:on_reference.*``): shrinking calls
 the provider hundreds of times, which takes minutes through the Triton interpreter and milliseconds in PyTorch. The
-kernels themselves are covered by test_checks / test_cli / test_plugin with the same broken providers.
+kernels themselves are covered by test_checks / test_cli / test_plugin with the same broken providers. The first two
+searches run in this process (``isolation="none"``); the CLI ones in supervised children, as the CLI does by
+default. Providers that crash, hang or raise: test_fuzz_faults.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from hypothesis import HealthCheck, given, settings
 from harness import cli
 from harness.cases.builder import build_inputs
 from harness.cases.loader import dump_case, load_case_file
-from harness.checks import load_provider
 from harness.fuzz import NoFailure, cases, fuzz
 from tests import broken_providers as bp
 
@@ -32,18 +33,17 @@ def test_strategy_draws_only_valid_buildable_cases(tmp_path_factory, case):
     assert case.tiers.cpu
 
 
-def test_fuzz_finds_nothing_against_a_working_provider(tmp_path):
-    found = fuzz(load_provider("reference:provider"), budget=8, out_dir=tmp_path, device="cpu",
-                 provider_spec="reference:provider")
+def test_fuzz_finds_nothing_against_a_working_provider(tmp_path, device):
+    found = fuzz("reference:provider", budget=8, out_dir=tmp_path, device=device, isolation="none")
     assert isinstance(found, NoFailure) and found.examples > 0 and found.items > 0, found
-    assert not list(tmp_path.iterdir())
+    assert not found.stopped and not list(tmp_path.iterdir())
 
 
-def test_fuzz_shrinks_and_writes_a_regression_in_process(tmp_path):
-    broken = bp.on_reference.mutates_input
-    found = fuzz(broken, budget=20, out_dir=tmp_path, device="cpu",
-                 provider_spec="tests.broken_providers:mutates_input")
+def test_fuzz_shrinks_and_writes_a_regression_in_process(tmp_path, device):
+    found = fuzz("tests.broken_providers:on_reference.mutates_input", budget=20, out_dir=tmp_path, device=device,
+                 isolation="none", provider=bp.on_reference.mutates_input)
     assert found is not None and found.check == "readonly_inputs"
+    assert found.failure.kind == "mismatch" and not found.stopped
     (case,) = load_case_file(found.path)
     assert case.checks == ("readonly_inputs",) and case.expect.kind == "pass"
     # shrunk: Hypothesis minimises toward one short sequence

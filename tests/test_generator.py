@@ -10,7 +10,7 @@ import pytest
 
 from harness.cases import load_cases
 from harness.cases.covering import covering_rows, uncovered_targets
-from harness.cases.generate import SHAPES, generate_corpus
+from harness.cases.generate import COMMAND, HEADER, SHAPES, generate_corpus
 
 CORPUS = Path(__file__).resolve().parents[1] / "cases" / "corpus"
 
@@ -40,7 +40,15 @@ def test_checked_in_corpus_equals_a_fresh_run(fresh):
     checked_in, generated = _files(CORPUS), _files(fresh)
     assert sorted(checked_in) == sorted(generated)
     stale = [name for name in generated if checked_in[name] != generated[name]]
-    assert not stale, f"regenerate with `python -m harness.cases.generate`: {stale} differ"
+    assert not stale, f"regenerate with `python -m harness generate --out cases/corpus`: {stale} differ"
+
+
+def test_the_header_names_the_command_that_writes_the_corpus():
+    """The first line of every corpus file is the command ``make generate`` runs, which the CLI has."""
+    makefile = (CORPUS.parents[1] / "Makefile").read_text()
+    assert f"$(PY) -m {COMMAND.removeprefix('python -m ')}\n" in makefile
+    assert all(p.read_text().startswith(HEADER) for p in CORPUS.glob("*.yaml"))
+    assert f"`{COMMAND}`" in HEADER
 
 
 def test_determinism_check_sees_a_changed_file(fresh, tmp_path):

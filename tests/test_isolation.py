@@ -27,6 +27,8 @@ from tests import broken_providers as bp
 from tests import faulty_providers as fp
 
 ROOT = Path(__file__).resolve().parents[1]
+pytest_plugins = ["pytester"]
+
 CASES = ("tiny-direct", "tiny-batch", "tiny-returned")
 CLI_SECONDS = 300  # a run's wall-time bound here: each run starts torch twice (front end and child) on a busy host
 
@@ -296,12 +298,18 @@ def test_the_recompile_guard_runs_inside_the_child(tiny, device):
 
     case = _tiny_cases(tiny)["tiny-direct"]
     with Supervisor("kernels:provider", device) as supervisor:
-        assert "specializations" in supervisor.warmup(case)
+        assert supervisor.warmup(case).startswith("warmup: ")
         good = supervisor.run(case, "determinism", guard=True)
     assert good.status is Status.PASSED, good.message
     with Supervisor("tests.faulty_providers:launches_unwarmed", device) as supervisor:
-        unguarded = supervisor.run(case, "determinism")
+        # guarded first: on the GPU the witness is a compile, and a child that ran the call unguarded has compiled
+        # the unwarmed specialization already
         guarded = supervisor.run(case, "determinism", guard=True)  # warms the request itself
+        unguarded = supervisor.run(case, "determinism")
+        # re-tuning from scratch is not a serving call: the guard leaves that check's own result standing
+        exempt = supervisor.run(case, "autotune_idempotent", guard=True)
+    assert exempt.status is Status.PASSED, exempt.message
+    assert exempt.stats["recompile_guard"].startswith("not judged: it makes every autotuner tune"), exempt.stats
     assert unguarded.status is Status.PASSED, unguarded.message
     assert guarded.status is Status.FAILED and guarded.summary.startswith("recompile guard: "), guarded.message
     assert "_chunk_scan_kernel" in guarded.message and "repro: python -m harness repro" in guarded.message
@@ -325,6 +333,26 @@ def test_a_supervisor_sends_its_messages_after_sys_modules_was_restored(tiny, de
     with Supervisor("kernels:provider", device) as supervisor:
         result = supervisor.run(_tiny_cases(tiny)["tiny-direct"], "gather_exact")
     assert result.status is Status.PASSED, result.message
+
+
+def test_the_child_gets_this_processs_share_of_torch_threads(tiny, device):
+    """A child with torch's default (one thread per core) beside N pytest workers oversubscribes the host N-fold; it
+    takes the thread count of the process it stands in for."""
+    import torch
+
+    from harness.isolation import Supervisor
+
+    case = _tiny_cases(tiny)[fp.FAULTING_CASE]
+    before = torch.get_num_threads()
+    torch.set_num_threads(3 if before != 3 else 2)
+    try:
+        with Supervisor("tests.faulty_providers:reports_threads", device) as supervisor:
+            result = supervisor.run(case, "determinism")
+        wanted = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    assert result.status is Status.ERROR, result.message
+    assert f"torch threads={wanted} OMP_NUM_THREADS={wanted}" in result.message, result.message
 
 
 def test_an_unloadable_provider_is_a_provider_error_not_an_item_result(tiny, device):
@@ -377,3 +405,47 @@ def test_a_child_lost_between_items_is_replaced_without_blaming_an_item(tiny, de
     assert [(r.item, r.cause) for r in supervisor.restarts] == [
         ("between items", "the process running the provider died: SIGKILL (signal 9)")]
     assert supervisor.processes == 2
+
+
+# ---------------------------------------------------------------- faults through pytest
+
+
+def run_pytest_faulty(pytester, tiny: Path, device: str, provider: str, *args: str):
+    """An in-process pytest session over ``tiny`` with a faulting provider: the faults happen in the supervised child
+    (the default isolation), so this process survives them as the CLI does. Returns (result, report)."""
+    report = pytester.path / "report.json"
+    result = pytester.runpytest_inprocess(
+        "-p", "ssd_pytest.plugin", "--device", device, "-p", "no:cacheprovider", str(tiny), "-k", "determinism",
+        "--provider", f"tests.faulty_providers:{provider}", "--ssd-report", str(report), "-rfE", *args)
+    return result, Report.read(report)
+
+
+@pytest.mark.parametrize(("provider", "cause"), [
+    ("exits_zero", "SystemExit: 0"),
+    ("segfaults", "the process running the provider died: SIGSEGV (signal 11)"),
+    ("hangs", "timed out after 10 s (limit from --item-timeout)"),
+    ("sticky_device_error", fp.STICKY_MESSAGE),
+])
+def test_pytest_reports_a_faulting_item_as_its_failure_and_runs_the_rest(pytester, tiny, device, provider, cause):
+    """The pytest front end: the faulting case's item fails with the cause on its first line and the repro, the
+    other cases pass, the harness report lists every item, and the exit status is non-zero."""
+    result, report = run_pytest_faulty(pytester, tiny, device, provider, "--item-timeout", "10")
+    outcomes = result.parseoutcomes()
+    assert result.ret == 1 and outcomes.get("failed") == 1 and outcomes.get("passed") == 2, result.stdout.str()
+    result.stdout.fnmatch_lines([f"FAILED *{fp.FAULTING_CASE}::determinism*"])
+    assert cause in result.stdout.str()
+    by_case = {r.case_id: r.outcome for r in report.items}
+    assert by_case == {"tiny-direct": "passed", fp.FAULTING_CASE: "failed", "tiny-returned": "passed"}, by_case
+    (bad,) = [r for r in report.items if r.case_id == fp.FAULTING_CASE]
+    assert cause in bad.message and "python -m harness repro" in bad.message, bad.message
+
+
+def test_pytest_reports_a_crash_that_does_not_repeat_once_and_not_as_passed(pytester, tiny, device, monkeypatch):
+    marker = tiny.parent / "crashed-once"
+    monkeypatch.setenv(fp.CRASH_ONCE_MARKER_ENV, str(marker))  # the child inherits it
+    result, report = run_pytest_faulty(pytester, tiny, device, "crashes_once")
+    assert marker.exists()
+    assert {r.case_id: r.outcome for r in report.items} == {"tiny-direct": "failed", fp.FAULTING_CASE: "passed",
+                                                             "tiny-returned": "passed"}
+    result.stdout.fnmatch_lines(["FAILED *tiny-direct::determinism*"])
+    assert "died: SIGSEGV (signal 11)" in result.stdout.str()

@@ -1,6 +1,7 @@
 """Packaging: the pytest plugin is a ``pytest11`` entry point (so ``pytest my/cases --device cpu`` works anywhere
-the package is installed) that the checkout's conftest names too without loading it twice, and ``ssd-harness`` is
-the CLI's console script."""
+the package is installed) that the checkout's conftest names too without loading it twice, ``ssd-harness`` is the
+CLI's console script, and Triton with the interpreter's numpy limit is pinned in the ``cpu`` extra alone, which every
+CPU install line uses (tests/test_backend.py: the run-time refusal of a numpy the interpreter cannot use)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import ast
 import importlib.metadata
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -102,3 +104,23 @@ def test_pytest_runs_a_case_folder_from_outside_the_checkout(tmp_path):
     validate = subprocess.run([str(bin_dir / "ssd-harness"), "validate", "my/cases"], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=300)
     assert validate.returncode == 0, validate.stdout + validate.stderr
+
+
+def test_the_cpu_extra_pins_triton_and_numpy_and_every_install_line_agrees():
+    """Triton comes from the CUDA torch wheel or, for the interpreter, from the ``cpu`` extra with the numpy that
+    interpreter accepts; make, the README's line without make and the nightly GPU install agree with that."""
+    project = pyproject()["project"]
+    assert not [spec for spec in project["dependencies"] if spec.startswith("triton")], project["dependencies"]
+    cpu = project["optional-dependencies"]["cpu"]
+    assert "triton==3.6.0" in cpu and any(re.fullmatch(r"numpy[>=.,\d]*<2\.4", spec) for spec in cpu), cpu
+    makefile = (ROOT / "Makefile").read_text()
+    variables = dict(re.findall(r"^([A-Z_]+) \?= *(.*)$", makefile, re.M))
+    assert variables["EXTRAS"] == "cpu,dev" and '-e ".[$(EXTRAS)]"' in makefile, variables
+    assert "NUMPY_SPEC" not in makefile  # the numpy limit lives in the extra alone
+    readme = (ROOT / "README.md").read_text()
+    cpu_index = re.search(r"^TORCH_CPU_INDEX := (.*)$", makefile, re.M).group(1)
+    assert "$(TORCH_CPU_INDEX)" in variables["TORCH_INDEX"], variables  # used where that host resolves
+    torch_line = f".venv/bin/pip install {variables['TORCH_SPEC']} --index-url {cpu_index}"
+    assert torch_line in readme and ".venv/bin/pip install -e '.[cpu,dev]'" in readme
+    nightly = (ROOT / ".github" / "workflows" / "nightly-gpu.yml").read_text()
+    assert re.search(r"MAKE_GPU: .*\bTORCH_SPEC= .*\bEXTRAS=dev\b", nightly), "the GPU install keeps its own torch"

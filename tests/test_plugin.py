@@ -42,9 +42,10 @@ def tiny(pytester) -> Path:
 
 def run_inner(pytester, device, *args):
     """An in-process pytest session with the plugin, on the session's device (the interpreter cannot run where
-    numpy >= 2.4, as on the GPU runner)."""
+    numpy >= 2.4, as on the GPU runner), its items in this process: these tests are about the plugin, and a
+    supervised child per session re-imports torch and initialises the device (tests/test_isolation.py covers it)."""
     return pytester.runpytest_inprocess("-p", "ssd_pytest.plugin", "--device", device, "-p", "no:cacheprovider",
-                                        "-rsx", *args)
+                                        "-rsx", "--isolation", "none", *args)
 
 
 @pytest.mark.parametrize("provider_name", sorted(bp.CAUGHT_BY))
@@ -61,10 +62,30 @@ def test_pytest_items_catch_each_broken_provider(pytester, tiny, provider_name, 
     ])
 
 
+@pytest.mark.parametrize(("provider_name", "summary"), [
+    ("wrong_slot", "cache storage outside written slots [[]2[]] (storage elements): * of * elements differ in bits "
+                   "(torch.float32, shape (*)), max ulp * among the finite ones"),
+    ("ignores_initial_state", "out vs fp64 sequential reference: * of * elements exceed the derived bound "
+                              "(max |err| *, max ulp *)"),
+])
+def test_the_short_summary_line_of_a_failure_says_what_differed(pytester, tiny, monkeypatch, provider_name, summary,
+                                                                 device):
+    """``-rf``: the FAILED line ends with the failure's first line, which says what differed, in how many elements
+    and by how many ulps (the breakages wrap the reference provider: quick on either device)."""
+    monkeypatch.setenv("COLUMNS", "1000")  # pytest trims the line to the terminal's width
+    check, case_id = bp.CAUGHT_BY[provider_name]
+    provider = f"tests.broken_providers:on_reference.{provider_name}"
+    result = run_inner(pytester, device, str(tiny), "--provider", provider, "-k", f"{case_id} and {check}", "-rf")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"FAILED *tiny.yaml::{case_id}::{check} - {summary}"])
+
+
 def test_items_are_file_case_check_and_unsupported_paths_skip_with_reason(pytester, tiny, device):
     result = run_inner(pytester, device, str(tiny), "--provider", "reference:provider", "-k", "tiny-direct and indexed")
     result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines(["*unsupported: provider 'reference' lacks the indexed path*"])
+    # The skip line points at the case in the YAML file (tiny-direct starts on its line 3), not at the plugin.
+    result.stdout.fnmatch_lines(["SKIPPED [[]1[]] tiny.yaml:3: unsupported: provider 'reference' lacks the indexed "
+                                 "path*"])
     collected = run_inner(pytester, device, str(tiny), "--collect-only", "-q")
     collected.stdout.fnmatch_lines(["tiny.yaml::tiny-direct::indexed_vs_snapshot",
                                     "tiny.yaml::tiny-batch::masked_state"])
@@ -87,16 +108,35 @@ def test_duplicate_ids_across_files_name_both_files(pytester, device):
         [f"{second}: id: expected an id unique across files, found 'tiny-direct' also in {first}"])
 
 
+BIG = bp.TINY_CASES.replace("call: {final_state: direct, path: auto}\n  - id: tiny-batch",
+                            "call: {final_state: direct, path: auto}\n    tiers: {cpu: false}\n  - id: tiny-batch")
+
+
 def test_case_too_large_for_the_interpreter_is_skipped_with_reason(pytester, device):
-    big = bp.TINY_CASES.replace("call: {final_state: direct, path: auto}\n  - id: tiny-batch",
-                                "call: {final_state: direct, path: auto}\n    tiers: {cpu: false}\n  - id: tiny-batch")
-    path = pytester.makefile(".yaml", big=big)
+    path = pytester.makefile(".yaml", big=BIG)
     result = run_inner(pytester, device, str(path), "-k", "tiny-direct and determinism")
     if device == "cpu":
         result.assert_outcomes(skipped=1)
-        result.stdout.fnmatch_lines(["*beyond the CPU interpreter tier: tiers.cpu is false in*"])
+        # Skipped at collection (a skip marker): the line names the YAML file, and the tier's own reason.
+        result.stdout.fnmatch_lines(["SKIPPED [[]1[]] big.yaml: beyond the CPU interpreter tier: tiers.cpu is false "
+                                     "in *big.yaml; runs on the GPU tier"])
     else:  # the CPU tier flag must not take the case from the GPU tier
         result.assert_outcomes(passed=1)
+
+
+def test_the_gpu_marker_selects_the_case_items_outside_the_cpu_tier(pytester, device):
+    """Every item of a case outside the CPU tier carries ``gpu`` (with the tier's reason): ``-m gpu`` collects them,
+    ``-m "not gpu"`` the others."""
+    path = pytester.makefile(".yaml", big=BIG)
+
+    def collected(*args) -> list[str]:
+        out = run_inner(pytester, device, str(path), "--collect-only", "-q", *args).stdout.lines
+        return [line for line in out if "::" in line]
+
+    everything = collected()
+    gpu, not_gpu = collected("-m", "gpu"), collected("-m", "not gpu")
+    assert gpu == [item for item in everything if "::tiny-direct::" in item] and gpu, (gpu, everything)
+    assert sorted(gpu + not_gpu) == sorted(everything)
 
 
 def test_xfail_is_honoured_and_stale_xfail_fails_strictly(pytester, device):
@@ -110,6 +150,25 @@ def test_xfail_is_honoured_and_stale_xfail_fails_strictly(pytester, device):
     stale = run_inner(pytester, device, str(path), "-k", "tiny-direct and determinism")
     stale.assert_outcomes(failed=1)
     stale.stdout.fnmatch_lines(["*XPASS(strict): determinism passed but the case expects a failure*"])
+
+
+def test_an_xfail_for_named_providers_applies_to_them_only(pytester, device):
+    broken = "tests.broken_providers:wrong_slot"
+    scoped = bp.TINY_CASES.replace("    call: {final_state: direct, path: auto}\n  - id: tiny-batch",
+                                   "    call: {final_state: direct, path: auto}\n"
+                                   f"    expect: {{xfail: 'writes the slot after its own', providers: [{broken}]}}\n"
+                                   "  - id: tiny-batch")
+    path = pytester.makefile(".yaml", scoped=scoped)
+    caught = run_inner(pytester, device, str(path), "--provider", broken, "-k", "tiny-direct and untouched")
+    caught.assert_outcomes(xfailed=1)
+    caught.stdout.fnmatch_lines([f"*expected failure with --provider {broken}: writes the slot after its own*"])
+    ours = run_inner(pytester, device, str(path), "-k", "tiny-direct and untouched")
+    ours.assert_outcomes(passed=1)
+    ours_listed = pytester.makefile(".yaml", stale=scoped.replace(broken, "kernels:provider"))
+    stale = run_inner(pytester, device, str(ours_listed), "-k", "tiny-direct and untouched")
+    stale.assert_outcomes(failed=1)
+    stale.stdout.fnmatch_lines(["*XPASS(strict): untouched_storage passed but the case expects a failure with "
+                                "--provider kernels:provider (writes the slot after its own)*"])
 
 
 def test_shards_cover_every_item_once_and_keep_each_case_whole(pytester, tiny, device):

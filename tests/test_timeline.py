@@ -71,6 +71,31 @@ def test_installed_ledger_is_tritons_listener_and_chains_the_previous_one():
         assert knobs.compilation.listener is ledger and ledger.previous is marker
 
 
+def test_a_childs_drained_record_counts_under_the_parents_current_item():
+    """A supervised child runs the parent's items: its compiles join the parent's ledger under the parent's origin."""
+    child, parent = timeline.CompileLedger(), timeline.CompileLedger()
+    assert child.drain() is None  # nothing recorded: nothing to send
+    _event(child, "a" * 64, "chunk_scan", 1_500_000, hit=False)
+    _event(child, "b" * 64, "bmm", 20_000, hit=True)
+    delta = child.drain()
+    assert child.drain() is None and child.compiled == {}
+    parent.origin = "cases/corpus/direct.yaml::d-1::determinism"
+    parent.absorb(delta)
+    parent.absorb({"compiled": {"a" * 16: ["chunk_scan", 1, 0.5, ""]}, "loaded": 0, "load_seconds": 0.0})
+    assert parent.to_dict() == {"compiled": {"a" * 16: ["chunk_scan", 2, 2.0, parent.origin]}, "loaded": 1,
+                                "load_seconds": 0.02}
+
+
+def test_the_installed_ledger_is_found_only_while_it_listens():
+    from triton import knobs
+
+    with knobs.compilation.scope():
+        knobs.compilation.listener = None
+        assert timeline.installed_compile_ledger() is None
+        ledger = timeline.install_compile_ledger()
+        assert timeline.installed_compile_ledger() is ledger
+
+
 def test_compile_lines_count_what_another_worker_compiled_too():
     gw0 = {"compiled": {"a": ["chunk_scan", 1, 1.0, "cases/corpus/direct.yaml::d-1::determinism"],
                         "b": ["bmm", 1, 2.0, "tests/test_kernel_stages.py::test_bmm[fp16]"]},

@@ -1,11 +1,12 @@
 """The vLLM peer adapter (peers/vllm_ssd.py) and the script that assembles vLLM's ops (scripts/assemble_vllm_ops.py).
 
 Without the ops the adapter must fail to import with the import it needed and the command that assembles them. With
-them (``python scripts/assemble_vllm_ops.py`` writes ``.peers/vllm-0.33.0``, or an installed vllm), small cases
-pass the harness's checks, and the two differences of contract the adapter declares are shown to be real: vLLM 0.33
-stores a negative slot's final state outside the cache (so the adapter refuses such calls), and it has no indexed
-path. The assembly itself is tested on small hand-made wheels: what it extracts, and that it stops on an import it
-cannot account for and on a file whose hash does not match the wheel's RECORD.
+them (``python scripts/assemble_vllm_ops.py`` writes ``.peers/vllm-0.33.0``, or an installed vllm), small cases pass
+the harness's checks, and the two differences of contract the adapter declares are shown to be real: vLLM 0.33
+stores a negative slot's final state before the cache (the adapter passes such calls through, and the harness's
+untouched_storage sees the store; under the interpreter a store that would leave the storage is refused), and it has
+no indexed path. The assembly itself is tested on small hand-made wheels: what it extracts, and that it stops on an
+import it cannot account for and on a file whose hash does not match the wheel's RECORD.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ REPO = Path(__file__).resolve().parents[1]
 SPEC = "peers.vllm_ssd:provider"
 ASSEMBLE = "python scripts/assemble_vllm_ops.py"
 OPS_FOLDER = REPO / ".peers" / "vllm-0.33.0"
+
+# One worker runs this module: each test launches vLLM's kernels, and on the GPU every worker that does compiles all
+# of them (seconds each); in one process they compile once.
+pytestmark = pytest.mark.xdist_group("vllm-kernels")
 
 
 def _ops_available() -> bool:
@@ -105,6 +110,17 @@ cases:
       - {context: 4, tokens: 20, init_slot: 0, has_state: true, final_slot: -1}
     cache: {slots: 2, offset: 128, fill: -7.25}
     call: {final_state: direct, path: auto}
+  - id: vllm-padded-batch
+    description: two sequences, the second padded (final slot -1), on a cache at the start of its storage; the
+      builder's guard puts slot -1's row inside the storage
+    seed: 27
+    shape: {nheads: 2, headdim: 4, dstate: 16, ngroups: 1, chunk_size: 16}
+    dtype: {io: float32, state: float32}
+    sequences:
+      - {context: 0, tokens: 12, init_slot: 0, has_state: false, final_slot: 1}
+      - {context: 3, tokens: 9, init_slot: 1, has_state: true, final_slot: -1}
+    cache: {slots: 2, fill: -7.25}
+    call: {final_state: direct, path: auto}
 """
 
 PASSING = {
@@ -150,6 +166,24 @@ def test_small_cases_pass_through_the_harness(cases, vllm_provider, device, case
     for check in PASSING[case_id]:
         result = run_check(case, check, vllm_provider, device=device, provider_spec=SPEC, context=context)
         assert result.status is Status.PASSED, (check, result.status, result.message or result.reason)
+
+
+@needs_ops
+def test_the_autotuning_check_sees_vllms_tuning_through_its_cache_hook(cases, vllm_provider, device):
+    """vLLM launches a tuned key's kernel directly from its own config cache; through ``tuning_caches`` the check
+    empties it, so vLLM's autotuners tune again (here after a plain call tuned every key) and the replay is judged."""
+    from harness.checks import CheckContext
+
+    case = cases["vllm-direct"]
+    context = CheckContext(case, vllm_provider, device, SPEC)
+    context.call(context.inputs())  # every key tuned, and cached by vLLM's launcher
+    (cache,) = vllm_provider.tuning_caches()
+    before = dict(cache)
+    assert before, "vLLM's launcher cached no config"
+    result = run_check(case, "autotune_idempotent", vllm_provider, device=device, provider_spec=SPEC)
+    assert result.status is Status.PASSED, (result.status, result.message or result.reason)
+    assert any("_chunk_scan_fwd_kernel" in name for name in result.stats["autotuners"]), result.stats
+    assert result.stats["trial_launches"] > 0 and cache == before
 
 
 @needs_ops
@@ -201,16 +235,15 @@ def _inputs(case, device):
 
 @needs_ops
 def test_vllm_stores_a_negative_slots_final_state_before_the_cache(cases, device):
-    """The root cause of the refusal below: called directly, vLLM 0.33 writes the final state of a sequence whose
-    final slot is -1 into the row before slot 0 (here inside the storage, one row of offset), instead of nothing.
-    If a vLLM release guards negative slots, this fails: drop the refusal in peers/vllm_ssd.py then."""
+    """The root cause of the regression case (cases/regressions/vllm-0.33-negative-final-slot.yaml): called
+    directly, vLLM 0.33 writes the final state of a sequence whose final slot is -1 into the row before slot 0 (here
+    inside the storage, one row of offset), instead of nothing. If a vLLM release guards negative slots, this fails
+    and the regression case's xfail turns into a strict XPASS: drop both then."""
     from peers import vllm_ssd
 
     case = cases["vllm-negative-final"]
     inputs = _inputs(case, device)
-    returned = _inputs(case, device)
-    kwargs = returned.kwargs(final_state="returned")
-    want = vllm_ssd.provider.ssd_prefill(**kwargs)[0]  # the sequence's final state, in the cache dtype
+    want = _final_states(case, device)[0]
 
     kwargs = inputs.kwargs()
     row = inputs.state_cache[0].numel()
@@ -228,16 +261,60 @@ def test_vllm_stores_a_negative_slots_final_state_before_the_cache(cases, device
     assert_bits_equal(inputs.cache_base[row:], before[row:], what="the cache's own slots")
 
 
+def _final_states(case, device):
+    """The case's final states as the adapter returns them (returned mode: nothing is written)."""
+    from peers import vllm_ssd
+
+    return vllm_ssd.provider.ssd_prefill(**_inputs(case, device).kwargs(final_state="returned"))
+
+
 @needs_ops
-def test_negative_final_slot_is_refused_before_anything_is_written(cases, vllm_provider, device):
-    case = cases["vllm-negative-final"]
+@pytest.mark.parametrize("case_id", ["vllm-negative-final", "vllm-padded-batch"])
+def test_a_negative_final_slot_goes_through_to_vllm_and_untouched_storage_sees_the_store(cases, vllm_provider,
+                                                                                           device, case_id):
+    """The adapter hands the padded call to vLLM as it is: the padded sequence's final state lands in the row
+    before slot 0, which the harness's cases keep inside the storage (vllm-padded-batch has no offset: the builder's
+    guard holds that row), so untouched_storage fails on it. Everything else vLLM computes is right: the output and
+    the real slots pass reference_bound, and the call repeats exactly."""
+    case = cases[case_id]
+    padded = [b for b, s in enumerate(case.sequences) if s.final_slot < 0]
     inputs = _inputs(case, device)
-    before = inputs.cache_base.clone()
-    with pytest.raises(NotImplementedError, match=r"negative slots for sequences \[0\].*HAS_FINAL_STATES"):
-        vllm_provider.ssd_prefill(**inputs.kwargs())
-    assert_bits_equal(inputs.cache_base, before, what="cache storage after the refused call")
+    assert vllm_provider.ssd_prefill(**inputs.kwargs()) is None
+    start = inputs.state_cache.storage_offset() - inputs.state_cache.stride(0)
+    stored = inputs.cache_base[start : start + inputs.state_cache[0].numel()]
+    want = _final_states(case, device)[padded[-1]]
+    assert_bits_equal(stored.view_as(want), want, what="the row before slot 0 (slot -1)")
+
     result = run_check(case, "untouched_storage", vllm_provider, device=device, provider_spec=SPEC)
-    assert result.status is Status.ERROR and "NotImplementedError" in result.summary, result.summary
+    assert result.status is Status.FAILED, (result.status, result.message or result.reason)
+    assert "cache storage outside written slots" in result.summary, result.summary
+    for check in ("reference_bound", "determinism", "readonly_inputs"):
+        result = run_check(case, check, vllm_provider, device=device, provider_spec=SPEC)
+        assert result.status is Status.PASSED, (check, result.status, result.message or result.reason)
+
+
+@needs_ops
+@pytest.mark.interpreter(reason="on a GPU the adapter passes the call through, and the store would land outside "
+                                "this test's storage")
+def test_under_the_interpreter_a_store_before_the_storage_is_refused(cases, vllm_provider, device):
+    """A cache whose slot -1 row would start before its storage (not a harness case: its builder keeps that row
+    inside): under the interpreter vLLM's store would write into the process's heap, so the adapter refuses the call
+    and names the cause, before anything is written."""
+    inputs = _inputs(cases["vllm-padded-batch"], device)
+    cache = inputs.state_cache
+    tight = torch.full((cache.shape[0] * cache.stride(0),), -7.25, dtype=cache.dtype)
+    tight = tight.as_strided(cache.shape, cache.stride(), 0)
+    tight.copy_(cache)
+    before = tight.clone()
+    kwargs = inputs.kwargs()
+    kwargs["state_cache"] = tight
+    with pytest.raises(NotImplementedError) as info:
+        vllm_provider.ssd_prefill(**kwargs)
+    message = str(info.value)
+    for expected in ("final_state_indices [1, -1]", "HAS_FINAL_STATES", "slots [-1] (sequences [1])",
+                     "storage_offset 0, stride(0) 128", "this process's heap", "on a GPU it passes it through"):
+        assert expected in message, (expected, message)
+    assert_bits_equal(tight, before, what="cache after the refused call")
 
 
 # --- the assembly script, on hand-made wheels --------------------------------------------------------------------
@@ -385,5 +462,9 @@ def test_warmup_hook_covers_its_layouts_and_the_guard_names_what_it_does_not(cas
         with guarded(warmed):
             run_check(cases["vllm-direct"], "determinism", vllm_provider, device=device, provider_spec=SPEC)
     text = str(fired.value)
-    assert "gather_initial_states._gather_initial_states_kernel: specialization not warmed up" in text, text
-    assert "state_ptr: needed *fp32 unaligned, closest warmed *fp32 aligned16" in text, text
+    if device == "cpu":  # under the interpreter the witness is the launch's key against the warmed keys
+        assert "gather_initial_states._gather_initial_states_kernel: specialization not warmed up" in text, text
+        assert "state_ptr: needed *fp32 unaligned, closest warmed *fp32 aligned16" in text, text
+    else:  # on the GPU, the compile itself; the unaligned state pointer is the class no warmup call had
+        kernel = "vllm.model_executor.layers.mamba.ops.gather_initial_states._gather_initial_states_kernel"
+        assert f"compile hook: {kernel} compiled key [('*fp32', '')" in text, text

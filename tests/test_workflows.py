@@ -121,6 +121,22 @@ def test_nightly_uses_only_existing_harness_commands_and_pytest_options(pytestco
     assert not missing, f"pytest options used by nightly-gpu.yml but not defined: {missing}"
 
 
+def test_nightly_fuzz_ends_inside_its_timeout():
+    """The fuzz job's --time-budget, plus an item that runs to the CUDA item time limit and a replaced child's
+    start-up after the budget, fits inside the `timeout` the step runs under: the search writes what it found
+    before it is killed."""
+    from harness.isolation import DEFAULT_TIMEOUTS
+    from harness.isolation.supervisor import MIN_START_SECONDS
+
+    lines = run_lines(load(ROOT / ".github/workflows/nightly-gpu.yml"))
+    (line,) = [line for line in lines if "-m harness fuzz" in line]
+    words = shlex.split(line)
+    assert words[0] == "timeout" and "--device" in words and words[words.index("--device") + 1] == "cuda", line
+    killed_at = float(words[1])
+    budget = float(words[words.index("--time-budget") + 1])
+    assert budget + DEFAULT_TIMEOUTS["cuda"] + MIN_START_SECONDS < killed_at, line
+
+
 def make_targets() -> set[str]:
     """Targets the Makefile defines: rule heads ``name:`` (not assignments ``NAME :=``), with ``$(NAME)`` expanded
     from the file's simple assignments (the install stamp is ``$(STAMP)``)."""

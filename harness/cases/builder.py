@@ -4,7 +4,9 @@ inputs.
 Each tensor draws from its own generator (seeded from the case seed and the tensor's name), so switching an option
 on or off (z, D, dt_bias) never changes the other tensors of a case. The cache is one backing storage tensor filled
 with ``cache.fill``; ``state_cache`` is a ``(slots, H, P, N)`` view into it with stride(0) = H*P*N + row_pad and the
-case's storage offset, so the gaps and the bytes before slot 0 can be checked byte for byte.
+case's storage offset, so the gaps and the bytes before slot 0 can be checked byte for byte. A direct call with a
+negative final slot gets ``case.cache_guard()`` more fill elements before those of the offset: the row that slot
+addresses is then inside the storage, and a provider that writes it is seen.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ class CaseInputs:
     D: torch.Tensor | None  # (H,) or (H, P) fp32
     z: torch.Tensor | None  # (T, H, P) io
     dt_bias: torch.Tensor | None  # (H,) fp32
-    cache_base: torch.Tensor  # (offset + slots * row_stride,) state dtype: the whole backing storage
+    cache_base: torch.Tensor  # (guard + offset + slots * row_stride,) state dtype: the whole backing storage
     state_cache: torch.Tensor  # (slots, H, P, N) view of cache_base, stride(0) = H*P*N + row_pad
     index_table: torch.Tensor | None  # (rows_before + Bt, columns) for the block_table layout
     initial_state_indices: torch.Tensor  # (Bt,) int32/int64, contiguous or a table column
@@ -196,8 +198,9 @@ def build_cpu_inputs(case: Case) -> CaseInputs:
     row = H * P * N
     row_stride = row + cache.row_pad
     fill = math.nan if cache.fill == "nan" else cache.fill
-    cache_base = torch.full((cache.offset + cache.slots * row_stride,), fill, dtype=state)
-    state_cache = cache_base.as_strided((cache.slots, H, P, N), (row_stride, P * N, N, 1), cache.offset)
+    start = case.cache_guard() + cache.offset
+    cache_base = torch.full((start + cache.slots * row_stride,), fill, dtype=state)
+    state_cache = cache_base.as_strided((cache.slots, H, P, N), (row_stride, P * N, N, 1), start)
     state_cache.copy_((_randn((cache.slots, H, P, N), seed, "state_cache") * knobs.state_scale).to(state))
     for s in case.sequences:
         if not s.has_state:

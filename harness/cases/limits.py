@@ -73,6 +73,12 @@ def _token_key(case: Case) -> str:
     return f"sequences[{longest}].tokens"
 
 
+def _lowest_final_slot_key(case: Case) -> str:
+    """The sequence with the most negative final slot: the one that sets the cache's guard (``Case.cache_guard``)."""
+    slots = [(s.final_slot, b) for b, s in enumerate(case.sequences) if s.final_slot is not None]
+    return f"sequences[{min(slots)[1]}].final_slot" if slots else "sequences"
+
+
 def tensor_sizes(case: Case) -> list[TensorSize]:
     """The large tensors a run of ``case`` holds at once (small per-head and per-sequence vectors left out)."""
     sh, io, state = case.shape, case.dtype.io, case.dtype.state
@@ -92,6 +98,7 @@ def tensor_sizes(case: Case) -> list[TensorSize]:
         TensorSize("B", io, ((tokens, groups, dstate),)),
         TensorSize("C", io, ((tokens, groups, dstate),)),
         TensorSize("state_cache", state, (
+            (Factor("negative-slot guard", case.cache_guard(), _lowest_final_slot_key(case)),),
             (Factor("offset", cache.offset, "cache.offset"),),
             (slots, heads, headdim, dstate),
             (slots, Factor("row_pad", cache.row_pad, "cache.row_pad")),

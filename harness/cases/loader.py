@@ -72,7 +72,9 @@ def _strict(base: type) -> type:
                     None, None, f"key {key!r} repeated (first on line {seen[key] + 1})", key_node.start_mark
                 )
             seen[key] = key_node.start_mark.line
-        return base.construct_mapping(loader, node, deep=deep)
+        mapping = base.construct_mapping(loader, node, deep=deep)
+        loader.mapping_lines[id(mapping)] = node.start_mark.line  # where a case starts, for reports (_load)
+        return mapping
 
     def construct_int(loader, node: yaml.ScalarNode) -> int:
         # Python refuses to read longer decimal integers, and a long base-60 literal (1:2:3:...) costs quadratic
@@ -89,7 +91,11 @@ def _strict(base: type) -> type:
                                 f"{describe(node.value)}, which overflows to infinity", node.start_mark)
         return value
 
-    loader = type(f"Strict{base.__name__}", (base,), {})
+    def __init__(loader, stream) -> None:
+        base.__init__(loader, stream)
+        loader.mapping_lines = {}  # id of each mapping constructed -> its 0-based first line
+
+    loader = type(f"Strict{base.__name__}", (base,), {"__init__": __init__})
     loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
     loader.add_constructor("tag:yaml.org,2002:int", construct_int)
     loader.add_constructor("tag:yaml.org,2002:float", construct_float)
@@ -125,9 +131,20 @@ def _read_text(path: Path) -> str:
                         f"byte 0x{data[e.start]:02x}, not UTF-8 (column {e.start - line_start + 1})") from None
 
 
-def _parse_yaml(path: Path, text: str) -> Any:
+def _load(text: str, loader_class: type) -> tuple[Any, dict[int, int]]:
+    """What ``yaml.load`` returns, and the 0-based line where each mapping in it starts, by ``id`` of the dict (all
+    of them live as long as the data does)."""
+    loader = loader_class(text)
     try:
-        return yaml.load(text, Loader=_FastStrictLoader)  # noqa: S506 - a safe loader subclass
+        return loader.get_single_data(), loader.mapping_lines
+    finally:
+        loader.dispose()
+
+
+def _parse_yaml(path: Path, text: str) -> tuple[Any, dict[int, int]]:
+    """The file's data and the line of each of its mappings (``_load``)."""
+    try:
+        return _load(text, _FastStrictLoader)
     except yaml.YAMLError as e:
         first: yaml.YAMLError = e
     except RecursionError:  # the pure-Python parser (where PyYAML lacks libyaml) recurses once per nesting level
@@ -138,7 +155,7 @@ def _parse_yaml(path: Path, text: str) -> Any:
     # import's C extension, whose parser then refuses good files ("could not determine a constructor for the tag
     # None"). Only the error path parses twice.
     try:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        return _load(text, _StrictLoader)
     except yaml.YAMLError as e:
         raise _yaml_error(path, text, e) from None
     except RecursionError:
@@ -168,8 +185,9 @@ def _float_or_nan_str(value: Any) -> str | float:
     return float(value)
 
 
-def _case_from_dict(data: dict, source: Path, index: int) -> Case:
-    """Build a Case from a structurally valid mapping (defaults filled in). Combinations are checked afterwards."""
+def _case_from_dict(data: dict, source: Path, index: int, line: int = 0) -> Case:
+    """Build a Case from a structurally valid mapping (defaults filled in), found at ``line`` (0-based) of
+    ``source``. Combinations are checked afterwards."""
     options = data.get("options", {})
     shape = Shape(**data["shape"])
     sequences = tuple(
@@ -217,13 +235,21 @@ def _case_from_dict(data: dict, source: Path, index: int) -> Case:
         ),
         call=CallSpec(**data.get("call", {})),
         checks=tuple(data.get("checks", ("all",))),
-        expect=Expect("pass") if expect == "pass" else Expect("xfail", expect["xfail"]),
+        expect=_expect(expect),
         inputs=InputKnobs(**{k: float(v) for k, v in data.get("inputs", {}).items()}),
         tiers=Tiers(cpu=tiers["cpu"]) if tiers is not None else Tiers(),
         family=data.get("family", default_family(data["id"])),
         source=source,
         index_in_file=index,
+        line=line,
     )
+
+
+def _expect(data: str | dict) -> Expect:
+    if data == "pass":
+        return Expect("pass")
+    providers = data.get("providers")
+    return Expect("xfail", data["xfail"], tuple(providers) if providers is not None else None)
 
 
 def check_combinations(case: Case, data: dict) -> None:
@@ -357,7 +383,7 @@ def load_case_file(path: str | Path) -> list[Case]:
 
 def _load_file(path: Path) -> tuple[list[Case], bool]:
     """The file's cases and whether they were listed under ``cases:`` (for key paths in errors)."""
-    data = _parse_yaml(path, _read_text(path))
+    data, lines = _parse_yaml(path, _read_text(path))
     if not isinstance(data, dict):
         raise CaseError(path, "(top level)", "a mapping", describe(data))
     # The schema id comes first: a file of another schema should not be judged by this one's keys.
@@ -373,7 +399,7 @@ def _load_file(path: Path) -> tuple[list[Case], bool]:
     cases: list[Case] = []
     first_index: dict[str, int] = {}
     for i, (item, prefix) in enumerate(items):
-        case = _case_from_dict(item, path, i)
+        case = _case_from_dict(item, path, i, lines.get(id(item), 0))
         try:
             check_combinations(case, item)
             check_sizes(case)
@@ -470,12 +496,21 @@ def case_to_dict(case: Case, with_schema: bool = True) -> dict:
         out["indices"]["rows_before"] = idx.rows_before
     out["call"] = {"final_state": case.call.final_state, "path": case.call.path}
     out["checks"] = list(case.checks)
-    out["expect"] = "pass" if case.expect.kind == "pass" else {"xfail": case.expect.reason}
+    out["expect"] = _expect_to_dict(case.expect)
     knobs = {k: v for k, v in vars(case.inputs).items() if v != getattr(InputKnobs(), k)}
     if knobs:
         out["inputs"] = knobs
     if case.tiers.cpu is not None:
         out["tiers"] = {"cpu": case.tiers.cpu}
+    return out
+
+
+def _expect_to_dict(expect: Expect) -> str | dict:
+    if expect.kind == "pass":
+        return "pass"
+    out: dict[str, Any] = {"xfail": expect.reason}
+    if expect.providers is not None:
+        out["providers"] = list(expect.providers)
     return out
 
 

@@ -124,8 +124,17 @@ class CallSpec:
 
 @dataclass(frozen=True)
 class Expect:
+    """What a case's items should do. ``providers``: the ``--provider`` specs (``module:attr``, spelled as the run
+    names them) an xfail applies to; every other provider must pass. ``None``: the xfail applies to every
+    provider."""
+
     kind: str = "pass"
     reason: str | None = None  # required for xfail: why, with an issue or commit reference
+    providers: tuple[str, ...] | None = None  # xfail only
+
+    def fails_for(self, provider_spec: str) -> bool:
+        """Whether the case's items are expected to fail when ``provider_spec`` is the provider under test."""
+        return self.kind == "xfail" and (self.providers is None or provider_spec in self.providers)
 
 
 @dataclass(frozen=True)
@@ -215,6 +224,7 @@ class Case:
     # Where the case came from; not part of its meaning, so not compared.
     source: Path | None = field(default=None, compare=False)
     index_in_file: int = field(default=0, compare=False)
+    line: int = field(default=0, compare=False)  # 0-based: where the case's mapping starts in ``source``
 
     @classmethod
     def create(cls, id: str, *, shape: Shape, dtype: Dtypes | tuple[str, str],
@@ -264,6 +274,24 @@ class Case:
         return build_varlen_metadata(
             [s.context for s in self.sequences], [s.tokens for s in self.sequences], self.shape.chunk_size
         )
+
+    def cache_guard(self) -> int:
+        """Elements of ``cache.fill`` the builder puts before the ``cache.offset`` ones, so that the row of the
+        most negative final slot of a direct call, ``slot * stride(0)`` elements from slot 0 (where a provider that
+        does not skip padded sequences stores their final state), lies inside the cache's storage: the storage
+        checks then see such a store byte for byte, instead of it landing in memory outside the allocation
+        (silently, or as a fault, depending on what is there). 0 when no direct-call final slot is negative or the
+        offset already holds that row. A multiple of 16 bytes, so the cache's pointer keeps its alignment class
+        (what Triton specializes on)."""
+        if self.call.final_state != "direct":
+            return 0
+        lowest = min((s.final_slot for s in self.sequences if s.final_slot is not None), default=0)
+        if lowest >= 0:
+            return 0
+        sh = self.shape
+        needed = -lowest * (sh.nheads * sh.headdim * sh.dstate + self.cache.row_pad) - self.cache.offset
+        per_16_bytes = 16 // self.dtype.state_torch.itemsize
+        return max(0, -(-needed // per_16_bytes) * per_16_bytes)
 
     def summary(self) -> str:
         """One line: what a kernel engineer needs to picture the case."""

@@ -31,6 +31,8 @@ SCHEMA_FILE = Path(__file__).resolve().parents[2] / "cases" / "schema" / "ssd-ca
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 FAMILY_PATTERN = r"^[a-z0-9_]+$"
 CHECK_PATTERN = r"^[a-z0-9_]+$"
+# A provider as ``--provider`` names it: module:attr, both possibly dotted (harness.checks.providers).
+PROVIDER_SPEC_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$"
 
 
 class CaseError(ValueError):
@@ -222,10 +224,18 @@ CASE_PROPERTIES: dict[str, Any] = {
         "anyOf": [
             {"const": "pass"},
             _obj({"xfail": {"type": "string", "minLength": 1,
-                            "description": "Why the case fails, with an issue or commit reference."}},
+                            "description": "Why the case fails, with an issue or commit reference."},
+                  "providers": {
+                      "type": "array", "minItems": 1, "uniqueItems": True,
+                      "items": {"type": "string", "pattern": PROVIDER_SPEC_PATTERN},
+                      "description": "The providers the xfail applies to, as --provider names them (module:attr, "
+                                     "e.g. peers.vllm_ssd:provider); with any other provider the case must pass. "
+                                     "Default: every provider.",
+                  }},
                  ("xfail",), doc="A known failure."),
         ],
-        "description": "pass, or {xfail: reason}: failures then count as expected, and a pass fails (strict). "
+        "description": "pass, or {xfail: reason} (optionally for some providers only: {xfail: reason, providers: "
+                       "[module:attr, ...]}): failures then count as expected, and a pass fails (strict). "
                        "Default: pass.",
     },
     "inputs": _obj(

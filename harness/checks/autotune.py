@@ -14,11 +14,13 @@ from harness.compare import Mismatch
 
 def _autotune_idempotent(ctx) -> dict:
     # imported here: the guards pull in Triton's runtime, which the checks' registration does not need
+    from harness.checks.hooks import tuning_caches
     from harness.guards.autotune import DestructiveAutotuning, NothingTuned, check_autotune_safe
 
     inputs = ctx.inputs()
     try:
-        report = check_autotune_safe(ctx.provider.ssd_prefill, kwargs=inputs.kwargs())
+        report = check_autotune_safe(ctx.provider.ssd_prefill, kwargs=inputs.kwargs(),
+                                     own_caches=tuning_caches(ctx.provider))
     except NothingTuned as exc:
         raise NotApplicable(str(exc)) from None
     except DestructiveAutotuning as exc:
@@ -34,5 +36,7 @@ register(
             "bytes",
         run=_autotune_idempotent,
         cpu_calls=3.6,
+        not_a_serving_call="it makes every autotuner tune from scratch, launching (on the GPU: compiling) configs "
+                           "that a warmed server's tuning never chose",
     )
 )

@@ -47,6 +47,9 @@ class Check:
     # Interpreter time of the check in calls of the case's size (measured; docs/checks.md#tiers): what the CPU tier's
     # estimate multiplies the seconds of one call by.
     cpu_calls: float = 1.0
+    # Why the recompile guard does not judge this check ("" = it does): a check that makes the provider do what a
+    # warmed server never does (tune from scratch) compiles by design, whatever the provider's warmup covered.
+    not_a_serving_call: str = ""
 
     def applies(self, case, provider, provider_spec: str = "") -> tuple[bool, str]:
         """(True, "") or (False, reason); a reason starting with ``unsupported:`` means the provider lacks a path."""

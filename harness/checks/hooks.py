@@ -5,6 +5,10 @@
   provider without it cannot be judged by that guard (``warmup_hook`` says why).
 - ``provider.stages.<name>``: stage functions that follow docs/architecture.md's stage contracts, for the
   stage-level exact checks (``STAGE_HOOKS``); a provider without the one a check needs is unsupported by it.
+- ``provider.tuning_caches()``: the mutable mappings in which the provider's code keeps tuning results outside
+  Triton's autotuners (a launcher that remembers the chosen config and then launches the kernel directly, which
+  Triton's autotuner never sees again). ``autotune_idempotent`` empties them for its tuned call and restores them
+  after; without the hook only Triton's own caches are reset (``tuning_caches`` returns []).
 
 A ``ModelConfig`` is a plain value, read by attribute: a provider needs nothing of the harness to take one.
 """
@@ -79,6 +83,12 @@ def warmup_hook(provider) -> tuple[Callable[[list[ModelConfig]], Any] | None, st
                   "guard cannot know what a server would warm")
 
 
+def tuning_caches(provider) -> list:
+    """The provider's own tuning caches (``provider.tuning_caches()``), or [] without the hook."""
+    hook = getattr(provider, "tuning_caches", None)
+    return list(hook()) if callable(hook) else []
+
+
 def stage_hook(provider, name: str) -> tuple[Callable | None, str]:
     """(``provider.stages.<name>``, "") or (None, the unsupported reason naming the missing hook)."""
     if name not in STAGE_HOOKS:
@@ -90,4 +100,5 @@ def stage_hook(provider, name: str) -> tuple[Callable | None, str]:
                   "hooks); the stage-level check cannot run, so it is not passed")
 
 
-__all__ = ["ModelConfig", "model_config", "model_configs", "warmup_hook", "stage_hook", "STAGE_HOOKS", "D_KINDS"]
+__all__ = ["ModelConfig", "model_config", "model_configs", "warmup_hook", "stage_hook", "tuning_caches", "STAGE_HOOKS",
+           "D_KINDS"]

@@ -24,6 +24,12 @@ def repro_line(case, check: str, provider_spec: str = DEFAULT_PROVIDER, device: 
     return shlex.join(parts)
 
 
+def gpu_tier_only(case, check_name: str) -> str:
+    """Why this item runs on the GPU tier only (its skip reason on the CPU tier: ``harness.checks.tiers``), or ""
+    when the CPU tier runs it. The pytest plugin marks such case items ``gpu`` with this reason."""
+    return cpu_tier_reason(case, check_name)
+
+
 def run_check(
     case,
     check_name: str,
@@ -38,9 +44,9 @@ def run_check(
     """Run ``check_name`` on ``case`` against ``provider`` on ``device`` ("cuda" or "cpu").
 
     ``context`` lets several checks of one case share the built inputs. Failures carry the Mismatch report, the case
-    summary and the repro line; a case with ``expect: xfail`` turns a failure into XFAILED and a pass into XPASSED
-    (strict: a stale xfail does not hide). A check that finds nothing to judge (``NotApplicable``) is SKIPPED with
-    its reason, whatever the case expects.
+    summary and the repro line; a case whose ``expect: xfail`` applies to ``provider_spec`` turns a failure into
+    XFAILED and a pass into XPASSED (strict: a stale xfail does not hide). A check that finds nothing to judge
+    (``NotApplicable``) is SKIPPED with its reason, whatever the case expects.
 
     Anything the check or provider raises is an ERROR of this item, ``SystemExit`` included (a provider calling
     ``sys.exit`` must not end the run, let alone with its status). ``KeyboardInterrupt`` is the user's Ctrl-C in
@@ -49,19 +55,20 @@ def run_check(
     """
     check = get_check(check_name)
     result = _blank_result(case, check_name, provider_spec, repro_device)
+    # The tier first: it depends on the case and the check alone, so pytest decides it at collection (a skip marker)
+    # and every front end reports an item outside the CPU tier the same way, whatever the provider supports.
+    tier = gpu_tier_only(case, check_name) if device == "cpu" else ""
+    if tier:
+        result.status, result.reason = Status.SKIPPED, tier
+        return result
     ok, reason = check.applies(case, provider, provider_spec)
     if not ok:
         result.status = Status.UNSUPPORTED if reason.startswith("unsupported") else Status.SKIPPED
         result.reason = reason
         return result
-    tier = cpu_tier_reason(case, check_name) if device == "cpu" else ""
-    if tier:
-        result.status, result.reason = Status.SKIPPED, tier
-        return result
 
     ctx = context or CheckContext(case, provider, device, provider_spec)
     start = time.perf_counter()
-    failure = ""
     try:
         result.stats = dict(check.run(ctx) or {})
     except NotApplicable as exc:
@@ -71,20 +78,26 @@ def run_check(
     except Mismatch as exc:
         result.status = Status.FAILED
         result.stats = dict(exc.stats)
-        failure = exc.report
+        result.summary, result.message = exc.summary, failure_message(exc.summary, exc.details, case, result.repro)
     except BaseException as exc:  # noqa: BLE001 - a crashing provider is a finding, reported with its traceback
         if isinstance(exc, KeyboardInterrupt) and not interrupts_are_errors:
             raise
         result.status = Status.ERROR
-        failure = traceback.format_exc()
+        trace = traceback.format_exc().rstrip()
         if not isinstance(exc, Exception):
-            failure = failure.rstrip() + " (raised inside the check: an error of this item, not the end of the run)"
+            trace += " (raised inside the check: an error of this item, not the end of the run)"
+        result.summary = trace.splitlines()[-1]  # the exception's own line
+        result.message = failure_message(result.summary, trace, case, result.repro)
     result.duration = time.perf_counter() - start
+    return apply_expect(result, case, provider_spec)
 
-    if failure:
-        result.summary = failure.strip().splitlines()[-1 if result.status is Status.ERROR else 0]
-        result.message = f"{check_name} failed\n{failure.rstrip()}\ncase: {case.summary()}\nrepro: {result.repro}"
-    return apply_expect(result, case)
+
+def failure_message(summary: str, details: str, case, repro: str) -> str:
+    """A failed item's full report. Its first line is ``summary``, one line of what differed (how many elements,
+    the max ulp) or what was raised: the line that pytest's ``-rf`` short summary and the CLI's progress line show.
+    Then the details (the rest of the comparison's report, or the traceback), the case and the repro line."""
+    body = f"\n{details.rstrip()}" if details.strip() else ""
+    return f"{summary}{body}\ncase: {case.summary()}\nrepro: {repro}"
 
 
 def _blank_result(case, check_name: str, provider_spec: str, repro_device: str | None) -> CheckResult:
@@ -106,23 +119,28 @@ def fault_result(case, check_name: str, cause: str, *, detail: str = "", duratio
     the dying process). The case's ``expect`` applies as for any other failure."""
     result = _blank_result(case, check_name, provider_spec, repro_device)
     result.status, result.summary, result.duration = Status.ERROR, cause, duration
-    body = cause + (f"\n{detail.rstrip()}" if detail.strip() else "")
-    result.message = f"{check_name} failed\n{body}\ncase: {case.summary()}\nrepro: {result.repro}"
-    return apply_expect(result, case)
+    result.message = failure_message(cause, detail, case, result.repro)
+    return apply_expect(result, case, provider_spec)
 
 
-def apply_expect(result: CheckResult, case) -> CheckResult:
-    """``expect: xfail``: a failure becomes XFAILED, a pass XPASSED (strict); other expectations change nothing."""
+def apply_expect(result: CheckResult, case, provider_spec: str = DEFAULT_PROVIDER) -> CheckResult:
+    """The case's ``expect`` for the provider under test (``provider_spec``, as ``--provider`` names it): an xfail
+    that applies to it turns a failure into XFAILED and a pass into XPASSED (strict); an xfail for other providers
+    only, like ``expect: pass``, changes nothing."""
     check_name = result.check
     expect = getattr(case, "expect", None)
-    if expect is not None and getattr(expect, "kind", "pass") == "xfail":
-        if result.status.is_failure:
-            result.status, result.reason = Status.XFAILED, f"expected failure: {expect.reason}"
-        else:
-            result.status = Status.XPASSED
-            result.summary = f"XPASS(strict): {check_name} passed but the case expects a failure ({expect.reason})"
-            result.message = (
-                f"{result.summary}\nremove the stale xfail from {case.source}\ncase: {case.summary()}\n"
-                f"repro: {result.repro}"
-            )
+    if expect is None or not expect.fails_for(provider_spec):
+        return result
+    if expect.providers is None:
+        scope, remedy = "", f"remove the stale xfail from {case.source}"
+    else:
+        scope = f" with --provider {provider_spec}"
+        remedy = (f"remove {provider_spec} from expect.providers in {case.source} (the whole xfail if it is the "
+                  "only one)")
+    if result.status.is_failure:
+        result.status, result.reason = Status.XFAILED, f"expected failure{scope}: {expect.reason}"
+    else:
+        result.status = Status.XPASSED
+        result.summary = f"XPASS(strict): {check_name} passed but the case expects a failure{scope} ({expect.reason})"
+        result.message = f"{result.summary}\n{remedy}\ncase: {case.summary()}\nrepro: {result.repro}"
     return result

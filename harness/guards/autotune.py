@@ -11,11 +11,12 @@ picture. ``check_autotune_safe``:
    together, so a cache and a view into it stay consistent);
 2. runs the call inside ``fresh_autotune_state``: every Triton autotuner the call launches, whoever's kernel it is,
    is found at its first launch (a hook on ``Autotuner.run``) and made to tune from scratch there: its in-memory
-   cache emptied, the disk cache off, so a tuning key tuned earlier in the process is tuned again. Trials run (under
-   the interpreter through the deterministic ``FakeBench``, since there is no GPU benchmarker there). Every tuner's
+   cache emptied, the disk cache off, so a tuning key tuned earlier in the process is tuned again. Trials run
+   through the deterministic ``FakeBench`` on every backend: the question is whether a trial launch changes the
+   result, not which config is fastest, and Triton's GPU ``do_bench`` spends 25 + 100 ms of repetitions per config
+   and picks by timing noise, where the stand-in launches each config once and picks reproducibly. Every tuner's
    benchmarker is wrapped by a ``TrialCount`` that counts the configs benchmarked and every trial launch (each
-   ``kernel_call`` the benchmarker makes): on the GPU that is Triton's ``do_bench`` (one warmup call, five estimate
-   calls, then as many warmup and timed repetitions as fit in 25 and 100 ms), under the interpreter the stand-in;
+   ``kernel_call`` the benchmarker makes, with the autotuner's own pre/post hooks, e.g. ``restore_value``);
 3. raises ``NothingTuned`` when the call launched no autotuner or none ran a trial: nothing was checked;
 4. saves what the tuned call left, restores the snapshot and runs the call again with the chosen configs cached (a
    replay; any tuning during it is an error);
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator, MutableMapping
 
 import torch
 
@@ -107,7 +108,7 @@ class TuningFromScratch:
     """What ``fresh_autotune_state`` yields: the autotuners launched so far (in order of first launch), the trial
     count, and the switch to replay mode."""
 
-    def __init__(self, do_bench: Callable | None):
+    def __init__(self, do_bench: Callable):
         self.tuners: list[Any] = []
         self.trials = TrialCount()
         self.tuned_in_replay: list[str] = []
@@ -125,8 +126,7 @@ class TuningFromScratch:
         if self._replaying:
             tt.set_benchmarker(tuner, self._no_tuning(tuner))
         else:
-            own = self._do_bench if self._do_bench is not None else tt.benchmarker(tuner)
-            tt.set_benchmarker(tuner, self.trials.wrap(own))
+            tt.set_benchmarker(tuner, self.trials.wrap(self._do_bench))
 
     def replay(self) -> None:
         """From now on, tuning is an error: every launch must find its key tuned already."""
@@ -155,14 +155,12 @@ class TuningFromScratch:
 @contextlib.contextmanager
 def fresh_autotune_state(do_bench: Callable | None = None) -> Iterator[TuningFromScratch]:
     """Every autotuner launched inside tunes from scratch: in-memory cache emptied at its first launch, disk cache
-    off, benchmarker counted (``do_bench`` instead of its own when given). Each one's cache, disk-cache switch and
-    benchmarker are restored on exit.
-
-    Under the interpreter ``do_bench=None`` installs a ``FakeBench`` for every autotuner, including ones that bring
-    their own benchmarker (a GPU one cannot run there).
+    off, benchmarker counted: ``do_bench`` when given, else a ``FakeBench`` for every autotuner, including ones that
+    bring their own benchmarker (a GPU one cannot run under the interpreter, and timing is not what is checked).
+    Each one's cache, disk-cache switch and benchmarker are restored on exit.
     """
     tt.require_supported()
-    if do_bench is None and tt.interpreting():
+    if do_bench is None:
         do_bench = FakeBench()
     state = TuningFromScratch(do_bench)
     try:
@@ -261,12 +259,27 @@ def _compare_returned(replayed: Any, tuned: list[tuple[str, torch.Tensor]]) -> l
     return failures
 
 
+@contextlib.contextmanager
+def _emptied(caches: Iterable[MutableMapping]) -> Iterator[None]:
+    caches = list(caches)
+    saved = [dict(c) for c in caches]
+    for c in caches:
+        c.clear()
+    try:
+        yield
+    finally:
+        for c, content in zip(caches, saved, strict=True):
+            c.clear()
+            c.update(content)
+
+
 def check_autotune_safe(
     call: Callable[..., Any],
     *,
     args: tuple = (),
     kwargs: dict | None = None,
     do_bench: Callable | None = None,
+    own_caches: Iterable[MutableMapping] = (),
 ) -> AutotuneReport:
     """Run ``call(*args, **kwargs)`` with every autotuner it launches tuning from scratch and prove the trials left
     no trace.
@@ -274,14 +287,15 @@ def check_autotune_safe(
     Tensors are found in ``args``, ``kwargs`` and, for a ``functools.partial``, its bound arguments. Raises
     ``DestructiveAutotuning`` naming the storage, the differing bytes and the kernels' chosen configs,
     ``NothingTuned`` when no autotuner ran a trial; returns what was tuned otherwise. Leaves the tensors as the
-    tuned call left them.
+    tuned call left them. ``own_caches``: tuning results the caller's code keeps outside Triton's autotuners
+    (``harness.checks.hooks.tuning_caches``), emptied for the tuned call (kept for the replay) and restored after.
     """
     kwargs = dict(kwargs or {})
     named = call_tensors(call, args, kwargs)
     if not named:
         raise ValueError("check_autotune_safe: the call has no tensor arguments to snapshot")
     snap = StorageSnapshot.take(named)
-    with fresh_autotune_state(do_bench) as state:
+    with fresh_autotune_state(do_bench) as state, _emptied(own_caches):
         returned = _returned_copies(call(*args, **kwargs))
         report = AutotuneReport(state.chosen(), state.trials.launches, len(snap.tensors), state.trials.configs,
                                 [kernel_name(t) for t in state.tuners])

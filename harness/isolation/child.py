@@ -48,7 +48,10 @@ def _one_line(exc: BaseException) -> str:
 
 
 def serve(channel, worker) -> int:
+    from harness import timeline
     from harness.isolation import protocol
+
+    ledger = timeline.installed_compile_ledger()  # forwarded with each reply to the process the items are for
 
     while True:
         try:
@@ -76,6 +79,7 @@ def serve(channel, worker) -> int:
                 reply = protocol.Warmed(error=_one_line(exc), detail=detail, sticky=worker.sticky_text(detail))
         else:
             raise TypeError(f"harness.isolation.child: unknown request {type(request).__name__}")
+        reply.compiles = ledger.drain() if ledger is not None else None
         _flush()
         try:
             channel.send(reply)
@@ -107,6 +111,13 @@ def main(argv: list[str] | None = None) -> int:
         from harness import backend
 
         device = backend.configure(hello.device)
+        from harness import timeline
+
+        timeline.install_compile_ledger()
+        if hello.torch_threads:
+            import torch
+
+            torch.set_num_threads(hello.torch_threads)
         from harness.checks import load_provider
         from harness.checks.providers import provider_name
         from harness.isolation.worker import Worker

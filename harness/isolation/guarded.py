@@ -55,10 +55,16 @@ class RecompileGuard:
         """``execute()`` (a ``run_check``) under the guard. A guard that fires fails the item with what compiled,
         added to the check's own failure if it had one; a check that did not run (skipped, unsupported) launched
         nothing, so the guard has nothing to judge. A warmup that raises is the item's ERROR."""
-        from harness.checks.runner import fault_result
+        from harness.checks.registry import get_check
+        from harness.checks.runner import failure_message, fault_result
         from harness.guards.recompile import RecompileError
         from harness.guards.server_warmup import guarded
 
+        exempt = get_check(check).not_a_serving_call
+        if exempt:
+            result = execute()
+            result.stats["recompile_guard"] = f"not judged: {exempt}"
+            return result
         try:
             observed, _ = self.warm(case)
         except catch as exc:
@@ -84,5 +90,5 @@ class RecompileGuard:
                 result.message = f"{result.message}\n{fired}"
             else:
                 result.status, result.reason, result.summary = Status.FAILED, "", summary
-                result.message = (f"{check} failed\n{fired}\ncase: {case.summary()}\nrepro: {result.repro}")
+                result.message = failure_message(summary, fired, case, result.repro)
         return result

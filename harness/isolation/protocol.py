@@ -15,6 +15,7 @@ class Hello:
     device: str
     provider_spec: str
     warmup_first: float = 0.0
+    torch_threads: int = 0  # the parent's torch intra-op thread count (its share of the cores); 0: torch's default
 
 
 @dataclass
@@ -58,6 +59,7 @@ class Unusable:
 class ItemDone:
     result: object  # harness.checks.CheckResult
     sticky: str = ""  # non-empty: the child must not run another item (harness.isolation.sticky); it exits next
+    compiles: dict | None = None  # the child's Triton compiles and cache loads during the item (CompileLedger.drain)
 
 
 @dataclass
@@ -66,3 +68,4 @@ class Warmed:
     error: str = ""  # non-empty: the warmup raised (the exception in one line)
     detail: str = ""  # its traceback
     sticky: str = ""
+    compiles: dict | None = None  # as ItemDone's

@@ -106,6 +106,12 @@ class Supervisor:
         root = str(Path(__file__).resolve().parents[2])  # where ``harness`` is imported from, for ``-m``
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        # The child stands in for this process while it waits, so it gets this process's share of the cores (pytest
+        # workers each take a fair share): torch's default of one thread per core in every child oversubscribes the
+        # host N-fold under ``-n N``. OpenMP sizes its pool from the environment at start.
+        threads = _torch_threads()
+        if threads:
+            env["OMP_NUM_THREADS"] = str(threads)
         try:
             # Its own session: a terminal's Ctrl-C reaches the front end alone, which stops the child itself, and
             # a kill at the time limit reaches whatever the child started (warmup compile processes).
@@ -125,7 +131,8 @@ class Supervisor:
         self.processes += 1
         self._trace, self._ready = trace, False
         self._channel = Channel(reply_r, request_w)
-        self._channel.send(protocol.Hello(list(sys.path), self.device, self.provider_spec, self.warmup_first))
+        self._channel.send(protocol.Hello(list(sys.path), self.device, self.provider_spec, self.warmup_first,
+                                          threads))
 
     def _ready_channel(self) -> Channel:
         if self._ready and self._proc.poll() is not None:  # ended between requests: no item's fault
@@ -264,6 +271,7 @@ class Supervisor:
             self.restarts.append(Restart(item, cause))
             return fault_result(case, check, cause, detail=detail, duration=seconds,
                                 provider_spec=self.provider_spec, repro_device=repro_device)
+        _absorb_compiles(reply)
         result = reply.result
         if reply.sticky:
             self._reap()
@@ -280,6 +288,7 @@ class Supervisor:
         if fault is not None:
             self.restarts.append(Restart(item, fault[0]))
             raise IsolationError(f"{item}: {fault[0]}", fault[1])
+        _absorb_compiles(reply)
         if reply.sticky:
             self._reap()
             self.restarts.append(Restart(item, reply.sticky))
@@ -291,3 +300,20 @@ class Supervisor:
         """For a report's meta: how items were run and every replaced child."""
         return {"isolation": self.mode, "item_timeout": None if math.isinf(self.limit.seconds) else self.limit.seconds,
                 "processes": self.processes, "restarts": [asdict(r) for r in self.restarts]}
+
+
+def _torch_threads() -> int:
+    """This process's torch intra-op thread count, or 0 where torch is not imported (then the child keeps torch's
+    default: nothing here decided a share)."""
+    torch = sys.modules.get("torch")
+    return torch.get_num_threads() if torch is not None else 0
+
+
+def _absorb_compiles(reply) -> None:
+    """The child's compiles count as this process's: its ledger (if it keeps one) is what a report reads."""
+    if reply.compiles:
+        from harness import timeline
+
+        ledger = timeline.installed_compile_ledger()
+        if ledger is not None:
+            ledger.absorb(reply.compiles)

@@ -1,0 +1,161 @@
+"""Where one whole call's device time goes, per stage, for any provider (``python -m harness bench --stages --peer``).
+
+A provider need not expose its stages (``harness.stage_bench`` times ours one by one through our kernels' entry
+points). This module profiles a whole call instead: ``torch.profiler`` with CUDA activity records every device
+activity of the call (kernels, memsets, copies) with its name and duration; the events are grouped by name and the
+names mapped to stages by ``STAGE_PATTERNS``, which knows our kernels (``kernels/``) and vLLM's
+(``vllm/model_executor/layers/mamba/ops/``). A name no pattern matches (a PyTorch kernel, another engine's kernel, a
+memset) is its own row under its own name, so nothing a call spends is dropped.
+
+The profiled call is a replay of the call's CUDA graph where it could be captured: a graph replays exactly the
+device work, none of the host-side work of an adapter (e.g. a device-to-host read of the slot indices made to
+refuse a call). A call whose capture failed is profiled as an eager call, and the report says so. Calls of the
+providers compared alternate round by round (``profile_rounds``), and each stage's figure is the median over the
+rounds of its time in one call.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Callable, Iterable
+
+import torch
+from torch.autograd import DeviceType
+
+# (stage, kernel name pattern), matched against the whole name. Triton names a kernel after its function; older
+# Triton versions append a specialization suffix (``_0d1d2d``), which the optional ``(_\w+)?`` admits.
+STAGE_PATTERNS: tuple[tuple[str, str], ...] = (
+    ("gather", r"_gather_initial_states_kernel"),  # ours (kernels/gather.py) and vLLM's (gather_initial_states.py)
+    ("chunk_cumsum", r"_chunk_cumsum(_fwd)?_kernel"),  # ours: _chunk_cumsum_kernel; vLLM: _chunk_cumsum_fwd_kernel
+    ("chunk_state", r"_chunk_state(_fwd)?_kernel"),
+    # ours: _state_passing_kernel (snapshot path), _state_passing_indexed_kernel (indexed); vLLM: _state_passing_fwd
+    ("state_passing", r"_state_passing(_indexed|_fwd)?_kernel"),
+    ("bmm_chunk", r"_bmm_chunk(_fwd)?_kernel"),
+    ("chunk_scan", r"_chunk_scan(_fwd)?_kernel"),
+)
+STAGES = tuple(stage for stage, _ in STAGE_PATTERNS)
+_COMPILED = tuple((stage, re.compile(rf"{pattern}(_\w+)?")) for stage, pattern in STAGE_PATTERNS)
+
+
+def stage_of(kernel: str) -> str:
+    """The stage a device activity named ``kernel`` belongs to; a name no pattern matches is its own stage."""
+    for stage, pattern in _COMPILED:
+        if pattern.fullmatch(kernel):
+            return stage
+    return kernel
+
+
+def kernel_times(events: Iterable) -> dict[str, dict]:
+    """Device activities grouped by name: name -> {"us": summed duration, "count": launches}. ``events`` are
+    ``torch.profiler``'s ``FunctionEvent``s (or anything with ``name``, ``device_type`` and ``time_range``); host-side
+    events (operators, CUDA runtime calls such as ``cudaGraphLaunch``) and GPU user annotations are left out."""
+    grouped: dict[str, dict] = {}
+    for event in events:
+        # A user annotation projected onto the GPU timeline is a device event too, but spans work, it is none.
+        if event.device_type != DeviceType.CUDA or getattr(event, "is_user_annotation", False):
+            continue
+        entry = grouped.setdefault(event.name, {"us": 0.0, "count": 0})
+        entry["us"] += event.time_range.elapsed_us()
+        entry["count"] += 1
+    return grouped
+
+
+def stage_times(kernels: dict[str, dict]) -> dict[str, float]:
+    """``kernel_times``' result summed per stage (``stage_of``)."""
+    stages: dict[str, float] = {}
+    for name, entry in kernels.items():
+        stage = stage_of(name)
+        stages[stage] = stages.get(stage, 0.0) + entry["us"]
+    return stages
+
+
+def start_profiler() -> None:
+    """One empty profiling session, before any graph to be profiled is captured: the profiler's CUDA tracing
+    (Kineto over CUPTI) then is initialized before the graph exists. Some torch versions faulted or hung when a graph
+    captured before that first initialization was replayed under the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]):
+        pass
+
+
+def profile_call(run: Callable[[], object]) -> list:
+    """The device events of one ``run()`` (a graph replay or an eager call), recorded by ``torch.profiler``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    return list(prof.events())
+
+
+def profile_rounds(runs: dict[str, Callable[[], object]], rounds: int,
+                   profile: Callable[[Callable[[], object]], Iterable] = profile_call) -> dict[str, list[dict]]:
+    """``kernel_times`` of each run, ``rounds`` times, the runs alternating within each round (A, B, A, B, ...), so
+    that drift over the measurement reaches every run alike. Returns label -> one ``kernel_times`` per round."""
+    calls: dict[str, list[dict]] = {label: [] for label in runs}
+    for _ in range(rounds):
+        for label, run in runs.items():
+            calls[label].append(kernel_times(profile(run)))
+    return calls
+
+
+def summarize_calls(calls: list[dict]) -> dict:
+    """One provider's profiled calls (``kernel_times`` per round): per stage the median over the rounds of its time
+    in a call (0 in a round without it), per kernel name the median time and launches, and the median total."""
+    stage_rounds = [stage_times(call) for call in calls]
+    stages = sorted({stage for call in stage_rounds for stage in call}, key=_stage_order)
+    names = sorted({name for call in calls for name in call})
+    return {
+        "stages": {s: statistics.median(call.get(s, 0.0) for call in stage_rounds) for s in stages},
+        "kernels": {n: {"us": statistics.median(call.get(n, {"us": 0.0})["us"] for call in calls),
+                        "count": statistics.median(call.get(n, {"count": 0})["count"] for call in calls),
+                        "stage": stage_of(n)} for n in names},
+        "total_us": statistics.median(sum(call.values()) for call in stage_rounds),
+        "rounds": len(calls),
+    }
+
+
+def _stage_order(stage: str) -> tuple[int, str]:
+    return (STAGES.index(stage), "") if stage in STAGES else (len(STAGES), stage)
+
+
+def _ratio(ours: float | None, peer: float | None) -> float | None:
+    return ours / peer if ours and peer else None
+
+
+def compare(ours: dict, peer: dict) -> list[dict]:
+    """Stage rows of two ``summarize_calls`` results: known stages in call order, then other names, then the total.
+    A stage one side lacks has None there (and no ratio)."""
+    stages = sorted(set(ours["stages"]) | set(peer["stages"]), key=_stage_order)
+    rows = []
+    for stage in stages:
+        o, p = ours["stages"].get(stage), peer["stages"].get(stage)
+        rows.append({"stage": stage, "ours_us": o, "peer_us": p, "ratio": _ratio(o, p)})
+    rows.append({"stage": "total", "ours_us": ours["total_us"], "peer_us": peer["total_us"],
+                 "ratio": _ratio(ours["total_us"], peer["total_us"])})
+    return rows
+
+
+def short_name(name: str, width: int = 26) -> str:
+    """A kernel name cut to ``width`` characters for the table (the JSON keeps the whole name)."""
+    return name if len(name) <= width else name[: width - 3] + "..."
+
+
+def print_comparison(report: dict) -> None:
+    """The stage tables of ``harness.bench``'s ``--stages --peer`` report: one per workload and variant of ours."""
+    for table in report["tables"]:
+        how = {"graph": "graph replays", "eager": "eager calls"}
+        sources = f"ours: {how[table['ours_source']]}, peer: {how[table['peer_source']]}"
+        print(f"== {table['workload']}: ours {table['variant']} vs {report['peer_name']} {table['peer_variant']} "
+              f"(device time per call by stage, median of {table['rounds']} profiled calls; {sources})")
+        print(f"{'stage':<28} {'ours us':>9} {'peer us':>9} {'ratio':>7}")
+        for row in table["rows"]:
+            o = "-" if row["ours_us"] is None else f"{row['ours_us']:.1f}"
+            p = "-" if row["peer_us"] is None else f"{row['peer_us']:.1f}"
+            r = "-" if row["ratio"] is None else f"{row['ratio']:.2f}x"
+            print(f"{short_name(row['stage']):<28} {o:>9} {p:>9} {r:>7}")
+    for line in report.get("skipped", []):
+        print(f"skipped: {line}")

@@ -1,0 +1,429 @@
+"""``python -m harness bench`` against a peer (harness.bench, harness.kernel_profile): the plumbing, on any device.
+
+Timings need a GPU (docs/gpu-runs.md); everything around them is checked here with an injected timer on a fake
+clock, fake providers and synthetic profiler events: calls alternate ours, peer, ours, peer round by round; both
+providers get the same input tensors; the peer runs only its supported paths and only with ``path``; medians, bests
+and ratios are computed from the rounds; kernel names map to stages (ours and vLLM's), unknown names stay
+themselves; and on a machine without CUDA the command refuses with a message and a non-zero status.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.autograd import DeviceType
+from torch.autograd.profiler_util import FunctionEvent
+
+from harness import bench, cli, kernel_profile
+
+# ---- fakes -----------------------------------------------------------------------------------------------------------
+
+
+class FakeProvider:
+    """Records every call's keywords (those ``FakeInputs`` gives, by name as a real provider takes them); ``gather`` is
+    accepted only when ``extension`` is true (as by kernels:provider)."""
+
+    def __init__(self, name, paths, extension):
+        self.name, self.supported_paths, self.calls = name, frozenset(paths), []
+        if extension:
+            self.ssd_prefill = self._with_gather
+
+    def ssd_prefill(self, *, x, case, path="auto"):
+        self.calls.append({"x": x, "case": case, "path": path})
+
+    def _with_gather(self, *, x, case, path="auto", gather="auto"):
+        self.calls.append({"x": x, "case": case, "path": path, "gather": gather})
+
+
+class FakeInputs:
+    """What ``bench`` reads of the builder's inputs: ``kwargs(path=...)`` over one set of tensors."""
+
+    def __init__(self, case):
+        self.case, self.x = case, object()
+
+    def kwargs(self, path=None):
+        return {"x": self.x, "case": self.case.id, "path": path}
+
+
+class FakeClock:
+    """A timer on a clock that drifts by ``drift`` us per measurement. ``prepare`` makes one call (as a capture
+    does); ``measure`` makes one call and returns the call's base time plus the drift so far."""
+
+    def __init__(self, base_us: dict, drift: float = 0.0):
+        self.base_us, self.drift, self.now, self.order = base_us, drift, 0.0, []
+
+    def prepare(self, fn):
+        fn()
+        return fn
+
+    def measure(self, fn):
+        fn()
+        label = self.label(fn)
+        self.order.append(label)
+        self.now += self.drift
+        return self.base_us[label] + self.now
+
+    @staticmethod
+    def label(fn) -> str:
+        provider = fn.func.__self__
+        return f"{provider.name} {fn.keywords.get('gather', fn.keywords['path'])}"
+
+
+def ours():
+    return FakeProvider("ours", {"snapshot", "indexed"}, extension=True)
+
+
+def vllm_like():
+    return FakeProvider("peer", {"snapshot"}, extension=False)
+
+
+# ---- workloads and variants ------------------------------------------------------------------------------------------
+
+
+def test_workloads_are_the_serving_shape_and_never_write_a_slot_they_read():
+    assert list(bench.WORKLOADS) == ["short-continuation", "prefill-4256", "continue-600", "mixed-3"]
+    for name in bench.WORKLOADS:
+        case = bench.workload_case(name)
+        assert (case.shape.nheads, case.shape.headdim, case.shape.dstate, case.shape.chunk_size) == (64, 64, 128, 256)
+        assert case.cache.slots == 64 and str(case.dtype.io) == str(case.dtype.state) == "bfloat16"
+        reads = {s.init_slot for s in case.sequences if s.has_state}
+        writes = [s.final_slot for s in case.sequences]
+        assert not reads & set(writes) and len(set(writes)) == len(writes), name
+    mixed = bench.workload_case("mixed-3")
+    assert [(s.context, s.tokens, s.has_state) for s in mixed.sequences] == [
+        (4224, 32, True), (4224, 600, True), (0, 1600, False)]
+    assert [(s.context, s.tokens) for s in bench.workload_case("continue-600").sequences] == [(4224, 600)]
+
+
+def test_variants_follow_the_provider_and_the_case():
+    short, mixed = bench.workload_case("short-continuation"), bench.workload_case("mixed-3")
+    assert bench.default_variants(ours()) == ["snapshot-torch", "snapshot-fused", "indexed"]
+    assert bench.default_variants(vllm_like()) == ["snapshot", "indexed"]  # no gather keyword: the plain paths
+    runnable, skipped = bench.variants_for(ours(), ["snapshot-fused", "indexed"], mixed)
+    assert [v for v, _ in runnable] == ["snapshot-fused"]
+    assert len(skipped) == 1 and "bench-mixed-3 indexed" in skipped[0]
+    runnable, skipped = bench.variants_for(vllm_like(), ["snapshot-fused", "indexed"], short)
+    assert runnable == []
+    assert "takes no gather keyword" in skipped[0] and "lacks the indexed path" in skipped[1]
+    assert bench.counterpart("indexed", ["snapshot"]) == "snapshot"  # the peer's call where it lacks ours
+    assert bench.counterpart("snapshot", ["indexed", "snapshot"]) == "snapshot"
+
+
+# ---- whole calls, interleaved ----------------------------------------------------------------------------------------
+
+
+def test_interleave_alternates_the_calls_round_by_round_and_keeps_every_round():
+    a, b = ours(), vllm_like()
+    entries = [bench.Entry("w", "ours", "snapshot-fused", {"path": "snapshot"}),
+               bench.Entry("w", "peer", "snapshot", {"path": "snapshot"})]
+    fns = [bench._call(a, FakeInputs(bench.workload_case("short-continuation")), bench.VARIANTS["snapshot-fused"]),
+           bench._call(b, FakeInputs(bench.workload_case("short-continuation")), bench.PATH_VARIANTS["snapshot"])]
+    clock = FakeClock({"ours fused": 10.0, "peer snapshot": 20.0}, drift=1.0)
+    bench.interleave(entries, fns, rounds=3, timer=clock)
+    assert clock.order == ["ours fused", "peer snapshot"] * 3
+    assert entries[0].samples == [11.0, 13.0, 15.0] and entries[1].samples == [22.0, 24.0, 26.0]
+    assert (entries[0].median, entries[0].best) == (13.0, 11.0)
+    assert len(a.calls) == 4 and len(b.calls) == 4  # one call to prepare, one per round
+
+
+def test_a_call_that_cannot_be_prepared_is_reported_and_the_others_still_run():
+    class Failing(FakeClock):
+        def prepare(self, fn):
+            if self.label(fn).startswith("peer"):
+                raise RuntimeError("operation not permitted when stream is capturing")
+            return super().prepare(fn)
+
+    inputs = FakeInputs(bench.workload_case("short-continuation"))
+    entries = [bench.Entry("w", "ours", "indexed", {"path": "indexed"}),
+               bench.Entry("w", "peer", "snapshot", {"path": "snapshot"})]
+    fns = [bench._call(ours(), inputs, e.call) if e.side == "ours" else bench._call(vllm_like(), inputs, e.call)
+           for e in entries]
+    bench.interleave(entries, fns, rounds=2, timer=Failing({"ours indexed": 5.0}))
+    assert entries[0].samples == [5.0, 5.0] and entries[1].samples == []
+    assert entries[1].error == "RuntimeError: operation not permitted when stream is capturing"
+    summary = bench.summarize(entries)
+    assert summary["rows"][0]["ratio"] is None and summary["rows"][1]["median_us"] is None
+
+
+def test_bench_gives_both_providers_the_same_inputs_and_the_peer_its_paths_only():
+    a, b = ours(), vllm_like()
+    built = []
+
+    def build(case, device):
+        built.append((case.id, device))
+        return FakeInputs(case)
+
+    base = {"ours torch": 30.0, "ours fused": 24.0, "ours indexed": 20.0, "peer snapshot": 25.0}
+    clock = FakeClock(base)
+    entries, skipped = bench.bench(["short-continuation", "mixed-3"], bench.default_variants(a), a, b, rounds=2,
+                                   timer=clock, build_inputs=build, device="cpu")
+    assert built == [("bench-short-continuation", "cpu"), ("bench-mixed-3", "cpu")]  # one set of inputs each
+    round_short = ["ours torch", "ours fused", "ours indexed", "peer snapshot"]
+    assert clock.order == round_short * 2 + ["ours torch", "ours fused", "peer snapshot"] * 2
+    assert skipped == ["bench-mixed-3 indexed: " + bench.workload_case("mixed-3").indexed_eligible().reason]
+    assert all("gather" not in call for call in b.calls) and {c["path"] for c in b.calls} == {"snapshot"}
+    for workload in ("bench-short-continuation", "bench-mixed-3"):
+        xs = {id(c["x"]) for c in a.calls + b.calls if c["case"] == workload}
+        assert len(xs) == 1, workload  # the very same tensors for ours and the peer
+
+    summary = bench.summarize(entries, skipped)
+    rows = {(r["workload"], r["side"], r["variant"]): r for r in summary["rows"]}
+    indexed = rows[("short-continuation", "ours", "indexed")]
+    assert indexed["peer_variant"] == "snapshot" and indexed["ratio"] == pytest.approx(20.0 / 25.0)
+    assert rows[("mixed-3", "ours", "snapshot-fused")]["best_ratio"] == pytest.approx(24.0 / 25.0)
+    assert "ratio" not in rows[("mixed-3", "peer", "snapshot")]
+    targets = summary["targets"]
+    assert targets["short-continuation: indexed speedup vs torch.where (target >= 1.2)"] == pytest.approx(1.5)
+    assert not any(k.startswith("mixed-3") for k in targets)
+
+
+def test_ratios_are_of_medians_and_of_bests():
+    e = bench.Entry("w", "ours", "snapshot-fused", {"path": "snapshot"}, samples=[10.0, 30.0, 12.0])
+    p = bench.Entry("w", "peer", "snapshot", {"path": "snapshot"}, samples=[20.0, 8.0, 16.0])
+    row = bench.summarize([e, p])["rows"][0]
+    assert (row["median_us"], row["best_us"]) == (12.0, 10.0)
+    assert row["ratio"] == pytest.approx(12.0 / 16.0) and row["best_ratio"] == pytest.approx(10.0 / 8.0)
+
+
+def test_the_table_has_peer_columns_only_with_a_peer(capsys):
+    e = bench.Entry("short-continuation", "ours", "indexed", {"path": "indexed"}, samples=[20.0])
+    p = bench.Entry("short-continuation", "peer", "snapshot", {"path": "snapshot"}, samples=[25.0])
+    bench.print_table(bench.summarize([e, p], ["bench-mixed-3 indexed: one sequence only"]))
+    out = capsys.readouterr().out
+    assert "ratio: ours / the peer's variant named" in out
+    assert "short-continuation   ours  indexed               20.0     20.0  snapshot     0.80x      0.80x" in out
+    assert "skipped: bench-mixed-3 indexed: one sequence only" in out
+    bench.print_table(bench.summarize([e]))
+    out = capsys.readouterr().out
+    assert "ratio" not in out and "short-continuation   ours  indexed               20.0     20.0\n" in out
+
+
+# ---- stages by profiling ---------------------------------------------------------------------------------------------
+
+
+def kernel(name: str, us: float, start: float = 0.0) -> FunctionEvent:
+    return FunctionEvent(id=0, name=name, thread=0, start_us=start, end_us=start + us, device_type=DeviceType.CUDA)
+
+
+def host(name: str, us: float) -> FunctionEvent:
+    return FunctionEvent(id=0, name=name, thread=0, start_us=0, end_us=us, device_type=DeviceType.CPU)
+
+
+@pytest.mark.parametrize("name,stage", [
+    ("_chunk_cumsum_kernel", "chunk_cumsum"), ("_chunk_cumsum_fwd_kernel", "chunk_cumsum"),
+    ("_chunk_state_kernel", "chunk_state"), ("_chunk_state_fwd_kernel", "chunk_state"),
+    ("_state_passing_kernel", "state_passing"), ("_state_passing_indexed_kernel", "state_passing"),
+    ("_state_passing_fwd_kernel", "state_passing"), ("_bmm_chunk_kernel", "bmm_chunk"),
+    ("_bmm_chunk_fwd_kernel", "bmm_chunk"), ("_chunk_scan_kernel", "chunk_scan"),
+    ("_chunk_scan_fwd_kernel", "chunk_scan"), ("_gather_initial_states_kernel", "gather"),
+    ("_chunk_scan_fwd_kernel_0d1d2d3d", "chunk_scan"),  # an older Triton's specialization suffix
+    ("Memset (Device)", "Memset (Device)"),
+    ("void at::native::index_elementwise_kernel<128, 4>", "void at::native::index_elementwise_kernel<128, 4>"),
+    ("_chunk_scan_bwd_kernel", "_chunk_scan_bwd_kernel"),  # not a stage of the forward call
+])
+def test_kernel_names_map_to_stages(name, stage):
+    assert kernel_profile.stage_of(name) == stage
+
+
+def test_kernel_times_group_device_events_by_name_and_leave_host_events_and_annotations_out():
+    annotation = FunctionEvent(id=0, name="ssd call", thread=0, start_us=0, end_us=120.0, device_type=DeviceType.CUDA,
+                               is_user_annotation=True)
+    events = [kernel("_chunk_scan_kernel", 90.0), kernel("_chunk_scan_kernel", 10.0, start=100),
+              kernel("_gather_initial_states_kernel", 3.0), host("cudaGraphLaunch", 50.0), host("aten::where", 7.0),
+              annotation]
+    assert kernel_profile.kernel_times(events) == {"_chunk_scan_kernel": {"us": 100.0, "count": 2},
+                                                   "_gather_initial_states_kernel": {"us": 3.0, "count": 1}}
+
+
+def test_profile_rounds_alternate_and_stages_are_medians_over_the_rounds():
+    seen = []
+    per_call = {"ours": [[kernel("_chunk_scan_kernel", 10.0)], [kernel("_chunk_scan_kernel", 14.0)],
+                         [kernel("_chunk_scan_kernel", 12.0), kernel("Memset (Device)", 1.0)]],
+                "peer": [[kernel("_chunk_scan_fwd_kernel", 20.0)]] * 3}
+
+    def profile(run):
+        label = run()
+        seen.append(label)
+        return per_call[label][sum(1 for s in seen if s == label) - 1]
+
+    calls = kernel_profile.profile_rounds({"ours": lambda: "ours", "peer": lambda: "peer"}, 3, profile)
+    assert seen == ["ours", "peer"] * 3
+    ours, peer = (kernel_profile.summarize_calls(calls[k]) for k in ("ours", "peer"))
+    assert ours["stages"] == {"chunk_scan": 12.0, "Memset (Device)": 0.0}  # absent from two rounds of three
+    assert ours["total_us"] == 13.0 and ours["kernels"]["_chunk_scan_kernel"]["stage"] == "chunk_scan"
+    rows = kernel_profile.compare(ours, peer)
+    assert [(r["stage"], r["ours_us"], r["peer_us"]) for r in rows] == [
+        ("chunk_scan", 12.0, 20.0), ("Memset (Device)", 0.0, None), ("total", 13.0, 20.0)]
+    assert rows[0]["ratio"] == pytest.approx(0.6) and rows[1]["ratio"] is None
+
+
+OURS_CALL = [("_chunk_cumsum_kernel", 10.0), ("_chunk_state_kernel", 38.0), ("_bmm_chunk_kernel", 11.0),
+             ("_gather_initial_states_kernel", 3.0), ("_state_passing_kernel", 24.0), ("_chunk_scan_kernel", 98.0)]
+VLLM_CALL = [("_gather_initial_states_kernel", 3.0), ("_chunk_cumsum_fwd_kernel", 11.0),
+             ("_chunk_state_fwd_kernel", 40.0), ("_state_passing_fwd_kernel", 25.0), ("_bmm_chunk_fwd_kernel", 12.0),
+             ("_chunk_scan_fwd_kernel", 100.0)]
+
+
+def test_peer_stage_comparison_profiles_graph_replays_of_both(capsys):
+    a, b = ours(), vllm_like()
+
+    class Graph:
+        def __init__(self, fn):
+            self.fn = fn
+
+        def replay(self):
+            return FakeClock.label(self.fn)
+
+    def profile(run):
+        label = run()
+        if label.startswith("peer"):
+            return [kernel(n, us) for n, us in VLLM_CALL]
+        return [kernel(n, us) for n, us in OURS_CALL] + [host("cudaGraphLaunch", 5.0)]
+
+    report = bench.bench_peer_stages(["short-continuation"], ["snapshot-fused", "indexed"], a, b, rounds=3,
+                                     capture=Graph, profile=profile, build_inputs=lambda c, d: FakeInputs(c),
+                                     device="cpu")
+    assert [(t["variant"], t["peer_variant"], t["ours_source"], t["peer_source"]) for t in report["tables"]] == [
+        ("snapshot-fused", "snapshot", "graph", "graph"), ("indexed", "snapshot", "graph", "graph")]
+    rows = {r["stage"]: r for r in report["tables"][0]["rows"]}
+    assert list(rows) == ["gather", "chunk_cumsum", "chunk_state", "state_passing", "bmm_chunk", "chunk_scan",
+                          "total"]
+    assert (rows["chunk_scan"]["ours_us"], rows["chunk_scan"]["peer_us"]) == (98.0, 100.0)
+    assert rows["total"]["ours_us"] == 184.0 and rows["total"]["ratio"] == pytest.approx(184.0 / 191.0)
+    report["peer_name"] = "peer"
+    kernel_profile.print_comparison(report)
+    out = capsys.readouterr().out
+    assert "== short-continuation: ours snapshot-fused vs peer snapshot" in out
+    assert "chunk_scan                        98.0     100.0   0.98x" in out
+
+
+def test_a_call_whose_graph_cannot_be_profiled_is_profiled_eagerly():
+    a, b = ours(), vllm_like()
+
+    def capture(fn):
+        if fn.func.__self__ is b:
+            raise RuntimeError("capture refused")
+        return SimpleNamespace(replay=lambda: "graph")
+
+    def profile(run):
+        return [kernel("_chunk_scan_kernel", 1.0)] if run() == "graph" else [kernel("_chunk_scan_fwd_kernel", 2.0)]
+
+    report = bench.bench_peer_stages(["prefill-4256"], ["snapshot-fused"], a, b, rounds=1, capture=capture,
+                                     profile=profile, build_inputs=lambda c, d: FakeInputs(c), device="cpu")
+    table = report["tables"][0]
+    assert (table["ours_source"], table["peer_source"]) == ("graph", "eager")
+    assert any("peer snapshot: graph capture failed (RuntimeError: capture refused)" in s for s in report["skipped"])
+
+    silent = bench.bench_peer_stages(["prefill-4256"], ["snapshot-fused"], a, b, rounds=1,
+                                     capture=lambda fn: SimpleNamespace(replay=lambda: None),
+                                     profile=lambda run: [] if run() is None else [kernel("k", 1.0)],
+                                     build_inputs=lambda c, d: FakeInputs(c), device="cpu")
+    assert silent["tables"][0]["ours_source"] == "eager"
+    assert any("saw no device activity" in s for s in silent["skipped"])
+
+
+# ---- the command -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [
+    ["bench"], ["bench", "--peer", "peers.vllm_ssd:provider", "--rounds", "3"],
+    ["bench", "--stages", "--peer", "peers.vllm_ssd:provider", "--workload", "mixed-3"],
+])
+def test_without_cuda_bench_refuses_with_a_message(argv, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "bench: needs a CUDA device" in err and "nothing was timed" in err
+
+
+@pytest.mark.parametrize("peer,message", [
+    ("peers.vllm_ssd", "expected module:attr"),
+    ("no_such_module_here:provider", "cannot import 'no_such_module_here'"),
+])
+def test_an_unusable_peer_spec_is_refused_before_anything_runs(peer, message, capsys):
+    assert cli.main(["bench", "--peer", peer]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_rounds_must_be_positive(capsys):
+    assert cli.main(["bench", "--rounds", "0"]) == 2
+    assert "--rounds and --reps must be at least 1" in capsys.readouterr().err
+
+
+def test_main_times_ours_against_the_peer_and_fails_when_nothing_was_timed(monkeypatch, capsys):
+    """The command's wiring with the timing replaced: providers loaded by spec, the peer passed on, the exit
+    status from what was measured."""
+    from harness.backend import AUTOTUNE_CACHE_ENV
+    from kernels.environment import AUTOTUNE_BUDGET_ENV
+
+    monkeypatch.setenv(AUTOTUNE_CACHE_ENV, "1")  # main changes both; monkeypatch restores them
+    monkeypatch.delenv(AUTOTUNE_BUDGET_ENV, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench, "_meta", lambda args, peer: {"peer": args.peer})
+    seen = {}
+    ours_entry = {"samples": [], "error": "RuntimeError: capture refused"}
+
+    def fake_bench(workloads, variants, provider, peer, rounds, timer):
+        seen.update(workloads=workloads, variants=variants, peer=peer.name, rounds=rounds, reps=timer.reps)
+        return [bench.Entry("prefill-4256", "ours", "indexed", {"path": "indexed"}, **ours_entry),
+                bench.Entry("prefill-4256", "peer", "snapshot", {"path": "snapshot"}, samples=peer_samples)], []
+
+    monkeypatch.setattr(bench, "bench", fake_bench)
+    peer_samples = [1.0]
+    assert bench.main(["--peer", "reference:provider", "--rounds", "3", "--reps", "7"]) == 1  # one call failed
+    assert seen == {"workloads": list(bench.WORKLOADS), "variants": list(bench.VARIANTS), "peer": "reference",
+                    "rounds": 3, "reps": 7}
+    assert "graph capture failed: RuntimeError: capture refused" in capsys.readouterr().out
+    ours_entry.update(samples=[2.0], error=None)
+    assert bench.main(["--peer", "reference:provider", "--workload", "prefill-4256"]) == 0
+    assert "2.00x" in capsys.readouterr().out
+    ours_entry.update(samples=[], error="RuntimeError: capture refused")
+    peer_samples = []
+    assert bench.main(["--peer", "reference:provider"]) == 2  # nothing was timed
+
+
+# ---- the real providers ----------------------------------------------------------------------------------------------
+
+
+def test_ours_and_vllms_adapter_take_the_calls_the_bench_makes(device, monkeypatch):
+    """Through the bench's own plumbing, on small workloads of the same structure: ours in every variant and vLLM's
+    adapter on its snapshot path get the same tensors, and their outputs agree (the adapter is given no ``gather``)."""
+    from harness.checks.providers import ProviderError, load_provider
+    from kernels import provider
+    from tests.support import make_case
+
+    try:
+        peer = load_provider("peers.vllm_ssd:provider")
+    except ProviderError as exc:
+        pytest.skip(f"vLLM's SSD ops are not available (python scripts/assemble_vllm_ops.py): {exc}")
+    small = {"short-continuation": [(40, 8, 3, True, 5)],
+             "mixed-3": [(40, 8, 3, True, 6), (40, 12, 4, True, 7), (0, 20, 5, False, 8)]}
+    monkeypatch.setattr(bench, "workload_case", lambda name: make_case(small[name], slots=10, chunk_size=16,
+                                                                       case_id=f"bench-{name}"))
+    outputs = {}
+
+    class OneCall:  # each call once (under the interpreter a call takes seconds)
+        def prepare(self, fn):
+            return fn
+
+        def measure(self, fn):
+            fn()
+            owner = "peer" if getattr(fn.func, "__self__", None) is peer else "ours"
+            outputs[(owner, fn.keywords["cu_seqlens"].numel() - 1, fn.keywords.get("gather", fn.keywords["path"]))] \
+                = fn.keywords["out"].clone()
+            return 1.0
+
+    entries, skipped = bench.bench(list(small), bench.default_variants(provider), provider, peer, rounds=1,
+                                   timer=OneCall(), device=device)
+    assert [(e.workload, e.side, e.variant, e.error) for e in entries] == [
+        ("short-continuation", "ours", "snapshot-torch", None), ("short-continuation", "ours", "snapshot-fused", None),
+        ("short-continuation", "ours", "indexed", None), ("short-continuation", "peer", "snapshot", None),
+        ("mixed-3", "ours", "snapshot-torch", None), ("mixed-3", "ours", "snapshot-fused", None),
+        ("mixed-3", "peer", "snapshot", None)]
+    assert len(skipped) == 1 and skipped[0].startswith("bench-mixed-3 indexed:")
+    for batch in (1, 3):
+        theirs = outputs[("peer", batch, "snapshot")]
+        for variant in ("torch", "fused") + (("indexed",) if batch == 1 else ()):
+            torch.testing.assert_close(outputs[("ours", batch, variant)], theirs, rtol=1e-3, atol=1e-3)

@@ -1,0 +1,197 @@
+"""The fuzzer against providers that fault on one region of the search space (``tests.faulty_providers``: a
+segfault on every call with two or more sequences, a hang or an IndexError where a sequence crosses a chunk
+boundary, a sticky device error that poisons its process): each fault is found, shrunk, written as a YAML case whose
+description names the fault, and ``repro`` on that file shows the fault again.
+
+The searches run their examples in supervised children, as the CLI does: a crash, a hang or a sticky device error
+costs its child, and the next example runs in a fresh one. A child's start-up (importing torch) takes seconds on a
+busy host, and shrinking a crash costs one start-up per step, so the searches that lose children are bounded by a
+time budget and must show the failure shrunk part of the way (a smaller case, still in the faulting region); the
+search whose fault leaves its child alive shrinks to the end. Every search checks ``determinism`` alone, which
+applies to every drawn case: one item per example keeps each example short.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+
+from harness.cases.loader import load_case_file
+from harness.fuzz import Finding, NoFailure, classify, fuzz, size
+from tests import faulty_providers as fp
+from tests.support import harness
+
+CHECK = "determinism"
+HEARTBEAT = 0.5
+# Wall time for a search that loses a child at every shrinking step: enough for the first child's start-up and the
+# first fault on a busy host (a CUDA child also creates its context), then as many shrinking steps as fit.
+LOSING_BUDGET = {"cpu": 25, "cuda": 45}
+
+
+def _batch_of_two_or_more(case) -> bool:
+    return case.batch >= 2
+
+
+def _crosses_a_chunk_boundary(case) -> bool:
+    q = case.shape.chunk_size
+    return any(s.context % q + s.tokens > q for s in case.sequences)
+
+
+def _search(tmp_path, device, provider: str, *, time_budget: float, item_timeout: float = 60.0,
+            isolation: str | None = None, provider_object=None) -> tuple[Finding | NoFailure, str]:
+    log = io.StringIO()
+    found = fuzz(f"tests.faulty_providers:{provider}", budget=40, out_dir=tmp_path / "found", device=device,
+                 checks=[CHECK], timeout=item_timeout, time_budget=time_budget, heartbeat=HEARTBEAT, log=log,
+                 isolation=isolation, provider=provider_object)
+    return found, log.getvalue()
+
+
+def _written(found: Finding, region) -> object:
+    """The written case: one file, loading back to a case of the failing check, in the faulting region, and smaller
+    than the case that showed the fault first (the search draws no minimal case first, with this seed)."""
+    assert isinstance(found, Finding), found
+    assert [p.name for p in found.path.parent.iterdir()] == [found.path.name]
+    (case,) = load_case_file(found.path)
+    assert case.checks == (CHECK,) and case.expect.kind == "pass", case
+    assert region(case), case.summary()
+    assert region(found.first) and size(case) < size(found.first), (case.summary(), found.first.summary())
+    return case
+
+
+def _heard(log: str) -> None:
+    """The progress lines: the start, the first failure, and heartbeats while shrinking that name the smallest
+    failure so far."""
+    assert log.startswith("fuzz: searching up to 40 examples or "), log
+    assert re.search(r"fuzz: found after \d+ examples \(\d+ s\): determinism failed", log), log
+    assert re.search(r"fuzz: shrinking: \d+ examples, [1-9]\d* faults?, \d+ process restarts, \d+ s; "
+                     r"smallest failure so far: determinism failed", log), log
+
+
+def _repro_shows(found: Finding, provider: str, device: str, cause: str, *extra: str) -> None:
+    proc = harness("repro", str(found.path), "--provider", f"tests.faulty_providers:{provider}", "--device", device,
+                   *extra)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"ERROR: {found.case_id}::{CHECK}" in proc.stdout and cause in proc.stdout, proc.stdout
+
+
+def test_a_segfault_on_batches_is_found_shrunk_and_written_and_repro_shows_it(tmp_path, device):
+    found, log = _search(tmp_path, device, "segfaults_on_batch", time_budget=LOSING_BUDGET[device])
+    case = _written(found, _batch_of_two_or_more)
+    assert found.failure.kind == "crash" and found.restarts >= 1, found
+    assert case.description.endswith("determinism failed with a crash (the process running the provider died: "
+                                      "SIGSEGV (signal 11))"), case.description
+    _heard(log)
+    _repro_shows(found, "segfaults_on_batch", device, "the process running the provider died: SIGSEGV (signal 11)")
+
+
+def test_a_hang_across_chunks_is_found_shrunk_and_written_and_repro_shows_it(tmp_path, device):
+    found, log = _search(tmp_path, device, "hangs_across_chunks", time_budget=LOSING_BUDGET[device],
+                         item_timeout=3)
+    case = _written(found, _crosses_a_chunk_boundary)
+    assert found.failure.kind == "hang", found
+    assert "determinism failed with a hang (timed out after 3 s" in case.description, case.description
+    assert found.repro.endswith("--item-timeout 3"), found.repro  # the limit the hang was found under
+    _heard(log)
+    _repro_shows(found, "hangs_across_chunks", device, "timed out after 3 s", "--item-timeout", "3")
+
+
+def test_an_exception_across_chunks_is_shrunk_to_the_end(tmp_path, device):
+    """The child survives an exception, so nothing bounds the shrinking but Hypothesis: the case is the smallest
+    that crosses a chunk boundary."""
+    found, log = _search(tmp_path, device, "raises_across_chunks", time_budget=150)
+    case = _written(found, _crosses_a_chunk_boundary)
+    assert not found.stopped and found.restarts == 0, found
+    assert found.failure.kind == "exception", found
+    assert "determinism failed with an exception (IndexError: chunk index out of range" in case.description
+    q = case.shape.chunk_size
+    assert [(s.context, s.tokens) for s in case.sequences] == [(0, q + 1)] and q == 16, case.summary()
+    _heard(log)
+    _repro_shows(found, "raises_across_chunks", device, "IndexError: chunk index out of range")
+
+
+def test_a_sticky_device_error_is_shrunk_in_healthy_processes_through_the_cli(tmp_path, device):
+    """After the poisoning call every later call in the same process fails too: were examples to keep running in
+    that process, every one would fail and the search would shrink to a case outside the region. The poisoned
+    child is replaced, so the written case still has two sequences."""
+    out, spec = tmp_path / "found", "tests.faulty_providers:sticky_on_batch"
+    proc = harness("fuzz", "--budget", "40", "--time-budget", str(LOSING_BUDGET[device]), "--heartbeat", str(HEARTBEAT),
+                   "--check", CHECK, "--provider", spec, "--device", device, "--out", str(out))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (written,) = out.glob("*.yaml")
+    (case,) = load_case_file(written)
+    assert case.checks == (CHECK,) and _batch_of_two_or_more(case), case.summary()
+    fault = f"determinism failed with a sticky device error (RuntimeError: {fp.STICKY_MESSAGE}"
+    assert fault in case.description, case.description
+    assert re.search(rf"^fuzz: {re.escape(fault)}.*\); (partly )?shrunk case written to {re.escape(str(written))} ",
+                     proc.stdout, flags=re.MULTILINE), proc.stdout
+    assert re.search(r"^first seen on: H\d+ P\d+ .*seqs=\[.*, .*\]", proc.stdout, flags=re.MULTILINE), proc.stdout
+    assert (f"repro: python -m harness repro {written} --check {CHECK} --case {written.stem} --provider {spec} "
+            f"--device {device}") in proc.stdout
+    assert re.search(r"^fuzz: \d+ examples, [1-9]\d* faults, [1-9]\d* provider process restarts$", proc.stdout,
+                     flags=re.MULTILINE), proc.stdout
+    _heard(proc.stderr)
+    repro = harness("repro", str(written), "--provider", spec, "--device", device)
+    assert repro.returncode == 1 and f"ERROR: {written.stem}::{CHECK}" in repro.stdout, repro.stdout + repro.stderr
+    assert fp.STICKY_MESSAGE in repro.stdout and "provider process restarts: 1" in repro.stdout, repro.stdout
+
+
+def test_the_cli_heartbeat_and_time_budget_with_a_slow_provider(tmp_path, device):
+    """Every call of ``slow`` takes longer than Hypothesis' default deadline: no example may fail for that (the
+    item time limit, not Hypothesis, stops slow items). The time budget ends the search, which reports that nothing
+    failed (exit 0), and the heartbeat kept saying where it was."""
+    proc = harness("fuzz", "--budget", "1000", "--time-budget", "10", "--heartbeat", str(HEARTBEAT), "--check",
+                   CHECK, "--provider", "tests.faulty_providers:slow", "--device", device, "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"fuzz: no failure in [1-9]\d* examples, [1-9]\d* items .*; stopped early: the time budget "
+                     r"of 10 s ran out", proc.stdout), proc.stdout
+    beats = re.findall(r"^fuzz: searching: \d+ examples, 0 faults, 0 process restarts, \d+ s; no failure yet$",
+                       proc.stderr, flags=re.MULTILINE)
+    assert len(beats) >= 5, proc.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_an_interrupted_search_writes_what_it_found(tmp_path, device):
+    """Ctrl-C (or SIGTERM, which the CLI turns into the same) while shrinking: the smallest failure so far is still
+    written. In this process (``isolation="none"``), where the provider's KeyboardInterrupt is the user's."""
+
+    class InterruptsWhileShrinking(fp.RaisesAcrossChunks):
+        faults = 0
+
+        def fault(self) -> None:
+            self.faults += 1
+            if self.faults == 3:
+                raise KeyboardInterrupt
+            super().fault()
+
+    found, _ = _search(tmp_path, device, "raises_across_chunks", time_budget=60, isolation="none",
+                       provider_object=InterruptsWhileShrinking())
+    _written(found, _crosses_a_chunk_boundary)
+    assert found.stopped == "interrupted" and found.failure.kind == "exception", found
+
+
+def test_failures_are_told_apart_by_how_they_failed():
+    from harness.checks import CheckResult, Status
+
+    def result(status: Status, summary: str) -> CheckResult:
+        return CheckResult(case_id="c", check=CHECK, status=status, summary=summary)
+
+    crash = "the process running the provider died: SIGSEGV (signal 11)"
+    assert classify(result(Status.ERROR, crash), crash).signature == f"crash: {crash}"
+    hang = classify(result(Status.ERROR, "timed out after 3 s (x)"), "timed out after 3 s (x)")
+    assert hang.kind == "hang" and hang.fault
+    sticky = classify(result(Status.ERROR, f"RuntimeError: {fp.STICKY_MESSAGE}"),
+                      f"sticky device error: RuntimeError: {fp.STICKY_MESSAGE}")
+    assert sticky.kind == "sticky device error" and sticky.cause == f"RuntimeError: {fp.STICKY_MESSAGE}"
+    raised = classify(result(Status.ERROR, "IndexError: out of range"))
+    assert raised.signature == "exception: IndexError" != classify(result(Status.ERROR, "ValueError: x")).signature
+    mismatch = classify(result(Status.FAILED, "output differs"))
+    assert mismatch.kind == "mismatch" and not mismatch.fault
+    assert mismatch.describe() == f"{CHECK} failed (output differs)"
+
+
+@pytest.mark.parametrize("option", ["--time-budget", "--heartbeat"])
+def test_budgets_must_be_positive(tmp_path, device, option):
+    proc = harness("fuzz", "--budget", "3", option, "0", "--out", str(tmp_path), "--device", device)
+    assert proc.returncode == 2 and f"{option}: expected seconds (a number > 0), found 0" in proc.stderr
