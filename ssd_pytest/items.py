@@ -222,7 +222,7 @@ class CheckItem(pytest.Item):
         return self.path, self.case.line, f"{self.case.id}::{self.check}"
 
 
-GPU_MARKER = ("gpu(reason): needs the GPU: real compiles on a CUDA device, or (case items) a case outside the CPU "
+GPU_MARKER = ("gpu(reason): needs the GPU: real compiles on a CUDA device, or (case items) an item outside the CPU "
               "interpreter tier; skipped under the interpreter with the reason")
 
 
