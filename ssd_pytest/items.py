@@ -156,9 +156,9 @@ class CheckItem(pytest.Item):
         self.explicit = explicit
         case = self.parent.case
         self.add_marker("ssd_case")
-        from harness.checks.runner import gpu_tier_only
+        from harness.checks.tiers import cpu_tier_reason
 
-        gpu_only = gpu_tier_only(case, check)
+        gpu_only = cpu_tier_reason(case, check)  # the item runs on the GPU tier only: marked gpu with the reason
         if gpu_only:
             self.add_marker(pytest.mark.gpu(reason=gpu_only))
         self.user_properties += [("case_id", case.id), ("check", check), ("seed", case.seed),

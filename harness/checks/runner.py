@@ -24,12 +24,6 @@ def repro_line(case, check: str, provider_spec: str = DEFAULT_PROVIDER, device: 
     return shlex.join(parts)
 
 
-def gpu_tier_only(case, check_name: str) -> str:
-    """Why this item runs on the GPU tier only (its skip reason on the CPU tier: ``harness.checks.tiers``), or ""
-    when the CPU tier runs it. The pytest plugin marks such case items ``gpu`` with this reason."""
-    return cpu_tier_reason(case, check_name)
-
-
 def run_check(
     case,
     check_name: str,
@@ -57,7 +51,7 @@ def run_check(
     result = _blank_result(case, check_name, provider_spec, repro_device)
     # The tier first: it depends on the case and the check alone, so pytest decides it at collection (a skip marker)
     # and every front end reports an item outside the CPU tier the same way, whatever the provider supports.
-    tier = gpu_tier_only(case, check_name) if device == "cpu" else ""
+    tier = cpu_tier_reason(case, check_name) if device == "cpu" else ""
     if tier:
         result.status, result.reason = Status.SKIPPED, tier
         return result
