@@ -29,7 +29,7 @@ import torch
 
 from harness.compile_claims import ClaimBoard, compile_claimed
 from kernels import warmup as registry
-from kernels.warmup import ModelShape, PlannedSpec, compile_spec, watched_kernels  # noqa: F401  (re-exported)
+from kernels.warmup import ModelShape, PlannedSpec, compile_spec
 
 
 @dataclass
