@@ -50,9 +50,9 @@ Where our contract and vLLM 0.33's differ:
   accepted: a call with them fails with TypeError naming the keyword.
 - **Under Triton's interpreter (CPU tensors)** vLLM's ``gather_initial_states`` wrapper asserts CUDA/XPU tensors,
   so the provider launches the wrapper's own kernel (``_gather_initial_states_kernel``) with the wrapper's
-  arguments (launch_pdl off, as on a device without programmatic dependent launch). And since the interpreter has
-  no GPU benchmarker, each of vLLM's SSD autotuners gets a deterministic one there (each trial runs once, equal
-  times: the first config wins). Calls with bf16 x/B/C give garbage there (|out| ~ 1e10, reference_bound fails):
+  arguments (launch_pdl off, as on a device without programmatic dependent launch). The interpreter has no GPU
+  benchmarker: the harness gives every autotuner without one of its own a deterministic stand-in when it configures
+  the CPU device (``harness.triton_autotuner.use_interpreter_benchmarker``), vLLM's included. Calls with bf16 x/B/C give garbage there (|out| ~ 1e10, reference_bound fails):
   Triton 3.6's interpreter keeps bf16 values as their uint16 bit patterns and its ``tl.dot`` multiplies those
   integers (``InterpreterBuilder.create_dot`` converts only 8-bit floats). vLLM's kernels dot bf16 tiles; ours widen
   them to fp32 under the interpreter (``kernels.backend.DOT_FP32_OPERANDS``). Not a vLLM fault: with the
@@ -134,31 +134,6 @@ if _missing:
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def _interpreter_bench(kernel_call, quantiles=(0.5, 0.2, 0.8), **_):
-    """The interpreter has no GPU timer: run the trial once (trials still happen) and report equal times."""
-    kernel_call()
-    return [1.0] * len(quantiles)
-
-
-def _install_interpreter_benchmarker() -> list[str]:
-    """Give every autotuner in vLLM's imported ops modules the deterministic benchmarker (an instance attribute
-    over Triton's ``do_bench`` cached property). Returns the tuned kernels' names."""
-    from triton.runtime.autotuner import Autotuner
-
-    names = []
-    for module_name, module in list(sys.modules.items()):
-        if not module_name.startswith(OPS + ".") or module is None:
-            continue
-        for attr, value in vars(module).items():
-            if isinstance(value, Autotuner) and "do_bench" not in value.__dict__:
-                value.__dict__["do_bench"] = _interpreter_bench
-                names.append(f"{module_name.rsplit('.', 1)[1]}.{attr}")
-    return names
-
-
-INTERPRETER_AUTOTUNERS = _install_interpreter_benchmarker() if _interpreting() else []
 
 
 def _snapshot(state_cache: torch.Tensor, initial_state_indices: torch.Tensor,
