@@ -52,9 +52,10 @@ Where our contract and vLLM 0.33's differ:
   so the provider launches the wrapper's own kernel (``_gather_initial_states_kernel``) with the wrapper's
   arguments (launch_pdl off, as on a device without programmatic dependent launch). The interpreter has no GPU
   benchmarker: the harness gives every autotuner without one of its own a deterministic stand-in when it configures
-  the CPU device (``harness.triton_autotuner.use_interpreter_benchmarker``), vLLM's included. Calls with bf16 x/B/C give garbage there (|out| ~ 1e10, reference_bound fails):
-  Triton 3.6's interpreter keeps bf16 values as their uint16 bit patterns and its ``tl.dot`` multiplies those
-  integers (``InterpreterBuilder.create_dot`` converts only 8-bit floats). vLLM's kernels dot bf16 tiles; ours widen
+  the CPU device (``harness.triton_autotuner.use_interpreter_benchmarker``), vLLM's included. Calls with bf16
+  x/B/C give garbage there (|out| ~ 1e10, reference_bound fails): Triton 3.6's interpreter keeps bf16 values as
+  their uint16 bit patterns and its ``tl.dot`` multiplies those integers (``InterpreterBuilder.create_dot`` converts
+  only 8-bit floats). vLLM's kernels dot bf16 tiles; ours widen
   them to fp32 under the interpreter (``kernels.backend.DOT_FP32_OPERANDS``). Not a vLLM fault: with the
   interpreter's dot widening bf16 operands, the same cases pass. bf16 is for the GPU tier.
 """
