@@ -51,14 +51,32 @@ def kernel_times(events: Iterable) -> dict[str, dict]:
     ``torch.profiler``'s ``FunctionEvent``s (or anything with ``name``, ``device_type`` and ``time_range``); host-side
     events (operators, CUDA runtime calls such as ``cudaGraphLaunch``) and GPU user annotations are left out."""
     grouped: dict[str, dict] = {}
-    for event in events:
-        # A user annotation projected onto the GPU timeline is a device event too, but spans work, it is none.
-        if event.device_type != DeviceType.CUDA or getattr(event, "is_user_annotation", False):
-            continue
+    # A user annotation projected onto the GPU timeline is a device event too, but spans work, it is none.
+    for event in _device_events(events):
         entry = grouped.setdefault(event.name, {"us": 0.0, "count": 0})
         entry["us"] += event.time_range.elapsed_us()
         entry["count"] += 1
     return grouped
+
+
+def _device_events(events: Iterable) -> list:
+    return [e for e in events
+            if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)]
+
+
+def call_profile(events: Iterable) -> dict:
+    """One profiled call: ``kernels`` (``kernel_times``), ``span_us`` (first device activity's start to the last
+    one's end) and ``timeline``: each activity as (name, start, duration) in us, from the first start. The span less
+    the activities' sum is the time the device idled inside the call, between its kernels."""
+    device = sorted(_device_events(events), key=lambda e: e.time_range.start)
+    if not device:
+        return {"kernels": {}, "span_us": 0.0, "timeline": []}
+    first = device[0].time_range.start
+    return {
+        "kernels": kernel_times(device),
+        "span_us": float(max(e.time_range.end for e in device) - first),
+        "timeline": [(e.name, float(e.time_range.start - first), e.time_range.elapsed_us()) for e in device],
+    }
 
 
 def stage_times(kernels: dict[str, dict]) -> dict[str, float]:
@@ -93,27 +111,33 @@ def profile_call(run: Callable[[], object]) -> list:
 
 def profile_rounds(runs: dict[str, Callable[[], object]], rounds: int,
                    profile: Callable[[Callable[[], object]], Iterable] = profile_call) -> dict[str, list[dict]]:
-    """``kernel_times`` of each run, ``rounds`` times, the runs alternating within each round (A, B, A, B, ...), so
-    that drift over the measurement reaches every run alike. Returns label -> one ``kernel_times`` per round."""
+    """``call_profile`` of each run, ``rounds`` times, the runs alternating within each round (A, B, A, B, ...), so
+    that drift over the measurement reaches every run alike. Returns label -> one ``call_profile`` per round."""
     calls: dict[str, list[dict]] = {label: [] for label in runs}
     for _ in range(rounds):
         for label, run in runs.items():
-            calls[label].append(kernel_times(profile(run)))
+            calls[label].append(call_profile(profile(run)))
     return calls
 
 
 def summarize_calls(calls: list[dict]) -> dict:
-    """One provider's profiled calls (``kernel_times`` per round): per stage the median over the rounds of its time
-    in a call (0 in a round without it), per kernel name the median time and launches, and the median total."""
-    stage_rounds = [stage_times(call) for call in calls]
+    """One provider's profiled calls (``call_profile`` per round): per stage the median over the rounds of its time
+    in a call (0 in a round without it), per kernel name the median time and launches, the median total, the
+    median span and idle time (span less the activities' sum), and the first round's timeline."""
+    kernels = [call["kernels"] for call in calls]
+    stage_rounds = [stage_times(k) for k in kernels]
     stages = sorted({stage for call in stage_rounds for stage in call}, key=_stage_order)
-    names = sorted({name for call in calls for name in call})
+    names = sorted({name for k in kernels for name in k})
     return {
         "stages": {s: statistics.median(call.get(s, 0.0) for call in stage_rounds) for s in stages},
-        "kernels": {n: {"us": statistics.median(call.get(n, {"us": 0.0})["us"] for call in calls),
-                        "count": statistics.median(call.get(n, {"count": 0})["count"] for call in calls),
+        "kernels": {n: {"us": statistics.median(k.get(n, {"us": 0.0})["us"] for k in kernels),
+                        "count": statistics.median(k.get(n, {"count": 0})["count"] for k in kernels),
                         "stage": stage_of(n)} for n in names},
         "total_us": statistics.median(sum(call.values()) for call in stage_rounds),
+        "span_us": statistics.median(call["span_us"] for call in calls),
+        "idle_us": statistics.median(
+            call["span_us"] - sum(s.values()) for call, s in zip(calls, stage_rounds, strict=True)),
+        "timeline": calls[0]["timeline"] if calls else [],
         "rounds": len(calls),
     }
 
@@ -134,9 +158,15 @@ def compare(ours: dict, peer: dict) -> list[dict]:
     for stage in stages:
         o, p = ours["stages"].get(stage), peer["stages"].get(stage)
         rows.append({"stage": stage, "ours_us": o, "peer_us": p, "ratio": _ratio(o, p)})
-    rows.append({"stage": "total", "ours_us": ours["total_us"], "peer_us": peer["total_us"],
-                 "ratio": _ratio(ours["total_us"], peer["total_us"])})
+    for stage, key in (("total", "total_us"), ("idle between kernels", "idle_us"), ("span", "span_us")):
+        rows.append({"stage": stage, "ours_us": ours[key], "peer_us": peer[key], "ratio": _ratio(ours[key], peer[key])})
     return rows
+
+
+def timeline_line(summary: dict) -> str:
+    """The first profiled call's device activities in order, as ``stage start+duration`` (us), for reading where a
+    call idles."""
+    return "  ".join(f"{stage_of(name)} {start:.1f}+{dur:.1f}" for name, start, dur in summary["timeline"])
 
 
 def short_name(name: str, width: int = 26) -> str:
@@ -157,5 +187,7 @@ def print_comparison(report: dict) -> None:
             p = "-" if row["peer_us"] is None else f"{row['peer_us']:.1f}"
             r = "-" if row["ratio"] is None else f"{row['ratio']:.2f}x"
             print(f"{short_name(row['stage']):<28} {o:>9} {p:>9} {r:>7}")
+        print(f"timeline ours: {timeline_line(table['ours'])}")
+        print(f"timeline peer: {timeline_line(table['peer'])}")
     for line in report.get("skipped", []):
         print(f"skipped: {line}")

@@ -240,7 +240,7 @@ def test_kernel_times_group_device_events_by_name_and_leave_host_events_and_anno
 def test_profile_rounds_alternate_and_stages_are_medians_over_the_rounds():
     seen = []
     per_call = {"ours": [[kernel("_chunk_scan_kernel", 10.0)], [kernel("_chunk_scan_kernel", 14.0)],
-                         [kernel("_chunk_scan_kernel", 12.0), kernel("Memset (Device)", 1.0)]],
+                         [kernel("_chunk_scan_kernel", 12.0, start=5.0), kernel("Memset (Device)", 1.0, start=20.0)]],
                 "peer": [[kernel("_chunk_scan_fwd_kernel", 20.0)]] * 3}
 
     def profile(run):
@@ -254,9 +254,25 @@ def test_profile_rounds_alternate_and_stages_are_medians_over_the_rounds():
     assert ours["stages"] == {"chunk_scan": 12.0, "Memset (Device)": 0.0}  # absent from two rounds of three
     assert ours["total_us"] == 13.0 and ours["kernels"]["_chunk_scan_kernel"]["stage"] == "chunk_scan"
     rows = kernel_profile.compare(ours, peer)
+    # spans 10, 14 and 16 (5 to 21): the third call idled 3 us between its two activities
     assert [(r["stage"], r["ours_us"], r["peer_us"]) for r in rows] == [
-        ("chunk_scan", 12.0, 20.0), ("Memset (Device)", 0.0, None), ("total", 13.0, 20.0)]
+        ("chunk_scan", 12.0, 20.0), ("Memset (Device)", 0.0, None), ("total", 13.0, 20.0),
+        ("idle between kernels", 0.0, 0.0), ("span", 14.0, 20.0)]
     assert rows[0]["ratio"] == pytest.approx(0.6) and rows[1]["ratio"] is None
+    assert ours["timeline"] == [("_chunk_scan_kernel", 0.0, 10.0)]  # the first round's
+
+
+def test_a_call_profile_measures_the_idle_time_between_device_activities():
+    events = [kernel("_chunk_scan_kernel", 90.0, start=112.0), kernel("_chunk_cumsum_kernel", 2.0, start=100.0),
+              host("cudaGraphLaunch", 50.0)]
+    call = kernel_profile.call_profile(events)
+    assert call["span_us"] == 102.0 and call["kernels"]["_chunk_scan_kernel"] == {"us": 90.0, "count": 1}
+    assert call["timeline"] == [("_chunk_cumsum_kernel", 0.0, 2.0), ("_chunk_scan_kernel", 12.0, 90.0)]
+    summary = kernel_profile.summarize_calls([call])
+    assert summary["idle_us"] == 10.0
+    assert kernel_profile.timeline_line(summary) == "chunk_cumsum 0.0+2.0  chunk_scan 12.0+90.0"
+    assert kernel_profile.call_profile([host("cudaGraphLaunch", 5.0)]) == {"kernels": {}, "span_us": 0.0,
+                                                                           "timeline": []}
 
 
 OURS_CALL = [("_chunk_cumsum_kernel", 10.0), ("_chunk_state_kernel", 38.0), ("_bmm_chunk_kernel", 11.0),
@@ -289,7 +305,7 @@ def test_peer_stage_comparison_profiles_graph_replays_of_both(capsys):
         ("snapshot-fused", "snapshot", "graph", "graph"), ("indexed", "snapshot", "graph", "graph")]
     rows = {r["stage"]: r for r in report["tables"][0]["rows"]}
     assert list(rows) == ["gather", "chunk_cumsum", "chunk_state", "state_passing", "bmm_chunk", "chunk_scan",
-                          "total"]
+                          "total", "idle between kernels", "span"]
     assert (rows["chunk_scan"]["ours_us"], rows["chunk_scan"]["peer_us"]) == (98.0, 100.0)
     assert rows["total"]["ours_us"] == 184.0 and rows["total"]["ratio"] == pytest.approx(184.0 / 191.0)
     report["peer_name"] = "peer"
