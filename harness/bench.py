@@ -127,7 +127,8 @@ class Entry:
     side: str
     variant: str
     call: dict
-    samples: list[float] = field(default_factory=list)  # one per round: the median us of ``reps`` replays
+    samples: list[float] = field(default_factory=list)  # one per round: device us per call (``timer.measure``)
+    latency_samples: list[float] = field(default_factory=list)  # one per round: one call's latency (``timer.latency``)
     error: str | None = None
 
     @property
@@ -141,8 +142,9 @@ class Entry:
 
 def interleave(entries: list[Entry], fns: list, rounds: int, timer) -> None:
     """Prepare every call (``timer.prepare(fn)``: capture), then for each of ``rounds`` rounds measure each
-    prepared call once, in ``entries``' order (``timer.measure``), appending to its ``samples``. A call that cannot
-    be prepared gets its ``error`` and no samples; the others still run."""
+    prepared call once, in ``entries``' order (``timer.measure`` then ``timer.latency``), appending to its
+    ``samples`` and ``latency_samples``. A call that cannot be prepared gets its ``error`` and no samples; the
+    others still run."""
     prepared = []
     for entry, fn in zip(entries, fns, strict=True):
         try:
@@ -154,6 +156,7 @@ def interleave(entries: list[Entry], fns: list, rounds: int, timer) -> None:
         for entry, handle in zip(entries, prepared, strict=True):
             if handle is not None:
                 entry.samples.append(timer.measure(handle))
+                entry.latency_samples.append(timer.latency(handle))
 
 
 def workload_entries(workload: str, provider, our_variants: list[str], peer) -> tuple[list[Entry], list[str]]:
@@ -204,8 +207,10 @@ def summarize(entries: list[Entry], skipped: list[str] | None = None) -> dict:
     by = {(e.workload, e.side, e.variant): e for e in entries}
     rows = []
     for e in entries:
+        latency = statistics.median(e.latency_samples) if e.latency_samples else None
         row = {"workload": e.workload, "side": e.side, "variant": e.variant, "median_us": e.median,
-               "best_us": e.best, "samples_us": list(e.samples), "error": e.error}
+               "best_us": e.best, "samples_us": list(e.samples), "latency_us": latency,
+               "latency_samples_us": list(e.latency_samples), "error": e.error}
         if e.side == "ours":
             peer_variants = [p.variant for p in entries if p.workload == e.workload and p.side == "peer"]
             other = by.get((e.workload, "peer", counterpart(e.call["path"], peer_variants) or ""))
@@ -231,13 +236,14 @@ def _us(value: float | None) -> str:
 def print_table(summary: dict) -> None:
     peer = any(r["side"] == "peer" for r in summary["rows"])
     rounds = max((len(r["samples_us"]) for r in summary["rows"]), default=0)
-    print(f"graph replay: median and best of {rounds} round(s) of per-round medians"
+    print(f"graph replay, device time per call (replays queued back to back): median and best of {rounds} round(s) "
+          "of per-round medians; 1-call: one synchronized replay, host launch included (median)"
           + ("; ratio: ours / the peer's variant named, of the medians and of the bests" if peer else ""))
-    head = f"{'workload':<20} {'side':<5} {'variant':<16} {'median us':>9} {'best us':>8}"
+    head = f"{'workload':<20} {'side':<5} {'variant':<16} {'median us':>9} {'best us':>8} {'1-call us':>9}"
     print(head + (f"  {'peer':<10} {'ratio':>7} {'best ratio':>10}" if peer else ""))
     for row in summary["rows"]:
         line = (f"{row['workload']:<20} {row['side']:<5} {row['variant']:<16} {_us(row['median_us']):>9} "
-                f"{_us(row['best_us']):>8}")
+                f"{_us(row['best_us']):>8} {_us(row.get('latency_us')):>9}")
         if peer and row["side"] == "ours":
             ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}x"
             best = "-" if row["best_ratio"] is None else f"{row['best_ratio']:.2f}x"
@@ -324,6 +330,17 @@ def _commit() -> str:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     except OSError:
         return "unknown"
+
+
+def chosen_configs() -> dict[str, dict[str, str]]:
+    """The config each of our autotuned kernels runs per tuning key in this process (``Autotuner.cache``): what two
+    runs compare to show that they ran the same binaries."""
+    from triton.runtime.autotuner import Autotuner
+
+    from kernels.warmup import watched_kernels
+
+    return {kernel.base_fn.__name__: {repr(key): str(config) for key, config in sorted(kernel.cache.items(), key=repr)}
+            for kernel in watched_kernels() if isinstance(kernel, Autotuner) and kernel.cache}
 
 
 def _meta(args, peer) -> dict:
@@ -426,9 +443,12 @@ def main(argv: list[str] | None = None) -> int:
     entries, skipped = bench(workloads, args.variant or default_variants(provider), provider, peer, args.rounds,
                              GraphTimer(args.reps))
     summary = summarize(entries, skipped)
-    summary["meta"] = _meta(args, peer)
+    summary["meta"] = {**_meta(args, peer), "configs": chosen_configs()}
     _write(args.json, summary)
     print_table(summary)
+    for kernel, configs in summary["meta"]["configs"].items():
+        for key, config in configs.items():
+            print(f"config {kernel} {key}: {config}")
     if not any(e.samples for e in entries):
         return 2  # nothing was timed
     return 1 if any(e.error for e in entries) else 0

@@ -1,9 +1,18 @@
 """Timings of a GPU call by CUDA graph replay (``python -m harness bench``).
 
 A call is captured once as a CUDA graph (after warm-up calls on a side stream, which autotune and compile outside
-the capture); each measurement then replays the graph ``reps`` times, one pair of CUDA events around each replay,
-and reports the median in microseconds. ``GraphTimer`` splits the two steps so that a bench can capture every call
-it compares first and then measure them in alternation (``harness.bench.interleave``).
+the capture). Two measurements of its replays, in microseconds:
+
+- per call (``median_replay_us``): ``QUEUED`` replays enqueued back to back between one pair of CUDA events, the
+  elapsed time divided by ``QUEUED``; the median over the batches. The device runs the replays one after another
+  while the host enqueues the next, as in a serving loop whose host runs ahead, so this is the device's time per
+  call, without the host's launch latency.
+- one call's latency (``median_latency_us``): one replay between a pair of events, synchronized before the next;
+  the median. The device idles while the host launches the graph, so this adds the host's launch latency, which
+  differs between processes by tens of microseconds (docs/gpu-runs.md, run 39).
+
+``GraphTimer`` splits capture and measurement so that a bench can capture every call it compares first and then
+measure them in alternation (``harness.bench.interleave``).
 """
 
 from __future__ import annotations
@@ -12,16 +21,20 @@ import statistics
 
 import torch
 
+QUEUED = 20  # replays per pair of events when timing per call
 
-def _median_events(fn, reps: int) -> float:
+
+def _median_events(fn, reps: int, queued: int = 1) -> float:
+    """Median us of one ``fn()`` over ``reps`` calls: ``queued`` calls back to back between each pair of events."""
     times = []
-    for _ in range(reps):
+    for _ in range(max(1, reps // queued)):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(queued):
+            fn()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0)
+        times.append(start.elapsed_time(end) * 1000.0 / queued)
     return statistics.median(times)
 
 
@@ -44,17 +57,25 @@ def capture_graph(fn, warmup: int = 10) -> torch.cuda.CUDAGraph:
 
 
 def median_replay_us(graph: torch.cuda.CUDAGraph, reps: int) -> float:
-    """Median microseconds of one replay of ``graph`` over ``reps`` replays."""
+    """Device microseconds per replay of ``graph``: ``reps`` replays in batches of ``QUEUED`` back to back, the
+    median over the batches."""
+    return _median_events(graph.replay, reps, QUEUED)
+
+
+def median_latency_us(graph: torch.cuda.CUDAGraph, reps: int) -> float:
+    """Microseconds of one synchronized replay of ``graph`` (host launch included), the median of ``reps``."""
     return _median_events(graph.replay, reps)
 
 
 def time_graph(fn, reps: int, warmup: int = 10) -> float:
-    """Median microseconds of one CUDA graph replay of ``fn`` (autotuning must be done before capture)."""
+    """Device microseconds per CUDA graph replay of ``fn`` (``median_replay_us``; autotuning must be done before
+    capture)."""
     return median_replay_us(capture_graph(fn, warmup), reps)
 
 
 class GraphTimer:
-    """``prepare(fn)`` captures ``fn`` (``capture_graph``); ``measure(graph)`` is the median of ``reps`` replays."""
+    """``prepare(fn)`` captures ``fn`` (``capture_graph``); ``measure(graph)`` is its device time per call over
+    ``reps`` replays (``median_replay_us``), ``latency(graph)`` one synchronized call's (``median_latency_us``)."""
 
     def __init__(self, reps: int, warmup: int = 10):
         self.reps, self.warmup = reps, warmup
@@ -64,3 +85,6 @@ class GraphTimer:
 
     def measure(self, graph: torch.cuda.CUDAGraph) -> float:
         return median_replay_us(graph, self.reps)
+
+    def latency(self, graph: torch.cuda.CUDAGraph) -> float:
+        return median_latency_us(graph, max(1, self.reps // 4))

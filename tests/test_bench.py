@@ -65,6 +65,10 @@ class FakeClock:
         self.now += self.drift
         return self.base_us[label] + self.now
 
+    def latency(self, fn):
+        """A synchronized call: the host's launch latency (5 us here) on top of the device time."""
+        return self.base_us[self.label(fn)] + self.now + 5.0
+
     @staticmethod
     def label(fn) -> str:
         provider = fn.func.__self__
@@ -124,6 +128,7 @@ def test_interleave_alternates_the_calls_round_by_round_and_keeps_every_round():
     bench.interleave(entries, fns, rounds=3, timer=clock)
     assert clock.order == ["ours fused", "peer snapshot"] * 3
     assert entries[0].samples == [11.0, 13.0, 15.0] and entries[1].samples == [22.0, 24.0, 26.0]
+    assert entries[0].latency_samples == [16.0, 18.0, 20.0]  # measured right after each round's sample
     assert (entries[0].median, entries[0].best) == (13.0, 11.0)
     assert len(a.calls) == 4 and len(b.calls) == 4  # one call to prepare, one per round
 
@@ -193,11 +198,12 @@ def test_the_table_has_peer_columns_only_with_a_peer(capsys):
     bench.print_table(bench.summarize([e, p], ["bench-mixed-3 indexed: one sequence only"]))
     out = capsys.readouterr().out
     assert "ratio: ours / the peer's variant named" in out
-    assert "short-continuation   ours  indexed               20.0     20.0  snapshot     0.80x      0.80x" in out
+    row = "short-continuation   ours  indexed               20.0     20.0         -  snapshot     0.80x      0.80x"
+    assert row in out
     assert "skipped: bench-mixed-3 indexed: one sequence only" in out
     bench.print_table(bench.summarize([e]))
     out = capsys.readouterr().out
-    assert "ratio" not in out and "short-continuation   ours  indexed               20.0     20.0\n" in out
+    assert "ratio" not in out and "short-continuation   ours  indexed               20.0     20.0         -\n" in out
 
 
 # ---- stages by profiling ---------------------------------------------------------------------------------------------
@@ -431,6 +437,9 @@ def test_ours_and_vllms_adapter_take_the_calls_the_bench_makes(device, monkeypat
                 = fn.keywords["out"].clone()
             return 1.0
 
+        def latency(self, fn):
+            return 1.0
+
     entries, skipped = bench.bench(list(small), bench.default_variants(provider), provider, peer, rounds=1,
                                    timer=OneCall(), device=device)
     assert [(e.workload, e.side, e.variant, e.error) for e in entries] == [
@@ -443,3 +452,15 @@ def test_ours_and_vllms_adapter_take_the_calls_the_bench_makes(device, monkeypat
         theirs = outputs[("peer", batch, "snapshot")]
         for variant in ("torch", "fused") + (("indexed",) if batch == 1 else ()):
             torch.testing.assert_close(outputs[("ours", batch, variant)], theirs, rtol=1e-3, atol=1e-3)
+
+
+def test_the_configs_our_kernels_run_are_recorded_per_tuning_key(device):
+    """What two bench runs compare to show they ran the same binaries: each autotuned kernel's config per key."""
+    from harness.cases.builder import build_inputs
+    from kernels import bmm_chunk
+    from tests.support import make_case
+
+    kw = build_inputs(make_case([(0, 20, 1, False, 2)], slots=3, chunk_size=16), device).kwargs(path="snapshot")
+    bmm_chunk.bmm_chunk(kw["C"], kw["B"], 16, kw["cu_chunk_seqlens"])
+    configs = bench.chosen_configs()["_bmm_chunk_kernel"]
+    assert configs and all(key.startswith("(") and "BLOCK_SIZE_M" in config for key, config in configs.items())
