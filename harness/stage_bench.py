@@ -53,7 +53,10 @@ EXTRA_CANDIDATES = {
         _C({"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64}, num_stages=3, num_warps=2),
     ],
     "state_passing": [
-        _C({"BLOCK_SIZE": bs}, num_warps=w) for bs in (256, 512, 1024, 2048) for w in (1, 2, 8)
+        _C({"BLOCK_SIZE": bs}, num_warps=w) for bs in (128, 256, 512, 1024, 2048) for w in (1, 2, 4, 8)
+    ],
+    "chunk_cumsum": [
+        _C({"BLOCK_SIZE_H": bh}, num_warps=w) for bh in (1, 2, 4, 8, 16, 32, 64) for w in (1, 2, 4, 8)
     ],
 }
 
@@ -89,7 +92,7 @@ def stage_calls(provider, inputs, path: str, **extra) -> dict:
     calls = {
         "chunk_cumsum": (lambda: chunk_cumsum.chunk_cumsum(
             kw["dt"], kw["A"], Q, cu, dt_bias=kw["dt_bias"], dt_softplus=kw["dt_softplus"],
-            dt_limit=kw["dt_limit"])[0], None, []),
+            dt_limit=kw["dt_limit"])[0], chunk_cumsum.chunk_cumsum_kernel, chunk_cumsum.CONFIGS),
         "chunk_state": (lambda: chunk_state.chunk_state(kw["B"], kw["x"], dt_out, dA, cu),
                         chunk_state.chunk_state_kernel, chunk_state.CONFIGS),
         "bmm_chunk": (lambda: bmm_chunk.bmm_chunk(kw["C"], kw["B"], Q, cu),
@@ -182,6 +185,27 @@ def best_rows(rows: list[dict]) -> dict[str, dict]:
     return best
 
 
+def propose(report: dict) -> dict[str, dict]:
+    """Per autotuned stage, the config with the least summed time over every workload of ``report`` (each forced
+    config's time; a config not finite or not timed on some workload is out), with its times: the proposal for
+    ``kernels.tuned_configs.TUNED``, one config per shape class for every number of chunks."""
+    totals: dict[str, dict[str, list[float]]] = {}
+    for entry in report.values():
+        for r in entry["rows"]:
+            if r["config"] in ("auto", "fixed"):
+                continue
+            ok = r["finite"] and not math.isnan(r["graph_us"])
+            totals.setdefault(r["stage"], {}).setdefault(r["config"], []).append(r["graph_us"] if ok else math.inf)
+    workloads = len(report)
+    proposal = {}
+    for stage, configs in totals.items():
+        complete = {c: times for c, times in configs.items() if len(times) == workloads and math.inf not in times}
+        if complete:
+            best = min(complete, key=lambda c: sum(complete[c]))
+            proposal[stage] = {"config": best, "us": complete[best], "sum_us": sum(complete[best])}
+    return proposal
+
+
 def print_stage_report(report: dict) -> None:
     for workload, entry in report.items():
         rows = entry["rows"]
@@ -199,3 +223,8 @@ def print_stage_report(report: dict) -> None:
             print(f"{stage:<22} {r['graph_us']:>13.1f} {b['graph_us']:>9.1f}  {b['config']}")
         print(f"{'sum of stages':<22} {sum(r['graph_us'] for r in auto.values()):>13.1f} "
               f"{sum(best.get(s, r)['graph_us'] for s, r in auto.items()):>9.1f}")
+    proposal = propose(report)
+    if proposal:
+        print(f"== one config per stage for all {len(report)} workload(s): least summed time (us per workload)")
+        for stage, p in proposal.items():
+            print(f"{stage:<22} {p['config']:<44} {' '.join(f'{us:.1f}' for us in p['us'])}")

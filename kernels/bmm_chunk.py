@@ -12,6 +12,7 @@ import triton.language as tl
 
 from kernels.backend import AUTOTUNE_DO_BENCH, DOT_FP32_OPERANDS, FP32_DOT_PRECISION, dot_acc, least_overshoot
 from kernels.interface import INDEX_DTYPES
+from kernels.tuned_configs import checked_in
 
 # Target shape: dstate 128, chunk 256, ngroups 1: few (chunk, group) pairs on short prefills, so the small tiles
 # keep enough programs in flight; BLOCK_SIZE_K >= 16 (tl.dot minimum).
@@ -86,8 +87,8 @@ def _bmm_chunk_kernel(
 
 bmm_chunk_kernel = triton.autotune(
     configs=CONFIGS, key=["chunk_size", "dstate"], do_bench=AUTOTUNE_DO_BENCH,
-    prune_configs_by={"early_config_prune": least_overshoot(BLOCK_SIZE_M="chunk_size", BLOCK_SIZE_N="chunk_size",
-                                                            BLOCK_SIZE_K="dstate")},
+    prune_configs_by={"early_config_prune": checked_in("bmm_chunk", ("chunk_size", "dstate"), least_overshoot(
+        BLOCK_SIZE_M="chunk_size", BLOCK_SIZE_N="chunk_size", BLOCK_SIZE_K="dstate"))},
 )(_bmm_chunk_kernel)
 
 

@@ -1,8 +1,9 @@
 """Stage 1: dt processing and the per-chunk cumulative sum of dt * A (docs/architecture.md, stage 1).
 
 One program handles BLOCK_SIZE_H heads of one chunk; the whole chunk sits in one block of positions, so the
-cumsum is a single ``tl.cumsum`` (its summation order is the kernel's, hence a bounded stage for ``dA_cumsum``).
-``dt_out`` is pure elementwise fp32 with the contract's formula, so it can be compared bit for bit.
+cumsum is a single ``tl.cumsum`` (its summation order is the kernel's and may follow the config, hence a bounded
+stage for ``dA_cumsum``). ``dt_out`` is pure elementwise fp32 with the contract's formula, so it is compared bit for
+bit under every config.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from kernels.backend import LOG2E, USE_LIBDEVICE
+from kernels.backend import AUTOTUNE_DO_BENCH, LOG2E, USE_LIBDEVICE, least_overshoot
 from kernels.interface import INDEX_DTYPES
+from kernels.tuned_configs import checked_in
 
-# Heads per program: small enough that (BLOCK_SIZE_H, chunk_size=256) fp32 tiles stay in registers.
-BLOCK_SIZE_H = 8
+# Heads per program and warps: the first is small enough that (BLOCK_SIZE_H, chunk_size=256) fp32 tiles stay in
+# registers; kernels.tuned_configs may choose another for a shape class it has measured.
+CONFIGS = [triton.Config({"BLOCK_SIZE_H": 8}, num_warps=4)]
 SOFTPLUS_THRESHOLD = tl.constexpr(20.0)  # a constexpr: the GPU compiler rejects plain globals in @jit code
 
 
@@ -98,6 +101,15 @@ def _chunk_cumsum_kernel(
     )
 
 
+# Under the interpreter the do_bench stand-in runs each trial once and keeps the first config; trials only write
+# the stage's own outputs, so they are harmless.
+chunk_cumsum_kernel = triton.autotune(
+    configs=CONFIGS, key=["chunk_size", "nheads"], do_bench=AUTOTUNE_DO_BENCH,
+    prune_configs_by={"early_config_prune": checked_in("chunk_cumsum", ("chunk_size", "nheads"),
+                                                       least_overshoot(BLOCK_SIZE_H="nheads"))},
+)(_chunk_cumsum_kernel)
+
+
 def chunk_cumsum(
     dt: torch.Tensor,
     A: torch.Tensor,
@@ -123,8 +135,10 @@ def chunk_cumsum(
     nchunks = cu_chunk_seqlens.numel() - 1
     dt_out = torch.empty(H, nchunks, chunk_size, device=dt.device, dtype=torch.float32)
     dA_cumsum = torch.empty_like(dt_out)
-    grid = (nchunks, triton.cdiv(H, BLOCK_SIZE_H))
-    _chunk_cumsum_kernel[grid](**launch_arguments(
+    def grid(meta):
+        return (nchunks, triton.cdiv(H, meta["BLOCK_SIZE_H"]))
+
+    chunk_cumsum_kernel[grid](**launch_arguments(
         dt, A, cu_chunk_seqlens, dt_out, dA_cumsum, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit))
     return dA_cumsum, dt_out
 
@@ -132,8 +146,8 @@ def chunk_cumsum(
 def launch_arguments(dt: torch.Tensor, A: torch.Tensor, cu_chunk_seqlens: torch.Tensor, dt_out: torch.Tensor,
                      dA_cumsum: torch.Tensor, *, dt_bias: torch.Tensor | None, dt_softplus: bool,
                      dt_limit: tuple[float, float]) -> dict:
-    """The kernel's arguments by name for these tensors (the launcher's, and the warmup registry's on stand-ins).
-    Without dt_bias, A stands in for its pointer (never read) and its stride is 0."""
+    """The kernel's arguments by name for these tensors (the launcher's, and the warmup registry's on stand-ins),
+    less the config's. Without dt_bias, A stands in for its pointer (never read) and its stride is 0."""
     H, _, chunk_size = dt_out.shape
     return dict(
         dt_ptr=dt, A_ptr=A, dt_bias_ptr=dt_bias if dt_bias is not None else A,
@@ -148,6 +162,5 @@ def launch_arguments(dt: torch.Tensor, A: torch.Tensor, cu_chunk_seqlens: torch.
         DT_SOFTPLUS=bool(dt_softplus),
         HAS_DT_LIMIT=tuple(dt_limit) != (0.0, math.inf),
         LOG1P_LIBDEVICE=USE_LIBDEVICE,
-        BLOCK_SIZE_H=BLOCK_SIZE_H,
         BLOCK_SIZE_CHUNK=triton.next_power_of_2(chunk_size),
     )

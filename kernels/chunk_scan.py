@@ -23,6 +23,7 @@ import triton.language as tl
 
 from kernels.backend import AUTOTUNE_DO_BENCH, DOT_FP32_OPERANDS, FP32_DOT_PRECISION, LOG2E, dot_acc, least_overshoot
 from kernels.interface import INDEX_DTYPES, STATE_DTYPES
+from kernels.tuned_configs import checked_in
 
 
 def miscompiles_on_sm90(config: triton.Config) -> bool:
@@ -218,8 +219,8 @@ def _chunk_scan_kernel(
 
 chunk_scan_kernel = triton.autotune(
     configs=CONFIGS, key=["chunk_size", "hdim", "dstate"], do_bench=AUTOTUNE_DO_BENCH,
-    prune_configs_by={"early_config_prune": least_overshoot(BLOCK_SIZE_M="chunk_size", BLOCK_SIZE_N="hdim",
-                                                            BLOCK_SIZE_K="chunk_size")},
+    prune_configs_by={"early_config_prune": checked_in("chunk_scan", ("chunk_size", "hdim", "dstate"), least_overshoot(
+        BLOCK_SIZE_M="chunk_size", BLOCK_SIZE_N="hdim", BLOCK_SIZE_K="chunk_size"))},
 )(_chunk_scan_kernel)
 
 

@@ -14,6 +14,7 @@ import triton.language as tl
 
 from kernels.backend import AUTOTUNE_DO_BENCH, DOT_FP32_OPERANDS, FP32_DOT_PRECISION, LOG2E, dot_acc, least_overshoot
 from kernels.interface import INDEX_DTYPES
+from kernels.tuned_configs import checked_in
 
 # Target shape: headdim 64, dstate 128, chunk 256. BLOCK_SIZE_K >= 16 (tl.dot minimum).
 CONFIGS = [
@@ -110,8 +111,8 @@ def _chunk_state_kernel(
 
 chunk_state_kernel = triton.autotune(
     configs=CONFIGS, key=["hdim", "dstate", "chunk_size"], do_bench=AUTOTUNE_DO_BENCH,
-    prune_configs_by={"early_config_prune": least_overshoot(BLOCK_SIZE_M="hdim", BLOCK_SIZE_N="dstate",
-                                                            BLOCK_SIZE_K="chunk_size")},
+    prune_configs_by={"early_config_prune": checked_in("chunk_state", ("hdim", "dstate", "chunk_size"), least_overshoot(
+        BLOCK_SIZE_M="hdim", BLOCK_SIZE_N="dstate", BLOCK_SIZE_K="chunk_size"))},
 )(_chunk_state_kernel)
 
 

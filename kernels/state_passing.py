@@ -20,6 +20,7 @@ import triton.language as tl
 
 from kernels.backend import ARITHMETIC_PROFILE, AUTOTUNE_DO_BENCH, LOG2E, least_overshoot
 from kernels.interface import INDEX_DTYPES
+from kernels.tuned_configs import checked_in
 
 # Kernels may only read constexpr globals.
 _LOG2E = tl.constexpr(LOG2E)
@@ -50,7 +51,8 @@ def recurrence_step(s, states_ptr, dA_cs_ptr, mask):
 # Under the interpreter the do_bench stand-in runs each trial once (so trial launches really happen) and keeps
 # the first config; on the GPU Triton's benchmarker picks.
 @triton.autotune(configs=CONFIGS, key=["dim"], do_bench=AUTOTUNE_DO_BENCH,
-                 prune_configs_by={"early_config_prune": least_overshoot(BLOCK_SIZE="dim")})
+                 prune_configs_by={"early_config_prune": checked_in("state_passing", ("dim",),
+                                                                    least_overshoot(BLOCK_SIZE="dim"))})
 @triton.jit(**SCALAR_ONLY)
 def _state_passing_kernel(
     states_ptr,  # (C, H, P*N) fp32

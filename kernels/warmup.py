@@ -160,7 +160,7 @@ def watched_kernels() -> list[Any]:
     from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, gather, state_passing, state_passing_indexed
 
     return [gather._gather_initial_states_kernel, state_passing_indexed._state_passing_indexed_kernel,
-            chunk_cumsum._chunk_cumsum_kernel, chunk_state.chunk_state_kernel, bmm_chunk.bmm_chunk_kernel,
+            chunk_cumsum.chunk_cumsum_kernel, chunk_state.chunk_state_kernel, bmm_chunk.bmm_chunk_kernel,
             chunk_scan.chunk_scan_kernel, state_passing._state_passing_kernel]
 
 
@@ -478,7 +478,7 @@ def _chunk_cumsum_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
             standin((H, nchunks, Q), F32), standin((H, nchunks, Q), F32),
             dt_bias=standin((H,), F32) if bias else None, dt_softplus=softplus,
             dt_limit=(0.001, 0.1) if limit else (0.0, math.inf))
-        yield spec_for(cc._chunk_cumsum_kernel, arguments,
+        yield spec_for(cc.chunk_cumsum_kernel, arguments,
                        why=f"bias={bias} softplus={softplus} limit={limit} nchunks~{nchunks}")
 
 

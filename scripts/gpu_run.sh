@@ -100,8 +100,10 @@ for step in $steps; do
         --json "$OUT/peer-bench.json"
       run_step peer-stages $PY -m harness bench --stages --peer peers.vllm_ssd:provider --rounds 3 $workloads \
         --json "$OUT/peer-stages.json" ;;
-    stages)  # each stage of the 4256-token prefill alone, as tuned and with every candidate config forced
-      run_step stages $PY -m harness bench --stages --reps 100 --json "$OUT/stages.json" ;;
+    stages)  # each stage of the four workloads alone, as tuned and with every candidate config forced, and the one
+      # config per stage with the least summed time (the proposal for kernels/tuned_configs.py)
+      run_step stages $PY -m harness bench --stages --reps 100 --workload short-continuation --workload prefill-4256 \
+        --workload continue-600 --workload mixed-3 --json "$OUT/stages.json" ;;
     baseline)  # the suite as suite runs it, at an older commit's tree unpacked into .baseline/ (carried): the same
       # machine and session as the suite step, so the two cold times compare (BASE_REPORT_OPT: its report option)
       export TRITON_CACHE_DIR=$(mktemp -d)

@@ -109,10 +109,11 @@ def test_our_provider_is_not_flagged_and_retunes_every_stage(tiny_cases, device)
     ctx.call(ctx.inputs())  # every tuning key of this call tuned before the check
     result = run_check(case, CHECK, provider, device=device)
     assert result.status is Status.PASSED, result.message
-    from kernels import bmm_chunk, chunk_scan, chunk_state, state_passing
+    from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, state_passing
 
     stages = {kernel_name(k) for k in (state_passing._state_passing_kernel, chunk_state.chunk_state_kernel,
-                                       bmm_chunk.bmm_chunk_kernel, chunk_scan.chunk_scan_kernel)}
+                                       bmm_chunk.bmm_chunk_kernel, chunk_scan.chunk_scan_kernel,
+                                       chunk_cumsum.chunk_cumsum_kernel)}
     assert set(result.stats["autotuners"]) == stages, result.stats
     assert result.stats["trial_launches"] >= len(stages), result.stats
 

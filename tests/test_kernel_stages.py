@@ -558,3 +558,46 @@ def test_every_config_within_bound(stage, index, device):
             bound = chunk_scan_bound(inp, io, args, kw, want)
         assert kernel.best_config is mod.CONFIGS[index]
     assert_within_bound(got, want, bound, what=f"{stage} with config {index}: {mod.CONFIGS[index]}")
+
+
+@pytest.mark.parametrize("index", range(len(kcumsum.CONFIGS)))
+def test_every_chunk_cumsum_config(index, device):
+    """Each chunk_cumsum config, forced: dt_out bit for bit, dA_cumsum within its bound (its scan order may follow
+    the config), on partial chunks with softplus and a bias."""
+    shape = SHAPES[1]
+    inp = make_inputs(shape, "two-partial-first", torch.float32, device)
+    kw = dict(dt_bias=inp.dt_bias, dt_softplus=True, dt_limit=(0.0, math.inf))
+    cu = inp.meta["cu_chunk_seqlens"]
+    with forced_config(kcumsum.chunk_cumsum_kernel, kcumsum.CONFIGS[index]):
+        dA_k, dt_k = kcumsum.chunk_cumsum(inp.dt, inp.A, shape.chunk_size, cu, **kw)
+        assert kcumsum.chunk_cumsum_kernel.best_config is kcumsum.CONFIGS[index]
+    dA_r, dt_r = ref.chunk_cumsum(inp.dt, inp.A, shape.chunk_size, cu, profile=inp.profile, **kw)
+    assert_bits_equal(dt_k, dt_r, what=f"dt_out with config {index}: {kcumsum.CONFIGS[index]}")
+    check_dA_cumsum(dA_k, dA_r, dt_r, inp.A, shape.chunk_size, inp.profile)
+
+
+def test_every_state_passing_config_gives_the_same_bits(device):
+    """The recurrence is elementwise over the state, so its block size cannot change a bit: every config, forced,
+    writes the workspace and the cache rows the first config writes."""
+    from kernels import state_passing as ksp
+
+    g = torch.Generator().manual_seed(5)
+    C, H, P, N = 3, 2, 16, 32
+    states = torch.randn(C, H, P, N, generator=g).to(device)
+    dA = (-torch.rand(H, C, 8, generator=g)).cumsum(-1).to(device)
+    seq_idx = torch.tensor([0, 0, 1], dtype=torch.int32, device=device)
+    init = torch.randn(2, H, P, N, generator=g).to(device)
+    runs = []
+    for config in ksp.CONFIGS:
+        cache = torch.zeros(4, H, P, N, device=device)
+        with forced_config(ksp._state_passing_kernel, config):
+            out = ksp.state_passing(states, dA, seq_idx, initial_states=init, out_dtype=torch.float32,
+                                    state_cache=cache,
+                                    final_state_indices=torch.tensor([2, 0], dtype=torch.int32, device=device),
+                                    last_chunk_indices=torch.tensor([1, 2], dtype=torch.int32, device=device))
+        runs.append((config, out, cache))
+    first_config, first_out, first_cache = runs[0]
+    assert first_cache[[0, 2]].abs().sum() > 0  # the final states were written
+    for config, out, cache in runs[1:]:
+        assert_bits_equal(out, first_out, what=f"workspace with {config} vs {first_config}")
+        assert_bits_equal(cache, first_cache, what=f"cache with {config} vs {first_config}")

@@ -42,7 +42,7 @@ H, P, N, G, Q = SHAPE.nheads, SHAPE.headdim, SHAPE.dstate, SHAPE.ngroups, SHAPE.
 KERNELS = {
     "gather": gather._gather_initial_states_kernel,
     "state_passing_indexed": spi._state_passing_indexed_kernel,
-    "chunk_cumsum": chunk_cumsum._chunk_cumsum_kernel,
+    "chunk_cumsum": chunk_cumsum.chunk_cumsum_kernel,
     "chunk_state": chunk_state.chunk_state_kernel,
     "bmm_chunk": bmm_chunk.bmm_chunk_kernel,
     "chunk_scan": chunk_scan.chunk_scan_kernel,
@@ -185,10 +185,10 @@ def test_nchunks_parity_is_a_class_when_chunks_are_short(full_warmup, device):
     assert representatives(lambda c: c * 1) == [1, 2, 16]  # Q = 1: =1, other, 16k
     assert representatives(lambda c: c * 256) == [1]
     odd = []
-    with recording_launches([chunk_cumsum._chunk_cumsum_kernel]) as keys:
+    with recording_launches([chunk_cumsum.chunk_cumsum_kernel]) as keys:
         _call(device, contexts=(0,), tokens=(24,))()  # 3 chunks
     odd = list(keys)
-    with recording_launches([chunk_cumsum._chunk_cumsum_kernel]) as keys:
+    with recording_launches([chunk_cumsum.chunk_cumsum_kernel]) as keys:
         _call(device, contexts=(0,), tokens=(16,))()  # 2 chunks
     assert {k.key for k in odd}.isdisjoint({k.key for k in keys}), "nchunks parity should change the key"
     assert_keys_warmed(odd + list(keys), full_warmup.keys)

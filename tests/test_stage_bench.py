@@ -84,3 +84,21 @@ def test_untuned_stage_is_timed_as_fixed(monkeypatch):
     monkeypatch.setattr(stage_bench, "time_graph", lambda call, reps: 2.0)
     rows = stage_bench.time_stage("gather", lambda: torch.zeros(2), None, [], reps=3)
     assert [(r.config, r.graph_us, r.finite, r.chosen) for r in rows] == [("fixed", 2.0, True, None)]
+
+
+def test_the_proposal_is_the_config_with_the_least_summed_time_over_every_workload(capsys):
+    def row(stage, config, us, finite=True):
+        return {"stage": stage, "config": config, "graph_us": us, "finite": finite, "shipped": True, "chosen": None}
+
+    report = {
+        "short": {"variant": "v", "whole_call_graph_us": 20.0, "rows": [
+            row("scan", "auto", 5.0), row("scan", "A", 4.0), row("scan", "B", 6.0), row("scan", "C", 1.0),
+            row("gather", "fixed", 1.0)]},
+        "long": {"variant": "v", "whole_call_graph_us": 200.0, "rows": [
+            row("scan", "auto", 100.0), row("scan", "A", 110.0), row("scan", "B", 90.0),
+            row("scan", "C", 50.0, finite=False)]},  # C writes NaN on the long call: never proposed
+    }
+    proposal = stage_bench.propose(report)
+    assert proposal == {"scan": {"config": "B", "us": [6.0, 90.0], "sum_us": 96.0}}  # A's 4 + 110 is more
+    stage_bench.print_stage_report(report)
+    assert "scan                   B" in capsys.readouterr().out

@@ -1,0 +1,54 @@
+"""Checked-in configs per shape class (kernels.tuned_configs): the table's configs are shipped ones, and a stage's
+pruning returns the checked-in config exactly for its class on its architecture, leaving every other shape to the
+autotuner."""
+
+from __future__ import annotations
+
+import triton
+
+from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, state_passing, tuned_configs
+
+STAGES = {"chunk_cumsum": (chunk_cumsum.chunk_cumsum_kernel, chunk_cumsum.CONFIGS),
+          "chunk_state": (chunk_state.chunk_state_kernel, chunk_state.CONFIGS),
+          "bmm_chunk": (bmm_chunk.bmm_chunk_kernel, bmm_chunk.CONFIGS),
+          "chunk_scan": (chunk_scan.chunk_scan_kernel, chunk_scan.CONFIGS),
+          "state_passing": (state_passing._state_passing_kernel, state_passing.CONFIGS)}
+
+
+def test_every_checked_in_config_is_a_shipped_config_of_a_known_stage():
+    for stage, classes in tuned_configs.TUNED.items():
+        assert stage in STAGES, f"TUNED names an unknown stage {stage!r}"
+        _, configs = STAGES[stage]
+        for key, config in classes.items():
+            assert any(config is c for c in configs), f"{stage} {key}: {config} is not in its CONFIGS"
+
+
+def test_pruning_returns_the_checked_in_config_only_for_its_class(monkeypatch):
+    kernel, configs = STAGES["state_passing"]
+    chosen = configs[-1]
+    monkeypatch.setattr(tuned_configs, "TUNED", {"state_passing": {("sm90", 8192): chosen}})
+    monkeypatch.setattr(tuned_configs, "device_arch", lambda: "sm90")
+    prune = kernel.early_config_prune
+    assert prune(configs, {"dim": 8192}) == [chosen]
+    assert prune(configs, {}, dim=8192) == [chosen]  # launchers pass keywords
+    assert prune(configs, {"dim": 4096}) == configs  # another class: every config that fits stays
+    monkeypatch.setattr(tuned_configs, "device_arch", lambda: "sm100")
+    assert prune(configs, {"dim": 8192}) == configs  # another GPU tunes for itself
+    monkeypatch.setattr(tuned_configs, "device_arch", lambda: None)
+    assert prune(configs, {"dim": 8192}) == configs  # the interpreter too
+
+
+def test_every_tuned_stage_consults_the_table(monkeypatch):
+    """A sentinel config in the table for one made-up class of each stage comes back from that stage's pruning."""
+    monkeypatch.setattr(tuned_configs, "device_arch", lambda: "smXY")
+    keys = {"chunk_cumsum": {"chunk_size": 7, "nheads": 3}, "chunk_state": {"hdim": 7, "dstate": 3, "chunk_size": 5},
+            "bmm_chunk": {"chunk_size": 7, "dstate": 3}, "chunk_scan": {"chunk_size": 7, "hdim": 3, "dstate": 5},
+            "state_passing": {"dim": 7}}
+    order = {"chunk_cumsum": ("chunk_size", "nheads"), "chunk_state": ("hdim", "dstate", "chunk_size"),
+             "bmm_chunk": ("chunk_size", "dstate"), "chunk_scan": ("chunk_size", "hdim", "dstate"),
+             "state_passing": ("dim",)}
+    for stage, (kernel, configs) in STAGES.items():
+        sentinel = triton.Config({}, num_warps=1)
+        key = ("smXY", *(keys[stage][name] for name in order[stage]))
+        monkeypatch.setattr(tuned_configs, "TUNED", {stage: {key: sentinel}})
+        assert kernel.early_config_prune(configs, dict(keys[stage])) == [sentinel], stage
