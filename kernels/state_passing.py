@@ -28,7 +28,7 @@ _LOG2E = tl.constexpr(LOG2E)
 # On the serving shape BLOCK_SIZE 256 and 512 tie; 64 and 128 launch too many programs, 1024 and 2048 too few
 # (measurements: docs/gpu-runs.md). Two configs keep the tuner (and its guard tests) in play at a third of a
 # six-config list's compiles (the suite warms every config it can pick).
-CONFIGS = [triton.Config({"BLOCK_SIZE": bs}) for bs in (256, 512)]
+CONFIGS = [triton.Config({"BLOCK_SIZE": bs}) for bs in (256, 512)] + [triton.Config({"BLOCK_SIZE": 1024}, num_warps=8)]
 
 # Metadata and index tensors are read one scalar at a time, nchunks is a loop bound: specializing on their
 # alignment or value class only multiplies binaries, so they are compiled once for all classes.

@@ -21,8 +21,46 @@ from kernels.backend import INTERPRET
 
 _C = triton.Config
 
-# stage -> {(arch, key values in the stage's autotuning key order): config}
+
+def _shipped(configs: list[triton.Config], **wanted) -> triton.Config:
+    """The config of ``configs`` with these block sizes and options (so the table holds the shipped object)."""
+    for c in configs:
+        if {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages} == wanted:
+            return c
+    raise LookupError(f"no shipped config {wanted}")
+
+
+def _serving_table() -> dict[str, dict[tuple, triton.Config]]:
+    """The serving shape on the H200 (nheads 64, headdim 64, dstate 128, chunk 256; any dtype and chunk count): the
+    config with the least summed time over the four bench workloads in the stage sweep of docs/gpu-runs.md run 40.
+    The autotuner's own picks there differed between two processes in three of four stages, and its chunk_scan pick
+    was 1.8x slower than this one."""
+    from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, state_passing
+
+    return {
+        "chunk_cumsum": {("sm90", 256, 64): _shipped(chunk_cumsum.CONFIGS, BLOCK_SIZE_H=2, num_warps=4,
+                                                      num_stages=3)},
+        "chunk_state": {("sm90", 64, 128, 256): _shipped(chunk_state.CONFIGS, BLOCK_SIZE_M=64, BLOCK_SIZE_N=128,
+                                                          BLOCK_SIZE_K=32, num_warps=4, num_stages=3)},
+        "bmm_chunk": {("sm90", 256, 128): _shipped(bmm_chunk.CONFIGS, BLOCK_SIZE_M=64, BLOCK_SIZE_N=64,
+                                                    BLOCK_SIZE_K=128, num_warps=4, num_stages=2)},
+        "chunk_scan": {("sm90", 256, 64, 128): _shipped(chunk_scan.CONFIGS, BLOCK_SIZE_M=64, BLOCK_SIZE_N=64,
+                                                         BLOCK_SIZE_K=64, num_warps=4, num_stages=1)},
+        "state_passing": {("sm90", 8192): _shipped(state_passing.CONFIGS, BLOCK_SIZE=1024, num_warps=8,
+                                                   num_stages=3)},
+    }
+
+
+# stage -> {(arch, key values in the stage's autotuning key order): config}; filled on first use (``table``): the
+# stage modules import this one, so their CONFIGS exist only after it.
 TUNED: dict[str, dict[tuple, triton.Config]] = {}
+
+
+def table() -> dict[str, dict[tuple, triton.Config]]:
+    """``TUNED``, filled with the measured table on first use."""
+    if not TUNED:
+        TUNED.update(_serving_table())
+    return TUNED
 
 
 @functools.cache
@@ -44,7 +82,7 @@ def checked_in(stage: str, key: tuple[str, ...], fallback):
         arch = device_arch()
         if arch is not None:
             sizes = {**named_args, **kwargs}
-            chosen = TUNED.get(stage, {}).get((arch, *(int(sizes[name]) for name in key)))
+            chosen = table().get(stage, {}).get((arch, *(int(sizes[name]) for name in key)))
             if chosen is not None:
                 return [chosen]
         return fallback(configs, named_args, **kwargs)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU runner does everything (device time is scarce): environment, the test suite on CUDA,
 # the case corpus, the bench. Usage: scripts/gpu_run.sh [STEP...] with steps env, tests, cases, bench
-# (default: env tests cases bench; also pyc, startup, spawn-probe, exit-probe, recheck, suite, suite-warm, warmup, cases-warm, stages,
+# (default: env tests cases bench; also pyc, bench-twice, startup, spawn-probe, exit-probe, recheck, suite, suite-warm, warmup, cases-warm, stages,
 # profile-ref, profile-warmup, peer-bench). Full logs go under $OUT (the device tool brings them back); a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
@@ -98,6 +98,17 @@ for step in $steps; do
       workloads="--workload short-continuation --workload prefill-4256 --workload continue-600 --workload mixed-3"
       run_step peer-bench $PY -m harness bench --peer peers.vllm_ssd:provider --rounds 3 $workloads \
         --json "$OUT/peer-bench.json"
+      run_step peer-stages $PY -m harness bench --stages --peer peers.vllm_ssd:provider --rounds 3 $workloads \
+        --json "$OUT/peer-stages.json" ;;
+    bench-twice)  # the peer bench in two fresh processes: whole calls twice, and whether our kernels ran the same
+      # configs in both (issue 18: configs must not depend on timing noise)
+      workloads="--workload short-continuation --workload prefill-4256 --workload continue-600 --workload mixed-3"
+      for i in 1 2; do
+        run_step peer-bench-$i $PY -m harness bench --peer peers.vllm_ssd:provider --rounds 3 $workloads \
+          --json "$OUT/peer-bench-$i.json"
+      done
+      run_step configs-diff bash -c "diff <(grep '^config ' $OUT/peer-bench-1.log) <(grep '^config ' $OUT/peer-bench-2.log) \
+        && echo \"configs: the same $(grep -c '^config ' $OUT/peer-bench-1.log) tuning keys and configs in both processes\""
       run_step peer-stages $PY -m harness bench --stages --peer peers.vllm_ssd:provider --rounds 3 $workloads \
         --json "$OUT/peer-stages.json" ;;
     stages)  # each stage of the four workloads alone, as tuned and with every candidate config forced, and the one

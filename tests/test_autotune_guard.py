@@ -20,7 +20,7 @@ from harness.guards.autotune import (
 )
 from harness.guards.specialization import kernel_name
 from harness.varlen import build_varlen_metadata
-from kernels import bmm_chunk, chunk_scan, chunk_state, ssd
+from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, ssd
 from kernels import state_passing as sp
 from kernels import state_passing_indexed as spi
 
@@ -185,7 +185,7 @@ def test_guard_refuses_to_pass_when_the_autotuners_ran_no_trial(device):
 # ---- the project's kernels --------------------------------------------------------------------------------------
 
 SNAPSHOT_TUNED = [sp._state_passing_kernel, chunk_state.chunk_state_kernel, bmm_chunk.bmm_chunk_kernel,
-                  chunk_scan.chunk_scan_kernel]
+                  chunk_scan.chunk_scan_kernel, chunk_cumsum.chunk_cumsum_kernel]
 H, P, N, G, Q = 2, 4, 8, 1, 8
 
 
@@ -285,7 +285,7 @@ def test_ssd_snapshot_path_autotuned_stages_are_safe(device):
     call = functools.partial(_call_ssd, inputs, init=[1, 1], final=[1, 2], path="snapshot")
     with every_config_tried(SNAPSHOT_TUNED):
         report = check_autotune_safe(call)
-    # found by the hook on Triton's autotuner, not from a list: exactly the snapshot path's four autotuned stages
+    # found by the hook on Triton's autotuner, not from a list: exactly the snapshot path's five autotuned stages
     assert sorted(report.autotuners) == sorted(kernel_name(k) for k in SNAPSHOT_TUNED), report.autotuners
     assert len(report.chosen) == len(SNAPSHOT_TUNED)
     assert all(len(v) == 1 for v in report.chosen.values()), report.chosen  # each stage tuned once

@@ -16,11 +16,25 @@ STAGES = {"chunk_cumsum": (chunk_cumsum.chunk_cumsum_kernel, chunk_cumsum.CONFIG
 
 
 def test_every_checked_in_config_is_a_shipped_config_of_a_known_stage():
-    for stage, classes in tuned_configs.TUNED.items():
+    assert tuned_configs.table(), "the measured table is empty"
+    for stage, classes in tuned_configs.table().items():
         assert stage in STAGES, f"TUNED names an unknown stage {stage!r}"
         _, configs = STAGES[stage]
         for key, config in classes.items():
             assert any(config is c for c in configs), f"{stage} {key}: {config} is not in its CONFIGS"
+
+
+def test_the_serving_class_is_pruned_to_its_checked_in_config_on_the_h200(monkeypatch):
+    """The serving shape's real launch arguments reach the table through each stage's key."""
+    monkeypatch.setattr(tuned_configs, "device_arch", lambda: "sm90")
+    serving = {"chunk_cumsum": {"chunk_size": 256, "nheads": 64},
+               "chunk_state": {"hdim": 64, "dstate": 128, "chunk_size": 256},
+               "bmm_chunk": {"chunk_size": 256, "dstate": 128},
+               "chunk_scan": {"chunk_size": 256, "hdim": 64, "dstate": 128},
+               "state_passing": {"dim": 64 * 128}}
+    for stage, (kernel, configs) in STAGES.items():
+        (chosen,) = kernel.early_config_prune(configs, serving[stage])
+        assert chosen in configs and chosen is next(iter(tuned_configs.table()[stage].values())), stage
 
 
 def test_pruning_returns_the_checked_in_config_only_for_its_class(monkeypatch):
