@@ -19,48 +19,26 @@ import triton
 
 from kernels.backend import INTERPRET
 
-_C = triton.Config
+# stage -> {(arch, key values in the stage's autotuning key order): the config, by its block sizes and options}.
+# The serving shape on the H200 (nheads 64, headdim 64, dstate 128, chunk 256; any dtype and chunk count): per
+# stage the config with the least summed time over the four bench workloads in the stage sweep of docs/gpu-runs.md
+# run 40. The autotuner's own picks differed between two processes there in three of four stages, and its
+# chunk_scan pick was 1.8x slower than this one.
+TUNED: dict[str, dict[tuple, dict[str, int]]] = {
+    "chunk_cumsum": {("sm90", 256, 64): dict(BLOCK_SIZE_H=2, num_warps=4, num_stages=3)},
+    "chunk_state": {("sm90", 64, 128, 256): dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=128, BLOCK_SIZE_K=32, num_warps=4,
+                                                  num_stages=3)},
+    "bmm_chunk": {("sm90", 256, 128): dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, num_warps=4,
+                                            num_stages=2)},
+    "chunk_scan": {("sm90", 256, 64, 128): dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, num_warps=4,
+                                                 num_stages=1)},
+    "state_passing": {("sm90", 8192): dict(BLOCK_SIZE=1024, num_warps=8, num_stages=3)},
+}
 
 
-def _shipped(configs: list[triton.Config], **wanted) -> triton.Config:
-    """The config of ``configs`` with these block sizes and options (so the table holds the shipped object)."""
-    for c in configs:
-        if {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages} == wanted:
-            return c
-    raise LookupError(f"no shipped config {wanted}")
-
-
-def _serving_table() -> dict[str, dict[tuple, triton.Config]]:
-    """The serving shape on the H200 (nheads 64, headdim 64, dstate 128, chunk 256; any dtype and chunk count): the
-    config with the least summed time over the four bench workloads in the stage sweep of docs/gpu-runs.md run 40.
-    The autotuner's own picks there differed between two processes in three of four stages, and its chunk_scan pick
-    was 1.8x slower than this one."""
-    from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, state_passing
-
-    return {
-        "chunk_cumsum": {("sm90", 256, 64): _shipped(chunk_cumsum.CONFIGS, BLOCK_SIZE_H=2, num_warps=4,
-                                                      num_stages=3)},
-        "chunk_state": {("sm90", 64, 128, 256): _shipped(chunk_state.CONFIGS, BLOCK_SIZE_M=64, BLOCK_SIZE_N=128,
-                                                          BLOCK_SIZE_K=32, num_warps=4, num_stages=3)},
-        "bmm_chunk": {("sm90", 256, 128): _shipped(bmm_chunk.CONFIGS, BLOCK_SIZE_M=64, BLOCK_SIZE_N=64,
-                                                    BLOCK_SIZE_K=128, num_warps=4, num_stages=2)},
-        "chunk_scan": {("sm90", 256, 64, 128): _shipped(chunk_scan.CONFIGS, BLOCK_SIZE_M=64, BLOCK_SIZE_N=64,
-                                                         BLOCK_SIZE_K=64, num_warps=4, num_stages=1)},
-        "state_passing": {("sm90", 8192): _shipped(state_passing.CONFIGS, BLOCK_SIZE=1024, num_warps=8,
-                                                   num_stages=3)},
-    }
-
-
-# stage -> {(arch, key values in the stage's autotuning key order): config}; filled on first use (``table``): the
-# stage modules import this one, so their CONFIGS exist only after it.
-TUNED: dict[str, dict[tuple, triton.Config]] = {}
-
-
-def table() -> dict[str, dict[tuple, triton.Config]]:
-    """``TUNED``, filled with the measured table on first use."""
-    if not TUNED:
-        TUNED.update(_serving_table())
-    return TUNED
+def describe(config: triton.Config) -> dict[str, int]:
+    """A config as ``TUNED`` spells it: its block sizes, warps and stages."""
+    return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
 
 
 @functools.cache
@@ -75,16 +53,20 @@ def device_arch() -> str | None:
 
 
 def checked_in(stage: str, key: tuple[str, ...], fallback):
-    """``early_config_prune`` for ``triton.autotune``: the checked-in config of ``stage`` for this architecture and
-    these values of the kernel arguments named in ``key`` when ``TUNED`` has one, else ``fallback``'s choice."""
+    """``early_config_prune`` for ``triton.autotune``: the one of ``configs`` that ``TUNED`` names for ``stage`` on
+    this architecture and these values of the kernel arguments named in ``key``, else ``fallback``'s choice."""
 
     def prune(configs, named_args, **kwargs):
         arch = device_arch()
         if arch is not None:
             sizes = {**named_args, **kwargs}
-            chosen = table().get(stage, {}).get((arch, *(int(sizes[name]) for name in key)))
-            if chosen is not None:
-                return [chosen]
+            wanted = TUNED.get(stage, {}).get((arch, *(int(sizes[name]) for name in key)))
+            if wanted is not None:
+                matching = [c for c in configs if describe(c) == wanted]
+                if len(matching) != 1:
+                    raise LookupError(f"kernels.tuned_configs: {stage}'s checked-in config {wanted} matches "
+                                      f"{len(matching)} of its configs; it must be exactly one of them")
+                return matching
         return fallback(configs, named_args, **kwargs)
 
     return prune

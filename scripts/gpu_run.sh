@@ -31,12 +31,16 @@ for step in $steps; do
       # (scripts/compile_bytecode.sh). Byte-code of the interpreter's libraries goes to a prefix; later steps use it.
       export PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-$(mktemp -d)}
       run_step pyc bash -c "scripts/compile_bytecode.sh $PY && du -sh $PYTHONPYCACHEPREFIX" ;;
-    suite|suite-warm)  # the whole suite as `make test` runs it (tests/ and cases/), after one warmup, under the recompile
-      # guard; suite starts from a cold Triton cache, suite-warm reuses the one the previous step filled.
+    suite|suite-warm|suite-same)  # the whole suite as `make test` runs it (tests/ and cases/), after one warmup, under
+      # the recompile guard; suite starts from a cold Triton cache, suite-warm reuses the one the previous step filled.
+      # suite-same (cold): only the test files the carried .baseline/ tree also has, and cases/: this code's cost on
+      # the baseline's behaviours, apart from the tests added since.
       # TAG names the logs (e.g. -2gpu); PIN prefixes the command (e.g. "taskset -c 0-15" for a 16-core budget).
       # DURATIONS: an earlier report whose item durations order the work longest first (default: the checked-in one).
       # A cold run also starts without the repository's byte-code and pytest's rewritten modules (step pyc).
-      [ "$step" = suite ] && export TRITON_CACHE_DIR=$(mktemp -d) && rm -rf "${PYTHONPYCACHEPREFIX:-/nonexistent}$PWD"
+      [ "$step" != suite-warm ] && export TRITON_CACHE_DIR=$(mktemp -d) && rm -rf "${PYTHONPYCACHEPREFIX:-/nonexistent}$PWD"
+      extra="${SUITE_ARGS:-}"
+      [ "$step" = suite-same ] && extra="$extra cases $(cd .baseline/tests && ls test_*.py | while read f; do [ -f "../../tests/$f" ] && echo "tests/$f"; done | tr '\n' ' ')"
       name="$step${TAG:-}"
       nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader -l 1 > "$OUT/$name-smi.csv" 2>&1 &
       smi=$!
@@ -45,7 +49,7 @@ for step in $steps; do
       cpu=$!
       run_step "$name" ${PIN:-} $PY -m pytest -q -n "$WORKERS" --workers-per-gpu "${WPG:-$WORKERS}" --device cuda \
         -p no:cacheprovider --recompile-guard --durations-from "${DURATIONS:-scripts/gpu-durations.json}" --ssd-report "$OUT/$name-report.json" --junit-xml "$OUT/$name-junit.xml" \
-        --durations 30 -rfE --tb=short ${SUITE_ARGS:-}
+        --durations 30 -rfE --tb=short $extra
       kill $smi $cpu 2>/dev/null
       # A killed run leaves its workers' live parts; times merges them (and failures.txt keeps every failure's report).
       $PY -m harness times "$OUT/$name-report.json" --top 12 --by check --by family --by worker > "$OUT/$name-times.txt" 2>&1

@@ -11,10 +11,19 @@ import contextlib
 import io
 import subprocess
 
+import pytest
 import torch
 
 from harness import cli
+from harness.backend import interpreter_install_problem
 from harness.cases.model import CacheSpec, CallSpec, Case, IndicesSpec, Options, Shape, Tiers
+
+# For tests that start a process on device "cpu" wherever they run (the plugin's machinery, the backend's order): a
+# GPU runner's Python may lack what Triton's interpreter needs there (numpy < 2.4), and then configure refuses.
+_INTERPRETER_PROBLEM = interpreter_install_problem()
+needs_cpu_interpreter = pytest.mark.skipif(
+    _INTERPRETER_PROBLEM is not None,
+    reason=f"starts a process on device cpu, and this Python cannot run the interpreter: {_INTERPRETER_PROBLEM}")
 
 # ---- kernel-test cases ---------------------------------------------------------------------------------------------
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
+from tests.support import needs_cpu_interpreter
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("kernels", "reference", "harness", "ssd_pytest", "peers")
 # (importer's package, imported package) pairs that break the layering, with the reason reported.
@@ -202,6 +204,7 @@ def test_no_import_cycles():
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
+@needs_cpu_interpreter
 def test_the_triton_free_kernel_modules_may_precede_the_backend_choice():
     """The case model reads the interface (``kernels.interface``) and the harness reads the kernels' variable names
     (``kernels.environment``) before ``harness.backend.configure`` chooses the backend: neither imports triton, and

@@ -20,6 +20,7 @@ from harness.report import ItemRecord, Report, merge_reports, summary_lines
 from ssd_pytest import plugin, workers, xdist_scheduling
 from ssd_pytest.items import is_case_file
 from tests import broken_providers as bp
+from tests.support import needs_cpu_interpreter
 
 pytest_plugins = ["pytester"]
 ROOT = Path(__file__).resolve().parents[1]
@@ -450,6 +451,7 @@ def test_autotuning_budget_is_shortened_only_when_asked_and_parsed_strictly(monk
     assert os.environ[AUTOTUNE_BUDGET_ENV] == "25,100"
 
 
+@needs_cpu_interpreter
 def test_one_xdist_run_merges_reports_keeps_units_together_and_starts_the_costliest_first(tmp_path):
     """One ``-n 2`` run (three fresh processes, each importing torch, are the expensive part) shows:
     - junit properties on case items and one merged JSON report over both workers;

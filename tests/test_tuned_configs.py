@@ -4,7 +4,7 @@ autotuner."""
 
 from __future__ import annotations
 
-import triton
+import pytest
 
 from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, state_passing, tuned_configs
 
@@ -16,12 +16,13 @@ STAGES = {"chunk_cumsum": (chunk_cumsum.chunk_cumsum_kernel, chunk_cumsum.CONFIG
 
 
 def test_every_checked_in_config_is_a_shipped_config_of_a_known_stage():
-    assert tuned_configs.table(), "the measured table is empty"
-    for stage, classes in tuned_configs.table().items():
+    assert tuned_configs.TUNED, "the measured table is empty"
+    for stage, classes in tuned_configs.TUNED.items():
         assert stage in STAGES, f"TUNED names an unknown stage {stage!r}"
         _, configs = STAGES[stage]
-        for key, config in classes.items():
-            assert any(config is c for c in configs), f"{stage} {key}: {config} is not in its CONFIGS"
+        for key, wanted in classes.items():
+            matching = [c for c in configs if tuned_configs.describe(c) == wanted]
+            assert len(matching) == 1, f"{stage} {key}: {wanted} matches {len(matching)} of its CONFIGS"
 
 
 def test_the_serving_class_is_pruned_to_its_checked_in_config_on_the_h200(monkeypatch):
@@ -34,13 +35,13 @@ def test_the_serving_class_is_pruned_to_its_checked_in_config_on_the_h200(monkey
                "state_passing": {"dim": 64 * 128}}
     for stage, (kernel, configs) in STAGES.items():
         (chosen,) = kernel.early_config_prune(configs, serving[stage])
-        assert chosen in configs and chosen is next(iter(tuned_configs.table()[stage].values())), stage
+        assert tuned_configs.describe(chosen) == next(iter(tuned_configs.TUNED[stage].values())), stage
 
 
 def test_pruning_returns_the_checked_in_config_only_for_its_class(monkeypatch):
     kernel, configs = STAGES["state_passing"]
     chosen = configs[-1]
-    monkeypatch.setattr(tuned_configs, "TUNED", {"state_passing": {("sm90", 8192): chosen}})
+    monkeypatch.setattr(tuned_configs, "TUNED", {"state_passing": {("sm90", 8192): tuned_configs.describe(chosen)}})
     monkeypatch.setattr(tuned_configs, "device_arch", lambda: "sm90")
     prune = kernel.early_config_prune
     assert prune(configs, {"dim": 8192}) == [chosen]
@@ -53,7 +54,8 @@ def test_pruning_returns_the_checked_in_config_only_for_its_class(monkeypatch):
 
 
 def test_every_tuned_stage_consults_the_table(monkeypatch):
-    """A sentinel config in the table for one made-up class of each stage comes back from that stage's pruning."""
+    """The table's entry for one made-up class of each stage (the stage's last config) comes back from that stage's
+    pruning; an entry that names no config of the stage is refused."""
     monkeypatch.setattr(tuned_configs, "device_arch", lambda: "smXY")
     keys = {"chunk_cumsum": {"chunk_size": 7, "nheads": 3}, "chunk_state": {"hdim": 7, "dstate": 3, "chunk_size": 5},
             "bmm_chunk": {"chunk_size": 7, "dstate": 3}, "chunk_scan": {"chunk_size": 7, "hdim": 3, "dstate": 5},
@@ -62,7 +64,9 @@ def test_every_tuned_stage_consults_the_table(monkeypatch):
              "bmm_chunk": ("chunk_size", "dstate"), "chunk_scan": ("chunk_size", "hdim", "dstate"),
              "state_passing": ("dim",)}
     for stage, (kernel, configs) in STAGES.items():
-        sentinel = triton.Config({}, num_warps=1)
         key = ("smXY", *(keys[stage][name] for name in order[stage]))
-        monkeypatch.setattr(tuned_configs, "TUNED", {stage: {key: sentinel}})
-        assert kernel.early_config_prune(configs, dict(keys[stage])) == [sentinel], stage
+        monkeypatch.setattr(tuned_configs, "TUNED", {stage: {key: tuned_configs.describe(configs[-1])}})
+        assert kernel.early_config_prune(configs, dict(keys[stage])) == [configs[-1]], stage
+        monkeypatch.setattr(tuned_configs, "TUNED", {stage: {key: {"BLOCK_SIZE": 3, "num_warps": 1}}})
+        with pytest.raises(LookupError, match=f"{stage}'s checked-in config .* matches 0 of its configs"):
+            kernel.early_config_prune(configs, dict(keys[stage]))

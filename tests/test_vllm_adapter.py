@@ -446,25 +446,28 @@ def test_stage_hooks_are_the_ones_with_our_contract(cases, vllm_provider, device
 def test_warmup_hook_covers_its_layouts_and_the_guard_names_what_it_does_not(cases, vllm_provider, device):
     """The adapter warms by representative calls, as a vLLM server does. A case on the layouts they cover launches
     nothing new; vllm-direct's cache starts two elements into its storage, a pointer class no warmup call had,
-    and the guard names vLLM's kernels that would compile for it."""
+    and the guard names vLLM's kernels that would compile for it. The gather's in-memory binaries are set aside
+    first: earlier tests on this worker may have compiled the unwarmed class already, and then nothing compiles."""
     from harness.checks.hooks import model_configs
-    from harness.guards.recompile import RecompileError
+    from harness.guards.recompile import RecompileError, cold_in_memory_cache
     from harness.guards.server_warmup import guarded, warm
 
-    warmed = warm(vllm_provider, model_configs([cases["vllm-warmed-layout"]]))
-    assert model_configs([cases["vllm-direct"]]) == list(warmed.configs)
-    assert "_chunk_scan_fwd_kernel" in warmed.summary()
-    with guarded(warmed) as record:
-        result = run_check(cases["vllm-warmed-layout"], "determinism", vllm_provider, device=device,
-                           provider_spec=SPEC)
-    assert result.status is Status.PASSED and record.launches > 0, (result.message, record)
-    with pytest.raises(RecompileError) as fired:
-        with guarded(warmed):
-            run_check(cases["vllm-direct"], "determinism", vllm_provider, device=device, provider_spec=SPEC)
-    text = str(fired.value)
-    if device == "cpu":  # under the interpreter the witness is the launch's key against the warmed keys
-        assert "gather_initial_states._gather_initial_states_kernel: specialization not warmed up" in text, text
-        assert "state_ptr: needed *fp32 unaligned, closest warmed *fp32 aligned16" in text, text
-    else:  # on the GPU, the compile itself; the unaligned state pointer is the class no warmup call had
-        kernel = "vllm.model_executor.layers.mamba.ops.gather_initial_states._gather_initial_states_kernel"
-        assert f"compile hook: {kernel} compiled key [('*fp32', '')" in text, text
+    gather = sys.modules["peers.vllm_ssd"]._gather_module._gather_initial_states_kernel
+    with cold_in_memory_cache(gather):
+        warmed = warm(vllm_provider, model_configs([cases["vllm-warmed-layout"]]))
+        assert model_configs([cases["vllm-direct"]]) == list(warmed.configs)
+        assert "_chunk_scan_fwd_kernel" in warmed.summary()
+        with guarded(warmed) as record:
+            result = run_check(cases["vllm-warmed-layout"], "determinism", vllm_provider, device=device,
+                               provider_spec=SPEC)
+        assert result.status is Status.PASSED and record.launches > 0, (result.message, record)
+        with pytest.raises(RecompileError) as fired:
+            with guarded(warmed):
+                run_check(cases["vllm-direct"], "determinism", vllm_provider, device=device, provider_spec=SPEC)
+        text = str(fired.value)
+        if device == "cpu":  # under the interpreter the witness is the launch's key against the warmed keys
+            assert "gather_initial_states._gather_initial_states_kernel: specialization not warmed up" in text, text
+            assert "state_ptr: needed *fp32 unaligned, closest warmed *fp32 aligned16" in text, text
+        else:  # on the GPU, the compile itself; the unaligned state pointer is the class no warmup call had
+            kernel = "vllm.model_executor.layers.mamba.ops.gather_initial_states._gather_initial_states_kernel"
+            assert f"compile hook: {kernel} compiled key [('*fp32', '')" in text, text
