@@ -11,7 +11,9 @@ that crashes, hangs past the item time limit or leaves a sticky device error (a 
 item its process, the item is a failure with the cause in one line, and the next item runs in a healthy child. A
 fault is a finding like a mismatch: the first failure fixes what the shrinking keeps (``Failure.signature``: the
 same check failing the same way: a mismatch, an exception of the same type, a crash with the same cause, a hang, a
-sticky device error). Each case runs once; Hypothesis' final replay of the minimal case is answered from memory.
+sticky device error). A hang counts only when it repeats in the fresh child: a first call that compiles its kernels
+on a busy host can pass the limit once. Each case runs once; Hypothesis' final replay of the minimal case is
+answered from memory.
 
 Budgets: ``budget`` examples for the search (shrinking is Hypothesis' to bound: it stops after five minutes), and
 an optional wall-time budget for search and shrinking together, checked before each item (an item running when it
@@ -345,9 +347,29 @@ class _Search:
             if not result.status.is_failure:
                 continue
             failure = classify(result, lost)
+            if failure.kind == "hang":
+                failure = self._confirm_hang(case, name, failure)
+                if failure is None:
+                    continue
             if self.target is None or failure.signature == self.target.signature:
                 return failure
         return None
+
+    def _confirm_hang(self, case: Case, check: str, hang: Failure) -> Failure | None:
+        """The item once more, in the fresh process that replaced the timed-out one: a real hang repeats, while the
+        first call of a new shape compiles its kernels, which on a busy host can pass the limit once (the compiled
+        binaries are in the disk cache by then). The second run's verdict stands: the hang, another failure, or
+        None when it passed."""
+        from harness.checks import Status
+
+        self._check_time()
+        result, lost = self.runners.run(case, check)
+        with self._lock:
+            self.faults += result.status is Status.ERROR or bool(lost)
+        if not result.status.is_failure:
+            return None
+        again = classify(result, lost)
+        return hang if again.kind == "hang" else again
 
     def _check_time(self) -> None:
         if time.monotonic() >= self.deadline:

@@ -97,6 +97,21 @@ def test_a_hang_across_chunks_is_found_shrunk_and_written_and_repro_shows_it(tmp
     _repro_shows(found, "hangs_across_chunks", device, "timed out after 3 s", "--item-timeout", "3")
 
 
+def test_a_hang_that_does_not_repeat_is_no_finding(tmp_path, device, monkeypatch):
+    """A case's first call passes the time limit once and works in the fresh child (as a first call that compiles on
+    a busy host can): the search confirms each hang before it counts, so it finds nothing and writes nothing."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    monkeypatch.setenv(fp.SlowOnceAcrossChunks.MARKS_ENV, str(marks))
+    log = io.StringIO()
+    found = fuzz("tests.faulty_providers:slow_once_across_chunks", budget=6, out_dir=tmp_path / "found",
+                 device=device, checks=[CHECK], timeout=2, time_budget=LOSING_BUDGET[device] * 2,
+                 heartbeat=HEARTBEAT, log=log)
+    assert isinstance(found, NoFailure), found
+    assert list(marks.iterdir()), "no drawn case crossed a chunk boundary: the test saw no first call time out"
+    assert not (tmp_path / "found").exists() or not list((tmp_path / "found").iterdir())
+
+
 def test_an_exception_across_chunks_is_shrunk_to_the_end(tmp_path, device):
     """The child survives an exception, so nothing bounds the shrinking but Hypothesis: the case is the smallest
     that crosses a chunk boundary."""
