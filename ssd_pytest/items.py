@@ -143,6 +143,16 @@ def runner(config: pytest.Config):
     return config.stash[_runner_key]
 
 
+def start_runner_early(session: pytest.Session) -> None:
+    """Start this process's runner as soon as its items are known, when any case item will run: a supervised
+    child's start-up (importing torch, the device context) then overlaps the wait for the first items and the tests
+    before them, instead of stalling the first case item."""
+    if session.config.option.collectonly:
+        return
+    if any(isinstance(item, CheckItem) and item.get_closest_marker("skip") is None for item in session.items):
+        runner(session.config).start()
+
+
 def close_runner(config: pytest.Config) -> None:
     found = config.stash.get(_runner_key, None)
     if found is not None:

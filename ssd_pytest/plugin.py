@@ -116,6 +116,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_collection_finish(session: pytest.Session) -> None:
     timeline.mark(session.config.stash[state.PHASES], "collected")
     xdist_scheduling.write_xdist_groups(session)
+    case_items.start_runner_early(session)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -4,8 +4,8 @@ writes reproduces that failure through ``harness run`` (and passes on a working 
 The broken providers here wrap ``reference:provider`` (``tests.broken_providers:on_reference.*``): shrinking calls
 the provider hundreds of times, which takes minutes through the Triton interpreter and milliseconds in PyTorch. The
 kernels themselves are covered by test_checks / test_cli / test_plugin with the same broken providers. The first two
-searches run in this process (``isolation="none"``); the CLI ones in supervised children, as the CLI does by
-default. Providers that crash, hang or raise: test_fuzz_faults.
+searches run in this process (``isolation="none"``); of the CLI ones, the first in supervised children, as the CLI
+does by default, the other with ``--isolation none``. Providers that crash, hang or raise: test_fuzz_faults.
 """
 
 from __future__ import annotations
@@ -50,21 +50,21 @@ def test_fuzz_shrinks_and_writes_a_regression_in_process(tmp_path, device):
     assert case.batch == 1 and case.total_tokens == 1, case.summary()
 
 
-def _fuzz_then_run(tmp_path: Path, capsys, provider_name: str, check: str, device: str) -> None:
+def _fuzz_then_run(tmp_path: Path, capsys, provider_name: str, check: str, device: str, *isolation: str) -> None:
     """``harness fuzz`` writes a shrunk failing case; ``harness run`` on it fails the same check with a repro line
     and passes on a working provider. Through ``cli.main`` in this process, on the session's device (one process
     cannot switch backends): a fresh interpreter per command would import torch and start CUDA again each time (the
-    process entry point has its own test in test_cli)."""
+    process entry point has its own test in test_cli). ``isolation``: extra options of all three commands."""
     spec = f"tests.broken_providers:on_reference.{provider_name}"
     assert cli.main(["fuzz", "--budget", "40", "--out", str(tmp_path), "--provider", spec, "--device", device,
-                     "--check", check]) == 1
+                     "--check", check, *isolation]) == 1
     (written,) = tmp_path.glob("*.yaml")
     assert f"fuzz: {check} failed; shrunk case written to {written}" in capsys.readouterr().out
-    assert cli.main(["run", str(written), "--provider", spec, "--device", device]) == 1
+    assert cli.main(["run", str(written), "--provider", spec, "--device", device, *isolation]) == 1
     out = capsys.readouterr().out
     assert f"FAILED      {written.stem}::{check}" in out
     assert f"repro: python -m harness repro {written} --check {check}" in out
-    healthy = cli.main(["run", str(written), "--provider", "reference:provider", "--device", device])
+    healthy = cli.main(["run", str(written), "--provider", "reference:provider", "--device", device, *isolation])
     out = capsys.readouterr().out
     assert healthy == 0 or f"{written.stem}  1 unsupported" in out, out
 
@@ -74,4 +74,5 @@ def test_fuzz_cli_regression_reproduces_wrong_slot(tmp_path, capsys, device):
 
 
 def test_fuzz_cli_regression_reproduces_one_ulp_indexed(tmp_path, capsys, device):
-    _fuzz_then_run(tmp_path, capsys, "one_ulp_indexed", "indexed_vs_snapshot", device)
+    """The same through the CLI's in-process runner (the test above runs the default supervised children)."""
+    _fuzz_then_run(tmp_path, capsys, "one_ulp_indexed", "indexed_vs_snapshot", device, "--isolation", "none")

@@ -53,7 +53,9 @@ def cases_with_twin() -> str:
 
 def test_each_model_request_is_warmed_once_before_its_first_item(pytester, tmp_path, device):
     """Lazy warmups: one per distinct model request of the selected cases (cases sharing shape, dtypes and options
-    share it), none for cases not run, each printed before the item that needed it."""
+    share it), none for cases not run, each printed before the item that needed it. In this process
+    (``--isolation none``): which requests are warmed is the plugin's choice, wherever they run
+    (test_warmed_suite_passes_under_the_guard runs them in the supervised child)."""
     from harness.cases.loader import load_case_file
     from harness.warmup import requests_from_cases
 
@@ -65,11 +67,13 @@ def test_each_model_request_is_warmed_once_before_its_first_item(pytester, tmp_p
     assert len(distinct) == len(cases) - 1  # the twin shares tiny-direct's request
     tiny = pytester.makefile(".yaml", tiny=text)
     result = pytester.runpytest_inprocess("-p", "ssd_pytest.plugin", "--device", device, "-p", "no:cacheprovider",
-                                          "-s", "--recompile-guard", str(tiny), "-k", "determinism")
+                                          "-s", "--recompile-guard", "--isolation", "none", str(tiny), "-k",
+                                          "determinism")
     warmups = [line for line in result.outlines if "warmup:" in line and "warmup hook" in line]
     assert result.ret == 0, result.stdout.str()[-3000:]
     assert len(warmups) == len(distinct), (warmups, distinct)
-    just_one = run_guarded(pytester, device, "--provider", "kernels:provider", select="tiny-direct and determinism")
+    just_one = run_guarded(pytester, device, "--provider", "kernels:provider", "--isolation", "none",
+                           select="tiny-direct and determinism")
     assert len([line for line in just_one.outlines if "warmup:" in line]) == 1
 
 
