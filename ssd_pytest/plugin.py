@@ -16,7 +16,7 @@ import pytest
 
 from harness import DEFAULT_PROVIDER, backend, timeline
 from ssd_pytest import items as case_items
-from ssd_pytest import reporting, sharding, state, workers, xdist_scheduling
+from ssd_pytest import progress, reporting, sharding, state, workers, xdist_scheduling
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -99,6 +99,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     timeline.mark(session.config.stash[state.PHASES], "configured")  # every plugin's pytest_configure has run
+    progress.register(session.config)  # after the terminal reporter registered itself
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector):

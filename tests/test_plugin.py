@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -502,6 +503,10 @@ def test_one_xdist_run_merges_reports_keeps_units_together_and_starts_the_costli
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ssd-harness summary" in proc.stdout and "no failures" in proc.stdout
+    # The controller prints one line per case from what its workers report (ssd_pytest.progress).
+    for case in ("tiny-batch", "tiny-direct", "tiny-returned"):
+        assert re.search(rf"^{case} +2 passed  \[[123]/3 cases, \d+s elapsed, (ETA \S+|ETA unknown|done)\]$",
+                         proc.stdout, flags=re.MULTILINE), proc.stdout
     # Workers leave without the interpreter's shutdown once xdist has their results (workers.exit_worker_now), and xdist
     # takes that as a normal end, not a crash.
     assert not list(tmp_path.glob("atexit-*")), "a worker went through the interpreter's shutdown"

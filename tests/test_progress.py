@@ -1,5 +1,5 @@
-"""Progress of ``python -m harness run`` (harness.progress): one line per case with its outcomes, elapsed time and an
-ETA weighted by the items' expected cost."""
+"""Progress of ``python -m harness run`` (harness.progress) and of a pytest run (ssd_pytest.progress): one line per
+case with its outcomes, elapsed time and an ETA weighted by the items' expected cost."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from harness.progress import CaseProgress, format_duration, format_eta
+
+pytest_plugins = ["pytester"]
 
 
 @pytest.mark.parametrize(("seconds", "text"), [(0, "0s"), (44.6, "45s"), (190, "3m10s"), (3900, "1h05m")])
@@ -54,3 +56,36 @@ def test_the_eta_is_unknown_until_an_item_after_the_first_has_ended():
     assert progress.status() == "0/2 cases, 0s elapsed, ETA unknown"
     clock.now += 3
     assert progress.item_done(one, "a", "passed") == "one  1 passed  [1/2 cases, 3s elapsed, ETA unknown]"
+
+
+def _tiny_run(pytester, device, *args):
+    from tests.broken_providers import TINY_CASES
+
+    tiny = pytester.makefile(".yaml", tiny=TINY_CASES)
+    pytester.makepyfile(test_other="def test_plain():\n    pass\n")
+    return pytester.runpytest_inprocess("-p", "ssd_pytest.plugin", "--device", device, "-p", "no:cacheprovider",
+                                        "--isolation", "none", "--provider", "reference:provider", str(tiny),
+                                        "test_other.py", "-k", "determinism or returned_shapes or plain", *args)
+
+
+def test_pytest_prints_a_line_per_case_instead_of_its_items_letters(pytester, device):
+    result = _tiny_run(pytester, device)
+    assert result.ret == 0, result.stdout.str()
+    out = result.stdout.str()
+    lines = [line for line in result.outlines if line.startswith("tiny-")]
+    assert [line.split()[0] for line in lines] == ["tiny-direct", "tiny-batch", "tiny-returned"], out
+    # (pytest may end the last one with its own "[ 85%]" before the next file's name)
+    assert lines[0].startswith("tiny-direct    2 passed  [1/3 cases, ") and " elapsed, done]" in lines[-1], lines
+    assert "tiny-returned  2 passed  [3/3 cases, " in out, out
+    # the case items print no letters: the file's name once, its case lines below it; the plain test keeps its "."
+    start = result.outlines.index("tiny.yaml ")
+    assert result.outlines[start + 1:start + 4] == lines, result.outlines
+    assert result.outlines[start + 4].startswith("test_other.py .  "), result.outlines
+    result.assert_outcomes(passed=7)
+
+
+def test_with_v_pytest_keeps_its_line_per_item_and_adds_no_case_line(pytester, device):
+    result = _tiny_run(pytester, device, "-v")
+    assert result.ret == 0, result.stdout.str()
+    assert not [line for line in result.outlines if line.startswith("tiny-")]
+    result.stdout.fnmatch_lines(["*tiny.yaml::tiny-direct::determinism PASSED*"])
