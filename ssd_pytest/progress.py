@@ -97,11 +97,14 @@ class CaseLines:
 
     def _write(self, line: str) -> None:
         # Without xdist pytest writes a file's name, then its items' letters on that line: a case line goes below
-        # the name, and pytest's next name (or summary) starts its own line. Under xdist (no name) a whole line.
+        # the name, and pytest's next name (or summary) starts its own line. Under xdist (letters, no name) a line
+        # of its own, after the letters written so far.
         if getattr(self.terminal, "currentfspath", None):
             self.terminal.write("\n" + line, flush=True)
-        else:
-            self.terminal.write_line(line)
+            return
+        if self.config.get_terminal_writer().width_of_current_line:
+            self.terminal.write("\n")
+        self.terminal.write_line(line)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_report_teststatus(self, report, config):
