@@ -57,6 +57,7 @@ class CaseLines:
         self.progress: CaseProgress | None = None
         self.keys: dict[str, tuple[CaseKey, str]] = {}  # case item node id -> (its case, its check)
         self.outcomes: dict[str, str] = {}
+        self.xdist_controller = False  # set when the plan comes from the workers' collection
 
     def plan(self, nodeids: list[str], weight: Callable[[str], float]) -> None:
         found = [(nodeid, parsed) for nodeid in nodeids if (parsed := case_and_check(nodeid, self.config))]
@@ -81,6 +82,7 @@ class CaseLines:
         if self.progress is None:  # every worker collects the same items; the first report plans the run
             from ssd_pytest.sharding import measured_costs
 
+            self.xdist_controller = True
             measured = measured_costs(self.config)
             self.plan(list(ids), measured if measured is not None else (lambda nodeid: 1.0))
 
@@ -96,15 +98,12 @@ class CaseLines:
                 self._write(line)
 
     def _write(self, line: str) -> None:
-        # Without xdist pytest writes a file's name, then its items' letters on that line: a case line goes below
-        # the name, and pytest's next name (or summary) starts its own line. Under xdist (letters, no name) a line
-        # of its own, after the letters written so far.
-        if getattr(self.terminal, "currentfspath", None):
-            self.terminal.write("\n" + line, flush=True)
-            return
-        if self.config.get_terminal_writer().width_of_current_line:
-            self.terminal.write("\n")
-        self.terminal.write_line(line)
+        # After whatever pytest left on the current line (a file's name, letters), on a line of its own. Without
+        # xdist pytest writes the next case item's file name only when the file changes, and starts a new line
+        # itself before its next name or summary, so the line stays open; under xdist the letters of other tests
+        # follow, so it is ended here.
+        prefix = "\n" if self.config.get_terminal_writer().width_of_current_line else ""
+        self.terminal.write(prefix + line + ("\n" if self.xdist_controller else ""), flush=True)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_report_teststatus(self, report, config):
