@@ -11,12 +11,13 @@ Variants of ours: the snapshot path with the PyTorch ``torch.where`` gather, wit
 indexed path (one sequence only: the mixed batch has no indexed variant). ``--peer MODULE:ATTR`` adds another
 provider (e.g. ``peers.vllm_ssd:provider``), timed in the same process on the same input tensors: its supported
 paths (``supported_paths``), called with ``path`` alone. Each call is captured once as a CUDA graph; then, round
-after round (``--rounds``), every call of the workload is measured once in turn, ours then the peer's, as the
-median of ``--reps`` replays, so drift over the run reaches both alike. Reported: the median and the best of the
-per-round medians, and ours / the peer's (the peer's run of the same path, or of its first path when it lacks
-ours). ``--stages`` times each stage of ours alone (``harness.stage_bench``); ``--stages --peer`` compares the
-stages of one whole call of each by profiling (``harness.kernel_profile``). Performance is measured here, never in
-timed tests.
+after round (``--rounds``), every call of the workload is measured once in turn, ours then the peer's
+(``harness.cuda_timing``: device time per call from ``--reps`` replays queued back to back, and one synchronized
+call's latency), so drift over the run reaches both alike. Reported: the median and the best of the per-round
+figures, ours / the peer's (the peer's run of the same path, or of its first path when it lacks ours), and the
+config each of our autotuned kernels ran. ``--stages`` times each stage of ours alone (``harness.stage_bench``);
+``--stages --peer`` compares the stages of one whole call of each by profiling (``harness.kernel_profile``).
+Performance is measured here, never in timed tests.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import torch
 
 from harness import DEFAULT_PROVIDER
 from harness.cases.model import CacheSpec, Case, Dtypes, Options, SequenceSpec, Shape
+from harness.kernel_profile import ratio
 
 SERVING_SHAPE = Shape(nheads=64, headdim=64, dstate=128, ngroups=1, chunk_size=256)
 
@@ -139,6 +141,10 @@ class Entry:
     def best(self) -> float | None:
         return min(self.samples) if self.samples else None
 
+    @property
+    def latency(self) -> float | None:
+        return statistics.median(self.latency_samples) if self.latency_samples else None
+
 
 def interleave(entries: list[Entry], fns: list, rounds: int, timer) -> None:
     """Prepare every call (``timer.prepare(fn)``: capture), then for each of ``rounds`` rounds measure each
@@ -197,26 +203,21 @@ def bench(workloads: list[str], our_variants: list[str], provider, peer, rounds:
     return entries, skipped
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a and b else None
-
-
 def summarize(entries: list[Entry], skipped: list[str] | None = None) -> dict:
     """Rows (median and best of the rounds; for ours with a peer: the peer variant compared and the ratios
     ours/peer of the medians and of the bests) and issue 4's targets for the indexed path (medians)."""
     by = {(e.workload, e.side, e.variant): e for e in entries}
     rows = []
     for e in entries:
-        latency = statistics.median(e.latency_samples) if e.latency_samples else None
         row = {"workload": e.workload, "side": e.side, "variant": e.variant, "median_us": e.median,
-               "best_us": e.best, "samples_us": list(e.samples), "latency_us": latency,
+               "best_us": e.best, "samples_us": list(e.samples), "latency_us": e.latency,
                "latency_samples_us": list(e.latency_samples), "error": e.error}
         if e.side == "ours":
             peer_variants = [p.variant for p in entries if p.workload == e.workload and p.side == "peer"]
             other = by.get((e.workload, "peer", counterpart(e.call["path"], peer_variants) or ""))
             row["peer_variant"] = other.variant if other else None
-            row["ratio"] = _ratio(e.median, other.median) if other else None
-            row["best_ratio"] = _ratio(e.best, other.best) if other else None
+            row["ratio"] = ratio(e.median, other.median) if other else None
+            row["best_ratio"] = ratio(e.best, other.best) if other else None
         rows.append(row)
     targets = {}
     for workload in dict.fromkeys(e.workload for e in entries):
@@ -357,14 +358,15 @@ def _meta(args, peer) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m harness bench",
-        description="Time the SSD prefill paths on the GPU (CUDA events and CUDA graph replay, medians), ours and "
-                    "optionally a peer's, on the bench workloads.")
+        description="Time the SSD prefill paths on the GPU (CUDA graph replays, medians), ours and optionally a "
+                    "peer's, on the bench workloads.")
     parser.add_argument("--workload", action="append", choices=list(WORKLOADS),
                         help="repeatable; default all (--stages without --peer: prefill-4256)")
     parser.add_argument("--variant", action="append", choices=list(ALL_VARIANTS),
                         help="variant of ours, repeatable; default snapshot-torch, snapshot-fused, indexed "
                              "(--stages: snapshot-fused); the peer runs its supported paths")
-    parser.add_argument("--reps", type=int, default=200, help="graph replays per measurement (their median)")
+    parser.add_argument("--reps", type=int, default=200,
+                        help="graph replays per measurement (queued in batches; the median batch's time per call)")
     parser.add_argument("--rounds", type=int, default=5,
                         help="measurements of each call, alternating ours and the peer's (median and best "
                              "reported; --stages --peer: profiled calls of each)")

@@ -166,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Listed here for the overview; main() hands their arguments (and --help) to harness.bench and harness.warmup.
     sub.add_parser("warmup", help="compile-only warmup of every specialization the cases need (time, count)",
                    add_help=False)
-    sub.add_parser("bench", help="GPU benchmarks of the SSD prefill paths (events and graph-replay medians)",
+    sub.add_parser("bench", help="GPU benchmarks of the SSD prefill paths (CUDA graph replays, medians)",
                    add_help=False)
     return parser
 

@@ -146,7 +146,8 @@ def _stage_order(stage: str) -> tuple[int, str]:
     return (STAGES.index(stage), "") if stage in STAGES else (len(STAGES), stage)
 
 
-def _ratio(ours: float | None, peer: float | None) -> float | None:
+def ratio(ours: float | None, peer: float | None) -> float | None:
+    """ours / peer, or None where either is missing (or zero)."""
     return ours / peer if ours and peer else None
 
 
@@ -157,9 +158,9 @@ def compare(ours: dict, peer: dict) -> list[dict]:
     rows = []
     for stage in stages:
         o, p = ours["stages"].get(stage), peer["stages"].get(stage)
-        rows.append({"stage": stage, "ours_us": o, "peer_us": p, "ratio": _ratio(o, p)})
+        rows.append({"stage": stage, "ours_us": o, "peer_us": p, "ratio": ratio(o, p)})
     for stage, key in (("total", "total_us"), ("idle between kernels", "idle_us"), ("span", "span_us")):
-        rows.append({"stage": stage, "ours_us": ours[key], "peer_us": peer[key], "ratio": _ratio(ours[key], peer[key])})
+        rows.append({"stage": stage, "ours_us": ours[key], "peer_us": peer[key], "ratio": ratio(ours[key], peer[key])})
     return rows
 
 

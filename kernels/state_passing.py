@@ -25,9 +25,10 @@ from kernels.tuned_configs import checked_in
 # Kernels may only read constexpr globals.
 _LOG2E = tl.constexpr(LOG2E)
 
-# On the serving shape BLOCK_SIZE 256 and 512 tie; 64 and 128 launch too many programs, 1024 and 2048 too few
-# (measurements: docs/gpu-runs.md). Two configs keep the tuner (and its guard tests) in play at a third of a
-# six-config list's compiles (the suite warms every config it can pick).
+# The candidates measured on the serving shape that came within noise of the best (docs/gpu-runs.md): 64 and 128
+# launch too many programs, 2048 too few, and 1024 keeps up only with 8 warps (the serving class's checked-in
+# config, kernels.tuned_configs). Few configs keep the tuner (and its guard tests) in play at a fraction of a long
+# list's compiles (the suite warms every config it can pick).
 CONFIGS = [triton.Config({"BLOCK_SIZE": bs}) for bs in (256, 512)] + [triton.Config({"BLOCK_SIZE": 1024}, num_warps=8)]
 
 # Metadata and index tensors are read one scalar at a time, nchunks is a loop bound: specializing on their
