@@ -29,6 +29,19 @@ def _is_faulting_case(B) -> bool:
     return B.shape[-2] == 2  # ngroups: 2 in tiny-batch alone
 
 
+def _in_faulting_case(kwargs) -> bool:
+    return _is_faulting_case(kwargs["B"])
+
+
+def _batch_of_two_or_more(kwargs) -> bool:
+    return kwargs["has_initial_states"].shape[0] >= 2
+
+
+def _crosses_a_chunk_boundary(kwargs) -> bool:
+    """Some sequence spans two or more chunks: more chunks than sequences (chunks never hold two sequences)."""
+    return kwargs["seq_idx"].numel() > kwargs["has_initial_states"].shape[0]
+
+
 def _note_pid() -> None:
     path = os.environ.get(PID_FILE_ENV)
     if path:
@@ -36,14 +49,32 @@ def _note_pid() -> None:
             fh.write(f"{os.getpid()}\n")
 
 
+def _segfault() -> None:
+    """A real SIGSEGV: read address 0 (after noting the process, for tests that check it was replaced)."""
+    _note_pid()
+    ctypes.string_at(0)
+
+
+def _hang() -> None:
+    """Never return (after noting the process)."""
+    _note_pid()
+    while True:
+        time.sleep(3600)
+
+
 class _Faulty(_Broken):
+    """Faults on every call inside ``region`` (a predicate on the call's keyword arguments: by default the calls of
+    ``tiny-batch``), works everywhere else."""
+
+    region = staticmethod(_in_faulting_case)
+
     def __init__(self):
         super().__init__(base="reference:provider")
 
-    def call(self, x, dt, A, B, *args, **kwargs):
-        if _is_faulting_case(B):
+    def call(self, *args, **kwargs):
+        if self.region(kwargs):
             self.fault()
-        return self.inner.ssd_prefill(x, dt, A, B, *args, **kwargs)
+        return self.inner.ssd_prefill(*args, **kwargs)
 
     def fault(self) -> None:
         raise NotImplementedError
@@ -59,18 +90,13 @@ class ExitsZero(_Faulty):
 class Segfaults(_Faulty):
     breakage = "reads address 0 (a real SIGSEGV)"
 
-    def fault(self) -> None:
-        _note_pid()
-        ctypes.string_at(0)
+    fault = staticmethod(_segfault)
 
 
 class Hangs(_Faulty):
     breakage = "never returns"
 
-    def fault(self) -> None:
-        _note_pid()
-        while True:
-            time.sleep(3600)
+    fault = staticmethod(_hang)
 
 
 class ExitsHard(_Faulty):
@@ -100,18 +126,18 @@ class CrashesOnce(_Broken):
 _POISONED = {"cause": ""}  # this process's "device context": once poisoned, every later call fails
 
 
-class StickyDeviceError(_Broken):
+class StickyDeviceError(_Faulty):
     breakage = ("one case hits an illegal memory access that, like a real one, leaves the process's device context "
                 "unusable: every later call in that process fails with the same error")
 
-    def __init__(self):
-        super().__init__(base="reference:provider")
-
-    def call(self, x, dt, A, B, *args, **kwargs):
-        if _POISONED["cause"] or _is_faulting_case(B):
-            _POISONED["cause"] = STICKY_MESSAGE
+    def call(self, *args, **kwargs):
+        if _POISONED["cause"]:
             raise RuntimeError(_POISONED["cause"])
-        return self.inner.ssd_prefill(x, dt, A, B, *args, **kwargs)
+        return super().call(*args, **kwargs)
+
+    def fault(self) -> None:
+        _POISONED["cause"] = STICKY_MESSAGE
+        raise RuntimeError(STICKY_MESSAGE)
 
 
 class RaisesKeyboardInterrupt(_Faulty):
@@ -133,48 +159,19 @@ raises_keyboard_interrupt = RaisesKeyboardInterrupt()
 # ---- faults on a region of the search space (the fuzzer's cases)
 
 
-def _batch_of_two_or_more(kwargs) -> bool:
-    return kwargs["has_initial_states"].shape[0] >= 2
-
-
-def _crosses_a_chunk_boundary(kwargs) -> bool:
-    """Some sequence spans two or more chunks: more chunks than sequences (chunks never hold two sequences)."""
-    return kwargs["seq_idx"].numel() > kwargs["has_initial_states"].shape[0]
-
-
-class _Regional(_Broken):
-    """Faults on every call inside ``region``, works everywhere else."""
-
+class _Regional(_Faulty):
     region = staticmethod(_batch_of_two_or_more)
-
-    def __init__(self):
-        super().__init__(base="reference:provider")
-
-    def call(self, *args, **kwargs):
-        if self.region(kwargs):
-            self.fault()
-        return self.inner.ssd_prefill(*args, **kwargs)
-
-    def fault(self) -> None:
-        raise NotImplementedError
 
 
 class SegfaultsOnBatch(_Regional):
     breakage = "reads address 0 (a real SIGSEGV) on every call with two or more sequences"
-
-    def fault(self) -> None:
-        _note_pid()
-        ctypes.string_at(0)
+    fault = staticmethod(_segfault)
 
 
 class HangsAcrossChunks(_Regional):
     breakage = "never returns from a call where a sequence crosses a chunk boundary"
     region = staticmethod(_crosses_a_chunk_boundary)
-
-    def fault(self) -> None:
-        _note_pid()
-        while True:
-            time.sleep(3600)
+    fault = staticmethod(_hang)
 
 
 class RaisesAcrossChunks(_Regional):
@@ -185,15 +182,10 @@ class RaisesAcrossChunks(_Regional):
         raise IndexError("chunk index out of range (a sequence crosses a chunk boundary)")
 
 
-class StickyOnBatch(_Regional):
+class StickyOnBatch(StickyDeviceError):
     breakage = ("an illegal memory access on a call with two or more sequences that, like a real one, leaves the "
                 "process's device context unusable: every later call in that process fails with the same error")
-
-    def call(self, *args, **kwargs):
-        if _POISONED["cause"] or self.region(kwargs):
-            _POISONED["cause"] = STICKY_MESSAGE
-            raise RuntimeError(_POISONED["cause"])
-        return self.inner.ssd_prefill(*args, **kwargs)
+    region = staticmethod(_batch_of_two_or_more)
 
 
 class Slow(_Broken):
