@@ -327,7 +327,7 @@ class _Search:
         return True
 
     def _run(self, case: Case) -> Failure | None:
-        from harness.checks import Status, selected_checks
+        from harness.checks import selected_checks
 
         self._check_time()
         names = [n for n, _ in selected_checks(case) if not self.only or n in self.only]
@@ -338,38 +338,32 @@ class _Search:
         for k, name in enumerate(names):
             if k:
                 self._check_time()
-            result, lost = self.runners.run(case, name)
-            if result.status in (Status.SKIPPED, Status.UNSUPPORTED):
+            ran, failure = self._item(case, name)
+            if not ran:
                 continue
             with self._lock:
                 self.items += 1
-                self.faults += result.status is Status.ERROR or bool(lost)
-            if not result.status.is_failure:
-                continue
-            failure = classify(result, lost)
-            if failure.kind == "hang":
-                failure = self._confirm_hang(case, name, failure)
-                if failure is None:
-                    continue
-            if self.target is None or failure.signature == self.target.signature:
+            if failure is not None and failure.kind == "hang":
+                # Once more, in the fresh process that replaced the timed-out one: a real hang repeats, while the
+                # first call of a new shape compiles its kernels, which on a busy host can pass the limit once (the
+                # binaries are in the disk cache by then). The second run's verdict stands.
+                self._check_time()
+                _, again = self._item(case, name)
+                failure = failure if again is not None and again.kind == "hang" else again
+            if failure is not None and (self.target is None or failure.signature == self.target.signature):
                 return failure
         return None
 
-    def _confirm_hang(self, case: Case, check: str, hang: Failure) -> Failure | None:
-        """The item once more, in the fresh process that replaced the timed-out one: a real hang repeats, while the
-        first call of a new shape compiles its kernels, which on a busy host can pass the limit once (the compiled
-        binaries are in the disk cache by then). The second run's verdict stands: the hang, another failure, or
-        None when it passed."""
+    def _item(self, case: Case, check: str) -> tuple[bool, Failure | None]:
+        """Run one item: whether it reached a verdict (not skipped or unsupported), and its failure or None."""
         from harness.checks import Status
 
-        self._check_time()
         result, lost = self.runners.run(case, check)
+        if result.status in (Status.SKIPPED, Status.UNSUPPORTED):
+            return False, None
         with self._lock:
             self.faults += result.status is Status.ERROR or bool(lost)
-        if not result.status.is_failure:
-            return None
-        again = classify(result, lost)
-        return hang if again.kind == "hang" else again
+        return True, classify(result, lost) if result.status.is_failure else None
 
     def _check_time(self) -> None:
         if time.monotonic() >= self.deadline:
