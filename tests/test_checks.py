@@ -13,6 +13,7 @@ import torch
 
 from harness.cases.model import Expect, Tiers
 from harness.checks import (
+    CheckContext,
     Status,
     check_names,
     get_check,
@@ -140,6 +141,66 @@ def test_provider_crash_is_an_error_with_traceback(tiny_cases, device):
     result = run_check(tiny_cases["tiny-direct"], "determinism", Crashes(), device=device)
     assert result.status is Status.ERROR and result.status.is_failure
     assert "kernel launch failed" in result.summary and "Traceback" in result.message
+
+
+class _CountingCalls:
+    """Our kernels, counting calls per path; ``fail_first`` calls raise first."""
+
+    name = "counting"
+
+    def __init__(self, inner, fail_first: int = 0):
+        self.inner, self.fail_first, self.calls = inner, fail_first, []
+        self.supported_paths = inner.supported_paths
+
+    def ssd_prefill(self, **kwargs):
+        self.calls.append(kwargs["path"])
+        if len(self.calls) <= self.fail_first:
+            raise RuntimeError(f"call {len(self.calls)} fails")
+        return self.inner.ssd_prefill(**kwargs)
+
+
+def test_the_checks_of_a_case_share_the_calls_they_make_identically(tiny_cases, kernels_provider, device):
+    """One context per case (as the front ends keep it): the call on the case's inputs and path is made once for
+    untouched_storage, readonly_inputs, returned_shapes, reference_bound, determinism's first call and masked_state's
+    as-built call; determinism's second call and masked_state's zeroed call are their own. tiny-batch is not
+    indexed-eligible: auto_vs_snapshot adds the snapshot call and the refused indexed one."""
+    case = tiny_cases["tiny-batch"]  # path: auto
+    provider = _CountingCalls(kernels_provider)
+    ctx = CheckContext(case, provider, device)
+    stage_level = {"autotune_idempotent", "state_passing_exact", "gather_exact"}  # no plain ssd_prefill calls
+    names = [name for name, _ in selected_checks(case) if name not in stage_level]
+    for name in names:
+        result = run_check(case, name, provider, device=device, context=ctx)
+        assert result.status is Status.PASSED, (name, result.message or result.reason)
+    assert sorted(provider.calls) == ["auto", "auto", "auto", "indexed", "snapshot"], provider.calls
+    # Without the shared context each check makes its own calls.
+    alone = _CountingCalls(kernels_provider)
+    for name in names:
+        run_check(case, name, alone, device=device)
+    assert len(alone.calls) == 11, alone.calls
+
+
+@pytest.mark.parametrize("case_id", ["tiny-direct", "tiny-batch"])
+def test_each_check_declares_the_shared_calls_it_reads(tiny_cases, kernels_provider, device, case_id):
+    """``Check.shared_calls`` is what the CPU tier's estimate charges: it must be what the check really reads."""
+    from harness.checks.tiers import shared_paths
+
+    case = tiny_cases[case_id]
+    for name, _ in selected_checks(case):
+        ctx = CheckContext(case, kernels_provider, device)
+        run_check(case, name, kernels_provider, device=device, context=ctx)
+        assert set(ctx.shared_calls) == shared_paths(case, name), name
+
+
+def test_a_shared_call_that_raised_is_made_again_by_the_next_check(tiny_cases, kernels_provider, device):
+    case = tiny_cases["tiny-direct"]
+    provider = _CountingCalls(kernels_provider, fail_first=1)
+    ctx = CheckContext(case, provider, device)
+    first = run_check(case, "untouched_storage", provider, device=device, context=ctx)
+    assert first.status is Status.ERROR and "call 1 fails" in first.summary
+    second = run_check(case, "readonly_inputs", provider, device=device, context=ctx)
+    assert second.status is Status.PASSED, second.message
+    assert len(provider.calls) == 2
 
 
 def test_cpu_tier_skip_carries_a_reason(tiny_cases, kernels_provider):

@@ -11,11 +11,12 @@ import pytest
 from harness.cases.loader import load_case_file
 from harness.cases.model import Tiers
 from harness.checks import Status, get_check, load_provider, run_check, selected_checks
+from harness.checks.kernel_exact import STATE_PASSING_SECONDS_PER_STATE
 from harness.checks.tiers import (
-    CPU_CASE_BLOCKS,
-    CPU_ITEM_SECONDS,
+    CPU_CASE_SECONDS,
     SECONDS_PER_BLOCK,
     cpu_estimate,
+    cpu_plan,
     cpu_tier_gaps,
     cpu_tier_reason,
     runs_on_cpu,
@@ -23,8 +24,8 @@ from harness.checks.tiers import (
 from tests.support import harness
 
 # Two sequences of 40 new tokens over 4 heads, each crossing a 64-token chunk boundary: 4 chunks x 4 heads = 16
-# blocks, beyond CPU_CASE_BLOCKS. A check of one call is estimated at 16 x 0.066 = 1.06 s (within the item limit),
-# one of two calls or more beyond it.
+# blocks, one call 16 x 0.12 = 1.9 s. Its checks share the call on path auto (the case's) and the snapshot call;
+# all but autotune_idempotent fit in 9 s.
 H4_CASE = """\
 schema: ssd-case/1
 id: h4-two-sequences
@@ -36,6 +37,13 @@ sequences:
   - {context: 30, tokens: 40, init_slot: 2, has_state: true, final_slot: 3}
 cache: {slots: 5}
 """
+CALL = 16 * SECONDS_PER_BLOCK  # seconds of one call of H4_CASE
+STATE_PASSING = STATE_PASSING_SECONDS_PER_STATE * 4 * 4 * 16 * 64  # 4 chunks of H x P x N states
+# What the tier runs of H4_CASE, in collection order, and what each costs in calls (a shared call charged to the
+# first check making it: auto_vs_snapshot makes the snapshot call and the auto call, which is the case's own).
+H4_RUNS = {"auto_vs_snapshot": 2.3, "untouched_storage": 0, "readonly_inputs": 0, "determinism": 1.0,
+           "returned_shapes": 0, "reference_bound": 0, "state_passing_exact": STATE_PASSING / CALL,
+           "gather_exact": 0.02}
 
 
 def _load(tmp_path: Path, text: str, folder: str = "cases") -> tuple[Path, object]:
@@ -55,30 +63,48 @@ def test_blocks_count_chunks_heads_and_the_block_sizes(tmp_path):
     assert narrow.cpu_blocks() == 7 * 4  # 14+16+10 and 2+16+16+6 tokens
 
 
-def test_the_estimate_is_calls_times_blocks_times_the_measured_seconds(tmp_path):
+def test_the_estimate_charges_each_shared_call_once_to_the_first_check_making_it(tmp_path):
     _, case = _load(tmp_path, H4_CASE)
-    for name, _ in selected_checks(case):
-        assert cpu_estimate(case, name) == pytest.approx(get_check(name).cpu_calls * 16 * SECONDS_PER_BLOCK)
-    assert get_check("readonly_inputs").cpu_calls == 1.0 < get_check("indexed_vs_snapshot").cpu_calls
+    plan = cpu_plan(case)
+    assert list(plan.seconds) == [name for name, _ in selected_checks(case)]
+    for name, calls in H4_RUNS.items():
+        assert cpu_estimate(case, name) == pytest.approx(calls * CALL), name
+    assert plan.spent == pytest.approx(sum(H4_RUNS.values()) * CALL) and plan.spent <= CPU_CASE_SECONDS
+    # Skipped: costed on top of what runs (its own calls; it shares none).
+    assert cpu_estimate(case, "autotune_idempotent") == pytest.approx(get_check("autotune_idempotent").cpu_calls * CALL)
+    # Alone, a check pays for the shared calls it reads.
+    snapshot_path = replace(case, call=replace(case.call, path="snapshot"), checks=("readonly_inputs",))
+    assert cpu_estimate(snapshot_path, "readonly_inputs") == pytest.approx(CALL)
 
 
-def test_a_case_beyond_the_block_limit_runs_only_its_cheap_items(tmp_path):
+def test_a_case_beyond_the_limit_runs_its_cheapest_items(tmp_path):
     path, case = _load(tmp_path, H4_CASE)
-    assert case.tiers == Tiers() and case.cpu_blocks() > CPU_CASE_BLOCKS
-    assert runs_on_cpu(case, "readonly_inputs") and runs_on_cpu(case, "gather_exact")
-    reason = cpu_tier_reason(case, "determinism")
+    assert case.tiers == Tiers()
+    assert cpu_plan(case).runs == set(H4_RUNS)
+    assert all(runs_on_cpu(case, name) for name in H4_RUNS)
+    reason = cpu_tier_reason(case, "autotune_idempotent")
+    total = (sum(H4_RUNS.values()) + get_check("autotune_idempotent").cpu_calls) * CALL
     assert reason == (
-        f"beyond the CPU interpreter tier: 16 blocks > {CPU_CASE_BLOCKS} per case (4 chunks x 4 heads x 1 x 1: blocks "
-        f"of 64 chunk rows and 128 state columns) and determinism is estimated at 2.1 s > {CPU_ITEM_SECONDS:g} s per "
-        f"item (2 calls x {SECONDS_PER_BLOCK} s per block); tiers: {{cpu: true}} in {path} runs it there anyway; runs "
-        f"on the GPU tier")
+        f"beyond the CPU interpreter tier: autotune_idempotent would bring the case's estimated interpreter time to "
+        f"{total:.1f} s > {CPU_CASE_SECONDS:g} s per case (16 blocks = 4 chunks x 4 heads x 1 x 1, blocks of 64 chunk "
+        f"rows and 128 state columns, {SECONDS_PER_BLOCK} s per block and call; the tier runs its cheaper items: "
+        f"{', '.join(H4_RUNS)}); tiers: {{cpu: true}} in {path} runs it there anyway; runs on the GPU tier")
+
+
+def test_a_large_case_runs_the_checks_that_read_its_one_call(tmp_path):
+    """Cheapest first: the stage checks, then the one call on the case's path with every check that only reads it;
+    a second call (determinism's, the snapshot path's) no longer fits."""
+    _, case = _load(tmp_path, H4_CASE.replace("tokens: 40", "tokens: 300"))  # 12 chunks x 4 heads: 5.8 s a call
+    assert case.cpu_blocks() == 48
+    assert cpu_plan(case).runs == {"untouched_storage", "readonly_inputs", "returned_shapes", "reference_bound",
+                                   "state_passing_exact", "gather_exact"}
 
 
 def test_a_small_case_runs_every_item(tmp_path):
-    _, case = _load(tmp_path, H4_CASE.replace("context: 50, tokens: 40", "context: 0, tokens: 40"))
-    assert case.cpu_blocks() == CPU_CASE_BLOCKS  # 3 chunks x 4 heads
+    _, case = _load(tmp_path, H4_CASE.replace("context: 50", "context: 0").replace("context: 30", "context: 0"))
+    assert case.cpu_blocks() == 8  # 2 chunks x 4 heads
     assert all(runs_on_cpu(case, name) for name, _ in selected_checks(case))
-    assert cpu_estimate(case, "indexed_vs_snapshot") > CPU_ITEM_SECONDS  # runs although the item alone is costly
+    assert cpu_estimate(case, "autotune_idempotent") > 2  # the costliest item runs: the whole case fits
 
 
 def test_tiers_cpu_overrides_the_estimate_both_ways(tmp_path):
@@ -95,19 +121,20 @@ def test_the_skip_is_decided_on_the_cpu_only(tmp_path):
     provider = load_provider("kernels:provider")
     result = run_check(case, "autotune_idempotent", provider, device="cpu")
     assert result.status is Status.SKIPPED and result.reason == cpu_tier_reason(case, "autotune_idempotent")
-    assert cpu_tier_gaps(case) == (["auto_vs_snapshot", "determinism", "autotune_idempotent"],
-                                   f"16 blocks > {CPU_CASE_BLOCKS} per case, and each of these is estimated above "
-                                   f"{CPU_ITEM_SECONDS:g} s")
+    every = (sum(H4_RUNS.values()) + get_check("autotune_idempotent").cpu_calls) * CALL
+    assert cpu_tier_gaps(case) == (["autotune_idempotent"],
+                                   f"16 blocks: all its checks are estimated at {every:.1f} s > "
+                                   f"{CPU_CASE_SECONDS:g} s per case; the others take {cpu_plan(case).spent:.1f} s")
 
 
 def test_validate_warns_about_a_regression_the_cpu_tier_skips(tmp_path):
-    path, _ = _load(tmp_path, H4_CASE, folder="cases/regressions")
+    path, case = _load(tmp_path, H4_CASE, folder="cases/regressions")
     proc = harness("validate", str(tmp_path / "cases"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert (f"warning: {path}: h4-two-sequences: the CPU tier skips auto_vs_snapshot, determinism, "
-            f"autotune_idempotent (16 blocks > {CPU_CASE_BLOCKS} per case, and each of these is estimated above "
-            f"{CPU_ITEM_SECONDS:g} s), so CI runs them only on the nightly GPU run, not on every change; add "
-            f"tiers: {{cpu: true}} to the case to run them on the CPU tier too") in proc.stdout
+    _, why = cpu_tier_gaps(case)
+    assert (f"warning: {path}: h4-two-sequences: the CPU tier skips autotune_idempotent ({why}), so CI runs them "
+            f"only on the nightly GPU run, not on every change; add tiers: {{cpu: true}} to the case to run them on "
+            f"the CPU tier too") in proc.stdout
     assert "ok: 1 cases in 1 files, 1 warning(s)" in proc.stdout
 
 

@@ -35,7 +35,7 @@ register(
         doc="every autotuner the call launches tunes from scratch; a replay of the chosen configs leaves the same "
             "bytes",
         run=_autotune_idempotent,
-        cpu_calls=3.6,
+        cpu_calls=3.4,
         not_a_serving_call="it makes every autotuner tune from scratch, launching (on the GPU: compiling) configs "
                            "that a warmed server's tuning never chose",
     )

@@ -44,9 +44,14 @@ class Check:
     case_applies: Callable[[Any], tuple[bool, str]] = _always
     needs_paths: frozenset[str] | None = None  # None: the path the case's own call asks for
     provider_applies: Callable[[Any, str], tuple[bool, str]] = _any_provider
-    # Interpreter time of the check in calls of the case's size (measured; docs/checks.md#tiers): what the CPU tier's
-    # estimate multiplies the seconds of one call by.
-    cpu_calls: float = 1.0
+    # The calls it reads through ``harness.checks.calls.shared_call``, by path ("case": the case's own path): made
+    # once per case by the first check that asks.
+    shared_calls: tuple[str, ...] = ()
+    # Interpreter time of the check beyond its shared calls, in calls of the case's size (measured;
+    # docs/checks.md#tiers): what the CPU tier's estimate multiplies the seconds of one call by.
+    cpu_calls: float = 0.0
+    # Instead, for a check whose interpreter time follows something else than the case's calls: its seconds.
+    cpu_seconds: Callable[[Any], float] | None = None
     # Why the recompile guard does not judge this check ("" = it does): a check that makes the provider do what a
     # warmed server never does (tune from scratch) compiles by design, whatever the provider's warmup covered.
     not_a_serving_call: str = ""
@@ -140,7 +145,9 @@ def _jsonable(value):
 
 class CheckContext:
     """What a check runs against: one case, one provider, one device. ``inputs()`` hands out fresh deep copies of the
-    case's inputs (built once from the seed), so each call starts from identical bits, layouts and aliasing."""
+    case's inputs (built once from the seed), so each call starts from identical bits, layouts and aliasing.
+    ``shared_calls`` holds the calls that several checks of the case make identically (``harness.checks.calls``),
+    so one process makes each of them once per case."""
 
     def __init__(self, case, provider, device: str, provider_spec: str = ""):
         self.case = case
@@ -148,6 +155,7 @@ class CheckContext:
         self.device = device
         self.provider_spec = provider_spec
         self._pristine = None
+        self.shared_calls: dict = {}
 
     def inputs(self):
         if self._pristine is None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 from harness.checks.base import Check
-from harness.checks.calls import run_call
+from harness.checks.calls import shared_call
 from harness.checks.registry import register
 from harness.compare import Mismatch, assert_within_bound
 from kernels.environment import arithmetic_profile
@@ -42,7 +42,7 @@ def _reference_bound(ctx) -> dict:
 
     case = ctx.case
     pristine = ctx.inputs()  # the inputs before the call (the cache still holds the initial states)
-    call = run_call(ctx, "provider")
+    call = shared_call(ctx, "provider")
     mode = case.call.final_state
     exit_offsets = pristine.cu_chunk_seqlens[1:] if mode == "checkpoint" else None
     truth, shadows, chunk_shadow = ground_truth_for(pristine, exit_offsets)
@@ -90,6 +90,7 @@ register(
         name="reference_bound",
         doc="out and final/chunk-end states vs the fp64 sequential reference within the derived bound",
         run=_reference_bound,
-        cpu_calls=1.0,
+        shared_calls=('case',),
+        cpu_calls=0.0,
     )
 )

@@ -1,28 +1,58 @@
-"""Helpers the checks share: one provider call with its inputs kept, and whole-call bit comparisons."""
+"""Helpers the checks share: provider calls with their inputs kept (made once per case where checks make the same
+call), and whole-call bit comparisons."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from harness.compare import Mismatch, assert_bits_equal, assert_storage_equal, storage_bytes
 
+WORKSPACE_KWARG = "workspace_out"
+
 
 @dataclass
 class Call:
-    """A finished ``ssd_prefill`` call: the (mutated) inputs it ran on and what it returned."""
+    """A finished ``ssd_prefill`` call: the (mutated) inputs it ran on and what it returned. Checks only read it: a
+    shared call is the same object for every check of the case."""
 
     label: str  # e.g. "path=snapshot"
     inputs: Any  # CaseInputs
     returned: torch.Tensor | None
+    # The (C,H,P,N) states workspace the provider handed back through the optional ``workspace_out`` keyword
+    # (docs/provider.md): entering states on the indexed path, exiting states on the snapshot path. None when the
+    # provider has no such keyword.
+    workspace: torch.Tensor | None = None
 
 
-def run_call(ctx, label: str, *, path: str | None = None, final_state: str | None = None) -> Call:
+def run_call(ctx, label: str, *, path: str | None = None) -> Call:
+    """``provider.ssd_prefill`` on fresh inputs (the case's own path unless ``path`` says) in the case's final-state
+    mode, with ``workspace_out={}``. A provider without that keyword rejects it when binding its arguments; it is then
+    called plainly on fresh inputs."""
     inputs = ctx.inputs()
-    returned = ctx.call(inputs, path=path, final_state=final_state)
-    return Call(label, inputs, returned)
+    workspace: dict = {}
+    try:
+        returned = ctx.provider.ssd_prefill(**inputs.kwargs(path=path), **{WORKSPACE_KWARG: workspace})
+    except TypeError as exc:
+        if WORKSPACE_KWARG not in str(exc):
+            raise
+        inputs = ctx.inputs()
+        return Call(label, inputs, ctx.call(inputs, path=path))
+    return Call(label, inputs, returned, workspace.get("states"))
+
+
+def shared_call(ctx, label: str, *, path: str | None = None) -> Call:
+    """``run_call``, made once per case and path in this process and shared by every check that asks for it: the
+    checks that judge one call on the case's inputs (storage, read-only inputs, returned shapes, the reference bound,
+    the first of determinism's two calls, the paths compared with each other) then cost one interpreted or compiled
+    call between them instead of one each. A call that raises is not kept: each check asking for it calls again and
+    reports what it raised."""
+    key = path or ctx.case.call.path
+    if key not in ctx.shared_calls:
+        ctx.shared_calls[key] = run_call(ctx, label, path=path)
+    return replace(ctx.shared_calls[key], label=label)
 
 
 def assert_returned_equal(actual: Call, expected: Call) -> None:

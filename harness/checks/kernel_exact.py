@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from harness.cases.model import count_chunks
 from harness.checks.base import Check
 from harness.checks.hooks import stage_hook
 from harness.checks.paths import eligibility
@@ -103,6 +104,16 @@ def _gather_exact(ctx) -> dict:
     return {"rows": int(got.shape[0])}
 
 
+# Interpreter seconds per state element of every chunk (measured, docs/checks.md#tiers): the state-passing kernel
+# walks each chunk's H x P x N states in fixed blocks, whatever the chunk size.
+STATE_PASSING_SECONDS_PER_STATE = 37e-6
+
+
+def _state_passing_seconds(case) -> float:
+    return STATE_PASSING_SECONDS_PER_STATE * count_chunks(case.shape.chunk_size, case.sequences) * \
+        case.shape.state_elements
+
+
 register(
     Check(
         name="state_passing_exact",
@@ -111,7 +122,7 @@ register(
         run=_state_passing_exact,
         needs_paths=frozenset(),
         provider_applies=_offers("state_passing"),
-        cpu_calls=0.2,
+        cpu_seconds=_state_passing_seconds,
     )
 )
 register(

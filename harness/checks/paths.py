@@ -5,33 +5,15 @@ from __future__ import annotations
 import torch
 
 from harness.checks.base import Check
-from harness.checks.calls import Call, assert_calls_equal, run_call
+from harness.checks.calls import WORKSPACE_KWARG, assert_calls_equal, shared_call
 from harness.checks.registry import register
 from harness.compare import Mismatch, assert_bits_equal, assert_storage_equal, storage_bytes
-
-WORKSPACE_KWARG = "workspace_out"
 
 
 def eligibility(case) -> tuple[bool, str]:
     """``case.indexed_eligible()`` as (eligible, reason when not)."""
     answer = case.indexed_eligible()
     return bool(answer), str(getattr(answer, "reason", "") or "")
-
-
-def _run_with_workspace(ctx, label: str, path: str) -> tuple[Call, torch.Tensor | None]:
-    """Call with the optional ``workspace_out={}`` extension (kernels.ssd): the dict receives ``states``, the (C,H,P,N)
-    workspace after the call (entering states on the indexed path, exiting states on the snapshot path). A provider
-    without the extension rejects the keyword when binding arguments; it is then called plainly on fresh inputs."""
-    inputs = ctx.inputs()
-    workspace: dict = {}
-    try:
-        returned = ctx.provider.ssd_prefill(**inputs.kwargs(path=path), **{WORKSPACE_KWARG: workspace})
-    except TypeError as exc:
-        if WORKSPACE_KWARG not in str(exc):
-            raise
-        inputs = ctx.inputs()
-        return Call(label, inputs, ctx.call(inputs, path=path)), None
-    return Call(label, inputs, returned), workspace.get("states")
 
 
 def _snapshot_entering_states(snapshot_exiting: torch.Tensor, initial: torch.Tensor) -> torch.Tensor:
@@ -43,8 +25,9 @@ def _snapshot_entering_states(snapshot_exiting: torch.Tensor, initial: torch.Ten
 
 def _indexed_vs_snapshot(ctx) -> dict:
     case = ctx.case
-    snap, snap_states = _run_with_workspace(ctx, "path=snapshot", "snapshot")
-    idx, idx_states = _run_with_workspace(ctx, "path=indexed", "indexed")
+    snap = shared_call(ctx, "path=snapshot", path="snapshot")
+    idx = shared_call(ctx, "path=indexed", path="indexed")
+    snap_states, idx_states = snap.workspace, idx.workspace
     stats: dict = {"compared": assert_calls_equal(idx, snap)}
     if snap_states is None or idx_states is None:
         stats["workspace"] = f"not exposed by the provider (no {WORKSPACE_KWARG} keyword)"
@@ -63,8 +46,8 @@ def _indexed_vs_snapshot(ctx) -> dict:
 
 
 def _auto_vs_snapshot(ctx) -> dict:
-    snap = run_call(ctx, "path=snapshot", path="snapshot")
-    auto = run_call(ctx, "path=auto", path="auto")
+    snap = shared_call(ctx, "path=snapshot", path="snapshot")
+    auto = shared_call(ctx, "path=auto", path="auto")
     stats = {"compared": assert_calls_equal(auto, snap)}
     eligible, why = eligibility(ctx.case)
     if not eligible:
@@ -92,7 +75,8 @@ register(
         run=_indexed_vs_snapshot,
         case_applies=eligibility,
         needs_paths=frozenset({"snapshot", "indexed"}),
-        cpu_calls=3.8,
+        shared_calls=('snapshot', 'indexed'),
+        cpu_calls=1.0,
     )
 )
 register(
@@ -101,6 +85,7 @@ register(
         doc="path=auto == path=snapshot (bits); on ineligible calls path=indexed raises ValueError and writes nothing",
         run=_auto_vs_snapshot,
         needs_paths=frozenset({"snapshot"}),
-        cpu_calls=3.0,
+        shared_calls=('snapshot', 'auto'),
+        cpu_calls=0.3,
     )
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from harness.checks.base import Check
-from harness.checks.calls import Call, assert_returned_equal, run_call, written_slots
+from harness.checks.calls import Call, assert_returned_equal, shared_call, written_slots
 from harness.checks.registry import register
 from harness.compare import Mismatch, assert_bits_equal
 
@@ -25,7 +25,7 @@ def _masked_state(ctx) -> dict:
     """Sequences with has_state false (slot holding NaN) give the same bits as has_state true over a zeroed slot."""
     case = ctx.case
     masked = [b for b, s in enumerate(case.sequences) if not s.has_state]
-    as_built = run_call(ctx, "masked NaN slot")
+    as_built = shared_call(ctx, "masked NaN slot")
     zeroed_inputs = ctx.inputs()
     for b in masked:
         zeroed_inputs.state_cache[case.sequences[b].init_slot].zero_()
@@ -53,7 +53,7 @@ def _expected_returned(case, inputs) -> tuple[tuple[int, ...], torch.dtype] | No
 
 def _returned_shapes(ctx) -> dict:
     """direct: None; returned: (batch, H, P, N); checkpoint: (nchunks, H, P, N); both in the cache dtype."""
-    call = run_call(ctx, f"final_state={ctx.case.call.final_state}")
+    call = shared_call(ctx, f"final_state={ctx.case.call.final_state}")
     expected = _expected_returned(ctx.case, call.inputs)
     got = call.returned
     if expected is None:
@@ -80,7 +80,8 @@ register(
         doc="has_state false over a NaN slot == has_state true over a zeroed slot (bits)",
         run=_masked_state,
         case_applies=_masked_applies,
-        cpu_calls=2.0,
+        shared_calls=('case',),
+        cpu_calls=1.1,
     )
 )
 register(
@@ -88,6 +89,7 @@ register(
         name="returned_shapes",
         doc="returned tensors have the documented shape and dtype (None for direct writeback)",
         run=_returned_shapes,
-        cpu_calls=1.0,
+        shared_calls=('case',),
+        cpu_calls=0.0,
     )
 )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from harness.checks.base import Check
-from harness.checks.calls import assert_calls_equal, run_call, slot_byte_ranges, written_slots
+from harness.checks.calls import assert_calls_equal, run_call, shared_call, slot_byte_ranges, written_slots
 from harness.checks.registry import register
 from harness.compare import assert_bits_equal, storage_bytes
 
@@ -11,9 +11,8 @@ from harness.compare import assert_bits_equal, storage_bytes
 def _untouched_storage(ctx) -> dict:
     """Every byte of the cache's backing storage outside ``state_cache[final_slot]`` rows is unchanged: sentinel
     gaps between rows, other slots, bytes before the storage offset and after the last row."""
-    inputs = ctx.inputs()
-    before = storage_bytes(inputs.cache_base)
-    ctx.call(inputs)
+    before = storage_bytes(ctx.inputs().cache_base)
+    inputs = shared_call(ctx, "the case's call").inputs
     after = storage_bytes(inputs.cache_base)
     allowed = written_slots(ctx.case)
     expected = before.clone()
@@ -28,10 +27,8 @@ def _untouched_storage(ctx) -> dict:
 
 def _readonly_inputs(ctx) -> dict:
     """x, dt, A, B, C, D, z, dt_bias, the index tensors and the metadata keep every byte of their storage."""
-    inputs = ctx.inputs()
-    tensors = inputs.read_only_tensors()
-    before = {name: storage_bytes(t) for name, t in tensors.items()}
-    ctx.call(inputs)
+    before = {name: storage_bytes(t) for name, t in ctx.inputs().read_only_tensors().items()}
+    tensors = shared_call(ctx, "the case's call").inputs.read_only_tensors()
     for name, t in tensors.items():
         after = storage_bytes(t)
         if after.numel() % t.element_size() == 0 and t.dtype.is_floating_point:
@@ -43,7 +40,7 @@ def _readonly_inputs(ctx) -> dict:
 
 def _determinism(ctx) -> dict:
     """Two identical calls from identical inputs give identical out, cache storage and returned bits."""
-    first = run_call(ctx, "first call")
+    first = shared_call(ctx, "first call")
     second = run_call(ctx, "second call")
     return {"compared": assert_calls_equal(second, first)}
 
@@ -53,7 +50,8 @@ register(
         name="untouched_storage",
         doc="every cache-storage byte outside the written final slots is unchanged",
         run=_untouched_storage,
-        cpu_calls=1.0,
+        shared_calls=('case',),
+        cpu_calls=0.0,
     )
 )
 register(
@@ -61,7 +59,8 @@ register(
         name="readonly_inputs",
         doc="x, dt, A, B, C, D, z, dt_bias, index tensors and metadata are unchanged bit for bit",
         run=_readonly_inputs,
-        cpu_calls=1.0,
+        shared_calls=('case',),
+        cpu_calls=0.0,
     )
 )
 register(
@@ -69,6 +68,7 @@ register(
         name="determinism",
         doc="a second identical call gives identical bits (out, cache storage, returned)",
         run=_determinism,
-        cpu_calls=2.0,
+        shared_calls=('case',),
+        cpu_calls=1.0,
     )
 )
