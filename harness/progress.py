@@ -2,10 +2,10 @@
 cases done, the time elapsed and an estimate of the time left.
 
 The estimate weighs every item by its expected cost (``harness.checks.tiers.cpu_estimate``: the calls the check is
-first to make and its own, times the case's interpreter blocks; an item the CPU tier skips weighs almost nothing), so that a run whose first cases are
-small does not promise to end early. The rate is measured from the end of the first item on, since the first item
-also waits for the process that runs it to start (torch, Triton, a CUDA context): time left = (time since the first
-item ended) x (weight left / weight done since).
+first to make and its own, times the case's interpreter blocks; an item the CPU tier skips weighs almost nothing), so
+that a run whose first cases are small does not promise to end early. The rate is measured from the end of the first
+item on, since the first item also waits for the process that runs it to start (torch, Triton, a CUDA context): time
+left = (time since the first item ended) x (weight left / weight done since).
 """
 
 from __future__ import annotations
