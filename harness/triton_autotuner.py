@@ -154,9 +154,9 @@ def launches_reported(on_launch: Callable[[Any], None]) -> Iterator[None]:
 
 
 def interpreter_do_bench(kernel_call: Callable, quantiles=(0.5, 0.2, 0.8), **_):
-    """Benchmarker for the interpreter, which has no GPU timer: run the trial once (so what a trial launch does to
-    memory still happens) and report equal times, so the first config (after pruning) wins, reproducibly."""
-    kernel_call()
+    """Benchmarker for the interpreter, which has no GPU timer: equal times, so the first config (after pruning)
+    wins, reproducibly. The trial is not launched (an interpreted trial costs as much as the call itself); what trial
+    launches do to memory is checked by ``autotune_idempotent``, whose guard brings a benchmarker that runs each."""
     return [1.0] * len(quantiles) if quantiles else 1.0
 
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from harness.cases import CaseError, load_case_file
+from harness.cases import CaseError, load_case_file, load_cases
 from harness.cases.files import REPO_ROOT, case_files, is_case_file
 from harness.cases.loader import MAX_FILE_BYTES
 from harness.report import ItemRecord, Report
@@ -286,6 +286,13 @@ def test_case_file_rule_matches_the_plugins(tmp_path):
     assert not is_case_file(fixture, named=[REPO_ROOT / "tests"])
     assert is_case_file(fixture, named=[fixture])
     assert is_case_file(tmp_path / "cases" / "x.yml", roots=[tmp_path])  # a rootdir's cases/ (pytest's rootdir)
+
+
+def test_one_path_alone_is_one_path_not_its_characters(tmp_path):
+    """``load_cases("x.yaml")`` loads that file: a lone string once walked "x", ".", "y", ... and "/" (the whole disk)."""
+    (tmp_path / "a.yaml").write_text(GOOD)
+    assert case_files(str(tmp_path / "a.yaml")) == case_files(tmp_path / "a.yaml") == [tmp_path / "a.yaml"]
+    assert [c.id for c in load_cases(str(tmp_path))] == [c.id for c in load_cases([tmp_path])] != []
 
 
 def test_validate_and_run_of_a_folder_without_case_files_exit_2(tmp_path, run_good):

@@ -48,8 +48,9 @@ def is_case_file(path: str | Path, named: Iterable[str | Path] = (), roots: Iter
 def case_files(paths: Iterable[str | Path], roots: Iterable[str | Path] = ()) -> list[Path]:
     """The case files among ``paths``: each named case file, then the case files under each named folder in sorted
     order; each file once. Paths that do not exist and named files that are not case files are left out (callers
-    report them: ``not_case_files``)."""
-    named = [Path(p) for p in paths]
+    report them: ``not_case_files``). One path alone (a ``str`` or ``Path``) counts as a list of it, not as the
+    characters of a string."""
+    named = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
     resolved_named = [p.resolve() for p in named]
     roots = list(roots)
     out: list[Path] = []
