@@ -49,8 +49,8 @@ def recurrence_step(s, states_ptr, dA_cs_ptr, mask):
     return scale * s + new
 
 
-# Under the interpreter the do_bench stand-in runs each trial once (so trial launches really happen) and keeps
-# the first config; on the GPU Triton's benchmarker picks.
+# Under the interpreter the do_bench stand-in keeps the first config after pruning (the largest block there:
+# kernels.tuned_configs.checked_in); on the GPU the checked-in config of a measured class, else Triton's benchmarker.
 @triton.autotune(configs=CONFIGS, key=["dim"], do_bench=AUTOTUNE_DO_BENCH,
                  prune_configs_by={"early_config_prune": checked_in("state_passing", ("dim",),
                                                                     least_overshoot(BLOCK_SIZE="dim"))})

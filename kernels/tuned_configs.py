@@ -52,21 +52,36 @@ def device_arch() -> str | None:
     return f"sm{major}{minor}"
 
 
+def block_volume(config: triton.Config) -> int:
+    """The product of a config's block sizes: an interpreted launch costs per program and per loop iteration, so
+    the config with the largest blocks is the cheapest one to interpret."""
+    volume = 1
+    for value in config.kwargs.values():
+        volume *= int(value)
+    return volume
+
+
 def checked_in(stage: str, key: tuple[str, ...], fallback):
     """``early_config_prune`` for ``triton.autotune``: the one of ``configs`` that ``TUNED`` names for ``stage`` on
-    this architecture and these values of the kernel arguments named in ``key``, else ``fallback``'s choice."""
+    this architecture and these values of the kernel arguments named in ``key``, else ``fallback``'s choice.
+
+    Under the interpreter (no architecture) ``fallback``'s configs come largest blocks first (``block_volume``,
+    stable among equals): the interpreter's stand-in benchmarker keeps the first config, and every config gives the
+    same bits or stays within the stage's bound (tests/test_kernel_stages.py runs each), so the cheapest one to
+    interpret is the one to keep. The others stay in the list for the autotuning guard's trials."""
 
     def prune(configs, named_args, **kwargs):
         arch = device_arch()
-        if arch is not None:
-            sizes = {**named_args, **kwargs}
-            wanted = TUNED.get(stage, {}).get((arch, *(int(sizes[name]) for name in key)))
-            if wanted is not None:
-                matching = [c for c in configs if describe(c) == wanted]
-                if len(matching) != 1:
-                    raise LookupError(f"kernels.tuned_configs: {stage}'s checked-in config {wanted} matches "
-                                      f"{len(matching)} of its configs; it must be exactly one of them")
-                return matching
+        if arch is None:
+            return sorted(fallback(configs, named_args, **kwargs), key=lambda c: -block_volume(c))
+        sizes = {**named_args, **kwargs}
+        wanted = TUNED.get(stage, {}).get((arch, *(int(sizes[name]) for name in key)))
+        if wanted is not None:
+            matching = [c for c in configs if describe(c) == wanted]
+            if len(matching) != 1:
+                raise LookupError(f"kernels.tuned_configs: {stage}'s checked-in config {wanted} matches "
+                                  f"{len(matching)} of its configs; it must be exactly one of them")
+            return matching
         return fallback(configs, named_args, **kwargs)
 
     return prune

@@ -289,7 +289,8 @@ def test_case_file_rule_matches_the_plugins(tmp_path):
 
 
 def test_one_path_alone_is_one_path_not_its_characters(tmp_path):
-    """``load_cases("x.yaml")`` loads that file: a lone string once walked "x", ".", "y", ... and "/" (the whole disk)."""
+    """``load_cases("x.yaml")`` loads that file: a lone string once walked "x", ".", "y", ... and "/" (the whole
+    disk)."""
     (tmp_path / "a.yaml").write_text(GOOD)
     assert case_files(str(tmp_path / "a.yaml")) == case_files(tmp_path / "a.yaml") == [tmp_path / "a.yaml"]
     assert [c.id for c in load_cases(str(tmp_path))] == [c.id for c in load_cases([tmp_path])] != []

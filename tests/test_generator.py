@@ -76,7 +76,7 @@ def test_corpus_size_and_tiers(cases):
 
     assert 150 <= len(cases) <= 400
     on_cpu, items = cpu_tier_items(cases)
-    assert 0.6 <= on_cpu / items <= 0.7, (on_cpu, items)  # docs/checks.md#tiers: 1153 of 1869
+    assert 0.6 <= on_cpu / items <= 0.7, (on_cpu, items)  # docs/checks.md#tiers: 1167 of 1869
     for c in cases:
         names = [n for n, _ in selected_checks(c)]
         if c.family == "index_layouts":  # gather layouts run on both tiers, whatever their size

@@ -50,7 +50,24 @@ def test_pruning_returns_the_checked_in_config_only_for_its_class(monkeypatch):
     monkeypatch.setattr(tuned_configs, "device_arch", lambda: "sm100")
     assert prune(configs, {"dim": 8192}) == configs  # another GPU tunes for itself
     monkeypatch.setattr(tuned_configs, "device_arch", lambda: None)
-    assert prune(configs, {"dim": 8192}) == configs  # the interpreter too
+    # The interpreter keeps every config too, the cheapest one to interpret (largest blocks) first.
+    assert prune(configs, {"dim": 8192}) == sorted(configs, key=lambda c: -c.kwargs["BLOCK_SIZE"])
+
+
+def test_the_interpreter_runs_each_stage_with_its_largest_blocks(monkeypatch):
+    """Under the interpreter the stand-in benchmarker keeps the first config after pruning: that is the one with
+    the largest blocks (fewest programs and loop iterations to interpret) among those that fit, ties in list order."""
+    monkeypatch.setattr(tuned_configs, "device_arch", lambda: None)
+    fits = {"chunk_cumsum": {"chunk_size": 256, "nheads": 64}, "chunk_state": {"hdim": 64, "dstate": 128,
+            "chunk_size": 256}, "bmm_chunk": {"chunk_size": 256, "dstate": 128},
+            "chunk_scan": {"chunk_size": 256, "hdim": 64, "dstate": 128}, "state_passing": {"dim": 8192}}
+    for stage, (kernel, configs) in STAGES.items():
+        kept = kernel.early_config_prune(configs, dict(fits[stage]))
+        volumes = [tuned_configs.block_volume(c) for c in kept]
+        assert volumes == sorted(volumes, reverse=True), stage
+        if stage != "chunk_cumsum":  # its fallback keeps the first config alone
+            assert {id(c) for c in kept} == {id(c) for c in configs}, stage
+        assert tuned_configs.block_volume(kept[0]) == max(tuned_configs.block_volume(c) for c in configs), stage
 
 
 def test_every_tuned_stage_consults_the_table(monkeypatch):
