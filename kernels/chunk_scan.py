@@ -8,11 +8,14 @@ does) is ``states[c]`` when ``states_are_entering``; otherwise ``states[c - 1]``
 sequence, else ``initial_states[seq_idx[c]]`` or zero. One program computes a (BLOCK_SIZE_M tokens x BLOCK_SIZE_N
 headdim) tile of one chunk and head.
 
-Both paths run one binary. Which state enters a chunk is decided at run time (``prev_chunk_offset``,
-``has_initial_states``; neither specialized) and read by a single load from a selected base pointer. With the
-choice as constexprs the two paths compile to different code, and the GPU compiler is then free to lower their fp32
-(tf32) dots differently, which gives different bits for the same operand values on the H200 (docs/gpu-runs.md): the
-indexed path must equal the snapshot path bit for bit, so the arithmetic has to be literally the same code.
+The model's dimensions (chunk size, headdim, dstate, heads per group) are constexprs: one binary per model shape,
+which a server compiles once anyway, with masks and loop bounds known to the compiler (fewer registers, hence more
+programs per SM; docs/gpu-runs.md). Both paths run one binary. Which state enters a chunk is decided at run time
+(``prev_chunk_offset``, ``has_initial_states``; neither specialized) and read by a single load from a selected base
+pointer. With the choice as constexprs the two paths compile to different code, and the GPU compiler is then free to
+lower their fp32 (tf32) dots differently, which gives different bits for the same operand values on the H200
+(docs/gpu-runs.md): the indexed path must equal the snapshot path bit for bit, so the arithmetic has to be literally
+the same code.
 """
 
 from __future__ import annotations
@@ -75,10 +78,10 @@ def _chunk_scan_kernel(
     cu_chunk_seqlens_ptr,  # (C + 1,)
     prev_chunk_offset,  # 0: states[c] enters chunk c (indexed path); 1: states[c - 1] exits the chunk before
     has_initial_states,  # nonzero: a sequence's first chunk starts from initial_states[seq] (else from zero)
-    chunk_size,
-    hdim,
-    dstate,
-    nheads_per_group,
+    chunk_size: tl.constexpr,
+    hdim: tl.constexpr,
+    dstate: tl.constexpr,
+    nheads_per_group: tl.constexpr,
     stride_CB_chunk,
     stride_CB_group,
     stride_CB_m,
@@ -126,6 +129,9 @@ def _chunk_scan_kernel(
     pid_n = pid_mn % num_pid_n
     chunk_start = tl.load(cu_chunk_seqlens_ptr + pid_c).to(tl.int64)
     chunk_len = tl.load(cu_chunk_seqlens_ptr + pid_c + 1).to(tl.int64) - chunk_start
+    # A tile whose rows all lie past the chunk's end stores nothing (a continuation's short chunk, a sequence's last).
+    if pid_m * BLOCK_SIZE_M >= chunk_len:
+        return
     group = pid_h // nheads_per_group
     io_dtype = x_ptr.dtype.element_ty
 

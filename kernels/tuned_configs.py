@@ -22,15 +22,15 @@ from kernels.backend import INTERPRET
 # stage -> {(arch, key values in the stage's autotuning key order): the config, by its block sizes and options}.
 # The serving shape on the H200 (nheads 64, headdim 64, dstate 128, chunk 256; any dtype and chunk count): per
 # stage the config with the least summed time over the four bench workloads in the stage sweep of docs/gpu-runs.md
-# run 40. The autotuner's own picks differed between two processes there in three of four stages, and its
-# chunk_scan pick was 1.8x slower than this one.
+# run 40 (chunk_scan: the kernel lab of run 47, after its dimensions became constexprs). The autotuner's own picks
+# differed between two processes there in three of four stages.
 TUNED: dict[str, dict[tuple, dict[str, int]]] = {
     "chunk_cumsum": {("sm90", 256, 64): dict(BLOCK_SIZE_H=2, num_warps=4, num_stages=3)},
     "chunk_state": {("sm90", 64, 128, 256): dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=128, BLOCK_SIZE_K=32, num_warps=4,
                                                   num_stages=3)},
     "bmm_chunk": {("sm90", 256, 128): dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, num_warps=4,
                                             num_stages=2)},
-    "chunk_scan": {("sm90", 256, 64, 128): dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, num_warps=4,
+    "chunk_scan": {("sm90", 256, 64, 128): dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=32, num_warps=4,
                                                  num_stages=1)},
     "state_passing": {("sm90", 8192): dict(BLOCK_SIZE=1024, num_warps=8, num_stages=3)},
 }

@@ -165,7 +165,9 @@ def watched_kernels() -> list[Any]:
 
 
 def _split_arguments(kernel: Any, arguments: dict) -> tuple[tuple, dict]:
-    """Positional runtime arguments (as ``Autotuner`` keys its configs on them) plus constexprs by name.
+    """The runtime arguments before the first constexpr parameter, positionally (``Autotuner`` names them by
+    position, as a launch does), and every later argument by name (a constexpr such as chunk_scan's dimensions may
+    sit among runtime ones).
 
     Raises KeyError naming every parameter the registration forgot (the kernel gained an argument), and
     TypeError for names the kernel does not have (the kernel renamed one)."""
@@ -179,13 +181,13 @@ def _split_arguments(kernel: Any, arguments: dict) -> tuple[tuple, dict]:
         raise TypeError(f"{kernel_name(kernel)}: warmup passes unknown parameters {sorted(unknown)}")
     annotations = getattr(view.fn, "__annotations__", {})
     is_constexpr = {n: "constexpr" in str(annotations.get(n, "")) for n in names}
-    runtime = [n for n in names if not is_constexpr[n]]
     missing = [n for n in names if n not in arguments and n not in tuned]
     if missing:
         raise KeyError(f"{kernel_name(kernel)}: warmup registration lacks parameters {missing}")
-    args = tuple(arguments[n] for n in runtime)
-    constexprs = {n: arguments[n] for n in names if is_constexpr[n] and n in arguments}
-    return args, constexprs
+    first_constexpr = next((i for i, n in enumerate(names) if is_constexpr[n]), len(names))
+    args = tuple(arguments[n] for n in names[:first_constexpr])
+    by_name = {n: arguments[n] for n in names[first_constexpr:] if n in arguments}
+    return args, by_name
 
 
 def _configs(kernel: Any, args: tuple, kwargs: dict) -> list[dict]:
