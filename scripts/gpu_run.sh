@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU runner does everything (device time is scarce): environment, the test suite on CUDA,
 # the case corpus, the bench. Usage: scripts/gpu_run.sh [STEP...] with steps env, tests, cases, bench
-# (default: env tests cases bench; also pyc, bench-twice, startup, spawn-probe, exit-probe, recheck, suite, suite-warm, warmup, cases-warm, stages,
+# (default: env tests cases bench; also pyc, lab, bench-twice, startup, spawn-probe, exit-probe, recheck, suite, suite-warm, warmup, cases-warm, stages,
 # profile-ref, profile-warmup, peer-bench). Full logs go under $OUT (the device tool brings them back); a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
@@ -120,6 +120,16 @@ for step in $steps; do
       # config per stage with the least summed time (the proposal for kernels/tuned_configs.py)
       run_step stages $PY -m harness bench --stages --reps 100 --workload short-continuation --workload prefill-4256 \
         --workload continue-600 --workload mixed-3 --json "$OUT/stages.json" ;;
+    lab)  # the kernel lab (scripts/kernel_lab.py): each stage's shipped kernel against variants rewritten from its
+      # source, under each candidate config, bits compared, and vLLM's chunk scan (carried .peers/); LAB_ARGS selects
+      # (e.g. "--stage chunk_scan"); then ncu on one launch of each chunk scan variant, where ncu reads counters here
+      run_step lab $PY scripts/kernel_lab.py run --reps "${LAB_REPS:-200}" ${LAB_ARGS:-}
+      ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+      run_step lab-ncu bash -c "$ncu --clock-control none -k regex:chunk_scan --section SpeedOfLight \
+        --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+        --section ComputeWorkloadAnalysis $PY scripts/kernel_lab.py profile --stage chunk_scan > $OUT/lab-ncu.txt 2>&1; \
+        grep -E 'profiled|chunk_scan|Duration|Throughput|Achieved Occupancy|Registers Per|Stall|Issued Warp' \
+        $OUT/lab-ncu.txt | head -n 120" ;;
     baseline)  # the suite as suite runs it, at an older commit's tree unpacked into .baseline/ (carried): the same
       # machine and session as the suite step, so the two cold times compare (BASE_REPORT_OPT: its report option)
       export TRITON_CACHE_DIR=$(mktemp -d)

@@ -1,0 +1,71 @@
+"""The kernel lab (scripts/kernel_lab.py): its variants are the shipped kernels' own source with exactly the named
+change, a rewrite that does not apply is refused (a lab that silently timed the shipped kernel twice would report a
+variant as no faster), and its run mode's plumbing works end to end under the interpreter."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+LAB_PATH = Path(__file__).resolve().parents[1] / "scripts" / "kernel_lab.py"
+
+
+@pytest.fixture(scope="module")
+def lab():
+    spec = importlib.util.spec_from_file_location("kernel_lab", LAB_PATH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["kernel_lab"] = module  # dataclasses look their module up there
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop("kernel_lab", None)
+
+
+def _def(kernel) -> str:
+    src = inspect.getsource(kernel.fn)
+    return src[re.search(r"^def\s", src, re.MULTILINE).start():]
+
+
+def test_each_variant_is_the_shipped_source_with_its_rewrite_only(lab):
+    kernels = lab.load_variants(list(lab.KERNELS))
+    for stage, variants in lab.VARIANTS.items():
+        shipped = _def(kernels[stage]["shipped"])
+        _, attr = lab.KERNELS[stage]
+        for name, rewrite in variants.items():
+            got = _def(kernels[stage][name])
+            expected = shipped.replace(f"def {attr}(", f"def {stage}_{name}(", 1)
+            for param in rewrite.constexprs:
+                expected = re.sub(rf"^(\s+){param},", rf"\1{param}: tl.constexpr,", expected, count=1,
+                                  flags=re.MULTILINE)
+            for old, new in rewrite.substitutions:
+                expected = expected.replace(old, new)
+            assert got == expected, (stage, name)
+            assert got != shipped.replace(f"def {attr}(", f"def {stage}_{name}(", 1), f"{stage} {name} changed nothing"
+
+
+def test_a_rewrite_that_does_not_apply_is_refused(lab):
+    src = "def k(\n    a,\n    b,\n):\n    x = a + b\n    x = a + b\n"
+    with pytest.raises(ValueError, match="no plain parameter 'c'"):
+        lab.rewritten_source(src, "k", "k2", lab.Rewrite(("c",)))
+    with pytest.raises(ValueError, match="occurs 2 times"):
+        lab.rewritten_source(src, "k", "k2", lab.Rewrite((), (("x = a + b", "x = a * b"),)))
+    with pytest.raises(ValueError, match="occurs 0 times"):
+        lab.rewritten_source(src, "k", "k2", lab.Rewrite((), (("y", "z"),)))
+    assert "b: tl.constexpr," in lab.rewritten_source(src, "k", "k2", lab.Rewrite(("b",)))
+
+
+@pytest.mark.interpreter(reason="the lab's dry run is its plumbing under the interpreter, on CPU tensors")
+def test_the_dry_run_compares_every_variant_with_the_shipped_kernel(lab):
+    stages = ["bmm_chunk", "state_passing_indexed", "chunk_scan"]
+    rows = lab.run(stages, lab.WORKLOADS, reps=1, dry_run=True, limit=1)
+    variants = {(r[1], r[2]) for r in rows}
+    assert variants == {(s, v) for s in stages for v in ("shipped", *lab.VARIANTS[s])}, variants
+    for tag, stage, name, config, _us, same, stable in rows:
+        assert stable, (tag, stage, name, config)
+        assert same == ("-" if name == "shipped" else "True"), (tag, stage, name, config, same)
