@@ -4,6 +4,7 @@
 - Every property of the case JSON Schema carries a description, and the schema command writes exactly the source.
 - Every schema field has a row in docs/cases.md, every registered check a section in docs/checks.md.
 - README links the design pages; every relative link in README.md and docs/*.md resolves, anchors included.
+- README's layout table has a row for each top-level folder git tracks, and none for a folder that is not there.
 
 Each helper is shown to report what it exists to catch (the ``*_reports_*`` tests), so none can pass vacuously.
 """
@@ -253,3 +254,19 @@ def test_broken_links_are_reported():
 def test_heading_anchors_follow_githubs_rules():
     text = "# Checks, guards and tiers\n## `gather_exact`\n## A (b/c)\n## A (b/c)\n```\n# not a heading\n```\n"
     assert heading_anchors(text) == {"checks-guards-and-tiers", "gather_exact", "a-bc", "a-bc-1"}
+
+
+def layout_rows(readme: str) -> set[str]:
+    """The folders README's layout table names (its ``| `name/` | ... |`` rows)."""
+    return set(re.findall(r"^\| `([^`/]+)/` \|", readme, re.MULTILINE))
+
+
+def test_readme_layout_table_matches_the_tree():
+    folders = {p.relative_to(ROOT).parts[0] for p in tracked_files(ROOT) if len(p.relative_to(ROOT).parts) > 1}
+    folders = {f for f in folders if not f.startswith(".")}  # .ci/, .github/: CI's own files
+    assert layout_rows((ROOT / "README.md").read_text()) == folders
+
+
+def test_layout_rows_reads_each_folder_row_of_the_table():
+    table = "| path | what |\n| --- | --- |\n| `kernels/` | ours |\n| `gone/` | removed |\n"
+    assert layout_rows(table) == {"kernels", "gone"}
