@@ -51,6 +51,18 @@ USE_LIBDEVICE = not INTERPRET
 LOG2E = tl.constexpr(1.4426950408889634)
 
 
+# The interpreter pays per program, not per element (each program is a round of numpy calls): a kernel with one
+# fixed block walks its extent in one block there, up to this many elements.
+INTERPRETER_MAX_BLOCK = 1 << 20
+
+
+def fixed_block(extent: int, gpu_block: int) -> int:
+    """The block of a kernel that runs one fixed block size (never autotuned): ``gpu_block`` on the GPU; under the
+    interpreter the whole ``extent`` (a power of two, at most ``INTERPRETER_MAX_BLOCK``). Only for kernels whose
+    bits do not depend on the block (elementwise copies and recurrences)."""
+    return min(INTERPRETER_MAX_BLOCK, triton.next_power_of_2(extent)) if INTERPRET else gpu_block
+
+
 def _interpreter_do_bench(kernel_call, quantiles=(0.5, 0.2, 0.8)):
     """Autotuner timing stand-in for the interpreter, which has no GPU timer: equal times for every config, so the
     first config in the list wins, reproducibly. The trial is not launched: there is nothing to time, and an

@@ -12,8 +12,11 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.backend import fixed_block
 from kernels.interface import INDEX_DTYPES, MASK_DTYPES
 
+# The fixed block over a row of H * P * N states on the GPU (under the interpreter a row is one block:
+# kernels.backend.fixed_block; a copy's bits do not depend on the block).
 BLOCK_SIZE = 1024
 
 # The index and mask are read one element per program: specializing on their alignment or stride class would only
@@ -61,7 +64,7 @@ def launch_arguments(state_cache: torch.Tensor, initial_state_indices: torch.Ten
         stride_idx=initial_state_indices.stride(0),
         stride_has=has.stride(0),
         stride_out_batch=out.stride(0),
-        BLOCK_SIZE=BLOCK_SIZE,
+        BLOCK_SIZE=fixed_block(H * P * N, BLOCK_SIZE),
     )
 
 
@@ -96,7 +99,7 @@ def gather_initial_states(
         f"state_cache: (H, P, N) must be compact, found strides {state_cache.stride()}")
     batch = initial_state_indices.shape[0]
     out = torch.empty((batch, H, P, N), dtype=state_cache.dtype, device=state_cache.device)
-    grid = (triton.cdiv(H * P * N, BLOCK_SIZE), batch)
+    grid = (triton.cdiv(H * P * N, fixed_block(H * P * N, BLOCK_SIZE)), batch)
     _gather_initial_states_kernel[grid](**launch_arguments(state_cache, initial_state_indices, has_initial_states, out))
     return out
 

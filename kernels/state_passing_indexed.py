@@ -10,7 +10,7 @@ NaN payloads match the snapshot's gathered copy), ``out[c + 1]`` is the state ex
 
 In place (init slot == final slot) is safe: each program reads its slice of the initial state before it writes
 anything, and no other program touches that slice. For the same reason the kernel is never autotuned: a trial launch
-would overwrite an aliased initial state, so it runs one fixed BLOCK_SIZE (``block_size``).
+would overwrite an aliased initial state, so it runs one fixed BLOCK_SIZE.
 """
 
 from __future__ import annotations
@@ -19,20 +19,13 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import INTERPRET
+from kernels.backend import fixed_block
 from kernels.interface import INDEX_DTYPES, MASK_DTYPES
 from kernels.state_passing import recurrence_step
 
+# The fixed block over a head's P * N states on the GPU (under the interpreter a head is one block:
+# kernels.backend.fixed_block; the recurrence is elementwise, so the bits do not depend on the block).
 BLOCK_SIZE = 512
-# The interpreter pays per program, not per element: there a head's states are walked in one block up to this size
-# (one program per head at the serving shape). The recurrence is elementwise, so the bits do not depend on the block.
-INTERPRETER_MAX_BLOCK_SIZE = 8192
-
-
-def block_size(dim: int) -> int:
-    """The fixed block over a head's ``dim`` = P * N states: ``BLOCK_SIZE`` on the GPU; under the interpreter the
-    whole head, up to ``INTERPRETER_MAX_BLOCK_SIZE``."""
-    return min(INTERPRETER_MAX_BLOCK_SIZE, triton.next_power_of_2(dim)) if INTERPRET else BLOCK_SIZE
 
 # Slot indices and the mask are single scalars, nchunks a loop bound: specializing on them only multiplies
 # binaries, so they are compiled once for all classes.
@@ -137,7 +130,7 @@ def state_passing_indexed(
     for name, t in (("dA_cumsum", dA_cumsum), ("state_cache", state_cache), ("init_slot_index", init_slot_index),
                     ("has_initial_state", has_initial_state), ("final_slot_index", final_slot_index), ("out", out)):
         assert t.device == states.device, f"{name}: on {t.device}, states on {states.device}"
-    grid = (triton.cdiv(P * N, block_size(P * N)), H)
+    grid = (triton.cdiv(P * N, fixed_block(P * N, BLOCK_SIZE)), H)
     _state_passing_indexed_kernel[grid](**launch_arguments(
         states, dA_cumsum, state_cache=state_cache, init_slot_index=init_slot_index,
         has_initial_state=has_initial_state, final_slot_index=final_slot_index, out=out))
@@ -158,5 +151,5 @@ def launch_arguments(states: torch.Tensor, dA_cumsum: torch.Tensor, *, state_cac
         stride_out_chunk=out.stride(0), stride_out_head=out.stride(1),
         stride_dA_head=dA_cumsum.stride(0), stride_dA_chunk=dA_cumsum.stride(1), stride_dA_q=dA_cumsum.stride(2),
         stride_cache_slot=state_cache.stride(0), stride_cache_head=state_cache.stride(1),
-        BLOCK_SIZE=block_size(P * N),
+        BLOCK_SIZE=fixed_block(P * N, BLOCK_SIZE),
     )
