@@ -99,8 +99,9 @@ def gather_initial_states(
         f"state_cache: (H, P, N) must be compact, found strides {state_cache.stride()}")
     batch = initial_state_indices.shape[0]
     out = torch.empty((batch, H, P, N), dtype=state_cache.dtype, device=state_cache.device)
-    grid = (triton.cdiv(H * P * N, fixed_block(H * P * N, BLOCK_SIZE)), batch)
-    _gather_initial_states_kernel[grid](**launch_arguments(state_cache, initial_state_indices, has_initial_states, out))
+    arguments = launch_arguments(state_cache, initial_state_indices, has_initial_states, out)
+    grid = (triton.cdiv(H * P * N, arguments["BLOCK_SIZE"]), batch)
+    _gather_initial_states_kernel[grid](**arguments)
     return out
 
 

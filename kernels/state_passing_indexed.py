@@ -130,10 +130,10 @@ def state_passing_indexed(
     for name, t in (("dA_cumsum", dA_cumsum), ("state_cache", state_cache), ("init_slot_index", init_slot_index),
                     ("has_initial_state", has_initial_state), ("final_slot_index", final_slot_index), ("out", out)):
         assert t.device == states.device, f"{name}: on {t.device}, states on {states.device}"
-    grid = (triton.cdiv(P * N, fixed_block(P * N, BLOCK_SIZE)), H)
-    _state_passing_indexed_kernel[grid](**launch_arguments(
-        states, dA_cumsum, state_cache=state_cache, init_slot_index=init_slot_index,
-        has_initial_state=has_initial_state, final_slot_index=final_slot_index, out=out))
+    arguments = launch_arguments(states, dA_cumsum, state_cache=state_cache, init_slot_index=init_slot_index,
+                                 has_initial_state=has_initial_state, final_slot_index=final_slot_index, out=out)
+    grid = (triton.cdiv(P * N, arguments["BLOCK_SIZE"]), H)
+    _state_passing_indexed_kernel[grid](**arguments)
 
 
 def launch_arguments(states: torch.Tensor, dA_cumsum: torch.Tensor, *, state_cache: torch.Tensor,

@@ -362,7 +362,7 @@ def compile_report(stages: list[str], workload: str, limit: int | None) -> None:
     import os
 
     os.environ["TRITON_INTERPRET"] = "0"
-    from harness.guards.gpu_compile import PortableLaunch, _portable, compile_launch
+    from harness.guards.gpu_compile import PortableLaunch, compile_launch, portable_value
     from kernels.specialization import kernel_name
 
     cuobjdump = Path(importlib.import_module("triton").__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
@@ -374,7 +374,7 @@ def compile_report(stages: list[str], workload: str, limit: int | None) -> None:
         args, _, _ = stage_launch(stage, kw, ws)
         for config in stage_configs(stage, limit):
             for name, kernel in kernels[stage].items():
-                launch_kw = {k: _portable(v) for k, v in args.items()}
+                launch_kw = {k: portable_value(v) for k, v in args.items()}
                 launch_kw.update(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
                 try:
                     compiled = compile_launch(PortableLaunch(kernel_name(kernel), (), launch_kw, name))

@@ -267,6 +267,8 @@ def test_readme_layout_table_matches_the_tree():
     assert layout_rows((ROOT / "README.md").read_text()) == folders
 
 
-def test_layout_rows_reads_each_folder_row_of_the_table():
+def test_layout_check_reports_a_missing_and_a_stale_row():
     table = "| path | what |\n| --- | --- |\n| `kernels/` | ours |\n| `gone/` | removed |\n"
     assert layout_rows(table) == {"kernels", "gone"}
+    assert layout_rows(table) != {"kernels", "gone", "scripts"}  # a folder without a row
+    assert layout_rows(table) != {"kernels"}  # a row without a folder

@@ -13,6 +13,12 @@ STAGES = {"chunk_cumsum": (chunk_cumsum.chunk_cumsum_kernel, chunk_cumsum.CONFIG
           "bmm_chunk": (bmm_chunk.bmm_chunk_kernel, bmm_chunk.CONFIGS),
           "chunk_scan": (chunk_scan.chunk_scan_kernel, chunk_scan.CONFIGS),
           "state_passing": (state_passing._state_passing_kernel, state_passing.CONFIGS)}
+# The serving shape's values of each stage's autotuning key.
+SERVING_KEYS = {"chunk_cumsum": {"chunk_size": 256, "nheads": 64},
+                "chunk_state": {"hdim": 64, "dstate": 128, "chunk_size": 256},
+                "bmm_chunk": {"chunk_size": 256, "dstate": 128},
+                "chunk_scan": {"chunk_size": 256, "hdim": 64, "dstate": 128},
+                "state_passing": {"dim": 64 * 128}}
 
 
 def test_every_checked_in_config_is_a_shipped_config_of_a_known_stage():
@@ -28,13 +34,8 @@ def test_every_checked_in_config_is_a_shipped_config_of_a_known_stage():
 def test_the_serving_class_is_pruned_to_its_checked_in_config_on_the_h200(monkeypatch):
     """The serving shape's real launch arguments reach the table through each stage's key."""
     monkeypatch.setattr(tuned_configs, "device_arch", lambda: "sm90")
-    serving = {"chunk_cumsum": {"chunk_size": 256, "nheads": 64},
-               "chunk_state": {"hdim": 64, "dstate": 128, "chunk_size": 256},
-               "bmm_chunk": {"chunk_size": 256, "dstate": 128},
-               "chunk_scan": {"chunk_size": 256, "hdim": 64, "dstate": 128},
-               "state_passing": {"dim": 64 * 128}}
     for stage, (kernel, configs) in STAGES.items():
-        (chosen,) = kernel.early_config_prune(configs, serving[stage])
+        (chosen,) = kernel.early_config_prune(configs, dict(SERVING_KEYS[stage]))
         assert tuned_configs.describe(chosen) == next(iter(tuned_configs.TUNED[stage].values())), stage
 
 
@@ -58,11 +59,8 @@ def test_the_interpreter_runs_each_stage_with_its_largest_blocks(monkeypatch):
     """Under the interpreter the stand-in benchmarker keeps the first config after pruning: that is the one with
     the largest blocks (fewest programs and loop iterations to interpret) among those that fit, ties in list order."""
     monkeypatch.setattr(tuned_configs, "device_arch", lambda: None)
-    fits = {"chunk_cumsum": {"chunk_size": 256, "nheads": 64}, "chunk_state": {"hdim": 64, "dstate": 128,
-            "chunk_size": 256}, "bmm_chunk": {"chunk_size": 256, "dstate": 128},
-            "chunk_scan": {"chunk_size": 256, "hdim": 64, "dstate": 128}, "state_passing": {"dim": 8192}}
-    for stage, (kernel, configs) in STAGES.items():
-        kept = kernel.early_config_prune(configs, dict(fits[stage]))
+    for stage, (kernel, configs) in STAGES.items():  # the serving shape: every config fits
+        kept = kernel.early_config_prune(configs, dict(SERVING_KEYS[stage]))
         volumes = [tuned_configs.block_volume(c) for c in kept]
         assert volumes == sorted(volumes, reverse=True), stage
         if stage != "chunk_cumsum":  # its fallback keeps the first config alone

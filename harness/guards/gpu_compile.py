@@ -66,15 +66,16 @@ class PortableLaunch:
     describe: str
 
 
-def _portable(value: Any) -> Any:
+def portable_value(value: Any) -> Any:
+    """One launch argument as the compile child needs it: a tensor as its ``PointerStandIn``, anything else as is."""
     if isinstance(value, torch.Tensor):
         return PointerStandIn(value.dtype, value.data_ptr() % 16 == 0)
     return value
 
 
 def portable(launch: Launch) -> PortableLaunch:
-    return PortableLaunch(kernel_name(launch.kernel), tuple(_portable(a) for a in launch.args),
-                          {k: _portable(v) for k, v in launch.kwargs.items()},
+    return PortableLaunch(kernel_name(launch.kernel), tuple(portable_value(a) for a in launch.args),
+                          {k: portable_value(v) for k, v in launch.kwargs.items()},
                           specialization_key(launch.kernel, launch.args, launch.kwargs).describe())
 
 
