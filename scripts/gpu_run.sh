@@ -124,6 +124,7 @@ for step in $steps; do
       # source, under each candidate config, bits compared, and vLLM's chunk scan (carried .peers/); LAB_ARGS selects
       # (e.g. "--stage chunk_scan"); then ncu on one launch of each chunk scan variant, where ncu reads counters here
       run_step lab $PY scripts/kernel_lab.py run --reps "${LAB_REPS:-200}" ${LAB_ARGS:-}
+      [ "${LAB_NCU:-1}" = 1 ] || continue  # LAB_NCU=0: the timings alone
       ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
       run_step lab-ncu bash -c "$ncu --clock-control none -k regex:chunk_scan --section SpeedOfLight \
         --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \

@@ -56,6 +56,7 @@ VARIANTS: dict[str, dict[str, Rewrite]] = {
                   "cxdead": Rewrite(("dstate", "chunk_size"), (BMM_DEAD_TILES,))},
     "state_passing_indexed": {"cx": Rewrite(("dim", "chunk_size"))},
     "chunk_scan": {"noexit": Rewrite((), (SCAN_NO_EXIT,))},
+    "gather": {"cx": Rewrite(("row",))},
 }
 # stage -> (module, the jit kernel's attribute)
 KERNELS = {
@@ -64,7 +65,10 @@ KERNELS = {
     "bmm_chunk": ("kernels.bmm_chunk", "_bmm_chunk_kernel"),
     "state_passing_indexed": ("kernels.state_passing_indexed", "_state_passing_indexed_kernel"),
     "chunk_scan": ("kernels.chunk_scan", "_chunk_scan_kernel"),
+    "gather": ("kernels.gather", "_gather_initial_states_kernel"),
 }
+# The fixed-block kernels (never tuned): candidate blocks instead of a config list.
+FIXED_BLOCK_STAGES = {"state_passing_indexed": (256, 512, 1024, 2048), "gather": (512, 1024, 2048, 4096)}
 
 
 def rewritten_source(src: str, name: str, new_name: str, rewrite: Rewrite) -> str:
@@ -119,13 +123,14 @@ def describe(config) -> str:
 
 def stage_configs(stage: str, limit: int | None = None) -> list:
     """The stage's shipped configs and the stage sweep's candidates (``harness.stage_bench.EXTRA_CANDIDATES``), each
-    once; the indexed state passing (one fixed block, never tuned) gets candidate blocks."""
+    once; the fixed-block kernels (never tuned: the indexed state passing, the gather) get candidate blocks."""
     import triton
 
     from harness.stage_bench import EXTRA_CANDIDATES
 
-    if stage == "state_passing_indexed":
-        configs = [triton.Config({"BLOCK_SIZE": bs}, num_warps=w) for bs in (256, 512, 1024, 2048) for w in (2, 4, 8)]
+    if stage in FIXED_BLOCK_STAGES:
+        configs = [triton.Config({"BLOCK_SIZE": bs}, num_warps=w)
+                   for bs in FIXED_BLOCK_STAGES[stage] for w in (2, 4, 8)]
     else:
         configs = list(importlib.import_module(KERNELS[stage][0]).CONFIGS) + EXTRA_CANDIDATES.get(stage, [])
     seen, out = set(), []
@@ -144,7 +149,7 @@ def stage_launch(stage: str, kw: dict, ws: dict):
     import torch
     import triton
 
-    from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, state_passing_indexed
+    from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, gather, state_passing_indexed
 
     cu = kw["cu_chunk_seqlens"]
     x, B, C = kw["x"], kw["B"], kw["C"]
@@ -174,6 +179,13 @@ def stage_launch(stage: str, kw: dict, ws: dict):
             initial_states=ws["initial_states"], states_are_entering=ws["path"] == "indexed")
         return args, lambda c: (triton.cdiv(Q, c.kwargs["BLOCK_SIZE_M"]) * triton.cdiv(P, c.kwargs["BLOCK_SIZE_N"]),
                                 nchunks, H), outs
+    if stage == "gather":
+        batch = kw["initial_state_indices"].shape[0]
+        outs = (torch.empty((batch, *kw["state_cache"].shape[1:]), dtype=kw["state_cache"].dtype, device=x.device),)
+        args = gather.launch_arguments(kw["state_cache"], kw["initial_state_indices"], kw["has_initial_states"],
+                                       outs[0])
+        del args["BLOCK_SIZE"]
+        return args, lambda c: (triton.cdiv(args["row"], c.kwargs["BLOCK_SIZE"]), batch), outs
     outs = (torch.empty_like(ws["states"]), kw["state_cache"])
     args = state_passing_indexed.launch_arguments(
         ws["chunk_states"], dA, state_cache=kw["state_cache"], init_slot_index=kw["initial_state_indices"][:1],
@@ -183,7 +195,8 @@ def stage_launch(stage: str, kw: dict, ws: dict):
 
 
 def applies(stage: str, path: str) -> bool:
-    return stage != "state_passing_indexed" or path == "indexed"
+    """The indexed state passing runs on the indexed path only, the gather on the snapshot path only."""
+    return {"state_passing_indexed": path == "indexed", "gather": path == "snapshot"}.get(stage, True)
 
 
 def small_cases() -> dict:
