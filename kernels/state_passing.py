@@ -40,13 +40,26 @@ SCALAR_ONLY = {
 
 
 @triton.jit
-def recurrence_step(s, states_ptr, dA_cs_ptr, mask):
+def load_chunk(states_ptr, dA_cs_ptr, mask, live):
+    """A chunk's state contribution (fp32) and the dA cumsum at its end; nothing is read unless ``live`` (the
+    prefetch past the last chunk)."""
+    new = tl.load(states_ptr, mask=mask & live, other=0.0).to(tl.float32)
+    dA_end = tl.load(dA_cs_ptr, mask=live, other=0.0).to(tl.float32)
+    return new, dA_end
+
+
+@triton.jit
+def recurrence_step(s, new, dA_end):
     """One chunk of the fp32 inter-chunk recurrence ``s = exp(dA_chunk_end) * s + chunk_state``, shared by the
     snapshot and the indexed kernels so their arithmetic is one piece of code. ``exp`` as ``exp2(LOG2E * x)`` (equal
-    to torch.exp2 on CUDA); the multiply-add is one expression so CUDA contracts it to an FMA (torch.addcmul)."""
-    new = tl.load(states_ptr, mask=mask, other=0.0).to(tl.float32)
-    scale = tl.math.exp2(_LOG2E * tl.load(dA_cs_ptr).to(tl.float32))
-    return scale * s + new
+    to torch.exp2 on CUDA); the multiply-add is one expression so CUDA contracts it to an FMA (torch.addcmul).
+
+    The kernels load chunk c + 1 (``load_chunk``) before chunk c's step and stores: the loop is bound by memory
+    latency (each program has one chunk's row in flight otherwise, and every program of the grid is resident at
+    once), and a load that follows a store cannot be hoisted by the compiler (the pointers may alias). Reading
+    chunk c + 1 before writing chunk c's outputs is also what an in-place call needs: no output of chunk c lies in
+    chunk c + 1's row."""
+    return tl.math.exp2(_LOG2E * dA_end) * s + new
 
 
 # Under the interpreter the do_bench stand-in keeps the first config after pruning (the largest block there:
@@ -101,7 +114,10 @@ def _state_passing_kernel(
     else:
         s = tl.zeros((BLOCK_SIZE,), dtype=tl.float32)
 
+    new, dA_end = load_chunk(states_ptr, dA_cs_ptr, mask, nchunks > 0)
     for c in range(nchunks):
+        next_new, next_dA_end = load_chunk(states_ptr + stride_states_chunk, dA_cs_ptr + stride_dA_chunk, mask,
+                                           c + 1 < nchunks)
         seq = tl.load(seq_idx_ptr + c * stride_seq_idx)
         if seq != prev_seq:  # first chunk of a new sequence: restart from its initial state
             if HAS_INIT:
@@ -110,7 +126,7 @@ def _state_passing_kernel(
             else:
                 s = tl.zeros((BLOCK_SIZE,), dtype=tl.float32)
         prev_seq = seq
-        s = recurrence_step(s, states_ptr, dA_cs_ptr, mask)
+        s = recurrence_step(s, new, dA_end)
         tl.store(out_ptr, s.to(out_ptr.dtype.element_ty), mask=mask)
         if WRITE_CACHE:
             last = tl.load(last_chunk_ptr + seq.to(tl.int64) * stride_last_chunk)
@@ -119,6 +135,7 @@ def _state_passing_kernel(
                 if slot >= 0:  # negative slot: padded sequence, write nothing
                     dst = cache_ptr + slot * stride_cache_slot + pid_h * stride_cache_head + offs
                     tl.store(dst, s.to(cache_ptr.dtype.element_ty), mask=mask)
+        new, dA_end = next_new, next_dA_end
         states_ptr += stride_states_chunk
         out_ptr += stride_out_chunk
         dA_cs_ptr += stride_dA_chunk

@@ -21,7 +21,7 @@ import triton.language as tl
 
 from kernels.backend import fixed_block
 from kernels.interface import INDEX_DTYPES, MASK_DTYPES
-from kernels.state_passing import recurrence_step
+from kernels.state_passing import load_chunk, recurrence_step
 
 # The fixed block over a head's P * N states on the GPU (under the interpreter a head is one block:
 # kernels.backend.fixed_block; the recurrence is elementwise, so the bits do not depend on the block).
@@ -77,10 +77,15 @@ def _state_passing_indexed_kernel(
     s = entering.to(tl.float32)
     tl.store(out_ptr, entering, mask=mask)
 
+    new, dA_end = load_chunk(states_ptr, dA_cs_ptr, mask, nchunks > 0)
     for c in range(nchunks):
-        s = recurrence_step(s, states_ptr, dA_cs_ptr, mask)  # the snapshot kernel's arithmetic, same code
+        # chunk c + 1 is read before chunk c's step and store (kernels.state_passing.recurrence_step says why)
+        next_new, next_dA_end = load_chunk(states_ptr + stride_states_chunk, dA_cs_ptr + stride_dA_chunk, mask,
+                                           c + 1 < nchunks)
+        s = recurrence_step(s, new, dA_end)  # the snapshot kernel's arithmetic, same code
         if c + 1 < nchunks:
             tl.store(out_ptr + stride_out_chunk, s.to(out_ptr.dtype.element_ty), mask=mask)
+        new, dA_end = next_new, next_dA_end
         states_ptr += stride_states_chunk
         out_ptr += stride_out_chunk
         dA_cs_ptr += stride_dA_chunk

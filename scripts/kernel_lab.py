@@ -48,13 +48,23 @@ BMM_DEAD_TILES = ("    for k in range(0, dstate, BLOCK_SIZE_K):",
 # chunk scan: without the early exit of programs whose rows all lie past the chunk's end (its cost, for reference).
 SCAN_NO_EXIT = ("    if pid_m * BLOCK_SIZE_M >= chunk_len:\n        return\n", "")
 
+# state passing: without the prefetch of chunk c + 1 (each chunk's row loaded in its own step), for reference.
+PREFETCH = ("        next_new, next_dA_end = load_chunk(states_ptr + stride_states_chunk, dA_cs_ptr + stride_dA_chunk, "
+            "mask,\n                                           c + 1 < nchunks)\n", "")
+STEP = ("        s = recurrence_step(s, new, dA_end)",
+        "        new, dA_end = load_chunk(states_ptr, dA_cs_ptr, mask, True)\n"
+        "        s = recurrence_step(s, new, dA_end)")
+ADVANCE = ("        new, dA_end = next_new, next_dA_end\n", "")
+SP_NO_PREFETCH = Rewrite((), (PREFETCH, STEP, ADVANCE))
+
 # stage -> variant -> rewrite of the shipped kernel
 VARIANTS: dict[str, dict[str, Rewrite]] = {
     "chunk_cumsum": {"cx": Rewrite(("nheads", "chunk_size"))},
     "chunk_state": {"cx": Rewrite(("hdim", "dstate", "chunk_size", "nheads_per_group"))},
     "bmm_chunk": {"cx": Rewrite(("dstate", "chunk_size")), "dead": Rewrite((), (BMM_DEAD_TILES,)),
                   "cxdead": Rewrite(("dstate", "chunk_size"), (BMM_DEAD_TILES,))},
-    "state_passing_indexed": {"cx": Rewrite(("dim", "chunk_size"))},
+    "state_passing": {"noprefetch": SP_NO_PREFETCH},
+    "state_passing_indexed": {"cx": Rewrite(("dim", "chunk_size")), "noprefetch": SP_NO_PREFETCH},
     "chunk_scan": {"noexit": Rewrite((), (SCAN_NO_EXIT,))},
     "gather": {"cx": Rewrite(("row",))},
 }
@@ -63,6 +73,7 @@ KERNELS = {
     "chunk_cumsum": ("kernels.chunk_cumsum", "_chunk_cumsum_kernel"),
     "chunk_state": ("kernels.chunk_state", "_chunk_state_kernel"),
     "bmm_chunk": ("kernels.bmm_chunk", "_bmm_chunk_kernel"),
+    "state_passing": ("kernels.state_passing", "_state_passing_kernel"),
     "state_passing_indexed": ("kernels.state_passing_indexed", "_state_passing_indexed_kernel"),
     "chunk_scan": ("kernels.chunk_scan", "_chunk_scan_kernel"),
     "gather": ("kernels.gather", "_gather_initial_states_kernel"),
@@ -149,7 +160,7 @@ def stage_launch(stage: str, kw: dict, ws: dict):
     import torch
     import triton
 
-    from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, gather, state_passing_indexed
+    from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, gather, state_passing, state_passing_indexed
 
     cu = kw["cu_chunk_seqlens"]
     x, B, C = kw["x"], kw["B"], kw["C"]
@@ -179,6 +190,13 @@ def stage_launch(stage: str, kw: dict, ws: dict):
             initial_states=ws["initial_states"], states_are_entering=ws["path"] == "indexed")
         return args, lambda c: (triton.cdiv(Q, c.kwargs["BLOCK_SIZE_M"]) * triton.cdiv(P, c.kwargs["BLOCK_SIZE_N"]),
                                 nchunks, H), outs
+    if stage == "state_passing":  # the snapshot path's, with its final-state writeback into a fresh cache copy
+        outs = (torch.empty_like(ws["states"]), kw["state_cache"].clone())
+        args = state_passing.launch_arguments(
+            ws["chunk_states"], dA, kw["seq_idx"], outs[0], initial_states=ws["initial_states"],
+            state_cache=outs[1], final_state_indices=kw["final_state_indices"],
+            last_chunk_indices=kw["last_chunk_indices"])
+        return args, lambda c: (triton.cdiv(P * N, c.kwargs["BLOCK_SIZE"]), H), outs
     if stage == "gather":
         batch = kw["initial_state_indices"].shape[0]
         outs = (torch.empty((batch, *kw["state_cache"].shape[1:]), dtype=kw["state_cache"].dtype, device=x.device),)
@@ -196,7 +214,8 @@ def stage_launch(stage: str, kw: dict, ws: dict):
 
 def applies(stage: str, path: str) -> bool:
     """The indexed state passing runs on the indexed path only, the gather on the snapshot path only."""
-    return {"state_passing_indexed": path == "indexed", "gather": path == "snapshot"}.get(stage, True)
+    return {"state_passing_indexed": path == "indexed", "state_passing": path == "snapshot",
+            "gather": path == "snapshot"}.get(stage, True)
 
 
 def small_cases() -> dict:
@@ -331,17 +350,17 @@ def time_vllm_scan(tag: str, kw: dict, ws: dict, reps: int) -> list[tuple]:
 
 
 def print_rows(rows: list[tuple]) -> None:
-    print(f"{'workload/path':<28} {'stage':<22} {'variant':<8} {'config':<30} {'us':>8} {'bits=shipped':>12} "
+    print(f"{'workload/path':<28} {'stage':<22} {'variant':<10} {'config':<30} {'us':>8} {'bits=shipped':>12} "
           f"{'stable':>6}")
     for tag, stage, name, config, us, same, stable in rows:
-        print(f"{tag:<28} {stage:<22} {name:<8} {config:<30} {us:>8.1f} {same:>12} {str(stable):>6}")
+        print(f"{tag:<28} {stage:<22} {name:<10} {config:<30} {us:>8.1f} {same:>12} {str(stable):>6}")
     print("== fastest three per workload/path, stage and variant (stable only)")
     groups: dict = {}
     for r in rows:
         groups.setdefault((r[0], r[1], r[2]), []).append(r)
     for (tag, stage, name), rs in groups.items():
         ranked = sorted((r for r in rs if r[6] and not math.isnan(r[4])), key=lambda r: r[4])[:3]
-        print(f"{tag:<28} {stage:<22} {name:<8} " + " | ".join(f"{r[3]} {r[4]:.1f}" for r in ranked))
+        print(f"{tag:<28} {stage:<22} {name:<10} " + " | ".join(f"{r[3]} {r[4]:.1f}" for r in ranked))
 
 
 # ---- compile: what the compiler made of each variant, without a GPU -----------------------------------------------
@@ -381,7 +400,7 @@ def compile_report(stages: list[str], workload: str, limit: int | None) -> None:
     cuobjdump = Path(importlib.import_module("triton").__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     kernels = load_variants(stages)
     kw, ws = serving_intermediates(workload)
-    print(f"{'stage':<22} {'variant':<8} {'config':<30} {'regs':>5} {'stack':>6} {'smem':>7} {'wgmma':>6} {'mma':>5} "
+    print(f"{'stage':<22} {'variant':<10} {'config':<30} {'regs':>5} {'stack':>6} {'smem':>7} {'wgmma':>6} {'mma':>5} "
           f"{'ldg128':>6}")
     for stage in stages:
         args, _, _ = stage_launch(stage, kw, ws)
@@ -392,7 +411,7 @@ def compile_report(stages: list[str], workload: str, limit: int | None) -> None:
                 try:
                     compiled = compile_launch(PortableLaunch(kernel_name(kernel), (), launch_kw, name))
                 except Exception as exc:  # a config the compiler rejects: reported, the rest go on
-                    print(f"{stage:<22} {name:<8} {describe(config):<30} {type(exc).__name__}: {str(exc)[:60]}")
+                    print(f"{stage:<22} {name:<10} {describe(config):<30} {type(exc).__name__}: {str(exc)[:60]}")
                     continue
                 with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
                     fh.write(compiled.asm["cubin"])
@@ -401,7 +420,7 @@ def compile_report(stages: list[str], workload: str, limit: int | None) -> None:
                     sass = subprocess.run([str(cuobjdump), "-sass", fh.name], capture_output=True, text=True).stdout
                 regs = re.search(r"REG:(\d+)", res.stdout)
                 stack = re.search(r"STACK:(\d+)", res.stdout)
-                print(f"{stage:<22} {name:<8} {describe(config):<30} {regs.group(1) if regs else '?':>5} "
+                print(f"{stage:<22} {name:<10} {describe(config):<30} {regs.group(1) if regs else '?':>5} "
                       f"{stack.group(1) if stack else '?':>6} {compiled.metadata.shared:>7} {sass.count('HGMMA'):>6} "
                       f"{sass.count('HMMA'):>5} {sass.count('LDG.E.128'):>6}")
 
