@@ -22,6 +22,12 @@ run_step() {  # name, command...: run under a time limit, tee the log, record wa
   summary+=("$(printf '%-12s rc=%-3s %6d.%01ds  %s' "$name" "$rc" $((ms / 1000)) $((ms % 1000 / 100)) "$(tail -n 1 "$OUT/$name.log" | cut -c1-110)")")
 }
 
+unique_name() {  # a step's log name, numbered when the step already ran in this call (e.g. baseline, baseline-2)
+  local name=$1 n=2
+  while [ -e "$OUT/$name.log" ]; do name="$1-$n"; n=$((n + 1)); done
+  echo "$name"
+}
+
 for step in $steps; do
   case $step in
     env)
@@ -42,7 +48,7 @@ for step in $steps; do
       extra="${SUITE_ARGS:-}"
       # (ignoring the test files the baseline lacks, rather than naming the others: a long file list slows start-up)
       [ "$step" = suite-same ] && extra="$extra $(cd tests && ls test_*.py | while read f; do [ -f "../.baseline/tests/$f" ] || echo "--ignore=tests/$f"; done | tr '\n' ' ')"
-      name="$step${TAG:-}"
+      name=$(unique_name "$step${TAG:-}")
       nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader -l 1 > "$OUT/$name-smi.csv" 2>&1 &
       smi=$!
       # CPU use every half second (/proc/stat's first line): whether the host's cores are busy through the items
@@ -135,9 +141,10 @@ for step in $steps; do
       # machine and session as the suite step, so the two cold times compare (BASE_REPORT_OPT: its report option)
       export TRITON_CACHE_DIR=$(mktemp -d)
       rm -rf "${PYTHONPYCACHEPREFIX:-/nonexistent}$PWD/.baseline"
-      run_step baseline bash -c "cd .baseline && $PY -m pytest -q -n $WORKERS --workers-per-gpu ${WPG:-$WORKERS} \
+      name=$(unique_name baseline)
+      run_step "$name" bash -c "cd .baseline && $PY -m pytest -q -n $WORKERS --workers-per-gpu ${WPG:-$WORKERS} \
         --device cuda -p no:cacheprovider --recompile-guard --durations-from scripts/gpu-durations.json \
-        ${BASE_REPORT_OPT:---json-report} $OUT/baseline-report.json -rfE --tb=short" ;;
+        ${BASE_REPORT_OPT:---json-report} $OUT/$name-report.json -rfE --tb=short" ;;
     faults)  # a real illegal memory access in one case (tiny-batch): that case errors, every other case passes
       python3 -c "import tests.broken_providers as b; open('/tmp/tiny.yaml', 'w').write(b.TINY_CASES)"
       export TRITON_CACHE_DIR=$(mktemp -d)
