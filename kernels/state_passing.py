@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import ARITHMETIC_PROFILE, AUTOTUNE_DO_BENCH, LOG2E, least_overshoot
+from kernels.backend import ARITHMETIC_PROFILE, AUTOTUNE_DO_BENCH, INTERPRET, LOG2E, least_overshoot
 from kernels.interface import INDEX_DTYPES
 from kernels.tuned_configs import checked_in
 
@@ -30,6 +30,12 @@ _LOG2E = tl.constexpr(LOG2E)
 # config, kernels.tuned_configs). Few configs keep the tuner (and its guard tests) in play at a fraction of a long
 # list's compiles (the suite warms every config it can pick).
 CONFIGS = [triton.Config({"BLOCK_SIZE": bs}) for bs in (256, 512)] + [triton.Config({"BLOCK_SIZE": 1024}, num_warps=8)]
+# The interpreter pays per program, not per element: there, blocks up to a whole head's row as well, of which
+# least_overshoot keeps those that fit the row and kernels.tuned_configs.checked_in tries the largest first (one call
+# on the serving shape: 6.4 s in blocks of 1024, 1.0 s in one block). The recurrence is elementwise: every block
+# gives the same bits.
+if INTERPRET:
+    CONFIGS += [triton.Config({"BLOCK_SIZE": 1 << k}) for k in range(11, 17)]
 
 # Metadata and index tensors are read one scalar at a time, nchunks is a loop bound: specializing on their
 # alignment or value class only multiplies binaries, so they are compiled once for all classes.

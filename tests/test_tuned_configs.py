@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, state_passing, tuned_configs
+from kernels.backend import INTERPRET
 
 STAGES = {"chunk_cumsum": (chunk_cumsum.chunk_cumsum_kernel, chunk_cumsum.CONFIGS),
           "chunk_state": (chunk_state.chunk_state_kernel, chunk_state.CONFIGS),
@@ -47,12 +48,17 @@ def test_pruning_returns_the_checked_in_config_only_for_its_class(monkeypatch):
     prune = kernel.early_config_prune
     assert prune(configs, {"dim": 8192}) == [chosen]
     assert prune(configs, {}, dim=8192) == [chosen]  # launchers pass keywords
-    assert prune(configs, {"dim": 4096}) == configs  # another class: every config that fits stays
+    assert prune(configs, {"dim": 4096}) == _fitting(configs, 4096)  # another class: every config that fits stays
     monkeypatch.setattr(tuned_configs, "device_arch", lambda: "sm100")
-    assert prune(configs, {"dim": 8192}) == configs  # another GPU tunes for itself
+    assert prune(configs, {"dim": 8192}) == _fitting(configs, 8192)  # another GPU tunes for itself
     monkeypatch.setattr(tuned_configs, "device_arch", lambda: None)
-    # The interpreter keeps every config too, the cheapest one to interpret (largest blocks) first.
-    assert prune(configs, {"dim": 8192}) == sorted(configs, key=lambda c: -c.kwargs["BLOCK_SIZE"])
+    # The interpreter keeps every config that fits too, the cheapest one to interpret (largest blocks) first.
+    assert prune(configs, {"dim": 8192}) == sorted(_fitting(configs, 8192), key=lambda c: -c.kwargs["BLOCK_SIZE"])
+
+
+def _fitting(configs, dim: int) -> list:
+    """The state passing's configs whose block does not overshoot a row of ``dim`` (a power of two) states."""
+    return [c for c in configs if c.kwargs["BLOCK_SIZE"] <= dim]
 
 
 def test_the_interpreter_runs_each_stage_with_its_largest_blocks(monkeypatch):
@@ -63,9 +69,15 @@ def test_the_interpreter_runs_each_stage_with_its_largest_blocks(monkeypatch):
         kept = kernel.early_config_prune(configs, dict(SERVING_KEYS[stage]))
         volumes = [tuned_configs.block_volume(c) for c in kept]
         assert volumes == sorted(volumes, reverse=True), stage
-        if stage != "chunk_cumsum":  # its fallback keeps the first config alone
+        if stage == "state_passing":  # under the interpreter, whole-row candidates too: those wider than the row go
+            fits = _fitting(configs, SERVING_KEYS[stage]["dim"])
+            assert {id(c) for c in kept} == {id(c) for c in fits}, stage
+            if INTERPRET:
+                assert len(fits) < len(configs), "no candidate wider than the serving row"
+                assert kept[0].kwargs["BLOCK_SIZE"] == SERVING_KEYS[stage]["dim"], "a head's row is one block"
+        elif stage != "chunk_cumsum":  # its fallback keeps the first config alone
             assert {id(c) for c in kept} == {id(c) for c in configs}, stage
-        assert tuned_configs.block_volume(kept[0]) == max(tuned_configs.block_volume(c) for c in configs), stage
+        assert tuned_configs.block_volume(kept[0]) == max(tuned_configs.block_volume(c) for c in kept), stage
 
 
 def test_every_tuned_stage_consults_the_table(monkeypatch):

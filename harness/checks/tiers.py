@@ -19,9 +19,9 @@ from harness.cases.model import cpu_block_factors
 from harness.checks.registry import get_check, selected_checks
 
 # Seconds of one interpreted call per block, measured with two processes on two cores (docs/checks.md#tiers).
-SECONDS_PER_BLOCK = 0.031
+SECONDS_PER_BLOCK = 0.028
 # Estimated interpreter seconds the tier spends on one case.
-CPU_CASE_SECONDS = 2.25
+CPU_CASE_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
