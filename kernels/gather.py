@@ -44,10 +44,12 @@ def _gather_initial_states_kernel(
     b = tl.program_id(1).to(tl.int64)
     offs = pid_m * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = offs < row
-    vals = tl.zeros((BLOCK_SIZE,), dtype=out_ptr.dtype.element_ty)
-    if tl.load(has_ptr + b * stride_has) != 0:
-        slot = tl.load(idx_ptr + b * stride_idx).to(tl.int64)
-        vals = tl.load(cache_ptr + slot * stride_cache_slot + offs, mask=mask, other=0.0)
+    # The mask and the index are loaded side by side and the row's load is masked by both, not branched on the
+    # mask: one memory latency before the row's, not two (the grid is one wave: the kernel is these latencies). A
+    # masked-off row reads nothing at its slot, whatever the slot holds.
+    has = tl.load(has_ptr + b * stride_has) != 0
+    slot = tl.where(has, tl.load(idx_ptr + b * stride_idx).to(tl.int64), 0)
+    vals = tl.load(cache_ptr + slot * stride_cache_slot + offs, mask=mask & has, other=0.0)
     tl.store(out_ptr + b * stride_out_batch + offs, vals, mask=mask)
 
 

@@ -70,10 +70,11 @@ def _state_passing_indexed_kernel(
 
     # Read this program's slice of the initial state before any write (in-place safety). A masked-off initial state
     # is never read: the slot may hold garbage or NaN.
-    entering = tl.zeros((BLOCK_SIZE,), dtype=out_ptr.dtype.element_ty)
-    if tl.load(has_init_ptr) != 0:
-        init_slot = tl.load(init_slot_ptr).to(tl.int64)
-        entering = tl.load(cache_ptr + init_slot * stride_cache_slot, mask=mask, other=0.0)
+    # The mask and the slot side by side, the row's load masked by both (one latency before it, as in
+    # kernels.gather); without an initial state nothing is read at the slot.
+    has_init = tl.load(has_init_ptr) != 0
+    init_slot = tl.where(has_init, tl.load(init_slot_ptr).to(tl.int64), 0)
+    entering = tl.load(cache_ptr + init_slot * stride_cache_slot, mask=mask & has_init, other=0.0)
     s = entering.to(tl.float32)
     tl.store(out_ptr, entering, mask=mask)
 
