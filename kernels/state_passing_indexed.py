@@ -68,10 +68,9 @@ def _state_passing_indexed_kernel(
     dA_cs_ptr += pid_h * stride_dA_head + (chunk_size - 1) * stride_dA_q
     cache_ptr += pid_h * stride_cache_head + offs
 
-    # Read this program's slice of the initial state before any write (in-place safety). A masked-off initial state
-    # is never read: the slot may hold garbage or NaN.
-    # The mask and the slot side by side, the row's load masked by both (one latency before it, as in
-    # kernels.gather); without an initial state nothing is read at the slot.
+    # Read this program's slice of the initial state before any write (in-place safety). Mask and slot are loaded
+    # side by side and the row's load is masked by both (one latency before it, as in kernels.gather): a masked-off
+    # initial state is never read, since the slot may hold garbage or NaN.
     has_init = tl.load(has_init_ptr) != 0
     init_slot = tl.where(has_init, tl.load(init_slot_ptr).to(tl.int64), 0)
     entering = tl.load(cache_ptr + init_slot * stride_cache_slot, mask=mask & has_init, other=0.0)
