@@ -113,7 +113,7 @@ def warmup_all(device: str, requests: Iterable[tuple], *, kernels: Iterable[str]
     children = None
     if claims is not None:
         strategy = claimed(claims)
-    elif jobs > 1 and part is None:
+    elif jobs > 1 and part is None and device == "cuda":
         strategy = children = ChildrenAtFirstCompile(requests, names, jobs)
     else:
         strategy = in_process

@@ -291,3 +291,16 @@ def test_parallel_warmup_starts_children_only_at_the_first_compile(monkeypatch, 
     assert spawns == ([] if spawned_after is None else [spawned_after])
     assert report.parallel_seconds == (0.0 if spawned_after is None else 1.5)
     assert w.warmup_all("cuda", requests, jobs=1) and spawns == ([] if spawned_after is None else [spawned_after])
+
+
+def test_parallel_warmup_starts_no_children_under_the_interpreter(monkeypatch):
+    """``jobs`` is for GPU compiles: on the CPU tier the children (which compile for the GPU) would fail on a torch
+    without CUDA, and a fresh machine has no cache folder to look into, which counts as "compile now"."""
+    import harness.warmup as w
+
+    spawns = []
+    monkeypatch.setattr(w, "_disk_cache_entries", lambda: None)
+    monkeypatch.setattr(w, "_compile_in_children", lambda requests, names, jobs: spawns.append(jobs) or 1.5)
+    requests = [(ModelShape(2, 4, 16, 1, 8), (torch.float16,), (torch.float32,))]
+    report = w.warmup_all("cpu", requests, kernels=["gather"], jobs=4)
+    assert spawns == [] and report.jobs == 1 and report.parallel_seconds == 0.0 and report.keys
