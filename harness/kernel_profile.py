@@ -47,14 +47,23 @@ def stage_of(kernel: str) -> str:
 
 
 def kernel_times(events: Iterable) -> dict[str, dict]:
-    """Device activities grouped by name: name -> {"us": summed duration, "count": launches}. ``events`` are
-    ``torch.profiler``'s ``FunctionEvent``s (or anything with ``name``, ``device_type`` and ``time_range``); host-side
-    events (operators, CUDA runtime calls such as ``cudaGraphLaunch``) and GPU user annotations are left out."""
+    """Device activities grouped by name: name -> {"us": the time they add to the device's busy time, "count":
+    launches}. ``events`` are ``torch.profiler``'s ``FunctionEvent``s (or anything with ``name``, ``device_type`` and
+    ``time_range``); host-side events (operators, CUDA runtime calls such as ``cudaGraphLaunch``) and GPU user
+    annotations are left out.
+
+    An activity adds its duration less the part of it that overlaps activities started before it. Launched with
+    programmatic dependent launch, a kernel starts while the one before it still runs and waits for it: its own
+    duration would count the wait, which is the other kernel's time, twice. Without overlap the added time is the
+    duration; either way the activities' added times sum to the busy part of the call's span."""
     grouped: dict[str, dict] = {}
-    # A user annotation projected onto the GPU timeline is a device event too, but spans work, it is none.
-    for event in _device_events(events):
+    horizon = None  # the latest end among the activities so far
+    for event in sorted(_device_events(events), key=lambda e: e.time_range.start):
+        start, end = event.time_range.start, event.time_range.end
+        added = end - start if horizon is None else max(0, end - max(start, horizon))
+        horizon = end if horizon is None else max(horizon, end)
         entry = grouped.setdefault(event.name, {"us": 0.0, "count": 0})
-        entry["us"] += event.time_range.elapsed_us()
+        entry["us"] += float(added)
         entry["count"] += 1
     return grouped
 
@@ -66,8 +75,9 @@ def _device_events(events: Iterable) -> list:
 
 def call_profile(events: Iterable) -> dict:
     """One profiled call: ``kernels`` (``kernel_times``), ``span_us`` (first device activity's start to the last
-    one's end) and ``timeline``: each activity as (name, start, duration) in us, from the first start. The span less
-    the activities' sum is the time the device idled inside the call, between its kernels."""
+    one's end) and ``timeline``: each activity as (name, start, duration) in us, from the first start (durations as
+    measured, overlaps included). The span less the activities' added times is the time the device idled inside
+    the call, between its kernels."""
     device = sorted(_device_events(events), key=lambda e: e.time_range.start)
     if not device:
         return {"kernels": {}, "span_us": 0.0, "timeline": []}

@@ -10,12 +10,14 @@ are switched here, in one place, and passed to kernels as constexprs; the GPU ke
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kernels.environment import AUTOTUNE_BUDGET_ENV, INTERPRET_ENV, arithmetic_profile
+from kernels.environment import AUTOTUNE_BUDGET_ENV, INTERPRET_ENV, PDL_ENV, arithmetic_profile
 
 INTERPRET = os.environ.get(INTERPRET_ENV) == "1"
 # The reference arithmetic profile these kernels follow in this process.
@@ -132,6 +134,55 @@ def forced_config(kernel, config: triton.Config):
         kernel.configs = saved_configs
         kernel.cache.clear()
         kernel.cache.update(saved_cache)
+
+
+# Programmatic dependent launch: every stage kernel is launched with ``launch_pdl``, so the GPU may start placing its
+# programs while the kernel before it in the stream is still running (its last wave), instead of after that kernel
+# has drained. The first thing each program does is ``wait_for_previous_kernel``: ``gdc_wait`` blocks until every
+# kernel before it in the stream has completed and its writes are visible, so no load or store of a stage moves
+# ahead of what it depends on, whoever launched the kernel before (a stage of ours, a torch op, another engine's
+# kernel). Only then does it let the next kernel start early (``gdc_launch_dependents``), so the chain is
+# transitive. What overlaps is launch and scheduling latency, no arithmetic: the bits cannot change.
+
+# The names in a launch's arguments that are launch options, not kernel parameters (the warmup registry passes them
+# through as options).
+LAUNCH_OPTIONS = ("launch_pdl",)
+
+
+def pdl_setting(raw: str | None) -> bool:
+    """``SSD_PDL``: unset or "1" -> on where the GPU has it, "0" -> off."""
+    if raw in (None, "", "1"):
+        return True
+    if raw == "0":
+        return False
+    raise ValueError(f"{PDL_ENV}={raw!r}: expected '0' (off) or '1' (on where the GPU supports it)")
+
+
+@functools.cache
+def programmatic_launch() -> bool:
+    """Whether this process launches the stage kernels with programmatic dependent launch: not under the
+    interpreter (no GPU), on compute capability 9.0 and later (``griddepcontrol`` is sm_90 PTX), unless
+    ``SSD_PDL=0``."""
+    if INTERPRET or not pdl_setting(os.environ.get(PDL_ENV)):
+        return False
+    import torch
+
+    return torch.cuda.get_device_capability()[0] >= 9
+
+
+def pdl_arguments() -> dict:
+    """What every stage launch adds to its arguments: the kernel's ``USE_PDL`` constexpr and the launch option,
+    always equal (a kernel launched with ``launch_pdl`` must wait; one that waits without it pays nothing)."""
+    on = programmatic_launch()
+    return {"USE_PDL": on, "launch_pdl": on}
+
+
+@triton.jit
+def wait_for_previous_kernel(USE_PDL: tl.constexpr):
+    """Every stage kernel's first statement: programmatic dependent launch's wait, then its signal (above)."""
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
 
 
 # Passed as ``do_bench`` to every ``triton.autotune`` here.

@@ -10,7 +10,15 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import AUTOTUNE_DO_BENCH, DOT_FP32_OPERANDS, FP32_DOT_PRECISION, dot_acc, least_overshoot
+from kernels.backend import (
+    AUTOTUNE_DO_BENCH,
+    DOT_FP32_OPERANDS,
+    FP32_DOT_PRECISION,
+    dot_acc,
+    least_overshoot,
+    pdl_arguments,
+    wait_for_previous_kernel,
+)
 from kernels.interface import INDEX_DTYPES
 from kernels.tuned_configs import checked_in
 
@@ -45,10 +53,12 @@ def _bmm_chunk_kernel(
     stride_CB_n,
     DOT_FP32_OPERANDS: tl.constexpr,
     FP32_DOT_PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr,
     BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
 ):
+    wait_for_previous_kernel(USE_PDL)
     pid_mn = tl.program_id(axis=0)
     pid_c = tl.program_id(axis=1)
     pid_g = tl.program_id(axis=2)
@@ -123,4 +133,5 @@ def launch_arguments(C: torch.Tensor, B: torch.Tensor, cu_chunk_seqlens: torch.T
         stride_CB_n=CB.stride(3),
         DOT_FP32_OPERANDS=DOT_FP32_OPERANDS,
         FP32_DOT_PRECISION=FP32_DOT_PRECISION,
+        **pdl_arguments(),
     )

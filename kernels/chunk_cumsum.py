@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from kernels.backend import AUTOTUNE_DO_BENCH, LOG2E, USE_LIBDEVICE
+from kernels.backend import AUTOTUNE_DO_BENCH, LOG2E, USE_LIBDEVICE, pdl_arguments, wait_for_previous_kernel
 from kernels.interface import INDEX_DTYPES
 from kernels.tuned_configs import checked_in
 
@@ -51,9 +51,11 @@ def _chunk_cumsum_kernel(
     DT_SOFTPLUS: tl.constexpr,
     HAS_DT_LIMIT: tl.constexpr,
     LOG1P_LIBDEVICE: tl.constexpr,
+    USE_PDL: tl.constexpr,
     BLOCK_SIZE_H: tl.constexpr,
     BLOCK_SIZE_CHUNK: tl.constexpr,
 ):
+    wait_for_previous_kernel(USE_PDL)
     pid_c = tl.program_id(axis=0)
     pid_h = tl.program_id(axis=1)
     chunk_start = tl.load(cu_chunk_seqlens_ptr + pid_c).to(tl.int64)
@@ -168,4 +170,5 @@ def launch_arguments(dt: torch.Tensor, A: torch.Tensor, cu_chunk_seqlens: torch.
         HAS_DT_LIMIT=tuple(dt_limit) != (0.0, math.inf),
         LOG1P_LIBDEVICE=USE_LIBDEVICE,
         BLOCK_SIZE_CHUNK=triton.next_power_of_2(chunk_size),
+        **pdl_arguments(),
     )

@@ -24,7 +24,16 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import AUTOTUNE_DO_BENCH, DOT_FP32_OPERANDS, FP32_DOT_PRECISION, LOG2E, dot_acc, least_overshoot
+from kernels.backend import (
+    AUTOTUNE_DO_BENCH,
+    DOT_FP32_OPERANDS,
+    FP32_DOT_PRECISION,
+    LOG2E,
+    dot_acc,
+    least_overshoot,
+    pdl_arguments,
+    wait_for_previous_kernel,
+)
 from kernels.interface import INDEX_DTYPES, STATE_DTYPES
 from kernels.tuned_configs import checked_in
 
@@ -116,11 +125,13 @@ def _chunk_scan_kernel(
     HAS_Z: tl.constexpr,
     DOT_FP32_OPERANDS: tl.constexpr,
     FP32_DOT_PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr,
     BLOCK_SIZE_DSTATE: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr,
     BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
 ):
+    wait_for_previous_kernel(USE_PDL)
     pid_mn = tl.program_id(axis=0)
     pid_c = tl.program_id(axis=1)
     pid_h = tl.program_id(axis=2)
@@ -328,4 +339,5 @@ def launch_arguments(CB: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA
         DOT_FP32_OPERANDS=DOT_FP32_OPERANDS,
         FP32_DOT_PRECISION=FP32_DOT_PRECISION,
         BLOCK_SIZE_DSTATE=dstate_block(N),
+        **pdl_arguments(),
     )

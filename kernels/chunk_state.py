@@ -12,7 +12,16 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import AUTOTUNE_DO_BENCH, DOT_FP32_OPERANDS, FP32_DOT_PRECISION, LOG2E, dot_acc, least_overshoot
+from kernels.backend import (
+    AUTOTUNE_DO_BENCH,
+    DOT_FP32_OPERANDS,
+    FP32_DOT_PRECISION,
+    LOG2E,
+    dot_acc,
+    least_overshoot,
+    pdl_arguments,
+    wait_for_previous_kernel,
+)
 from kernels.interface import INDEX_DTYPES
 from kernels.tuned_configs import checked_in
 
@@ -55,10 +64,12 @@ def _chunk_state_kernel(
     stride_states_dstate,
     DOT_FP32_OPERANDS: tl.constexpr,
     FP32_DOT_PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr,
     BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
 ):
+    wait_for_previous_kernel(USE_PDL)
     pid_mn = tl.program_id(axis=0)
     pid_c = tl.program_id(axis=1)
     pid_h = tl.program_id(axis=2)
@@ -160,4 +171,5 @@ def launch_arguments(B: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_
         stride_states_hdim=states.stride(2), stride_states_dstate=states.stride(3),
         DOT_FP32_OPERANDS=DOT_FP32_OPERANDS,
         FP32_DOT_PRECISION=FP32_DOT_PRECISION,
+        **pdl_arguments(),
     )

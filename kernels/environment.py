@@ -15,6 +15,10 @@ INTERPRET_ENV = "TRITON_INTERPRET"
 # 25,100). Processes that share a GPU shorten it: their timings are noise anyway.
 AUTOTUNE_BUDGET_ENV = "SSD_AUTOTUNE_MS"
 
+# Programmatic dependent launch (``kernels.backend.programmatic_launch``): "0" turns it off; unset or "1" leaves it on
+# wherever the GPU has it (Hopper and later).
+PDL_ENV = "SSD_PDL"
+
 DEVICES = ("cpu", "cuda")
 
 

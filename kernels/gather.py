@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import fixed_block
+from kernels.backend import fixed_block, pdl_arguments, wait_for_previous_kernel
 from kernels.interface import INDEX_DTYPES, MASK_DTYPES
 
 # The fixed block over a row of H * P * N states on the GPU (under the interpreter a row is one block:
@@ -38,8 +38,10 @@ def _gather_initial_states_kernel(
     stride_idx,
     stride_has,
     stride_out_batch,
+    USE_PDL: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
+    wait_for_previous_kernel(USE_PDL)
     pid_m = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     offs = pid_m * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
@@ -67,6 +69,7 @@ def launch_arguments(state_cache: torch.Tensor, initial_state_indices: torch.Ten
         stride_has=has.stride(0),
         stride_out_batch=out.stride(0),
         BLOCK_SIZE=fixed_block(H * P * N, BLOCK_SIZE),
+        **pdl_arguments(),
     )
 
 

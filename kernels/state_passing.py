@@ -18,7 +18,15 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import ARITHMETIC_PROFILE, AUTOTUNE_DO_BENCH, INTERPRET, LOG2E, least_overshoot
+from kernels.backend import (
+    ARITHMETIC_PROFILE,
+    AUTOTUNE_DO_BENCH,
+    INTERPRET,
+    LOG2E,
+    least_overshoot,
+    pdl_arguments,
+    wait_for_previous_kernel,
+)
 from kernels.interface import INDEX_DTYPES
 from kernels.tuned_configs import checked_in
 
@@ -102,8 +110,10 @@ def _state_passing_kernel(
     stride_last_chunk,
     HAS_INIT: tl.constexpr,
     WRITE_CACHE: tl.constexpr,
+    USE_PDL: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
+    wait_for_previous_kernel(USE_PDL)
     pid_m = tl.program_id(0)
     pid_h = tl.program_id(1)
     offs = pid_m * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
@@ -238,4 +248,5 @@ def launch_arguments(states: torch.Tensor, dA_cumsum: torch.Tensor, seq_idx: tor
         stride_final_idx=final_idx.stride(0), stride_last_chunk=last_chunk.stride(0),
         HAS_INIT=initial_states is not None,
         WRITE_CACHE=write_cache,
+        **pdl_arguments(),
     )

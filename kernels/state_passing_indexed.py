@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import fixed_block
+from kernels.backend import fixed_block, pdl_arguments, wait_for_previous_kernel
 from kernels.interface import INDEX_DTYPES, MASK_DTYPES
 from kernels.state_passing import load_chunk, recurrence_step
 
@@ -56,8 +56,10 @@ def _state_passing_indexed_kernel(
     stride_dA_q,
     stride_cache_slot,
     stride_cache_head,
+    USE_PDL: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
+    wait_for_previous_kernel(USE_PDL)
     pid_m = tl.program_id(0)
     pid_h = tl.program_id(1)
     offs = pid_m * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
@@ -157,4 +159,5 @@ def launch_arguments(states: torch.Tensor, dA_cumsum: torch.Tensor, *, state_cac
         stride_dA_head=dA_cumsum.stride(0), stride_dA_chunk=dA_cumsum.stride(1), stride_dA_q=dA_cumsum.stride(2),
         stride_cache_slot=state_cache.stride(0), stride_cache_head=state_cache.stride(1),
         BLOCK_SIZE=fixed_block(P * N, BLOCK_SIZE),
+        **pdl_arguments(),
     )

@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import torch
 from triton.runtime.jit import MockTensor
 
+from kernels.backend import LAUNCH_OPTIONS
 from kernels.interface import INDEX_DTYPES
 from kernels.specialization import SpecKey, base_jit_function, gpu_view, kernel_name, specialization_key
 
@@ -167,7 +168,8 @@ def watched_kernels() -> list[Any]:
 def _split_arguments(kernel: Any, arguments: dict) -> tuple[tuple, dict]:
     """The runtime arguments before the first constexpr parameter, positionally (``Autotuner`` names them by
     position, as a launch does), and every later argument by name (a constexpr such as chunk_scan's dimensions may
-    sit among runtime ones).
+    sit among runtime ones), then the launch options (``kernels.backend.LAUNCH_OPTIONS``) by name, last, as the
+    launchers pass them.
 
     Raises KeyError naming every parameter the registration forgot (the kernel gained an argument), and
     TypeError for names the kernel does not have (the kernel renamed one)."""
@@ -176,7 +178,7 @@ def _split_arguments(kernel: Any, arguments: dict) -> tuple[tuple, dict]:
     tuned = set()
     for cfg in getattr(kernel, "configs", ()) if len(getattr(kernel, "configs", ())) > 0 else ():
         tuned.update(cfg.kwargs)
-    unknown = set(arguments) - set(names)
+    unknown = set(arguments) - set(names) - set(LAUNCH_OPTIONS)
     if unknown:
         raise TypeError(f"{kernel_name(kernel)}: warmup passes unknown parameters {sorted(unknown)}")
     annotations = getattr(view.fn, "__annotations__", {})
@@ -187,6 +189,7 @@ def _split_arguments(kernel: Any, arguments: dict) -> tuple[tuple, dict]:
     first_constexpr = next((i for i, n in enumerate(names) if is_constexpr[n]), len(names))
     args = tuple(arguments[n] for n in names[:first_constexpr])
     by_name = {n: arguments[n] for n in names[first_constexpr:] if n in arguments}
+    by_name.update((n, arguments[n]) for n in LAUNCH_OPTIONS if n in arguments)
     return args, by_name
 
 

@@ -122,6 +122,13 @@ for step in $steps; do
         && echo \"configs: the same $(grep -c '^config ' $OUT/peer-bench-1.log) tuning keys and configs in both processes\""
       run_step peer-stages $PY -m harness bench --stages --peer peers.vllm_ssd:provider --rounds 3 $workloads \
         --json "$OUT/peer-stages.json" ;;
+    bench-nopdl)  # the peer bench and its stage profile with programmatic dependent launch off (SSD_PDL=0): what
+      # the overlap of launches saves, against the same peer in the same process
+      workloads="--workload short-continuation --workload prefill-4256 --workload continue-600 --workload mixed-3"
+      run_step peer-bench-nopdl env SSD_PDL=0 $PY -m harness bench --peer peers.vllm_ssd:provider --rounds 3 \
+        $workloads --json "$OUT/peer-bench-nopdl.json"
+      run_step peer-stages-nopdl env SSD_PDL=0 $PY -m harness bench --stages --peer peers.vllm_ssd:provider \
+        --rounds 3 $workloads --json "$OUT/peer-stages-nopdl.json" ;;
     stages)  # each stage of the four workloads alone, as tuned and with every candidate config forced, and the one
       # config per stage with the least summed time (the proposal for kernels/tuned_configs.py)
       run_step stages $PY -m harness bench --stages --reps 100 --workload short-continuation --workload prefill-4256 \

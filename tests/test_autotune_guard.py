@@ -247,13 +247,12 @@ _indexed_autotuned = triton.autotune(configs=[triton.Config({"BLOCK_SIZE": 16}),
 
 
 def _indexed_with_autotuner(states, dA, cache, init_slot, has, final_slot, out):
-    """The indexed launcher's argument list, but through a multi-config autotuner (what the project must not do)."""
-    C_, H_, P_, N_ = states.shape
-    dim = P_ * N_
-    _indexed_autotuned[lambda meta: (triton.cdiv(dim, meta["BLOCK_SIZE"]), H_)](
-        states, out, dA, cache, init_slot, has.view(torch.uint8), final_slot,
-        dim, C_, dA.shape[2], states.stride(0), states.stride(1), out.stride(0), out.stride(1),
-        dA.stride(0), dA.stride(1), dA.stride(2), cache.stride(0), cache.stride(1))
+    """The indexed launcher's arguments, but through a multi-config autotuner (what the project must not do)."""
+    _, H_, P_, N_ = states.shape
+    arguments = spi.launch_arguments(states, dA, state_cache=cache, init_slot_index=init_slot, has_initial_state=has,
+                                     final_slot_index=final_slot, out=out)
+    del arguments["BLOCK_SIZE"]  # the autotuner's
+    _indexed_autotuned[lambda meta: (triton.cdiv(P_ * N_, meta["BLOCK_SIZE"]), H_)](**arguments)
 
 
 def _indexed_inputs(device, seed=2):

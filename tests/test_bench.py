@@ -213,6 +213,15 @@ def kernel(name: str, us: float, start: float = 0.0) -> FunctionEvent:
     return FunctionEvent(id=0, name=name, thread=0, start_us=start, end_us=start + us, device_type=DeviceType.CUDA)
 
 
+def in_sequence(calls: list[tuple[str, float]]) -> list[FunctionEvent]:
+    """Kernels (name, us) one after the other on the device, with no gap."""
+    events, start = [], 0.0
+    for name, us in calls:
+        events.append(kernel(name, us, start))
+        start += us
+    return events
+
+
 def host(name: str, us: float) -> FunctionEvent:
     return FunctionEvent(id=0, name=name, thread=0, start_us=0, end_us=us, device_type=DeviceType.CPU)
 
@@ -237,10 +246,24 @@ def test_kernel_times_group_device_events_by_name_and_leave_host_events_and_anno
     annotation = FunctionEvent(id=0, name="ssd call", thread=0, start_us=0, end_us=120.0, device_type=DeviceType.CUDA,
                                is_user_annotation=True)
     events = [kernel("_chunk_scan_kernel", 90.0), kernel("_chunk_scan_kernel", 10.0, start=100),
-              kernel("_gather_initial_states_kernel", 3.0), host("cudaGraphLaunch", 50.0), host("aten::where", 7.0),
-              annotation]
+              kernel("_gather_initial_states_kernel", 3.0, start=95), host("cudaGraphLaunch", 50.0),
+              host("aten::where", 7.0), annotation]
     assert kernel_profile.kernel_times(events) == {"_chunk_scan_kernel": {"us": 100.0, "count": 2},
                                                    "_gather_initial_states_kernel": {"us": 3.0, "count": 1}}
+
+
+def test_an_activity_that_overlaps_the_one_before_adds_only_the_time_after_it():
+    """Programmatic dependent launch: chunk_state starts at 8 while cumsum runs to 10 and waits for it; it adds
+    10..30 (20 us), not its 22 us, and the busy time stays the span (no idle, nothing counted twice). A kernel
+    wholly inside another's time adds nothing."""
+    events = [kernel("_chunk_cumsum_kernel", 10.0), kernel("_chunk_state_kernel", 22.0, start=8.0),
+              kernel("Memset (Device)", 5.0, start=12.0), kernel("_chunk_scan_kernel", 10.0, start=31.0)]
+    times = kernel_profile.kernel_times(events)
+    assert {name: t["us"] for name, t in times.items()} == {
+        "_chunk_cumsum_kernel": 10.0, "_chunk_state_kernel": 20.0, "Memset (Device)": 0.0, "_chunk_scan_kernel": 10.0}
+    summary = kernel_profile.summarize_calls([kernel_profile.call_profile(events)])
+    assert summary["span_us"] == 41.0 and summary["total_us"] == 40.0 and summary["idle_us"] == 1.0
+    assert summary["timeline"][1] == ("_chunk_state_kernel", 8.0, 22.0)  # the timeline keeps what was measured
 
 
 def test_profile_rounds_alternate_and_stages_are_medians_over_the_rounds():
@@ -301,8 +324,8 @@ def test_peer_stage_comparison_profiles_graph_replays_of_both(capsys):
     def profile(run):
         label = run()
         if label.startswith("peer"):
-            return [kernel(n, us) for n, us in VLLM_CALL]
-        return [kernel(n, us) for n, us in OURS_CALL] + [host("cudaGraphLaunch", 5.0)]
+            return in_sequence(VLLM_CALL)
+        return in_sequence(OURS_CALL) + [host("cudaGraphLaunch", 5.0)]
 
     report = bench.bench_peer_stages(["short-continuation"], ["snapshot-fused", "indexed"], a, b, rounds=3,
                                      capture=Graph, profile=profile, build_inputs=lambda c, d: FakeInputs(c),

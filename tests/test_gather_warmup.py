@@ -217,12 +217,12 @@ def test_warmup_registration_tracks_the_kernel_signature():
 
 def test_key_of_a_real_call_is_in_the_full_warmup(startup_warmup, device):
     """The registry's stand-in keys equal the keys of the real launcher's call (same argument list and options)."""
-    from kernels.backend import fixed_block
+    from kernels.backend import fixed_block, pdl_arguments
 
     case = CASES[1]
     cache, idx, mask, _ = build(case, device)
     row = SHAPE.nheads * SHAPE.headdim * SHAPE.dstate
     key = specialization_key(KERNEL, (cache, idx, mask.view(torch.uint8), torch.empty(1, dtype=case.state_dtype),
                                       row, cache.stride(0), idx.stride(0), mask.stride(0), row),
-                             {"BLOCK_SIZE": fixed_block(row, gather.BLOCK_SIZE)})
+                             {"BLOCK_SIZE": fixed_block(row, gather.BLOCK_SIZE), **pdl_arguments()})
     assert key.key in {k.key for k in startup_warmup.keys}

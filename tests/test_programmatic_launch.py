@@ -1,0 +1,137 @@
+"""Programmatic dependent launch (kernels/backend.py): every stage kernel waits for the kernel before it as its first
+statement, the launch option and the kernel's switch always travel together, and on the GPU a call replayed in a CUDA
+graph (where the launches overlap) gives the eager call's bits, replay after replay.
+
+A kernel launched with ``launch_pdl`` that read or wrote before its wait would race with the kernel before it: that
+is what the source check below pins (with a negative control), and what the GPU replays would show as differing
+bits."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import math
+import textwrap
+
+import pytest
+import torch
+
+from harness.compare import assert_bits_equal
+from kernels import backend
+from kernels.specialization import base_jit_function, kernel_name
+from kernels.warmup import ModelShape, plan, watched_kernels
+
+
+def statements_before_the_wait(fn) -> list[str]:
+    """The statements of a ``@triton.jit`` function's body that come before ``wait_for_previous_kernel(USE_PDL)``
+    (its docstring aside), or ``["no wait"]`` when the body never calls it at its top level."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    body = tree.body[0].body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    for i, stmt in enumerate(body):
+        if (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
+                and getattr(stmt.value.func, "id", None) == "wait_for_previous_kernel"
+                and [getattr(a, "id", None) for a in stmt.value.args] == ["USE_PDL"]):
+            return [ast.unparse(s) for s in body[:i]]
+    return ["no wait"]
+
+
+@pytest.mark.parametrize("kernel", watched_kernels(), ids=kernel_name)
+def test_every_stage_kernel_waits_before_anything_else(kernel):
+    fn = base_jit_function(kernel).fn
+    assert "USE_PDL" in inspect.signature(fn).parameters
+    assert statements_before_the_wait(fn) == [], f"{kernel_name(kernel)} does something before its wait"
+
+
+def _late_wait(x_ptr, USE_PDL):
+    """A kernel body that loads before it waits: what the check above must refuse."""
+    v = x_ptr + 1
+    backend.wait_for_previous_kernel(USE_PDL)  # an attribute call, not the bare name either
+    return v
+
+
+def _waits_first(x_ptr, USE_PDL):
+    wait_for_previous_kernel(USE_PDL)  # noqa: F821 (parsed, never run)
+    return x_ptr
+
+
+def test_the_source_check_sees_a_late_or_missing_wait():
+    assert statements_before_the_wait(_late_wait) == ["no wait"]
+    assert statements_before_the_wait(_waits_first) == []
+
+    def loads_then_waits(x_ptr, USE_PDL):
+        v = x_ptr + 1
+        wait_for_previous_kernel(USE_PDL)  # noqa: F821
+        return v
+
+    assert statements_before_the_wait(loads_then_waits) == ["v = x_ptr + 1"]
+
+
+def test_every_planned_launch_carries_the_switch_and_the_option_together():
+    """The warmup registry's specs come from the launchers' own ``launch_arguments``: each carries ``USE_PDL`` and
+    ``launch_pdl``, equal to this process's setting (so warmed keys match real launches)."""
+    planned, _ = plan([(ModelShape(2, 4, 16, 1, 8), (torch.float16,), (torch.float32,))])
+    assert planned
+    for p in planned:
+        args = p.spec.arguments
+        assert args["USE_PDL"] is args["launch_pdl"] is backend.programmatic_launch(), kernel_name(p.spec.kernel)
+
+
+@pytest.mark.parametrize(("raw", "on"), [(None, True), ("", True), ("1", True), ("0", False)])
+def test_the_environment_switch(raw, on):
+    assert backend.pdl_setting(raw) is on
+
+
+def test_a_bad_environment_value_is_refused_naming_the_variable():
+    with pytest.raises(ValueError, match=r"SSD_PDL='yes': expected '0' \(off\) or '1'"):
+        backend.pdl_setting("yes")
+
+
+def test_the_interpreter_never_launches_programmatically(device):
+    if device != "cpu":
+        pytest.skip("the GPU's setting depends on its compute capability (the next test covers it)")
+    assert backend.programmatic_launch() is False
+
+
+def test_hopper_launches_programmatically(device):
+    if device != "cuda":
+        pytest.skip("needs a CUDA device: programmatic dependent launch is a GPU launch attribute")
+    capability = torch.cuda.get_device_capability()
+    assert backend.programmatic_launch() is (capability[0] >= 9)
+
+
+REPLAYS = 50
+
+
+@pytest.mark.parametrize(("workload", "variant"), [
+    ("short-continuation", "indexed"), ("short-continuation", "snapshot-fused"), ("mixed-3", "snapshot-fused"),
+    ("continue-600", "indexed"),
+])
+def test_graph_replays_give_the_eager_calls_bits(device, workload, variant):
+    """In a graph replay the five launches overlap as far as programmatic launch lets them: a stage that read
+    ahead of its wait would see its input half written in some replays. Every replay's output and final states
+    must equal the eager call's, bit for bit."""
+    if device != "cuda":
+        pytest.skip("needs a CUDA device: CUDA graphs and programmatic launch exist only there")
+    from harness.bench import VARIANTS, _call, workload_case
+    from harness.cases.builder import build_inputs
+    from harness.cuda_timing import capture_graph
+    from kernels import provider
+
+    inputs = build_inputs(workload_case(workload), device)
+    call = _call(provider, inputs, VARIANTS[variant])  # poisons out with NaN once, here
+    final_slots = inputs.final_state_indices.long()
+    call()
+    torch.cuda.synchronize()
+    out, cache = inputs.out.clone(), inputs.state_cache.clone()
+    graph = capture_graph(call, warmup=1)
+    for replay in range(REPLAYS):
+        # What the call writes is poisoned before each replay (no final slot is an initial slot of the call).
+        inputs.out.fill_(math.nan)
+        inputs.state_cache[final_slots] = math.nan
+        graph.replay()
+        torch.cuda.synchronize()
+        context = f"{workload} {variant}, graph replay {replay} of {REPLAYS} against the eager call"
+        assert_bits_equal(inputs.out, out, what="out", context=context)
+        assert_bits_equal(inputs.state_cache, cache, what="state_cache", context=context)
