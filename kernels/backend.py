@@ -15,7 +15,7 @@ import os
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_wait
 
 from kernels.environment import AUTOTUNE_BUDGET_ENV, INTERPRET_ENV, PDL_ENV, arithmetic_profile
 
@@ -137,12 +137,15 @@ def forced_config(kernel, config: triton.Config):
 
 
 # Programmatic dependent launch: every stage kernel is launched with ``launch_pdl``, so the GPU may start placing its
-# programs while the kernel before it in the stream is still running (its last wave), instead of after that kernel
-# has drained. The first thing each program does is ``wait_for_previous_kernel``: ``gdc_wait`` blocks until every
-# kernel before it in the stream has completed and its writes are visible, so no load or store of a stage moves
-# ahead of what it depends on, whoever launched the kernel before (a stage of ours, a torch op, another engine's
-# kernel). Only then does it let the next kernel start early (``gdc_launch_dependents``), so the chain is
-# transitive. What overlaps is launch and scheduling latency, no arithmetic: the bits cannot change.
+# programs as soon as every program of the kernel before it in the stream has exited, instead of after that kernel
+# has completed and its writes have been flushed. The first thing each program does is ``wait_for_previous_kernel``:
+# ``gdc_wait`` blocks until every kernel before it in the stream has completed and its writes are visible, so no load
+# or store of a stage moves ahead of what it depends on, whoever launched the kernel before (a stage of ours, a torch
+# op, another engine's kernel), and the order is transitive along the call. What overlaps is launch and scheduling
+# latency, no arithmetic: the bits cannot change.
+# No kernel signals its dependents early (``gdc_launch_dependents``): the next kernel's programs would be placed
+# while this one still holds multiprocessors, where there is room at that moment, and a grid of about one wave then
+# ran 30% slower (measured: docs/gpu-runs.md, run 53).
 
 # The names in a launch's arguments that are launch options, not kernel parameters (the warmup registry passes them
 # through as options).
@@ -179,10 +182,9 @@ def pdl_arguments() -> dict:
 
 @triton.jit
 def wait_for_previous_kernel(USE_PDL: tl.constexpr):
-    """Every stage kernel's first statement: programmatic dependent launch's wait, then its signal (above)."""
+    """Every stage kernel's first statement: programmatic dependent launch's wait (above)."""
     if USE_PDL:
         gdc_wait()
-        gdc_launch_dependents()
 
 
 # Passed as ``do_bench`` to every ``triton.autotune`` here.
