@@ -10,12 +10,12 @@ repeated calls see the same inputs.
 Variants of ours: the snapshot path with the PyTorch ``torch.where`` gather, with the fused Triton gather, and the
 indexed path (one sequence only: the mixed batch has no indexed variant). ``--peer MODULE:ATTR`` adds another
 provider (e.g. ``peers.vllm_ssd:provider``), timed in the same process on the same input tensors: its supported
-paths (``supported_paths``), called with ``path`` alone. Each call is captured once as a CUDA graph; then, round
-after round (``--rounds``), every call of the workload is measured once in turn, ours then the peer's
-(``harness.cuda_timing``: device time per call from ``--reps`` replays queued back to back, and one synchronized
-call's latency), so drift over the run reaches both alike. Reported: the median and the best of the per-round
-figures, ours / the peer's (the peer's run of the same path, or of its first path when it lacks ours), and the
-config each of our autotuned kernels ran. ``--stages`` times each stage of ours alone (``harness.stage_bench``);
+paths (``supported_paths``), called with ``path`` alone. Round after round (``--rounds``), both providers tune
+afresh on the workload (``tuned_afresh``), every call of the workload is captured as a CUDA graph and then measured
+once in turn, ours then the peer's (``harness.cuda_timing``: device time per call from ``--reps`` replays queued
+back to back, and one synchronized call's latency), so drift over the run, and the luck of an autotuner, reach both
+alike. Reported: the median and the best of the per-round figures, ours / the peer's (the peer's run of the same
+path, or of its first path when it lacks ours), and the config each of our autotuned kernels ran. ``--stages`` times each stage of ours alone (``harness.stage_bench``);
 ``--stages --peer`` compares the stages of one whole call of each by profiling (``harness.kernel_profile``).
 Performance is measured here, never in timed tests.
 """
@@ -23,6 +23,7 @@ Performance is measured here, never in timed tests.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import inspect
 import json
@@ -30,6 +31,7 @@ import os
 import statistics
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -146,23 +148,62 @@ class Entry:
         return statistics.median(self.latency_samples) if self.latency_samples else None
 
 
-def interleave(entries: list[Entry], fns: list, rounds: int, timer) -> None:
-    """Prepare every call (``timer.prepare(fn)``: capture), then for each of ``rounds`` rounds measure each
-    prepared call once, in ``entries``' order (``timer.measure`` then ``timer.latency``), appending to its
-    ``samples`` and ``latency_samples``. A call that cannot be prepared gets its ``error`` and no samples; the
-    others still run."""
-    prepared = []
-    for entry, fn in zip(entries, fns, strict=True):
-        try:
-            prepared.append(timer.prepare(fn))
-        except Exception as exc:  # a call that cannot be captured is a finding, reported in the table
-            entry.error = f"{type(exc).__name__}: {exc}"
-            prepared.append(None)
+@contextlib.contextmanager
+def tuned_afresh(providers: list) -> Iterator[None]:
+    """Inside the block, every autotuned kernel tunes again at its first launch: each Triton autotuner forgets what
+    it chose before (and the disk cache of tuning results is off), and each provider's own tuning caches (the
+    ``tuning_caches`` hook, docs/provider.md#optional-hooks) start empty.
+
+    An autotuner keyed without the token count keeps what it tuned on whichever call came first, and on kernels of a
+    few microseconds its timings are noise: vLLM's picks differed between processes by up to 4x on one stage and
+    2.7x on another (docs/gpu-runs.md, runs 52 and 53). Tuned afresh for each round, a provider's best round is its
+    best tuning on that workload, and the median its typical one. Checked-in configs (ours on the serving shape)
+    leave nothing to tune."""
+    from harness import triton_autotuner as tt
+    from harness.checks.hooks import tuning_caches
+
+    try:
+        tt.require_supported()
+    except tt.UnsupportedTriton as exc:
+        print(f"bench: not tuning afresh for this round, every autotuner keeps its first tuning: {exc}",
+              file=sys.stderr)
+        yield
+        return
+    for provider in providers:
+        for cache in tuning_caches(provider):
+            cache.clear()
+    seen: set[int] = set()
+
+    def forget(tuner) -> None:
+        if id(tuner) not in seen:
+            seen.add(id(tuner))
+            tt.forget_tuning(tuner)
+
+    with tt.disk_cache_off(), tt.launches_reported(forget):
+        yield
+
+
+def interleave(entries: list[Entry], fns: list, rounds: int, timer, fresh_tuning=contextlib.nullcontext) -> None:
+    """For each of ``rounds`` rounds: inside ``fresh_tuning()`` prepare every call (``timer.prepare(fn)``: its
+    warm-up calls tune, then the capture), then measure each prepared call once, in ``entries``' order
+    (``timer.measure`` then ``timer.latency``), appending to its ``samples`` and ``latency_samples``. A call that
+    cannot be prepared gets its ``error`` and no samples; the others still run."""
     for _ in range(rounds):
+        with fresh_tuning():
+            prepared = []
+            for entry, fn in zip(entries, fns, strict=True):
+                handle = None
+                if entry.error is None:
+                    try:
+                        handle = timer.prepare(fn)
+                    except Exception as exc:  # a call that cannot be captured is a finding, reported in the table
+                        entry.error = f"{type(exc).__name__}: {exc}"
+                prepared.append(handle)
         for entry, handle in zip(entries, prepared, strict=True):
             if handle is not None:
                 entry.samples.append(timer.measure(handle))
                 entry.latency_samples.append(timer.latency(handle))
+        del prepared  # this round's graphs
 
 
 def workload_entries(workload: str, provider, our_variants: list[str], peer) -> tuple[list[Entry], list[str]]:
@@ -189,16 +230,18 @@ def _call(provider, inputs, call: dict):
 def bench(workloads: list[str], our_variants: list[str], provider, peer, rounds: int, timer,
           build_inputs=None, device: str = "cuda") -> tuple[list[Entry], list[str]]:
     """Time every workload: its calls (ours, then the peer's) on one set of input tensors, interleaved over
-    ``rounds``. Returns the entries and the lines of the variants skipped."""
+    ``rounds``, both providers tuned afresh for each round (``tuned_afresh``). Returns the entries and the lines of
+    the variants skipped."""
     if build_inputs is None:
         from harness.cases.builder import build_inputs
     entries, skipped = [], []
+    providers = [p for p in (provider, peer) if p is not None]
     for workload in workloads:
         these, lines = workload_entries(workload, provider, our_variants, peer)
         skipped += lines
         inputs = build_inputs(workload_case(workload), device)
         fns = [_call(provider if e.side == "ours" else peer, inputs, e.call) for e in these]
-        interleave(these, fns, rounds, timer)  # the graphs of this workload are freed when it returns
+        interleave(these, fns, rounds, timer, fresh_tuning=lambda: tuned_afresh(providers))
         entries += these
     return entries, skipped
 
@@ -280,8 +323,9 @@ def bench_peer_stages(workloads: list[str], our_variants: list[str], provider, p
                       capture=None, profile=None, build_inputs=None, device: str = "cuda") -> dict:
     """Per workload and variant of ours: the device time of one whole call by stage, ours against the peer's
     counterpart variant (``counterpart``), from ``rounds`` profiled calls each, alternating
-    (``harness.kernel_profile``). ``capture(fn)`` returns a graph with ``replay`` (``cuda_timing.capture_graph``);
-    a call whose graph cannot be profiled is profiled as eager calls, and the report says so."""
+    (``harness.kernel_profile``), both providers tuned afresh for each round (``tuned_afresh``). ``capture(fn)``
+    returns a graph with ``replay`` (``cuda_timing.capture_graph``); a call whose graph cannot be profiled is
+    profiled as eager calls, and the report says so."""
     from harness import kernel_profile
     from harness.checks.providers import provider_name
 
@@ -301,14 +345,22 @@ def bench_peer_stages(workloads: list[str], our_variants: list[str], provider, p
             skipped.append(f"{workload}: the peer runs no variant of it")
             continue
         inputs = build_inputs(workload_case(workload), device)
-        runs, sources = {}, {}
-        for e in entries:
-            label = f"{e.side} {e.variant}"
-            fn = _call(provider if e.side == "ours" else peer, inputs, e.call)
-            runs[label], sources[label], why = _profiled_run(fn, capture, profile)
-            if why:
-                skipped.append(f"{workload} {label}: {why}; profiled as eager calls")
-        calls = kernel_profile.profile_rounds(runs, rounds, profile)
+        fns = {f"{e.side} {e.variant}": _call(provider if e.side == "ours" else peer, inputs, e.call)
+               for e in entries}
+        calls: dict[str, list[dict]] = {label: [] for label in fns}
+        eager: set[str] = set()
+        for _ in range(rounds):
+            with tuned_afresh([provider, peer]):  # the graphs of the round before are freed here
+                runs = {}
+                for label, fn in fns.items():
+                    runs[label], source, why = _profiled_run(fn, capture, profile)
+                    if why and label not in eager:
+                        skipped.append(f"{workload} {label}: {why}; profiled as eager calls")
+                    if source == "eager":
+                        eager.add(label)
+            for label, profiled in kernel_profile.profile_rounds(runs, 1, profile).items():
+                calls[label] += profiled
+        sources = {label: "eager" if label in eager else "graph" for label in fns}
         summaries = {label: kernel_profile.summarize_calls(c) for label, c in calls.items()}
         for e in entries:
             if e.side != "ours":

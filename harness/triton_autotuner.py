@@ -2,7 +2,8 @@
 
 The autotuning guard (``harness.guards.autotune``) makes every autotuner a call launches tune from scratch, counts
 its trial launches and puts everything back afterwards; under the interpreter, autotuners that bring no benchmarker
-of their own get a deterministic stand-in (``use_interpreter_benchmarker``). Both reach into
+of their own get a deterministic stand-in (``use_interpreter_benchmarker``); the bench makes every autotuner tune
+again for each round (``harness.bench.tuned_afresh``). All three reach into
 ``triton.runtime.autotuner.Autotuner``, which is not a public API. What is relied on, for Triton 3.4 .. 3.9
 (``VERIFIED``; ``require_supported`` refuses other versions and a class that lacks any of it):
 

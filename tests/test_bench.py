@@ -9,10 +9,13 @@ themselves; and on a machine without CUDA the command refuses with a message and
 
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 
@@ -125,12 +128,64 @@ def test_interleave_alternates_the_calls_round_by_round_and_keeps_every_round():
     fns = [bench._call(a, FakeInputs(bench.workload_case("short-continuation")), bench.VARIANTS["snapshot-fused"]),
            bench._call(b, FakeInputs(bench.workload_case("short-continuation")), bench.PATH_VARIANTS["snapshot"])]
     clock = FakeClock({"ours fused": 10.0, "peer snapshot": 20.0}, drift=1.0)
-    bench.interleave(entries, fns, rounds=3, timer=clock)
+    tunings = []
+
+    @contextlib.contextmanager
+    def fresh_tuning():
+        tunings.append(("tuning", len(a.calls), len(b.calls)))
+        yield
+        tunings.append(("tuned", len(a.calls), len(b.calls)))
+
+    bench.interleave(entries, fns, rounds=3, timer=clock, fresh_tuning=fresh_tuning)
     assert clock.order == ["ours fused", "peer snapshot"] * 3
     assert entries[0].samples == [11.0, 13.0, 15.0] and entries[1].samples == [22.0, 24.0, 26.0]
     assert entries[0].latency_samples == [16.0, 18.0, 20.0]  # measured right after each round's sample
     assert (entries[0].median, entries[0].best) == (13.0, 11.0)
-    assert len(a.calls) == 4 and len(b.calls) == 4  # one call to prepare, one per round
+    # Each round prepares both calls afresh inside its own tuning block (one call each), then measures (one each).
+    assert tunings == [("tuning", 0, 0), ("tuned", 1, 1), ("tuning", 2, 2), ("tuned", 3, 3), ("tuning", 4, 4),
+                       ("tuned", 5, 5)]
+    assert len(a.calls) == 6 and len(b.calls) == 6
+
+
+BENCHED: list[int] = []
+
+
+def _counting_bench(kernel_call, quantiles=(0.5, 0.2, 0.8), **_):
+    kernel_call()
+    BENCHED.append(1)
+    return [1.0] * len(quantiles) if quantiles else 1.0
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 4}), triton.Config({"BLOCK": 8})], key=["n"],
+                 do_bench=_counting_bench)
+@triton.jit
+def _add_one_autotuned(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1.0, mask=offs < n)
+
+
+def test_tuned_afresh_tunes_every_autotuner_again_once_and_empties_the_providers_own_caches(device):
+    x = torch.zeros(16, device=device)
+
+    def launch():
+        _add_one_autotuned[lambda meta: (triton.cdiv(16, meta["BLOCK"]),)](x, 16)
+
+    BENCHED.clear()
+    launch()
+    assert len(BENCHED) == 2  # both configs timed at the first launch
+    launch()
+    assert len(BENCHED) == 2  # the key is tuned: no timing
+    own = {("some", "key"): "a config"}
+    provider = SimpleNamespace(tuning_caches=lambda: [own])
+    with bench.tuned_afresh([provider, ours()]):  # a provider without the hook has nothing of its own to empty
+        assert own == {}
+        launch()
+        assert len(BENCHED) == 4  # tuned again at its first launch inside the block
+        launch()
+        assert len(BENCHED) == 4  # and only once
+    launch()
+    assert len(BENCHED) == 4
+    assert bool((x == 5 + 4).all()), x  # five launches, four timed trials: every one ran the kernel
 
 
 def test_a_call_that_cannot_be_prepared_is_reported_and_the_others_still_run():
