@@ -15,9 +15,9 @@ afresh on the workload (``tuned_afresh``), every call of the workload is capture
 once in turn, ours then the peer's (``harness.cuda_timing``: device time per call from ``--reps`` replays queued
 back to back, and one synchronized call's latency), so drift over the run, and the luck of an autotuner, reach both
 alike. Reported: the median and the best of the per-round figures, ours / the peer's (the peer's run of the same
-path, or of its first path when it lacks ours), and the config each of our autotuned kernels ran. ``--stages`` times each stage of ours alone (``harness.stage_bench``);
-``--stages --peer`` compares the stages of one whole call of each by profiling (``harness.kernel_profile``).
-Performance is measured here, never in timed tests.
+path, or of its first path when it lacks ours), and the config each of our autotuned kernels ran. ``--stages``
+times each stage of ours alone (``harness.stage_bench``); ``--stages --peer`` compares the stages of one whole call
+of each by profiling (``harness.kernel_profile``). Performance is measured here, never in timed tests.
 """
 
 from __future__ import annotations
