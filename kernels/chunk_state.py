@@ -23,7 +23,7 @@ from kernels.backend import (
     wait_for_previous_kernel,
 )
 from kernels.interface import INDEX_DTYPES
-from kernels.tuned_configs import checked_in
+from kernels.tuned_configs import checked_in, chunk_count_class
 
 # Target shape: headdim 64, dstate 128, chunk 256. BLOCK_SIZE_K >= 16 (tl.dot minimum).
 CONFIGS = [
@@ -34,7 +34,8 @@ CONFIGS = [
 ]
 
 
-@triton.jit
+# chunk_count_class is read by the autotuner only (its key): specializing it would only multiply binaries.
+@triton.jit(do_not_specialize=("chunk_count_class",))
 def _chunk_state_kernel(
     x_ptr,  # (T, H, P) io dtype
     B_ptr,  # (T, G, N) io dtype
@@ -46,6 +47,7 @@ def _chunk_state_kernel(
     dstate,
     chunk_size,
     nheads_per_group,
+    chunk_count_class,  # kernels.tuned_configs.chunk_count_class(C): the grid's size class, for the config choice
     stride_x_token,
     stride_x_head,
     stride_x_hdim,
@@ -121,9 +123,10 @@ def _chunk_state_kernel(
 
 
 chunk_state_kernel = triton.autotune(
-    configs=CONFIGS, key=["hdim", "dstate", "chunk_size"], do_bench=AUTOTUNE_DO_BENCH,
-    prune_configs_by={"early_config_prune": checked_in("chunk_state", ("hdim", "dstate", "chunk_size"), least_overshoot(
-        BLOCK_SIZE_M="hdim", BLOCK_SIZE_N="dstate", BLOCK_SIZE_K="chunk_size"))},
+    configs=CONFIGS, key=["hdim", "dstate", "chunk_size", "chunk_count_class"], do_bench=AUTOTUNE_DO_BENCH,
+    prune_configs_by={"early_config_prune": checked_in(
+        "chunk_state", ("hdim", "dstate", "chunk_size", "chunk_count_class"),
+        least_overshoot(BLOCK_SIZE_M="hdim", BLOCK_SIZE_N="dstate", BLOCK_SIZE_K="chunk_size"))},
 )(_chunk_state_kernel)
 
 
@@ -162,6 +165,7 @@ def launch_arguments(B: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_
         x_ptr=x, B_ptr=B, dt_ptr=dt_out, dA_cumsum_ptr=dA_cumsum, cu_chunk_seqlens_ptr=cu_chunk_seqlens,
         states_ptr=states,
         hdim=P, dstate=N, chunk_size=dt_out.shape[2], nheads_per_group=H // G,
+        chunk_count_class=chunk_count_class(states.shape[0]),
         stride_x_token=x.stride(0), stride_x_head=x.stride(1), stride_x_hdim=x.stride(2),
         stride_B_token=B.stride(0), stride_B_group=B.stride(1), stride_B_dstate=B.stride(2),
         stride_dt_head=dt_out.stride(0), stride_dt_chunk=dt_out.stride(1), stride_dt_pos=dt_out.stride(2),

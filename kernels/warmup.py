@@ -36,6 +36,7 @@ from triton.runtime.jit import MockTensor
 from kernels.backend import LAUNCH_OPTIONS
 from kernels.interface import INDEX_DTYPES
 from kernels.specialization import SpecKey, base_jit_function, gpu_view, kernel_name, specialization_key
+from kernels.tuned_configs import chunk_count_class
 
 # The three value classes Triton specializes a non-constexpr int on, by a representative value.
 INT_ONE, INT_MULTIPLE_OF_16, INT_OTHER = 1, 16, 3
@@ -493,7 +494,10 @@ def _chunk_state_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
 
     s = req.shape
     H, P, N, G, Q = s.nheads, s.headdim, s.dstate, s.ngroups, s.chunk_size
-    for io, meta, nchunks in itertools.product(req.io_dtypes, req.metadata_dtypes, representatives(lambda c: c * Q)):
+    # One chunk count per class of the (H, C, Q) strides and per chunk count class (the config depends on it).
+    counts = [n for cls in (0, 1) for n in representatives(
+        lambda c: c * Q, candidates=[c for c in COUNT_CANDIDATES if chunk_count_class(c) == cls])]
+    for io, meta, nchunks in itertools.product(req.io_dtypes, req.metadata_dtypes, counts):
         arguments = cs.launch_arguments(
             standin((1, G, N), io), standin((1, H, P), io), standin((H, nchunks, Q), F32),
             standin((H, nchunks, Q), F32), standin((nchunks + 1,), meta), standin((nchunks, H, P, N), F32))

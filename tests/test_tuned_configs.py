@@ -16,7 +16,7 @@ STAGES = {"chunk_cumsum": (chunk_cumsum.chunk_cumsum_kernel, chunk_cumsum.CONFIG
           "state_passing": (state_passing._state_passing_kernel, state_passing.CONFIGS)}
 # The serving shape's values of each stage's autotuning key.
 SERVING_KEYS = {"chunk_cumsum": {"chunk_size": 256, "nheads": 64},
-                "chunk_state": {"hdim": 64, "dstate": 128, "chunk_size": 256},
+                "chunk_state": {"hdim": 64, "dstate": 128, "chunk_size": 256, "chunk_count_class": 1},
                 "bmm_chunk": {"chunk_size": 256, "dstate": 128},
                 "chunk_scan": {"chunk_size": 256, "hdim": 64, "dstate": 128},
                 "state_passing": {"dim": 64 * 128}}
@@ -37,7 +37,30 @@ def test_the_serving_class_is_pruned_to_its_checked_in_config_on_the_h200(monkey
     monkeypatch.setattr(tuned_configs, "device_arch", lambda: "sm90")
     for stage, (kernel, configs) in STAGES.items():
         (chosen,) = kernel.early_config_prune(configs, dict(SERVING_KEYS[stage]))
-        assert tuned_configs.describe(chosen) == next(iter(tuned_configs.TUNED[stage].values())), stage
+        assert tuned_configs.describe(chosen) == tuned_configs.TUNED[stage][("sm90", *SERVING_KEYS[stage].values())]
+
+
+def test_chunk_state_takes_the_smaller_tile_for_a_few_chunks_and_the_larger_for_many(monkeypatch):
+    """The launcher passes the chunk count's class; on the serving shape up to FEW_CHUNKS chunks get the checked-in
+    config of class 0 (64 x 64 tiles: twice the programs), more get class 1's (64 x 128)."""
+    import torch
+
+    monkeypatch.setattr(tuned_configs, "device_arch", lambda: "sm90")
+    kernel, configs = STAGES["chunk_state"]
+    T, H, P, N, Q = 8, 64, 64, 128, 256
+
+    def chosen(nchunks: int) -> dict:
+        meta = lambda shape, dtype=torch.float32: torch.empty(shape, dtype=dtype, device="meta")  # noqa: E731
+        arguments = chunk_state.launch_arguments(meta((T, 1, N)), meta((T, H, P)), meta((H, nchunks, Q)),
+                                                 meta((H, nchunks, Q)), meta((nchunks + 1,), torch.int32),
+                                                 meta((nchunks, H, P, N)))
+        (config,) = kernel.early_config_prune(configs, arguments)
+        return tuned_configs.describe(config)
+
+    few, many = (tuned_configs.TUNED["chunk_state"][("sm90", P, N, Q, cls)] for cls in (0, 1))
+    assert few != many
+    assert [chosen(n) for n in (1, tuned_configs.FEW_CHUNKS)] == [few, few]
+    assert [chosen(n) for n in (tuned_configs.FEW_CHUNKS + 1, 17)] == [many, many]
 
 
 def test_pruning_returns_the_checked_in_config_only_for_its_class(monkeypatch):
@@ -84,10 +107,12 @@ def test_every_tuned_stage_consults_the_table(monkeypatch):
     """The table's entry for one made-up class of each stage (the stage's last config) comes back from that stage's
     pruning; an entry that names no config of the stage is refused."""
     monkeypatch.setattr(tuned_configs, "device_arch", lambda: "smXY")
-    keys = {"chunk_cumsum": {"chunk_size": 7, "nheads": 3}, "chunk_state": {"hdim": 7, "dstate": 3, "chunk_size": 5},
+    keys = {"chunk_cumsum": {"chunk_size": 7, "nheads": 3},
+            "chunk_state": {"hdim": 7, "dstate": 3, "chunk_size": 5, "chunk_count_class": 0},
             "bmm_chunk": {"chunk_size": 7, "dstate": 3}, "chunk_scan": {"chunk_size": 7, "hdim": 3, "dstate": 5},
             "state_passing": {"dim": 7}}
-    order = {"chunk_cumsum": ("chunk_size", "nheads"), "chunk_state": ("hdim", "dstate", "chunk_size"),
+    order = {"chunk_cumsum": ("chunk_size", "nheads"),
+             "chunk_state": ("hdim", "dstate", "chunk_size", "chunk_count_class"),
              "bmm_chunk": ("chunk_size", "dstate"), "chunk_scan": ("chunk_size", "hdim", "dstate"),
              "state_passing": ("dim",)}
     for stage, (kernel, configs) in STAGES.items():
@@ -97,3 +122,18 @@ def test_every_tuned_stage_consults_the_table(monkeypatch):
         monkeypatch.setattr(tuned_configs, "TUNED", {stage: {key: {"BLOCK_SIZE": 3, "num_warps": 1}}})
         with pytest.raises(LookupError, match=f"{stage}'s checked-in config .* matches 0 of its configs"):
             kernel.early_config_prune(configs, dict(keys[stage]))
+
+
+def test_the_warmup_registry_compiles_chunk_states_config_of_each_chunk_count_class(monkeypatch):
+    """On the H200 the serving shape's chunk_state binary depends on the chunk count's class: a warmup that planned
+    one class only would leave the other to compile at the first real call (the recompile guard's failure)."""
+    import torch
+
+    from kernels.warmup import ModelShape, plan
+
+    monkeypatch.setattr(tuned_configs, "device_arch", lambda: "sm90")
+    planned, _ = plan([(ModelShape(64, 64, 128), (torch.bfloat16,), (torch.bfloat16,))], ["chunk_state"])
+    blocks = {dict(key.params)["BLOCK_SIZE_N"] for p in planned for key in p.keys}
+    wanted = {f"={cfg['BLOCK_SIZE_N']!r}" for cfg in tuned_configs.TUNED["chunk_state"].values()}
+    assert blocks == wanted == {"=64", "=128"}
+    assert {p.spec.arguments["chunk_count_class"] for p in planned} == {0, 1}
