@@ -228,20 +228,28 @@ def _call(provider, inputs, call: dict):
 
 
 def bench(workloads: list[str], our_variants: list[str], provider, peer, rounds: int, timer,
-          build_inputs=None, device: str = "cuda") -> tuple[list[Entry], list[str]]:
+          build_inputs=None, device: str = "cuda", configs: dict | None = None) -> tuple[list[Entry], list[str]]:
     """Time every workload: its calls (ours, then the peer's) on one set of input tensors, interleaved over
     ``rounds``, both providers tuned afresh for each round (``tuned_afresh``). Returns the entries and the lines of
-    the variants skipped."""
+    the variants skipped; ``configs``, when given, receives every config our kernels ran (``record_configs`` after
+    each round's tuning)."""
     if build_inputs is None:
         from harness.cases.builder import build_inputs
     entries, skipped = [], []
     providers = [p for p in (provider, peer) if p is not None]
+
+    @contextlib.contextmanager
+    def tuned_round():
+        with tuned_afresh(providers):
+            yield
+        if configs is not None:
+            record_configs(configs)
     for workload in workloads:
         these, lines = workload_entries(workload, provider, our_variants, peer)
         skipped += lines
         inputs = build_inputs(workload_case(workload), device)
         fns = [_call(provider if e.side == "ours" else peer, inputs, e.call) for e in these]
-        interleave(these, fns, rounds, timer, fresh_tuning=lambda: tuned_afresh(providers))
+        interleave(these, fns, rounds, timer, fresh_tuning=tuned_round)
         entries += these
     return entries, skipped
 
@@ -396,6 +404,16 @@ def chosen_configs() -> dict[str, dict[str, str]]:
             for kernel in watched_kernels() if isinstance(kernel, Autotuner) and kernel.cache}
 
 
+def record_configs(log: dict[str, dict[str, list[str]]]) -> None:
+    """Add ``chosen_configs()`` to ``log`` (kernel -> tuning key -> every config it ran under that key, in order
+    of first use): tuned afresh each round, a key that ran two configs in one process shows both."""
+    for kernel, configs in chosen_configs().items():
+        for key, config in configs.items():
+            kept = log.setdefault(kernel, {}).setdefault(key, [])
+            if config not in kept:
+                kept.append(config)
+
+
 def _meta(args, peer) -> dict:
     from harness.checks.providers import provider_name
 
@@ -494,15 +512,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if report["tables"] else 2
     from harness.cuda_timing import GraphTimer
 
+    configs: dict[str, dict[str, list[str]]] = {}
     entries, skipped = bench(workloads, args.variant or default_variants(provider), provider, peer, args.rounds,
-                             GraphTimer(args.reps))
+                             GraphTimer(args.reps), configs=configs)
     summary = summarize(entries, skipped)
-    summary["meta"] = {**_meta(args, peer), "configs": chosen_configs()}
+    summary["meta"] = {**_meta(args, peer), "configs": configs}
     _write(args.json, summary)
     print_table(summary)
-    for kernel, configs in summary["meta"]["configs"].items():
-        for key, config in configs.items():
-            print(f"config {kernel} {key}: {config}")
+    for kernel, by_key in configs.items():
+        for key, ran in by_key.items():
+            for config in ran:
+                print(f"config {kernel} {key}: {config}")
     if not any(e.samples for e in entries):
         return 2  # nothing was timed
     return 1 if any(e.error for e in entries) else 0

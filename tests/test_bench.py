@@ -465,8 +465,9 @@ def test_main_times_ours_against_the_peer_and_fails_when_nothing_was_timed(monke
     seen = {}
     ours_entry = {"samples": [], "error": "RuntimeError: capture refused"}
 
-    def fake_bench(workloads, variants, provider, peer, rounds, timer):
+    def fake_bench(workloads, variants, provider, peer, rounds, timer, configs):
         seen.update(workloads=workloads, variants=variants, peer=peer.name, rounds=rounds, reps=timer.reps)
+        configs["_bmm_chunk_kernel"] = {"(256, 128)": ["BLOCK_SIZE_M: 64", "BLOCK_SIZE_M: 32"]}
         return [bench.Entry("prefill-4256", "ours", "indexed", {"path": "indexed"}, **ours_entry),
                 bench.Entry("prefill-4256", "peer", "snapshot", {"path": "snapshot"}, samples=peer_samples)], []
 
@@ -475,7 +476,11 @@ def test_main_times_ours_against_the_peer_and_fails_when_nothing_was_timed(monke
     assert bench.main(["--peer", "reference:provider", "--rounds", "3", "--reps", "7"]) == 1  # one call failed
     assert seen == {"workloads": list(bench.WORKLOADS), "variants": list(bench.VARIANTS), "peer": "reference",
                     "rounds": 3, "reps": 7}
-    assert "graph capture failed: RuntimeError: capture refused" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "graph capture failed: RuntimeError: capture refused" in out
+    # Every config a key ran in the process, one line each (two processes' lines are what configs-diff compares).
+    assert ("config _bmm_chunk_kernel (256, 128): BLOCK_SIZE_M: 64\n"
+            "config _bmm_chunk_kernel (256, 128): BLOCK_SIZE_M: 32\n") in out
     ours_entry.update(samples=[2.0], error=None)
     assert bench.main(["--peer", "reference:provider", "--workload", "prefill-4256"]) == 0
     assert "2.00x" in capsys.readouterr().out
@@ -542,3 +547,9 @@ def test_the_configs_our_kernels_run_are_recorded_per_tuning_key(device):
     bmm_chunk.bmm_chunk(kw["C"], kw["B"], 16, kw["cu_chunk_seqlens"])
     configs = bench.chosen_configs()["_bmm_chunk_kernel"]
     assert configs and all(key.startswith("(") and "BLOCK_SIZE_M" in config for key, config in configs.items())
+    # The bench's log keeps every config a key ran over the rounds, once each.
+    log = {"_bmm_chunk_kernel": {"(made-up key)": ["an earlier config"]}}
+    bench.record_configs(log)
+    bench.record_configs(log)
+    assert log["_bmm_chunk_kernel"] == {"(made-up key)": ["an earlier config"],
+                                        **{key: [config] for key, config in configs.items()}}
