@@ -150,6 +150,30 @@ def test_repro_of_a_crashing_item_shows_the_crash(tiny, device):
     assert "Fatal Python error: Segmentation fault" in proc.stdout and "in _segfault" in proc.stdout
 
 
+@pytest.mark.parametrize("deadline", [None, 20.0])
+def test_ctrl_c_that_lands_on_another_thread_still_stops_a_wait_for_the_child(deadline):
+    """The kernel may deliver a process's SIGINT to any of its threads; the main thread blocked in a wait for the
+    child is then not woken, and Python raises KeyboardInterrupt only when it runs again. The supervisor's waits
+    come back at least every ``WAIT_SLICE_SECONDS``, so Ctrl-C stops them promptly (here: 20 s or no limit)."""
+    import threading
+
+    from harness.isolation.channel import WAIT_SLICE_SECONDS, Channel
+
+    read_fd, write_fd = os.pipe()
+    channel = Channel(read_fd, write_fd)  # nothing will ever be written: the wait lasts until the deadline
+    helper = threading.Thread(target=lambda: (time.sleep(0.3), signal.pthread_kill(threading.get_ident(),
+                                                                                   signal.SIGINT)))
+    start = time.monotonic()
+    helper.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            channel.recv(None if deadline is None else time.monotonic() + deadline)
+        assert time.monotonic() - start < 0.3 + WAIT_SLICE_SECONDS + 2.0
+    finally:
+        helper.join()
+        channel.close()
+
+
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_an_interrupted_run_reports_what_finished_and_says_so(tiny, how, device):
     """Ctrl-C in a terminal (SIGINT to the whole process group) or SIGTERM to the front end while tiny-batch hangs:

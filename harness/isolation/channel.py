@@ -14,6 +14,10 @@ import time
 
 HEADER = struct.Struct("!Q")
 READ_SIZE = 1 << 20
+# The longest single wait for the other end. A signal (Ctrl-C) that the kernel delivers to another thread of this
+# process does not interrupt the main thread's blocking call; Python runs the handler, and raises
+# KeyboardInterrupt, only once the main thread runs again. Waiting in slices bounds that delay.
+WAIT_SLICE_SECONDS = 0.5
 
 
 class ChannelClosed(EOFError):
@@ -39,10 +43,13 @@ class Channel:
     def _read(self, n: int, deadline: float | None) -> bytes:
         chunks, left = [], n
         while left:
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not select.select([self.read_fd], [], [], remaining)[0]:
+            while True:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
                     raise TimeoutError
+                wait = WAIT_SLICE_SECONDS if remaining is None else min(remaining, WAIT_SLICE_SECONDS)
+                if select.select([self.read_fd], [], [], wait)[0]:
+                    break
             chunk = os.read(self.read_fd, min(left, READ_SIZE))
             if not chunk:
                 raise ChannelClosed
