@@ -154,15 +154,27 @@ def test_repro_of_a_crashing_item_shows_the_crash(tiny, device):
 def test_ctrl_c_that_lands_on_another_thread_still_stops_a_wait_for_the_child(deadline):
     """The kernel may deliver a process's SIGINT to any of its threads; the main thread blocked in a wait for the
     child is then not woken, and Python raises KeyboardInterrupt only when it runs again. The supervisor's waits
-    come back at least every ``WAIT_SLICE_SECONDS``, so Ctrl-C stops them promptly (here: 20 s or no limit)."""
+    come back at least every ``WAIT_SLICE_SECONDS``, so Ctrl-C stops them promptly (here: 20 s or no limit).
+    Python's own SIGINT handler is installed for the test (a test runner's worker may have its own); should the
+    wait not come back, the helper ends it with a message after 5 s, so the test fails instead of hanging."""
     import threading
 
     from harness.isolation.channel import WAIT_SLICE_SECONDS, Channel
 
     read_fd, write_fd = os.pipe()
-    channel = Channel(read_fd, write_fd)  # nothing will ever be written: the wait lasts until the deadline
-    helper = threading.Thread(target=lambda: (time.sleep(0.3), signal.pthread_kill(threading.get_ident(),
-                                                                                   signal.SIGINT)))
+    channel = Channel(read_fd, write_fd)  # nothing is written unless the wait misses the signal
+    done = threading.Event()
+
+    def interrupt_from_another_thread():
+        # A thread inherits its creator's signal mask; a runner's thread may block SIGINT, this one must take it.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        time.sleep(0.3)
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+        if not done.wait(5.0):
+            channel.send("the wait went on after the signal")
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    helper = threading.Thread(target=interrupt_from_another_thread)
     start = time.monotonic()
     helper.start()
     try:
@@ -170,7 +182,9 @@ def test_ctrl_c_that_lands_on_another_thread_still_stops_a_wait_for_the_child(de
             channel.recv(None if deadline is None else time.monotonic() + deadline)
         assert time.monotonic() - start < 0.3 + WAIT_SLICE_SECONDS + 2.0
     finally:
+        done.set()
         helper.join()
+        signal.signal(signal.SIGINT, previous)
         channel.close()
 
 
