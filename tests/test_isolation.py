@@ -188,6 +188,13 @@ def test_ctrl_c_that_lands_on_another_thread_still_stops_a_wait_for_the_child(de
         channel.close()
 
 
+def _sigint_at_default() -> None:
+    """The front end as a terminal starts it: a test run launched as a background job of a non-interactive shell
+    ignores SIGINT, which its children inherit across exec (and Python keeps an inherited SIG_IGN), so the CLI
+    would rightly ignore the Ctrl-C this test sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_an_interrupted_run_reports_what_finished_and_says_so(tiny, how, device):
     """Ctrl-C in a terminal (SIGINT to the whole process group) or SIGTERM to the front end while tiny-batch hangs:
@@ -198,7 +205,7 @@ def test_an_interrupted_run_reports_what_finished_and_says_so(tiny, how, device)
         [sys.executable, "-m", "harness", "run", str(tiny), "--device", device, "--provider",
          "tests.faulty_providers:hangs", "--check", "determinism", "--json", str(report)],
         cwd=ROOT, env=_env(SSD_TEST_PID_FILE=str(pids)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True)
+        start_new_session=True, preexec_fn=_sigint_at_default)
     try:
         lines = []
         for line in proc.stdout:
