@@ -63,10 +63,12 @@ def test_the_console_script_is_the_cli_and_every_package_ships():
 def why_not_installed_from_here() -> str | None:
     """None when the ssd-harness distribution this Python sees is an editable install of this checkout with the
     plugin's entry point; else why not (the reason the test below skips)."""
-    try:
-        dist = importlib.metadata.distribution("ssd-harness")
-    except importlib.metadata.PackageNotFoundError:
+    # The installed distribution: the one pip recorded (direct_url.json). An editable build also leaves
+    # ssd_harness.egg-info in the checkout, which importlib finds first when the checkout is on sys.path.
+    installed = [d for d in importlib.metadata.distributions(name="ssd-harness") if d.read_text("direct_url.json")]
+    if not installed:
         return "ssd-harness is not pip-installed in this Python (pip install -e .)"
+    dist = installed[0]
     if not any(ep.group == "pytest11" and ep.value == PLUGIN for ep in dist.entry_points):
         return "the installed ssd-harness has no pytest11 entry point (installed before ssd_pytest: pip install -e .)"
     origin = json.loads(dist.read_text("direct_url.json") or "{}")
