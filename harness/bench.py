@@ -358,8 +358,8 @@ def bench_peer_stages(workloads: list[str], our_variants: list[str], provider, p
         calls: dict[str, list[dict]] = {label: [] for label in fns}
         eager: set[str] = set()
         for _ in range(rounds):
-            with tuned_afresh([provider, peer]):  # the graphs of the round before are freed here
-                runs = {}
+            with tuned_afresh([provider, peer]):
+                runs = {}  # this round's graphs (the round before's are freed here)
                 for label, fn in fns.items():
                     runs[label], source, why = _profiled_run(fn, capture, profile)
                     if why and label not in eager:

@@ -495,7 +495,8 @@ def _chunk_state_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
     s = req.shape
     H, P, N, G, Q = s.nheads, s.headdim, s.dstate, s.ngroups, s.chunk_size
     # One chunk count per class of the (H, C, Q) strides and per chunk count class (the config depends on it).
-    counts = [n for cls in (0, 1) for n in representatives(
+    classes = sorted({chunk_count_class(c) for c in COUNT_CANDIDATES})
+    counts = [n for cls in classes for n in representatives(
         lambda c: c * Q, candidates=[c for c in COUNT_CANDIDATES if chunk_count_class(c) == cls])]
     for io, meta, nchunks in itertools.product(req.io_dtypes, req.metadata_dtypes, counts):
         arguments = cs.launch_arguments(
