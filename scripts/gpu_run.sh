@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU runner does everything (device time is scarce): environment, the test suite on CUDA,
 # the case corpus, the bench. Usage: scripts/gpu_run.sh [STEP...] with steps env, tests, cases, bench
-# (default: env tests cases bench; also pyc, lab, bench-twice, startup, spawn-probe, exit-probe, recheck, suite, suite-warm, warmup, cases-warm, stages,
+# (default: env tests cases bench; also pyc, lab, fusion, durations, bench-twice, startup, spawn-probe, exit-probe, recheck, suite, suite-warm, warmup, cases-warm, stages,
 # profile-ref, profile-warmup, peer-bench). Full logs go under $OUT (the device tool brings them back); a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
@@ -144,6 +144,14 @@ for step in $steps; do
         --section ComputeWorkloadAnalysis $PY scripts/kernel_lab.py profile --stage chunk_scan > $OUT/lab-ncu.txt 2>&1; \
         grep -E 'profiled|chunk_scan|Duration|Throughput|Achieved Occupancy|Registers Per|Stall|Issued Warp' \
         $OUT/lab-ncu.txt | head -n 120" ;;
+    fusion)  # chunk state + state passing as two kernels against the fused kernel under candidate tiles
+      # (scripts/fusion_lab.py): bits against the pair, stability, graph-replay us, on the four bench workloads
+      run_step fusion $PY scripts/fusion_lab.py --reps "${LAB_REPS:-200}" ;;
+    durations)  # the last suite step's item durations as scripts/gpu-durations.json (pytest --durations-from orders
+      # the work longest first): the later suite steps of this call use them; the file comes back in $OUT
+      last=$(ls -t "$OUT"/suite*-report.json 2>/dev/null | head -n 1)
+      run_step durations bash -c "$PY -m harness times $last --write-durations scripts/gpu-durations.json | tail -n 3 \
+        && cp scripts/gpu-durations.json $OUT/gpu-durations.json" ;;
     baseline)  # the suite as suite runs it, at an older commit's tree unpacked into .baseline/ (carried): the same
       # machine and session as the suite step, so the two cold times compare (BASE_REPORT_OPT: its report option)
       export TRITON_CACHE_DIR=$(mktemp -d)

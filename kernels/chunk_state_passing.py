@@ -1,0 +1,364 @@
+"""Chunk state and state passing in one kernel (stages 2 and 3 fused): the chunk states never leave the chip.
+
+Each program owns one (headdim x dstate) tile of one head and walks the chunks in order: it computes the chunk's
+state contribution (``kernels.chunk_state.chunk_state_tile``, the chunk state stage's arithmetic) and at once takes
+the fp32 inter-chunk recurrence step on it (``kernels.state_passing.recurrence_step``, the state passing stage's),
+storing the workspace row and, at a sequence's last chunk, its final state into the cache. Separately, the chunk
+states (fp32, C x H x P x N) are written by one kernel and read back by the next; here they stay in registers.
+
+One binary serves every path and mode: which initial states, which workspace rows and whether the cache is written
+are run-time arguments, not constexprs, so the snapshot and the indexed path run the same compiled dot (the same
+tf32 dot compiled as different code can round differently: docs/exactness.md).
+
+- initial states (``init_mode``): none (zeros); a dense snapshot, row = sequence (the snapshot path); or the paged
+  cache, row = the sequence's slot, masked by ``has_initial_states`` (the indexed path: one sequence). A masked row
+  is never read: the slot may hold garbage or NaN.
+- workspace rows (``store_entering``): the state *exiting* each chunk (snapshot path), or the state *entering* it
+  (indexed path; row 0 is a raw copy of the initial state, no fp32 round trip, so NaN payloads match the snapshot's
+  gathered copy).
+- writeback (``write_cache``): at ``last_chunk_indices[b]`` the state goes to ``state_cache[final_state_indices[b]]``
+  in the cache dtype, skipped for negative slots. In place (initial slot == final slot, indexed path) is safe: each
+  program reads its tile of the initial state before anything is written, and no other program touches that tile.
+- ``read_chunk_states``: the chunk states are read from ``chunk_states`` instead of computed (teacher-forced, for the
+  stage check that holds the recurrence to the reference bit for bit): the same binary, the dot skipped.
+
+Never autotuned (a trial launch would overwrite an aliased initial state): one fixed config per shape class
+(``tile_config``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.backend import (
+    DOT_FP32_OPERANDS,
+    FP32_DOT_PRECISION,
+    INTERPRET,
+    pdl_arguments,
+    wait_for_previous_kernel,
+)
+from kernels.chunk_state import chunk_state_tile
+from kernels.interface import INDEX_DTYPES, MASK_DTYPES
+from kernels.state_passing import recurrence_step
+
+INIT_NONE, INIT_DENSE, INIT_BY_SLOT = 0, 1, 2
+
+# Metadata and index tensors are read one scalar at a time; counts and the mode flags are loop bounds and branch
+# conditions: specializing on their alignment or value class only multiplies binaries.
+SCALAR_ONLY = {
+    "do_not_specialize": ("nchunks", "stride_seq_idx", "stride_init_slot", "stride_has_init", "stride_final_idx",
+                          "stride_last_chunk", "init_mode", "store_entering", "write_cache", "read_chunk_states"),
+    "do_not_specialize_on_alignment": ("cu_chunk_seqlens_ptr", "seq_idx_ptr", "init_slot_ptr", "has_init_ptr",
+                                       "final_idx_ptr", "last_chunk_ptr"),
+}
+
+
+@triton.jit
+def initial_state(init_ptr, tile, seq, init_slot_ptr, has_init_ptr, stride_init_row, stride_init_slot,
+                  stride_has_init, init_mode, mask):
+    """Sequence ``seq``'s initial state on this program's tile, raw (the init tensor's dtype); zeros without one."""
+    if init_mode == 2:  # INIT_BY_SLOT: mask and slot side by side, the row's load masked by both
+        has = tl.load(has_init_ptr + seq.to(tl.int64) * stride_has_init) != 0
+        row = tl.where(has, tl.load(init_slot_ptr + seq.to(tl.int64) * stride_init_slot).to(tl.int64), 0)
+    else:
+        has = init_mode == 1
+        row = seq.to(tl.int64)
+    return tl.load(init_ptr + row * stride_init_row + tile, mask=mask & has, other=0.0)
+
+
+@triton.jit(**SCALAR_ONLY)
+def _chunk_state_passing_kernel(
+    x_ptr,  # (T, H, P) io dtype
+    B_ptr,  # (T, G, N) io dtype
+    dt_ptr,  # (H, C, Q) fp32
+    dA_cs_ptr,  # (H, C, Q) fp32
+    cu_chunk_seqlens_ptr,  # (C + 1,)
+    seq_idx_ptr,  # (C,)
+    chunk_states_ptr,  # (C, H, P, N) fp32, read only when read_chunk_states
+    out_ptr,  # (C, H, P, N) workspace dtype
+    init_ptr,  # (rows, H, P, N): dense initial states or the cache, read per init_mode
+    init_slot_ptr,  # (Bt,) slot of each sequence's initial state (INIT_BY_SLOT)
+    has_init_ptr,  # (Bt,) nonzero: the sequence has an initial state (INIT_BY_SLOT)
+    cache_ptr,  # (slots, H, P, N), written only when write_cache
+    final_idx_ptr,  # (Bt,)
+    last_chunk_ptr,  # (Bt,)
+    hdim,
+    dstate,
+    chunk_size,
+    nheads_per_group,
+    nchunks,
+    stride_x_token,
+    stride_x_head,
+    stride_x_hdim,
+    stride_B_token,
+    stride_B_group,
+    stride_B_dstate,
+    stride_dt_head,
+    stride_dt_chunk,
+    stride_dt_pos,
+    stride_dA_head,
+    stride_dA_chunk,
+    stride_dA_pos,
+    stride_seq_idx,
+    stride_chunk_states_chunk,
+    stride_chunk_states_head,
+    stride_out_chunk,
+    stride_out_head,
+    stride_init_row,
+    stride_init_head,
+    stride_init_slot,
+    stride_has_init,
+    stride_cache_slot,
+    stride_cache_head,
+    stride_final_idx,
+    stride_last_chunk,
+    init_mode,
+    store_entering,
+    write_cache,
+    read_chunk_states,
+    DOT_FP32_OPERANDS: tl.constexpr,
+    FP32_DOT_PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr,
+    BLOCK_SIZE_N: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr,
+):
+    wait_for_previous_kernel(USE_PDL)
+    pid_mn = tl.program_id(axis=0)
+    pid_h = tl.program_id(axis=1)
+    num_pid_n = tl.cdiv(dstate, BLOCK_SIZE_N)
+    pid_m = pid_mn // num_pid_n
+    pid_n = pid_mn % num_pid_n
+    offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    mask = (offs_m[:, None] < hdim) & (offs_n[None, :] < dstate)
+    tile = offs_m[:, None] * dstate + offs_n[None, :]  # (P, N) rows are compact in every state tensor
+
+    # Scalar bases plus the tile's offsets at each use: four tiles of 64-bit pointers would hold 256 registers a
+    # thread at 64 x 64 tiles and spill.
+    x_ptr += pid_h * stride_x_head
+    B_ptr += (pid_h // nheads_per_group) * stride_B_group
+    dt_ptr += pid_h * stride_dt_head
+    dA_cs_ptr += pid_h * stride_dA_head
+    chunk_states_ptr += pid_h * stride_chunk_states_head
+    out_ptr += pid_h * stride_out_head
+    init_ptr += pid_h * stride_init_head
+    cache_ptr += pid_h * stride_cache_head
+
+    # The first sequence's initial state is read before anything is written (in-place safety).
+    prev_seq = tl.load(seq_idx_ptr)
+    entering = initial_state(init_ptr, tile, prev_seq, init_slot_ptr, has_init_ptr, stride_init_row,
+                             stride_init_slot, stride_has_init, init_mode, mask)
+    s = entering.to(tl.float32)
+    if store_entering:
+        tl.store(out_ptr + tile, entering.to(out_ptr.dtype.element_ty), mask=mask)
+
+    chunk_start = tl.load(cu_chunk_seqlens_ptr).to(tl.int64)
+    for c in range(nchunks):
+        chunk_end = tl.load(cu_chunk_seqlens_ptr + c + 1).to(tl.int64)
+        seq = tl.load(seq_idx_ptr + c * stride_seq_idx)
+        if seq != prev_seq:  # first chunk of a new sequence: restart from its initial state
+            s = initial_state(init_ptr, tile, seq, init_slot_ptr, has_init_ptr, stride_init_row, stride_init_slot,
+                              stride_has_init, init_mode, mask).to(tl.float32)
+        prev_seq = seq
+        if read_chunk_states:
+            new = tl.load(chunk_states_ptr + tile, mask=mask, other=0.0).to(tl.float32)
+        else:
+            new = chunk_state_tile(x_ptr + chunk_start * stride_x_token, B_ptr + chunk_start * stride_B_token, dt_ptr,
+                                   dA_cs_ptr, chunk_end - chunk_start, hdim, dstate, chunk_size, offs_m, offs_n,
+                                   stride_x_token, stride_x_hdim, stride_B_token, stride_B_dstate, stride_dt_pos,
+                                   stride_dA_pos, DOT_FP32_OPERANDS, FP32_DOT_PRECISION, BLOCK_SIZE_M,
+                                   BLOCK_SIZE_N, BLOCK_SIZE_K)
+        dA_end = tl.load(dA_cs_ptr + (chunk_size - 1) * stride_dA_pos)
+        s = recurrence_step(s, new, dA_end)
+        if store_entering:
+            if c + 1 < nchunks:
+                tl.store(out_ptr + stride_out_chunk + tile, s.to(out_ptr.dtype.element_ty), mask=mask)
+        else:
+            tl.store(out_ptr + tile, s.to(out_ptr.dtype.element_ty), mask=mask)
+        if write_cache:
+            if tl.load(last_chunk_ptr + seq.to(tl.int64) * stride_last_chunk) == c:
+                slot = tl.load(final_idx_ptr + seq.to(tl.int64) * stride_final_idx).to(tl.int64)
+                if slot >= 0:  # negative slot: padded sequence, write nothing
+                    tl.store(cache_ptr + slot * stride_cache_slot + tile, s.to(cache_ptr.dtype.element_ty),
+                             mask=mask)
+        chunk_start = chunk_end
+        chunk_states_ptr += stride_chunk_states_chunk
+        out_ptr += stride_out_chunk
+        dt_ptr += stride_dt_chunk
+        dA_cs_ptr += stride_dA_chunk
+
+
+# The fixed config per shape class (arch, headdim, dstate, chunk size) -> blocks, warps, stages; others take
+# ``default_config``. Measured in docs/gpu-runs.md.
+TUNED: dict[tuple, dict[str, int]] = {}
+
+
+def default_config(P: int, N: int, Q: int) -> dict[str, int]:
+    """Blocks that fit the shape (``tl.dot`` needs every block >= 16). Under the interpreter, which pays per program
+    and loop iteration, a head's whole (P, N) state and up to 256 tokens a step; on the GPU 64 x 64 tiles."""
+    if INTERPRET:
+        m, n, k = 1 << 10, 1 << 10, 256
+    else:
+        m, n, k = 64, 64, 64
+    fit = lambda extent, cap: max(16, min(cap, triton.next_power_of_2(extent)))  # noqa: E731
+    return dict(BLOCK_SIZE_M=fit(P, m), BLOCK_SIZE_N=fit(N, n), BLOCK_SIZE_K=fit(Q, k), num_warps=4, num_stages=3)
+
+
+def tile_config(P: int, N: int, Q: int) -> dict[str, int]:
+    """The one config this shape runs (never autotuned: the indexed path reads the cache it writes)."""
+    from kernels.tuned_configs import device_arch
+
+    return dict(TUNED.get((device_arch(), P, N, Q)) or default_config(P, N, Q))
+
+
+def _check_state_rows(name: str, t: torch.Tensor, H: int, P: int, N: int) -> None:
+    """(rows, H, P, N) with compact (H, P, N): one head's state a flat run of P*N elements, heads P*N apart."""
+    assert t.dim() == 4 and tuple(t.shape[1:]) == (H, P, N), (
+        f"{name}: expected (*, {H}, {P}, {N}), found {tuple(t.shape)}")
+    assert t.stride(3) == 1 and t.stride(2) == N, f"{name}: (P, N) must be compact, found strides {t.stride()}"
+
+
+def _check_index(name: str, t: torch.Tensor, n: int, dtypes=INDEX_DTYPES) -> None:
+    assert t.dim() == 1 and t.shape[0] == n, f"{name}: expected ({n},), found {tuple(t.shape)}"
+    assert t.dtype in dtypes, f"{name}: expected one of {dtypes}, found {t.dtype}"
+
+
+def chunk_state_passing(
+    B: torch.Tensor,
+    x: torch.Tensor,
+    dt_out: torch.Tensor,
+    dA_cumsum: torch.Tensor,
+    cu_chunk_seqlens: torch.Tensor,
+    seq_idx: torch.Tensor,
+    *,
+    out: torch.Tensor,
+    initial_states: torch.Tensor | None = None,
+    state_cache: torch.Tensor | None = None,
+    initial_state_indices: torch.Tensor | None = None,
+    has_initial_states: torch.Tensor | None = None,
+    final_state_indices: torch.Tensor | None = None,
+    last_chunk_indices: torch.Tensor | None = None,
+    chunk_states: torch.Tensor | None = None,
+    config: dict | None = None,
+) -> None:
+    """Each chunk's state contribution and the inter-chunk recurrence, into ``out`` (C, H, P, N).
+
+    B (T, G, N) and x (T, H, P) io dtype; dt_out and dA_cumsum (H, C, Q) fp32; cu_chunk_seqlens (C + 1,), seq_idx
+    (C,). Initial states: ``initial_states`` (Bt, H, P, N), a dense snapshot by sequence (``out`` gets exiting
+    states); or ``initial_state_indices`` and ``has_initial_states`` (1,) into ``state_cache`` (one sequence; ``out``
+    gets entering states and must be in the cache dtype); or neither (zeros, exiting states). Writeback:
+    ``final_state_indices`` and ``last_chunk_indices`` (Bt,) with ``state_cache``. ``chunk_states`` (C, H, P, N)
+    fp32: read instead of computed. ``config``: blocks, warps and stages (default ``tile_config``).
+    """
+    T, H, P = x.shape
+    _, G, N = B.shape
+    Hd, C, Q = dt_out.shape
+    assert B.shape[0] == T and B.dtype == x.dtype, (
+        f"B: expected ({T}, G, N) {x.dtype}, found {tuple(B.shape)} {B.dtype}")
+    assert H % G == 0, f"nheads {H} must be a multiple of ngroups {G}"
+    assert Hd == H and dt_out.dtype == torch.float32, f"dt_out: expected ({H}, C, Q) fp32"
+    assert dA_cumsum.shape == dt_out.shape and dA_cumsum.dtype == torch.float32, (
+        "dA_cumsum: expected dt_out's shape, fp32")
+    _check_index("cu_chunk_seqlens", cu_chunk_seqlens, C + 1)
+    _check_index("seq_idx", seq_idx, C)
+    _check_state_rows("out", out, H, P, N)
+    assert out.shape[0] == C, f"out: expected {C} chunk rows, found {out.shape[0]}"
+    by_slot = initial_state_indices is not None
+    if by_slot:
+        assert initial_states is None, "initial states come from the cache by slot or from a snapshot, not both"
+        assert state_cache is not None and has_initial_states is not None, (
+            "initial_state_indices: state_cache and has_initial_states are needed too")
+        _check_index("initial_state_indices", initial_state_indices, 1)
+        _check_index("has_initial_states", has_initial_states, 1, MASK_DTYPES)
+        assert out.dtype == state_cache.dtype, f"out: entering states in the cache dtype {state_cache.dtype}"
+    if initial_states is not None:
+        _check_state_rows("initial_states", initial_states, H, P, N)
+        assert initial_states.stride(1) == P * N, (
+            f"initial_states: (H, P, N) must be compact, found {initial_states.stride()}")
+    write_cache = final_state_indices is not None
+    if write_cache:
+        assert state_cache is not None and last_chunk_indices is not None, (
+            "final_state_indices: state_cache and last_chunk_indices are needed for the writeback")
+        batch = final_state_indices.shape[0]
+        _check_index("final_state_indices", final_state_indices, batch)
+        _check_index("last_chunk_indices", last_chunk_indices, batch)
+    if state_cache is not None:
+        _check_state_rows("state_cache", state_cache, H, P, N)
+        assert state_cache.stride(1) == P * N, f"state_cache: (H, P, N) must be compact, found {state_cache.stride()}"
+    if chunk_states is not None:
+        assert chunk_states.dtype == torch.float32 and tuple(chunk_states.shape) == (C, H, P, N), (
+            f"chunk_states: expected ({C}, {H}, {P}, {N}) fp32, found {tuple(chunk_states.shape)} {chunk_states.dtype}")
+        _check_state_rows("chunk_states", chunk_states, H, P, N)
+    for name, t in (("B", B), ("dt_out", dt_out), ("dA_cumsum", dA_cumsum), ("cu_chunk_seqlens", cu_chunk_seqlens),
+                    ("seq_idx", seq_idx), ("out", out), ("initial_states", initial_states),
+                    ("state_cache", state_cache), ("initial_state_indices", initial_state_indices),
+                    ("has_initial_states", has_initial_states), ("final_state_indices", final_state_indices),
+                    ("last_chunk_indices", last_chunk_indices), ("chunk_states", chunk_states)):
+        assert t is None or t.device == x.device, f"{name}: on {t.device}, x on {x.device}"
+    arguments = launch_arguments(
+        B, x, dt_out, dA_cumsum, cu_chunk_seqlens, seq_idx, out=out, initial_states=initial_states,
+        state_cache=state_cache, initial_state_indices=initial_state_indices, has_initial_states=has_initial_states,
+        final_state_indices=final_state_indices, last_chunk_indices=last_chunk_indices, chunk_states=chunk_states,
+        config=config)
+    grid = (triton.cdiv(P, arguments["BLOCK_SIZE_M"]) * triton.cdiv(N, arguments["BLOCK_SIZE_N"]), H)
+    _chunk_state_passing_kernel[grid](**arguments)
+
+
+def launch_arguments(B: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_cumsum: torch.Tensor,
+                     cu_chunk_seqlens: torch.Tensor, seq_idx: torch.Tensor, *, out: torch.Tensor,
+                     initial_states: torch.Tensor | None = None, state_cache: torch.Tensor | None = None,
+                     initial_state_indices: torch.Tensor | None = None,
+                     has_initial_states: torch.Tensor | None = None,
+                     final_state_indices: torch.Tensor | None = None,
+                     last_chunk_indices: torch.Tensor | None = None,
+                     chunk_states: torch.Tensor | None = None, config: dict | None = None) -> dict:
+    """The kernel's arguments by name, config and launch options included (the launcher's, and the warmup
+    registry's on stand-ins). Pointers the call does not read or write are filled with placeholders."""
+    _, H, P = x.shape
+    _, G, N = B.shape
+    Q = dt_out.shape[2]
+    if initial_state_indices is not None:
+        init_mode, init = INIT_BY_SLOT, state_cache
+    elif initial_states is not None:
+        init_mode, init = INIT_DENSE, initial_states
+    else:
+        init_mode, init = INIT_NONE, out  # placeholder pointer, never read
+    slot = initial_state_indices if initial_state_indices is not None else seq_idx  # placeholders, never read
+    # A same-width view, not a copy: the kernel reads the mask as bytes.
+    has = has_initial_states if has_initial_states is not None else seq_idx
+    has = has.view(torch.uint8) if has.dtype == torch.bool else has
+    write_cache = final_state_indices is not None
+    cache = state_cache if write_cache else out  # placeholder pointer, never written
+    final_idx = final_state_indices if write_cache else seq_idx
+    last_chunk = last_chunk_indices if write_cache else seq_idx
+    # Unread placeholder: an fp32 tensor with the workspace's strides, so that reading the chunk states (the stage
+    # check) and computing them (every call) are one specialization, one binary.
+    given = chunk_states if chunk_states is not None else dA_cumsum
+    given_strides = chunk_states.stride()[:2] if chunk_states is not None else out.stride()[:2]
+    cfg = dict(config) if config is not None else tile_config(P, N, Q)
+    return dict(
+        x_ptr=x, B_ptr=B, dt_ptr=dt_out, dA_cs_ptr=dA_cumsum, cu_chunk_seqlens_ptr=cu_chunk_seqlens,
+        seq_idx_ptr=seq_idx, chunk_states_ptr=given, out_ptr=out, init_ptr=init, init_slot_ptr=slot,
+        has_init_ptr=has, cache_ptr=cache, final_idx_ptr=final_idx, last_chunk_ptr=last_chunk,
+        hdim=P, dstate=N, chunk_size=Q, nheads_per_group=H // G, nchunks=dt_out.shape[1],
+        stride_x_token=x.stride(0), stride_x_head=x.stride(1), stride_x_hdim=x.stride(2),
+        stride_B_token=B.stride(0), stride_B_group=B.stride(1), stride_B_dstate=B.stride(2),
+        stride_dt_head=dt_out.stride(0), stride_dt_chunk=dt_out.stride(1), stride_dt_pos=dt_out.stride(2),
+        stride_dA_head=dA_cumsum.stride(0), stride_dA_chunk=dA_cumsum.stride(1), stride_dA_pos=dA_cumsum.stride(2),
+        stride_seq_idx=seq_idx.stride(0),
+        stride_chunk_states_chunk=given_strides[0], stride_chunk_states_head=given_strides[1],
+        stride_out_chunk=out.stride(0), stride_out_head=out.stride(1),
+        stride_init_row=init.stride(0), stride_init_head=init.stride(1),
+        stride_init_slot=slot.stride(0), stride_has_init=has.stride(0),
+        stride_cache_slot=cache.stride(0), stride_cache_head=cache.stride(1),
+        stride_final_idx=final_idx.stride(0), stride_last_chunk=last_chunk.stride(0),
+        init_mode=init_mode, store_entering=int(init_mode == INIT_BY_SLOT), write_cache=int(write_cache),
+        read_chunk_states=int(chunk_states is not None),
+        DOT_FP32_OPERANDS=DOT_FP32_OPERANDS,
+        FP32_DOT_PRECISION=FP32_DOT_PRECISION,
+        **cfg,
+        **pdl_arguments(),
+    )

@@ -1,0 +1,169 @@
+"""Fusion lab: chunk state + state passing as two kernels (shipped) against the fused kernel
+(``kernels.chunk_state_passing``) under candidate tile configs, on the bench workloads' intermediates, one process.
+
+    python scripts/fusion_lab.py [--reps 200] [--workload W ...]   # GPU: bits against the pair, stability, us
+    python scripts/fusion_lab.py --dry-run                          # the same plumbing on the CPU (interpreter, small)
+
+For each workload and path (snapshot; indexed where the workload has one sequence) the pair runs as ssd_prefill
+launches it (chunk_state's checked-in config, then state_passing or state_passing_indexed) and the fused kernel
+runs each candidate config, into fresh outputs (the indexed path writes its final slot, never its initial one, so
+repeated launches are idempotent). Each fused launch is compared with the pair bit for bit (workspace and cache),
+launched three times (a result that moves is a race) and timed by CUDA graph replay (``harness.cuda_timing``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+WORKLOADS = ["short-continuation", "prefill-4256", "continue-600", "mixed-3"]
+# (BLOCK_SIZE_M headdim, BLOCK_SIZE_N dstate, BLOCK_SIZE_K tokens, warps, stages)
+CANDIDATES = [(64, 64, 64, 4, 3), (64, 64, 32, 4, 3), (64, 128, 32, 4, 3), (64, 128, 64, 8, 2), (32, 64, 64, 4, 3),
+              (32, 128, 64, 4, 3), (64, 32, 64, 4, 3), (32, 32, 64, 4, 3), (16, 128, 64, 4, 3), (64, 64, 128, 4, 2),
+              (32, 64, 128, 4, 2), (64, 64, 64, 4, 4), (64, 64, 64, 8, 3), (32, 32, 128, 2, 3)]
+
+
+def config_of(c: tuple) -> dict:
+    m, n, k, w, s = c
+    return dict(BLOCK_SIZE_M=m, BLOCK_SIZE_N=n, BLOCK_SIZE_K=k, num_warps=w, num_stages=s)
+
+
+def describe(c: tuple) -> str:
+    m, n, k, w, s = c
+    return f"M{m} N{n} K{k} w{w} s{s}"
+
+
+def launches(kw: dict, ws: dict, path: str):
+    """(pair launch, fused launch by config, the tensors each writes): fresh workspace and, on the snapshot path, a
+    fresh cache copy per launcher; the indexed path writes the call's cache in place (its final slot only)."""
+    import torch
+
+    from kernels.chunk_state import chunk_state
+    from kernels.chunk_state_passing import chunk_state_passing
+    from kernels.state_passing import state_passing
+    from kernels.state_passing_indexed import state_passing_indexed
+
+    x, B, cu, seq_idx = kw["x"], kw["B"], kw["cu_chunk_seqlens"], kw["seq_idx"]
+    dA, dt_out = ws["dA_cumsum"], ws["dt_out"]
+    pair_out, fused_out = torch.empty_like(ws["states"]), torch.empty_like(ws["states"])
+    if path == "indexed":
+        pair_cache = fused_cache = kw["state_cache"]
+    else:
+        pair_cache, fused_cache = kw["state_cache"].clone(), kw["state_cache"].clone()
+
+    def pair():
+        states = chunk_state(B, x, dt_out, dA, cu)
+        if path == "indexed":
+            state_passing_indexed(states, dA, state_cache=pair_cache, init_slot_index=kw["initial_state_indices"][:1],
+                                  has_initial_state=kw["has_initial_states"][:1],
+                                  final_slot_index=kw["final_state_indices"][:1], out=pair_out)
+        else:
+            pair_out.copy_(state_passing(states, dA, seq_idx, initial_states=ws["initial_states"],
+                                         out_dtype=pair_out.dtype, state_cache=pair_cache,
+                                         final_state_indices=kw["final_state_indices"],
+                                         last_chunk_indices=kw["last_chunk_indices"]))
+
+    def fused(config: dict):
+        init = (dict(initial_state_indices=kw["initial_state_indices"][:1],
+                     has_initial_states=kw["has_initial_states"][:1]) if path == "indexed"
+                else dict(initial_states=ws["initial_states"]))
+        chunk_state_passing(B, x, dt_out, dA, cu, seq_idx, out=fused_out, state_cache=fused_cache,
+                            final_state_indices=kw["final_state_indices"],
+                            last_chunk_indices=kw["last_chunk_indices"], config=config, **init)
+
+    return pair, fused, (pair_out, pair_cache), (fused_out, fused_cache)
+
+
+def same_bits(a, b) -> bool:
+    import torch
+
+    return all(torch.equal(x.contiguous().view(torch.uint8), y.contiguous().view(torch.uint8))
+               for x, y in zip(a, b, strict=True))
+
+
+def run(workloads: list[str], reps: int, dry_run: bool) -> list[tuple]:
+    import torch
+    from kernel_lab import call_intermediates, small_cases
+
+    from harness.bench import workload_case
+    from harness.cuda_timing import time_graph
+
+    if dry_run:
+        def time_graph(fn, reps):  # noqa: F811
+            fn()
+            return 0.0
+
+    device = "cpu" if dry_run else "cuda"
+    cases = small_cases() if dry_run else {w: workload_case(w) for w in workloads}
+    candidates = [(16, 16, 16, 4, 3), (16, 32, 16, 4, 3)] if dry_run else CANDIDATES
+    rows = []
+    for workload, case in cases.items():
+        for path in ("snapshot", "indexed") if len(case.sequences) == 1 else ("snapshot",):
+            kw, ws = call_intermediates(case, device, path)
+            pair, fused, pair_outs, fused_outs = launches(kw, ws, path)
+            pair()
+            expected = [o.clone() for o in pair_outs]
+            tag = f"{workload}/{path}"
+            rows.append((tag, "pair", "chunk_state + state_passing", time_graph(pair, reps), "-", True))
+            for cand in candidates:
+                try:
+                    results = []
+                    for _ in range(3):
+                        fused_outs[0].fill_(float("nan"))
+                        fused(config_of(cand))
+                        if device == "cuda":
+                            torch.cuda.synchronize()
+                        results.append([o.clone() for o in fused_outs])
+                    us = time_graph(lambda cand=cand, fused=fused: fused(config_of(cand)), reps)
+                except Exception as exc:  # out of resources, a compile error: reported, the rest go on
+                    rows.append((tag, "fused", f"{describe(cand)} ({type(exc).__name__}: {str(exc)[:40]})", math.nan,
+                                 "-", False))
+                    continue
+                stable = all(same_bits(r, results[0]) for r in results)
+                rows.append((tag, "fused", describe(cand), us, str(same_bits(results[0], expected)), stable))
+    return rows
+
+
+def print_rows(rows: list[tuple]) -> None:
+    print(f"{'workload/path':<28} {'kernel':<6} {'config':<30} {'us':>8} {'bits=pair':>9} {'stable':>6}")
+    for tag, kind, config, us, same, stable in rows:
+        print(f"{tag:<28} {kind:<6} {config:<30} {us:>8.1f} {same:>9} {str(stable):>6}")
+    print("== per workload/path: the pair, and the fastest three fused configs (stable only)")
+    tags = dict.fromkeys(r[0] for r in rows)
+    for tag in tags:
+        pair = [r for r in rows if r[0] == tag and r[1] == "pair"][0]
+        fused = sorted((r for r in rows if r[0] == tag and r[1] == "fused" and r[5] and not math.isnan(r[3])),
+                       key=lambda r: r[3])[:3]
+        print(f"{tag:<28} pair {pair[3]:.1f} | " + " | ".join(f"{r[2]} {r[3]:.1f} ({r[4]})" for r in fused))
+    print("== summed over the workloads, per fused config (the proposal for kernels.chunk_state_passing.TUNED)")
+    sums: dict = {}
+    for r in rows:
+        if r[1] == "fused" and r[5] and not math.isnan(r[3]):
+            sums.setdefault(r[2], []).append(r[3])
+    full = max((len(v) for v in sums.values()), default=0)
+    pair_sum = sum(r[3] for r in rows if r[1] == "pair")
+    for config, times in sorted(((c, t) for c, t in sums.items() if len(t) == full), key=lambda ct: sum(ct[1])):
+        print(f"{config:<30} {sum(times):8.1f} us (pair {pair_sum:.1f})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", action="append", choices=WORKLOADS, help="bench workloads (default: all four)")
+    parser.add_argument("--reps", type=int, default=200, help="graph replays per timing")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="the plumbing on the CPU under the interpreter, small shapes, nothing timed")
+    args = parser.parse_args()
+    from harness.backend import configure
+
+    configure("cpu" if args.dry_run else "cuda")
+    print_rows(run(args.workload or WORKLOADS, args.reps, args.dry_run))
+
+
+if __name__ == "__main__":
+    main()
