@@ -1,5 +1,6 @@
-"""Fusion lab: chunk state + state passing as two kernels (shipped) against the fused kernel
-(``kernels.chunk_state_passing``) under candidate tile configs, on the bench workloads' intermediates, one process.
+"""Fusion lab: chunk state + state passing as two kernels (shipped) against the fused kernels of
+``scripts/fused_chunk_state_passing.py`` (nested and flat loop) under candidate tile configs, on the bench workloads'
+intermediates, one process.
 
     python scripts/fusion_lab.py [--reps 200] [--workload W ...]   # GPU: bits against the pair, stability, us
     python scripts/fusion_lab.py --dry-run                          # the same plumbing on the CPU (interpreter, small)
@@ -14,6 +15,7 @@ launched three times (a result that moves is a race) and timed by CUDA graph rep
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -24,110 +26,9 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 WORKLOADS = ["short-continuation", "prefill-4256", "continue-600", "mixed-3"]
 # (BLOCK_SIZE_M headdim, BLOCK_SIZE_N dstate, BLOCK_SIZE_K tokens, warps, stages)
-CANDIDATES = [(64, 32, 64, 4, 3), (64, 32, 32, 4, 4), (64, 32, 64, 4, 4), (64, 16, 64, 4, 3), (64, 64, 64, 4, 3),
-              (64, 64, 32, 4, 4), (64, 64, 64, 8, 3), (64, 128, 32, 8, 3), (32, 64, 64, 4, 3), (64, 32, 128, 4, 2)]
-
-
-# ---- experiment: the fused kernel with one flat loop over (chunk, token block) ----------------------------------
-# The shipped fused kernel nests the token loop inside the chunk loop, so the software pipeline drains and refills at
-# every chunk. Here one loop walks every chunk's token blocks (a persistent matmul's shape: the accumulator is
-# finished and reset on a chunk's last block), so loads run ahead across chunk boundaries. Same arguments, same
-# arithmetic per element.
-
-
-def flat_kernel():
-    import triton
-    import triton.language as tl
-
-    from kernels.backend import LOG2E, dot_acc, wait_for_previous_kernel
-    from kernels.chunk_state_passing import SCALAR_ONLY, initial_state
-    from kernels.state_passing import recurrence_step
-
-    # A jit function reads its module's globals: the names it calls must be there (imported here, after the
-    # backend was chosen).
-    globals().update(triton=triton, tl=tl, LOG2E=LOG2E, dot_acc=dot_acc, initial_state=initial_state,
-                     wait_for_previous_kernel=wait_for_previous_kernel, recurrence_step=recurrence_step)
-
-    @triton.jit(**SCALAR_ONLY)
-    def _chunk_state_passing_flat(
-        x_ptr, B_ptr, dt_ptr, dA_cs_ptr, cu_chunk_seqlens_ptr, seq_idx_ptr, chunk_states_ptr, out_ptr, init_ptr,
-        init_slot_ptr, has_init_ptr, cache_ptr, final_idx_ptr, last_chunk_ptr,
-        hdim, dstate, chunk_size, nheads_per_group, nchunks,
-        stride_x_token, stride_x_head, stride_x_hdim, stride_B_token, stride_B_group, stride_B_dstate,
-        stride_dt_head, stride_dt_chunk, stride_dt_pos, stride_dA_head, stride_dA_chunk, stride_dA_pos,
-        stride_seq_idx, stride_chunk_states_chunk, stride_chunk_states_head, stride_out_chunk, stride_out_head,
-        stride_init_row, stride_init_head, stride_init_slot, stride_has_init, stride_cache_slot, stride_cache_head,
-        stride_final_idx, stride_last_chunk, init_mode, store_entering, write_cache, read_chunk_states,
-        DOT_FP32_OPERANDS: tl.constexpr, FP32_DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
-        BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    ):
-        wait_for_previous_kernel(USE_PDL)
-        pid_mn = tl.program_id(axis=0)
-        pid_h = tl.program_id(axis=1)
-        num_pid_n = tl.cdiv(dstate, BLOCK_SIZE_N)
-        pid_m = pid_mn // num_pid_n
-        pid_n = pid_mn % num_pid_n
-        offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
-        offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
-        offs_k = tl.arange(0, BLOCK_SIZE_K)
-        mask = (offs_m[:, None] < hdim) & (offs_n[None, :] < dstate)
-        tile = offs_m[:, None] * dstate + offs_n[None, :]
-        x_ptr += pid_h * stride_x_head
-        B_ptr += (pid_h // nheads_per_group) * stride_B_group
-        dt_ptr += pid_h * stride_dt_head
-        dA_cs_ptr += pid_h * stride_dA_head
-        out_ptr += pid_h * stride_out_head
-        init_ptr += pid_h * stride_init_head
-        cache_ptr += pid_h * stride_cache_head
-
-        prev_seq = tl.load(seq_idx_ptr)
-        entering = initial_state(init_ptr, tile, prev_seq, init_slot_ptr, has_init_ptr, stride_init_row,
-                                 stride_init_slot, stride_has_init, init_mode, mask)
-        s = entering.to(tl.float32)
-        if store_entering:
-            tl.store(out_ptr + tile, entering.to(out_ptr.dtype.element_ty), mask=mask)
-        blocks = tl.cdiv(chunk_size, BLOCK_SIZE_K)
-        acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-        for it in range(nchunks * blocks):
-            c = it // blocks
-            k0 = (it - c * blocks) * BLOCK_SIZE_K
-            chunk_start = tl.load(cu_chunk_seqlens_ptr + c).to(tl.int64)
-            chunk_len = tl.load(cu_chunk_seqlens_ptr + c + 1).to(tl.int64) - chunk_start
-            k_mask = offs_k < chunk_len - k0
-            tok = chunk_start + k0 + offs_k
-            x = tl.load(x_ptr + offs_m[:, None] * stride_x_hdim + tok[None, :] * stride_x_token,
-                        mask=(offs_m[:, None] < hdim) & k_mask[None, :], other=0.0)
-            b = tl.load(B_ptr + tok[:, None] * stride_B_token + offs_n[None, :] * stride_B_dstate,
-                        mask=k_mask[:, None] & (offs_n[None, :] < dstate), other=0.0).to(tl.float32)
-            dA_c = dA_cs_ptr + c * stride_dA_chunk
-            dA_last = tl.load(dA_c + (chunk_size - 1) * stride_dA_pos)
-            dA_k = tl.load(dA_c + (k0 + offs_k) * stride_dA_pos, mask=k_mask, other=0.0)
-            dt_k = tl.load(dt_ptr + c * stride_dt_chunk + (k0 + offs_k) * stride_dt_pos, mask=k_mask, other=0.0)
-            scale = tl.math.exp2((dA_last - dA_k) * LOG2E) * dt_k
-            b = (b * scale[:, None]).to(x_ptr.dtype.element_ty)
-            acc = dot_acc(acc, x, b, DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
-            if k0 + BLOCK_SIZE_K >= chunk_size:  # the chunk's last block: its state is complete
-                seq = tl.load(seq_idx_ptr + c * stride_seq_idx)
-                if seq != prev_seq:
-                    s = initial_state(init_ptr, tile, seq, init_slot_ptr, has_init_ptr, stride_init_row,
-                                      stride_init_slot, stride_has_init, init_mode, mask).to(tl.float32)
-                prev_seq = seq
-                s = recurrence_step(s, acc, dA_last)
-                if store_entering:
-                    if c + 1 < nchunks:
-                        tl.store(out_ptr + (c + 1) * stride_out_chunk + tile, s.to(out_ptr.dtype.element_ty),
-                                 mask=mask)
-                else:
-                    tl.store(out_ptr + c * stride_out_chunk + tile, s.to(out_ptr.dtype.element_ty), mask=mask)
-                if write_cache:
-                    if tl.load(last_chunk_ptr + seq.to(tl.int64) * stride_last_chunk) == c:
-                        slot = tl.load(final_idx_ptr + seq.to(tl.int64) * stride_final_idx).to(tl.int64)
-                        if slot >= 0:
-                            tl.store(cache_ptr + slot * stride_cache_slot + tile, s.to(cache_ptr.dtype.element_ty),
-                                     mask=mask)
-                acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-
-    return _chunk_state_passing_flat
+CANDIDATES = [(64, 32, 64, 4, 3), (64, 32, 32, 4, 4), (64, 16, 64, 4, 3), (64, 64, 64, 4, 3), (64, 64, 64, 8, 3),
+              (32, 64, 64, 4, 3), (64, 32, 128, 4, 2), (64, 32, 128, 4, 3), (64, 32, 128, 8, 2), (64, 16, 128, 4, 2),
+              (64, 64, 128, 8, 2), (64, 32, 256, 4, 2), (64, 16, 256, 4, 2), (64, 64, 256, 8, 2)]
 
 
 def config_of(c: tuple) -> dict:
@@ -144,10 +45,9 @@ def launches(kw: dict, ws: dict, path: str):
     """(pair launch, fused launch by config, the tensors each writes): fresh workspace and, on the snapshot path, a
     fresh cache copy per launcher; the indexed path writes the call's cache in place (its final slot only)."""
     import torch
-    import triton
+    from fused_chunk_state_passing import chunk_state_passing
 
     from kernels.chunk_state import chunk_state
-    from kernels.chunk_state_passing import chunk_state_passing, launch_arguments
     from kernels.state_passing import state_passing
     from kernels.state_passing_indexed import state_passing_indexed
 
@@ -171,19 +71,13 @@ def launches(kw: dict, ws: dict, path: str):
                                          final_state_indices=kw["final_state_indices"],
                                          last_chunk_indices=kw["last_chunk_indices"]))
 
-    def fused(config: dict, kernel=None):
-        """The shipped fused kernel through its launcher, or ``kernel`` (same arguments) launched directly."""
+    def fused(config: dict, flat: bool):
         init = (dict(initial_state_indices=kw["initial_state_indices"][:1],
                      has_initial_states=kw["has_initial_states"][:1]) if path == "indexed"
                 else dict(initial_states=ws["initial_states"]))
-        common = dict(out=fused_out, state_cache=fused_cache, final_state_indices=kw["final_state_indices"],
-                      last_chunk_indices=kw["last_chunk_indices"], config=config, **init)
-        if kernel is None:
-            chunk_state_passing(B, x, dt_out, dA, cu, seq_idx, **common)
-            return
-        args = launch_arguments(B, x, dt_out, dA, cu, seq_idx, **common)
-        P, N = x.shape[2], B.shape[2]
-        kernel[(triton.cdiv(P, config["BLOCK_SIZE_M"]) * triton.cdiv(N, config["BLOCK_SIZE_N"]), x.shape[1])](**args)
+        chunk_state_passing(B, x, dt_out, dA, cu, seq_idx, out=fused_out, state_cache=fused_cache,
+                            final_state_indices=kw["final_state_indices"],
+                            last_chunk_indices=kw["last_chunk_indices"], config=config, flat=flat, **init)
 
     return pair, fused, (pair_out, pair_cache), (fused_out, fused_cache)
 
@@ -208,9 +102,12 @@ def run(workloads: list[str], reps: int, dry_run: bool) -> list[tuple]:
             return 0.0
 
     device = "cpu" if dry_run else "cuda"
-    cases = small_cases() if dry_run else {w: workload_case(w) for w in workloads}
-    candidates = [(16, 16, 16, 4, 3), (16, 32, 16, 4, 3)] if dry_run else CANDIDATES
-    flat = flat_kernel()
+    if dry_run:  # chunks of two token blocks, the last one short: the flat loop's masked block and chunk ends
+        cases = {name: dataclasses.replace(case, shape=dataclasses.replace(case.shape, chunk_size=32))
+                 for name, case in small_cases().items()}
+    else:
+        cases = {w: workload_case(w) for w in workloads}
+    candidates = [(16, 16, 16, 4, 3), (16, 32, 32, 4, 3)] if dry_run else CANDIDATES
     rows = []
     for workload, case in cases.items():
         for path in ("snapshot", "indexed") if len(case.sequences) == 1 else ("snapshot",):
@@ -221,17 +118,16 @@ def run(workloads: list[str], reps: int, dry_run: bool) -> list[tuple]:
             tag = f"{workload}/{path}"
             rows.append((tag, "pair", "chunk_state + state_passing", time_graph(pair, reps), "-", True))
             for cand in candidates:
-                for kind, kernel in (("fused", None), ("flat", flat)):
+                for kind, flat in (("fused", False), ("flat", True)):
                     try:
                         results = []
                         for _ in range(3):
                             fused_outs[0].fill_(float("nan"))
-                            fused(config_of(cand), kernel)
+                            fused(config_of(cand), flat)
                             if device == "cuda":
                                 torch.cuda.synchronize()
                             results.append([o.clone() for o in fused_outs])
-                        us = time_graph(lambda cand=cand, fused=fused, kernel=kernel: fused(config_of(cand), kernel),
-                                        reps)
+                        us = time_graph(lambda cand=cand, fused=fused, flat=flat: fused(config_of(cand), flat), reps)
                     except Exception as exc:  # out of resources, a compile error: reported, the rest go on
                         rows.append((tag, kind, f"{describe(cand)} ({type(exc).__name__}: {str(exc)[:40]})",
                                      math.nan, "-", False))
@@ -253,7 +149,7 @@ def print_rows(rows: list[tuple]) -> None:
             best = sorted((r for r in rows if r[0] == tag and r[1] == kind and r[5] and not math.isnan(r[3])),
                           key=lambda r: r[3])[:3]
             print(f"{tag:<28} pair {pair[3]:.1f} | {kind}: " + " | ".join(f"{r[2]} {r[3]:.1f} ({r[4]})" for r in best))
-    print("== summed over the workloads, per fused kernel and config (the proposal for kernels.chunk_state_passing)")
+    print("== summed over the workloads, per fused kernel and config ")
     sums: dict = {}
     for r in rows:
         if r[1] != "pair" and r[5] and not math.isnan(r[3]):

@@ -37,17 +37,19 @@ for step in $steps; do
       # (scripts/compile_bytecode.sh). Byte-code of the interpreter's libraries goes to a prefix; later steps use it.
       export PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-$(mktemp -d)}
       run_step pyc bash -c "scripts/compile_bytecode.sh $PY && du -sh $PYTHONPYCACHEPREFIX" ;;
-    suite|suite-warm|suite-same)  # the whole suite as `make test` runs it (tests/ and cases/), after one warmup, under
+    suite|suite-warm|suite-same|suite-same-noiso)  # the whole suite as `make test` runs it (tests/ and cases/), after one warmup, under
       # the recompile guard; suite starts from a cold Triton cache, suite-warm reuses the one the previous step filled.
       # suite-same (cold): only the test files the carried .baseline/ tree also has, and cases/: this code's cost on
-      # the baseline's behaviours, apart from the tests added since.
+      # the baseline's behaviours, apart from the tests added since. suite-same-noiso: the same with case items in the
+      # worker's own process (--isolation none), so that a pair of the two measures what isolation costs.
       # TAG names the logs (e.g. -2gpu); PIN prefixes the command (e.g. "taskset -c 0-15" for a 16-core budget).
       # DURATIONS: an earlier report whose item durations order the work longest first (default: the checked-in one).
       # A cold run also starts without the repository's byte-code and pytest's rewritten modules (step pyc).
       [ "$step" != suite-warm ] && export TRITON_CACHE_DIR=$(mktemp -d) && rm -rf "${PYTHONPYCACHEPREFIX:-/nonexistent}$PWD"
       extra="${SUITE_ARGS:-}"
       # (ignoring the test files the baseline lacks, rather than naming the others: a long file list slows start-up)
-      [ "$step" = suite-same ] && extra="$extra $(cd tests && ls test_*.py | while read f; do [ -f "../.baseline/tests/$f" ] || echo "--ignore=tests/$f"; done | tr '\n' ' ')"
+      [ "$step" = suite-same-noiso ] && extra="$extra --isolation none"
+      [ "${step#suite-same}" != "$step" ] && extra="$extra $(cd tests && ls test_*.py | while read f; do [ -f "../.baseline/tests/$f" ] || echo "--ignore=tests/$f"; done | tr '\n' ' ')"
       name=$(unique_name "$step${TAG:-}")
       nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader -l 1 > "$OUT/$name-smi.csv" 2>&1 &
       smi=$!

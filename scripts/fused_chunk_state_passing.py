@@ -1,4 +1,10 @@
-"""Chunk state and state passing in one kernel (stages 2 and 3 fused): the chunk states never leave the chip.
+"""Experiment (not dispatched): chunk state and state passing in one kernel, so the chunk states never leave the chip.
+
+``scripts/fusion_lab.py`` times these kernels against the shipped pair (``kernels.chunk_state`` then
+``kernels.state_passing`` / ``kernels.state_passing_indexed``) on the bench workloads; docs/gpu-runs.md runs 57-59
+have the figures. Both give the pair's bits on every workload, and neither is faster on every path: the nested
+kernel loses on the prefill, the flat one wins on the snapshot path and loses on the indexed one. They live here, out
+of ``kernels/``, until a variant wins everywhere; the lab's dry run (tests/test_fusion_lab.py) keeps them correct.
 
 Each program owns one (headdim x dstate) tile of one head and walks the chunks in order: it computes the chunk's
 state contribution (``kernels.chunk_state.chunk_state_tile``, the chunk state stage's arithmetic) and at once takes
@@ -36,6 +42,8 @@ from kernels.backend import (
     DOT_FP32_OPERANDS,
     FP32_DOT_PRECISION,
     INTERPRET,
+    LOG2E,
+    dot_acc,
     pdl_arguments,
     wait_for_previous_kernel,
 )
@@ -191,6 +199,89 @@ def _chunk_state_passing_kernel(
         dA_cs_ptr += stride_dA_chunk
 
 
+# The flat variant: the nested kernel's token loop drains its software pipeline at every chunk. Here one loop walks
+# every chunk's token blocks (a persistent matmul's shape: the accumulator is finished and reset on a chunk's last
+# block), so loads run ahead across chunk boundaries. Same arguments, same arithmetic per element.
+@triton.jit(**SCALAR_ONLY)
+def _chunk_state_passing_flat(
+    x_ptr, B_ptr, dt_ptr, dA_cs_ptr, cu_chunk_seqlens_ptr, seq_idx_ptr, chunk_states_ptr, out_ptr, init_ptr,
+    init_slot_ptr, has_init_ptr, cache_ptr, final_idx_ptr, last_chunk_ptr,
+    hdim, dstate, chunk_size, nheads_per_group, nchunks,
+    stride_x_token, stride_x_head, stride_x_hdim, stride_B_token, stride_B_group, stride_B_dstate,
+    stride_dt_head, stride_dt_chunk, stride_dt_pos, stride_dA_head, stride_dA_chunk, stride_dA_pos,
+    stride_seq_idx, stride_chunk_states_chunk, stride_chunk_states_head, stride_out_chunk, stride_out_head,
+    stride_init_row, stride_init_head, stride_init_slot, stride_has_init, stride_cache_slot, stride_cache_head,
+    stride_final_idx, stride_last_chunk, init_mode, store_entering, write_cache, read_chunk_states,
+    DOT_FP32_OPERANDS: tl.constexpr, FP32_DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+):
+    wait_for_previous_kernel(USE_PDL)
+    pid_mn = tl.program_id(axis=0)
+    pid_h = tl.program_id(axis=1)
+    num_pid_n = tl.cdiv(dstate, BLOCK_SIZE_N)
+    pid_m = pid_mn // num_pid_n
+    pid_n = pid_mn % num_pid_n
+    offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    mask = (offs_m[:, None] < hdim) & (offs_n[None, :] < dstate)
+    tile = offs_m[:, None] * dstate + offs_n[None, :]
+    x_ptr += pid_h * stride_x_head
+    B_ptr += (pid_h // nheads_per_group) * stride_B_group
+    dt_ptr += pid_h * stride_dt_head
+    dA_cs_ptr += pid_h * stride_dA_head
+    out_ptr += pid_h * stride_out_head
+    init_ptr += pid_h * stride_init_head
+    cache_ptr += pid_h * stride_cache_head
+
+    prev_seq = tl.load(seq_idx_ptr)
+    entering = initial_state(init_ptr, tile, prev_seq, init_slot_ptr, has_init_ptr, stride_init_row,
+                             stride_init_slot, stride_has_init, init_mode, mask)
+    s = entering.to(tl.float32)
+    if store_entering:
+        tl.store(out_ptr + tile, entering.to(out_ptr.dtype.element_ty), mask=mask)
+    blocks = tl.cdiv(chunk_size, BLOCK_SIZE_K)
+    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for it in range(nchunks * blocks):
+        c = it // blocks
+        k0 = (it - c * blocks) * BLOCK_SIZE_K
+        chunk_start = tl.load(cu_chunk_seqlens_ptr + c).to(tl.int64)
+        chunk_len = tl.load(cu_chunk_seqlens_ptr + c + 1).to(tl.int64) - chunk_start
+        k_mask = offs_k < chunk_len - k0
+        tok = chunk_start + k0 + offs_k
+        x = tl.load(x_ptr + offs_m[:, None] * stride_x_hdim + tok[None, :] * stride_x_token,
+                    mask=(offs_m[:, None] < hdim) & k_mask[None, :], other=0.0)
+        b = tl.load(B_ptr + tok[:, None] * stride_B_token + offs_n[None, :] * stride_B_dstate,
+                    mask=k_mask[:, None] & (offs_n[None, :] < dstate), other=0.0).to(tl.float32)
+        dA_c = dA_cs_ptr + c * stride_dA_chunk
+        dA_last = tl.load(dA_c + (chunk_size - 1) * stride_dA_pos)
+        dA_k = tl.load(dA_c + (k0 + offs_k) * stride_dA_pos, mask=k_mask, other=0.0)
+        dt_k = tl.load(dt_ptr + c * stride_dt_chunk + (k0 + offs_k) * stride_dt_pos, mask=k_mask, other=0.0)
+        scale = tl.math.exp2((dA_last - dA_k) * LOG2E) * dt_k
+        b = (b * scale[:, None]).to(x_ptr.dtype.element_ty)
+        acc = dot_acc(acc, x, b, DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
+        if k0 + BLOCK_SIZE_K >= chunk_size:  # the chunk's last block: its state is complete
+            seq = tl.load(seq_idx_ptr + c * stride_seq_idx)
+            if seq != prev_seq:
+                s = initial_state(init_ptr, tile, seq, init_slot_ptr, has_init_ptr, stride_init_row,
+                                  stride_init_slot, stride_has_init, init_mode, mask).to(tl.float32)
+            prev_seq = seq
+            s = recurrence_step(s, acc, dA_last)
+            if store_entering:
+                if c + 1 < nchunks:
+                    tl.store(out_ptr + (c + 1) * stride_out_chunk + tile, s.to(out_ptr.dtype.element_ty),
+                             mask=mask)
+            else:
+                tl.store(out_ptr + c * stride_out_chunk + tile, s.to(out_ptr.dtype.element_ty), mask=mask)
+            if write_cache:
+                if tl.load(last_chunk_ptr + seq.to(tl.int64) * stride_last_chunk) == c:
+                    slot = tl.load(final_idx_ptr + seq.to(tl.int64) * stride_final_idx).to(tl.int64)
+                    if slot >= 0:
+                        tl.store(cache_ptr + slot * stride_cache_slot + tile, s.to(cache_ptr.dtype.element_ty),
+                                 mask=mask)
+            acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+
+
 # The fixed config per shape class (arch, headdim, dstate, chunk size) -> blocks, warps, stages; others take
 # ``default_config``. Measured in docs/gpu-runs.md.
 TUNED: dict[tuple, dict[str, int]] = {}
@@ -243,6 +334,7 @@ def chunk_state_passing(
     last_chunk_indices: torch.Tensor | None = None,
     chunk_states: torch.Tensor | None = None,
     config: dict | None = None,
+    flat: bool = False,
 ) -> None:
     """Each chunk's state contribution and the inter-chunk recurrence, into ``out`` (C, H, P, N).
 
@@ -251,7 +343,8 @@ def chunk_state_passing(
     states); or ``initial_state_indices`` and ``has_initial_states`` (1,) into ``state_cache`` (one sequence; ``out``
     gets entering states and must be in the cache dtype); or neither (zeros, exiting states). Writeback:
     ``final_state_indices`` and ``last_chunk_indices`` (Bt,) with ``state_cache``. ``chunk_states`` (C, H, P, N)
-    fp32: read instead of computed. ``config``: blocks, warps and stages (default ``tile_config``).
+    fp32: read instead of computed. ``config``: blocks, warps and stages (default ``tile_config``); ``flat``: the
+    flat-loop kernel instead of the nested one.
     """
     T, H, P = x.shape
     _, G, N = B.shape
@@ -304,7 +397,7 @@ def chunk_state_passing(
         final_state_indices=final_state_indices, last_chunk_indices=last_chunk_indices, chunk_states=chunk_states,
         config=config)
     grid = (triton.cdiv(P, arguments["BLOCK_SIZE_M"]) * triton.cdiv(N, arguments["BLOCK_SIZE_N"]), H)
-    _chunk_state_passing_kernel[grid](**arguments)
+    (_chunk_state_passing_flat if flat else _chunk_state_passing_kernel)[grid](**arguments)
 
 
 def launch_arguments(B: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_cumsum: torch.Tensor,

@@ -1,0 +1,72 @@
+"""The fusion lab (scripts/fusion_lab.py) and its experimental fused kernels (scripts/fused_chunk_state_passing.py):
+under the interpreter both fused kernels give the shipped pair's bits (chunk_state, then state_passing or
+state_passing_indexed) on every dry-run case and path, read from the cache or a snapshot, and a fused kernel fed
+the pair's chunk states (teacher-forced) is the state passing stage bit for bit."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+@pytest.fixture(scope="module")
+def fusion_lab():
+    spec = importlib.util.spec_from_file_location("fusion_lab", SCRIPTS / "fusion_lab.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fusion_lab"] = module
+    try:
+        spec.loader.exec_module(module)  # puts scripts/ on sys.path (kernel_lab, fused_chunk_state_passing)
+        yield module
+    finally:
+        sys.modules.pop("fusion_lab", None)
+
+
+@pytest.mark.interpreter(reason="the lab's dry run is its plumbing under the interpreter, on CPU tensors")
+def test_the_dry_run_gives_the_pairs_bits_under_every_fused_kernel(fusion_lab):
+    rows = fusion_lab.run(fusion_lab.WORKLOADS, reps=1, dry_run=True)
+    tags = {r[0] for r in rows}
+    assert tags == {"one/snapshot", "one/indexed", "two/snapshot"}, tags
+    assert {(r[0], r[1]) for r in rows} == {(t, k) for t in tags for k in ("pair", "fused", "flat")}
+    for tag, kind, config, _us, same, stable in rows:
+        assert stable, (tag, kind, config)
+        assert same == ("-" if kind == "pair" else "True"), (tag, kind, config, same)
+
+
+def test_the_labs_bit_comparison_sees_one_ulp(fusion_lab):
+    a = torch.randn(3, 4, dtype=torch.bfloat16)
+    b = a.clone()
+    b.view(torch.int16)[1, 2] += 1
+    assert fusion_lab.same_bits([a], [a.clone()]) and not fusion_lab.same_bits([a], [b])
+
+
+@pytest.mark.interpreter(reason="the experimental kernels are checked where CI runs, under the interpreter")
+@pytest.mark.parametrize("flat", [False, True], ids=["nested", "flat"])
+@pytest.mark.parametrize("name,path", [("one", "snapshot"), ("one", "indexed"), ("two", "snapshot")])
+def test_teacher_forced_fused_kernel_is_the_state_passing_stage(fusion_lab, name, path, flat):
+    """Fed the chunk states ssd_prefill computed, the fused kernel's recurrence, workspace rows and cache writeback
+    are the shipped state passing's, bit for bit: the dot is the only part a fused kernel could change."""
+    from fused_chunk_state_passing import chunk_state_passing
+    from kernel_lab import call_intermediates, small_cases
+
+    from harness.cases.builder import build_inputs
+
+    case = small_cases()[name]
+    shipped, ws = call_intermediates(case, "cpu", path)  # its cache holds ssd_prefill's writeback
+    fresh = build_inputs(case, "cpu").kwargs(path=path)  # the same inputs, the cache as it was before the call
+    init = (dict(initial_state_indices=fresh["initial_state_indices"][:1],
+                 has_initial_states=fresh["has_initial_states"][:1]) if path == "indexed"
+            else dict(initial_states=ws["initial_states"]))
+    out = torch.empty_like(ws["states"])
+    chunk_state_passing(fresh["B"], fresh["x"], ws["dt_out"], ws["dA_cumsum"], fresh["cu_chunk_seqlens"],
+                        fresh["seq_idx"], out=out, state_cache=fresh["state_cache"],
+                        final_state_indices=fresh["final_state_indices"],
+                        last_chunk_indices=fresh["last_chunk_indices"], chunk_states=ws["chunk_states"], flat=flat,
+                        **init)
+    assert fusion_lab.same_bits([out], [ws["states"]]), "workspace rows differ from ssd_prefill's"
+    assert fusion_lab.same_bits([fresh["state_cache"]], [shipped["state_cache"]]), "cache differs from ssd_prefill's"
