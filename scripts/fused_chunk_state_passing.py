@@ -1,10 +1,13 @@
-"""Experiment (not dispatched): chunk state and state passing in one kernel, so the chunk states never leave the chip.
+"""Experiment (not dispatched yet): chunk state and state passing in one kernel, so the chunk states never leave the
+chip.
 
 ``scripts/fusion_lab.py`` times these kernels against the shipped pair (``kernels.chunk_state`` then
-``kernels.state_passing`` / ``kernels.state_passing_indexed``) on the bench workloads; docs/gpu-runs.md runs 57-59
-have the figures. Both give the pair's bits on every workload, and neither is faster on every path: the nested
-kernel loses on the prefill, the flat one wins on the snapshot path and loses on the indexed one. They live here, out
-of ``kernels/``, until a variant wins everywhere; the lab's dry run (tests/test_fusion_lab.py) keeps them correct.
+``kernels.state_passing`` / ``kernels.state_passing_indexed``) on the bench workloads; docs/gpu-runs.md runs 57, 58
+and 60 have the figures. Both give the pair's bits on every workload. The nested kernel loses on the prefill. The
+flat one with a whole chunk per step (64 x 64 tiles, K 256, 8 warps, 2 stages) was 0.2 us slower than the pair on
+one of seven workload paths (the short call, indexed) and 0.3-10.1 us faster on the others (run 60: 168.5 against
+193.1 us summed); dispatching it is the next step (docs/gpu-runs.md "Next run"). The lab's dry run
+(tests/test_fusion_lab.py) keeps both correct meanwhile.
 
 Each program owns one (headdim x dstate) tile of one head and walks the chunks in order: it computes the chunk's
 state contribution (``kernels.chunk_state.chunk_state_tile``, the chunk state stage's arithmetic) and at once takes
@@ -283,8 +286,11 @@ def _chunk_state_passing_flat(
 
 
 # The fixed config per shape class (arch, headdim, dstate, chunk size) -> blocks, warps, stages; others take
-# ``default_config``. Measured in docs/gpu-runs.md.
-TUNED: dict[tuple, dict[str, int]] = {}
+# ``default_config``. The serving shape on the H200: the flat kernel's best summed over the four bench workloads in
+# the fusion lab (docs/gpu-runs.md run 60).
+TUNED: dict[tuple, dict[str, int]] = {
+    ("sm90", 64, 128, 256): dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=256, num_warps=8, num_stages=2),
+}
 
 
 def default_config(P: int, N: int, Q: int) -> dict[str, int]:
