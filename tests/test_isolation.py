@@ -494,3 +494,55 @@ def test_pytest_reports_a_crash_that_does_not_repeat_once_and_not_as_passed(pyte
                                                              "tiny-returned": "passed"}
     result.stdout.fnmatch_lines(["FAILED *tiny-direct::determinism*"])
     assert "died: SIGSEGV (signal 11)" in result.stdout.str()
+
+
+class _CollectionStart:
+    """A plugin for an inner session that records, in one list with the supervisor's calls, when collection begins."""
+
+    def __init__(self, events: list):
+        self.events = events
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection(self, session):
+        self.events.append("collect")  # returns None: the session collects as usual
+
+
+@pytest.mark.parametrize("select,expected", [
+    ("tiny-direct and returned_shapes", ["spawn", "collect", "start", "close"]),
+    ("no_item_has_this_name", ["spawn", "collect", "close"]),
+], ids=["a-case-item-runs", "no-case-item-runs"])
+def test_a_session_naming_case_files_spawns_its_child_before_collecting(pytester, monkeypatch, device, select,
+                                                                         expected):
+    """The child imports torch while the session collects (``Supervisor.spawn`` at session start), is told what to run
+    once a case item will run, and is stopped at once when none will."""
+    from harness.isolation.supervisor import Supervisor
+
+    events: list = []
+
+    def recording(name: str):
+        real = getattr(Supervisor, name)
+
+        def recorded(self):
+            events.append(name)
+            return real(self)
+
+        return recorded
+
+    for name in ("spawn", "start", "close"):
+        monkeypatch.setattr(Supervisor, name, recording(name))
+    tiny = pytester.makefile(".yaml", tiny=bp.TINY_CASES)
+    result = pytester.runpytest_inprocess("-p", "ssd_pytest.plugin", "--device", device, "-p", "no:cacheprovider",
+                                          str(tiny), "-k", select, plugins=[_CollectionStart(events)])
+    assert result.ret == (0 if "returned_shapes" in select else 5), result.stdout.str()[-2000:]
+    assert list(dict.fromkeys(events)) == expected, events
+
+
+def test_a_session_naming_no_case_file_starts_no_child(pytester, monkeypatch, device):
+    from harness.isolation.supervisor import Supervisor
+
+    events: list = []
+    monkeypatch.setattr(Supervisor, "spawn", lambda self: events.append("spawn"))
+    test_file = pytester.makepyfile(test_plain="def test_ok():\n    pass\n")
+    result = pytester.runpytest_inprocess("-p", "ssd_pytest.plugin", "--device", device, "-p", "no:cacheprovider",
+                                          str(test_file), plugins=[_CollectionStart(events)])
+    assert result.ret == 0 and events == ["collect"], (events, result.stdout.str()[-2000:])

@@ -105,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     from harness.isolation.channel import Channel
 
     channel = Channel(int(read_fd), int(write_fd))
+    # torch first, before the parent says what to run: a child spawned early (``Supervisor.spawn``) imports it while
+    # the parent collects its items. Importing torch does not import triton, so the device is still unchosen.
+    import torch  # noqa: F401
+
     hello = channel.recv()
     sys.path[:] = list(dict.fromkeys(hello.sys_path + sys.path))
     try:
