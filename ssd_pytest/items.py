@@ -16,7 +16,7 @@ import pytest
 
 from harness import DEFAULT_PROVIDER
 from ssd_pytest import state
-from ssd_pytest.workers import is_xdist_controller, worker_index, xdist_worker_count
+from ssd_pytest.workers import worker_index, xdist_worker_count
 
 _runner_key = pytest.StashKey[object]()  # harness.isolation's Supervisor or InProcess for case items
 _case_ids_key = pytest.StashKey[dict]()  # case id -> the file that defines it
@@ -143,29 +143,14 @@ def runner(config: pytest.Config):
     return config.stash[_runner_key]
 
 
-def spawn_runner_early(session: pytest.Session) -> None:
-    """At session start, before collection: when the command line names case files (or folders holding them) and
-    this process runs items, spawn the supervised child, which imports torch while this process collects. Without
-    it, the first case item of every worker waited for the child's whole start-up, all workers at once."""
-    config = session.config
-    if config.option.collectonly or is_xdist_controller(config):
-        return
-    from harness.cases.files import case_files
-
-    if case_files(str(arg).split("::", 1)[0] for arg in config.args):
-        runner(config).spawn()
-
-
 def start_runner_early(session: pytest.Session) -> None:
     """Start this process's runner as soon as its items are known, when any case item will run: a supervised
-    child's start-up (the device context, the provider) then overlaps the wait for the first items and the tests
-    before them, instead of stalling the first case item. A child spawned for nothing is stopped."""
+    child's start-up (importing torch, the device context) then overlaps the wait for the first items and the tests
+    before them, instead of stalling the first case item."""
     if session.config.option.collectonly:
         return
     if any(isinstance(item, CheckItem) and item.get_closest_marker("skip") is None for item in session.items):
         runner(session.config).start()
-    else:
-        close_runner(session.config)
 
 
 def close_runner(config: pytest.Config) -> None:

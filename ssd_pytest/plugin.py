@@ -100,7 +100,6 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_sessionstart(session: pytest.Session) -> None:
     timeline.mark(session.config.stash[state.PHASES], "configured")  # every plugin's pytest_configure has run
     progress.register(session.config)  # after the terminal reporter registered itself
-    case_items.spawn_runner_early(session)
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector):

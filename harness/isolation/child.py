@@ -105,12 +105,6 @@ def main(argv: list[str] | None = None) -> int:
     from harness.isolation.channel import Channel
 
     channel = Channel(int(read_fd), int(write_fd))
-    # torch and triton first, before the parent says what to run: a child spawned early (``Supervisor.spawn``) imports
-    # them while the parent collects its items. The parent chose the device already and its TRITON_INTERPRET is in
-    # this process's environment, which is what triton reads when kernels are decorated (after ``Hello``).
-    import torch  # noqa: F401
-    import triton  # noqa: F401
-
     hello = channel.recv()
     sys.path[:] = list(dict.fromkeys(hello.sys_path + sys.path))
     try:

@@ -33,9 +33,6 @@ class InProcess:
 
         return provider_name(self._provider) if self._provider is not None else ""
 
-    def spawn(self) -> None:
-        """Nothing to start ahead of time in this process (``Supervisor.spawn`` starts a child)."""
-
     def start(self) -> None:
         """Load the provider (raises ProviderError) unless it was given or loaded already."""
         if self._worker is None:

@@ -11,8 +11,7 @@ fail into a result of the item it was running, then starts a fresh child for the
 
 A replaced child is recorded in ``restarts`` (which item, why). The child is started lazily, at the first request,
 and kept for every later one; ``start()`` starts it early without waiting for it (its imports then overlap the
-caller's own work), and ``spawn()`` earlier still, before the caller knows what the child will run (it imports torch
-meanwhile). Nothing is retried: an item that crashed its process is reported, never run again as passed.
+caller's own work). Nothing is retried: an item that crashed its process is reported, never run again as passed.
 """
 
 from __future__ import annotations
@@ -94,14 +93,11 @@ class Supervisor:
         self._channel: Channel | None = None
         self._trace = None  # an unnamed file the child's faulthandler writes to (nothing to remove, ever)
         self._ready = False
-        self._greeted = False  # the child was told what to run (``protocol.Hello``)
-        self._threads = 0
 
     # ---- the child's life
 
-    def spawn(self) -> None:
-        """Start a child process unless one is running, without telling it what to run yet: it imports torch while
-        this process goes on (collecting its items, say), and ``start`` configures it. Returns at once."""
+    def start(self) -> None:
+        """Start a child unless one is running; returns at once (``run`` waits for it to be ready)."""
         if self._proc is not None:
             return
         request_r, request_w = os.pipe()
@@ -133,17 +129,10 @@ class Supervisor:
             os.close(request_r)
             os.close(reply_w)
         self.processes += 1
-        self._trace, self._ready, self._greeted, self._threads = trace, False, False, threads
+        self._trace, self._ready = trace, False
         self._channel = Channel(reply_r, request_w)
-
-    def start(self) -> None:
-        """Start a child unless one is running and tell it the device and provider; returns at once (``run`` waits
-        for it to be ready)."""
-        self.spawn()
-        if not self._greeted:
-            self._channel.send(protocol.Hello(list(sys.path), self.device, self.provider_spec, self.warmup_first,
-                                              self._threads))
-            self._greeted = True
+        self._channel.send(protocol.Hello(list(sys.path), self.device, self.provider_spec, self.warmup_first,
+                                          threads))
 
     def _ready_channel(self) -> Channel:
         if self._ready and self._proc.poll() is not None:  # ended between requests: no item's fault
@@ -241,7 +230,7 @@ class Supervisor:
             self._trace.close()
         if self._channel is not None:
             self._channel.close()
-        self._proc, self._channel, self._trace, self._ready, self._greeted = None, None, None, False, False
+        self._proc, self._channel, self._trace, self._ready = None, None, None, False
         return stack
 
     def close(self) -> None:
