@@ -1,17 +1,18 @@
 """Experiment (not dispatched yet): chunk state and state passing in one kernel, so the chunk states never leave the
 chip.
 
-``scripts/fusion_lab.py`` times these kernels against the shipped pair (``kernels.chunk_state`` then
+``scripts/fusion_lab.py`` times this kernel against the shipped pair (``kernels.chunk_state`` then
 ``kernels.state_passing`` / ``kernels.state_passing_indexed``) on the bench workloads; docs/gpu-runs.md runs 57, 58
-and 60 have the figures. Both give the pair's bits on every workload. The nested kernel loses on the prefill. The
-flat one with a whole chunk per step (64 x 64 tiles, K 256, 8 warps, 2 stages) was 0.2 us slower than the pair on
-one of seven workload paths (the short call, indexed) and 0.3-10.1 us faster on the others (run 60: 168.5 against
-193.1 us summed); dispatching it is the next step (docs/gpu-runs.md "Next run"). The lab's dry run
-(tests/test_fusion_lab.py) keeps both correct meanwhile.
+and 60 have the figures. It gives the pair's bits on every workload. With a whole chunk per step (64 x 64 tiles, K
+256, 8 warps, 2 stages) it was 0.2 us slower than the pair on one of seven workload paths (the short call, indexed)
+and 0.3-10.1 us faster on the others (run 60: 168.5 against 193.1 us summed); dispatching it is the next step
+(docs/gpu-runs.md "Next run"). The lab's dry run (tests/test_fusion_lab.py) keeps it correct meanwhile.
 
 Each program owns one (headdim x dstate) tile of one head and walks the chunks in order: it computes the chunk's
-state contribution (``kernels.chunk_state.chunk_state_tile``, the chunk state stage's arithmetic) and at once takes
-the fp32 inter-chunk recurrence step on it (``kernels.state_passing.recurrence_step``, the state passing stage's),
+state contribution (the chunk state stage's arithmetic: the body of ``kernels.chunk_state.chunk_state_tile``'s loop,
+written out here one block a step; the two become one helper when this kernel is dispatched, measured on the GPU,
+since moving the shipped loop into a helper changes its machine code) and at once takes the fp32 inter-chunk
+recurrence step on it (``kernels.state_passing.recurrence_step``, the state passing stage's),
 storing the workspace row and, at a sequence's last chunk, its final state into the cache. Separately, the chunk
 states (fp32, C x H x P x N) are written by one kernel and read back by the next; here they stay in registers.
 
@@ -50,7 +51,6 @@ from kernels.backend import (
     pdl_arguments,
     wait_for_previous_kernel,
 )
-from kernels.chunk_state import chunk_state_tile
 from kernels.interface import INDEX_DTYPES, MASK_DTYPES
 from kernels.state_passing import recurrence_step
 
@@ -79,134 +79,11 @@ def initial_state(init_ptr, tile, seq, init_slot_ptr, has_init_ptr, stride_init_
     return tl.load(init_ptr + row * stride_init_row + tile, mask=mask & has, other=0.0)
 
 
+# One loop walks every chunk's token blocks (a persistent matmul's shape: the accumulator is finished and reset on a
+# chunk's last block), so loads run ahead across chunk boundaries. A token loop nested in a chunk loop drains its
+# software pipeline at every chunk, and lost to the pair on the prefill (docs/gpu-runs.md runs 57-58).
 @triton.jit(**SCALAR_ONLY)
 def _chunk_state_passing_kernel(
-    x_ptr,  # (T, H, P) io dtype
-    B_ptr,  # (T, G, N) io dtype
-    dt_ptr,  # (H, C, Q) fp32
-    dA_cs_ptr,  # (H, C, Q) fp32
-    cu_chunk_seqlens_ptr,  # (C + 1,)
-    seq_idx_ptr,  # (C,)
-    chunk_states_ptr,  # (C, H, P, N) fp32, read only when read_chunk_states
-    out_ptr,  # (C, H, P, N) workspace dtype
-    init_ptr,  # (rows, H, P, N): dense initial states or the cache, read per init_mode
-    init_slot_ptr,  # (Bt,) slot of each sequence's initial state (INIT_BY_SLOT)
-    has_init_ptr,  # (Bt,) nonzero: the sequence has an initial state (INIT_BY_SLOT)
-    cache_ptr,  # (slots, H, P, N), written only when write_cache
-    final_idx_ptr,  # (Bt,)
-    last_chunk_ptr,  # (Bt,)
-    hdim,
-    dstate,
-    chunk_size,
-    nheads_per_group,
-    nchunks,
-    stride_x_token,
-    stride_x_head,
-    stride_x_hdim,
-    stride_B_token,
-    stride_B_group,
-    stride_B_dstate,
-    stride_dt_head,
-    stride_dt_chunk,
-    stride_dt_pos,
-    stride_dA_head,
-    stride_dA_chunk,
-    stride_dA_pos,
-    stride_seq_idx,
-    stride_chunk_states_chunk,
-    stride_chunk_states_head,
-    stride_out_chunk,
-    stride_out_head,
-    stride_init_row,
-    stride_init_head,
-    stride_init_slot,
-    stride_has_init,
-    stride_cache_slot,
-    stride_cache_head,
-    stride_final_idx,
-    stride_last_chunk,
-    init_mode,
-    store_entering,
-    write_cache,
-    read_chunk_states,
-    DOT_FP32_OPERANDS: tl.constexpr,
-    FP32_DOT_PRECISION: tl.constexpr,
-    USE_PDL: tl.constexpr,
-    BLOCK_SIZE_M: tl.constexpr,
-    BLOCK_SIZE_N: tl.constexpr,
-    BLOCK_SIZE_K: tl.constexpr,
-):
-    wait_for_previous_kernel(USE_PDL)
-    pid_mn = tl.program_id(axis=0)
-    pid_h = tl.program_id(axis=1)
-    num_pid_n = tl.cdiv(dstate, BLOCK_SIZE_N)
-    pid_m = pid_mn // num_pid_n
-    pid_n = pid_mn % num_pid_n
-    offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
-    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
-    mask = (offs_m[:, None] < hdim) & (offs_n[None, :] < dstate)
-    tile = offs_m[:, None] * dstate + offs_n[None, :]  # (P, N) rows are compact in every state tensor
-
-    # Scalar bases plus the tile's offsets at each use: four tiles of 64-bit pointers would hold 256 registers a
-    # thread at 64 x 64 tiles and spill.
-    x_ptr += pid_h * stride_x_head
-    B_ptr += (pid_h // nheads_per_group) * stride_B_group
-    dt_ptr += pid_h * stride_dt_head
-    dA_cs_ptr += pid_h * stride_dA_head
-    chunk_states_ptr += pid_h * stride_chunk_states_head
-    out_ptr += pid_h * stride_out_head
-    init_ptr += pid_h * stride_init_head
-    cache_ptr += pid_h * stride_cache_head
-
-    # The first sequence's initial state is read before anything is written (in-place safety).
-    prev_seq = tl.load(seq_idx_ptr)
-    entering = initial_state(init_ptr, tile, prev_seq, init_slot_ptr, has_init_ptr, stride_init_row,
-                             stride_init_slot, stride_has_init, init_mode, mask)
-    s = entering.to(tl.float32)
-    if store_entering:
-        tl.store(out_ptr + tile, entering.to(out_ptr.dtype.element_ty), mask=mask)
-
-    chunk_start = tl.load(cu_chunk_seqlens_ptr).to(tl.int64)
-    for c in range(nchunks):
-        chunk_end = tl.load(cu_chunk_seqlens_ptr + c + 1).to(tl.int64)
-        seq = tl.load(seq_idx_ptr + c * stride_seq_idx)
-        if seq != prev_seq:  # first chunk of a new sequence: restart from its initial state
-            s = initial_state(init_ptr, tile, seq, init_slot_ptr, has_init_ptr, stride_init_row, stride_init_slot,
-                              stride_has_init, init_mode, mask).to(tl.float32)
-        prev_seq = seq
-        if read_chunk_states:
-            new = tl.load(chunk_states_ptr + tile, mask=mask, other=0.0).to(tl.float32)
-        else:
-            new = chunk_state_tile(x_ptr + chunk_start * stride_x_token, B_ptr + chunk_start * stride_B_token, dt_ptr,
-                                   dA_cs_ptr, chunk_end - chunk_start, hdim, dstate, chunk_size, offs_m, offs_n,
-                                   stride_x_token, stride_x_hdim, stride_B_token, stride_B_dstate, stride_dt_pos,
-                                   stride_dA_pos, DOT_FP32_OPERANDS, FP32_DOT_PRECISION, BLOCK_SIZE_M,
-                                   BLOCK_SIZE_N, BLOCK_SIZE_K)
-        dA_end = tl.load(dA_cs_ptr + (chunk_size - 1) * stride_dA_pos)
-        s = recurrence_step(s, new, dA_end)
-        if store_entering:
-            if c + 1 < nchunks:
-                tl.store(out_ptr + stride_out_chunk + tile, s.to(out_ptr.dtype.element_ty), mask=mask)
-        else:
-            tl.store(out_ptr + tile, s.to(out_ptr.dtype.element_ty), mask=mask)
-        if write_cache:
-            if tl.load(last_chunk_ptr + seq.to(tl.int64) * stride_last_chunk) == c:
-                slot = tl.load(final_idx_ptr + seq.to(tl.int64) * stride_final_idx).to(tl.int64)
-                if slot >= 0:  # negative slot: padded sequence, write nothing
-                    tl.store(cache_ptr + slot * stride_cache_slot + tile, s.to(cache_ptr.dtype.element_ty),
-                             mask=mask)
-        chunk_start = chunk_end
-        chunk_states_ptr += stride_chunk_states_chunk
-        out_ptr += stride_out_chunk
-        dt_ptr += stride_dt_chunk
-        dA_cs_ptr += stride_dA_chunk
-
-
-# The flat variant: the nested kernel's token loop drains its software pipeline at every chunk. Here one loop walks
-# every chunk's token blocks (a persistent matmul's shape: the accumulator is finished and reset on a chunk's last
-# block), so loads run ahead across chunk boundaries. Same arguments, same arithmetic per element.
-@triton.jit(**SCALAR_ONLY)
-def _chunk_state_passing_flat(
     x_ptr, B_ptr, dt_ptr, dA_cs_ptr, cu_chunk_seqlens_ptr, seq_idx_ptr, chunk_states_ptr, out_ptr, init_ptr,
     init_slot_ptr, has_init_ptr, cache_ptr, final_idx_ptr, last_chunk_ptr,
     hdim, dstate, chunk_size, nheads_per_group, nchunks,
@@ -340,7 +217,6 @@ def chunk_state_passing(
     last_chunk_indices: torch.Tensor | None = None,
     chunk_states: torch.Tensor | None = None,
     config: dict | None = None,
-    flat: bool = False,
 ) -> None:
     """Each chunk's state contribution and the inter-chunk recurrence, into ``out`` (C, H, P, N).
 
@@ -349,8 +225,7 @@ def chunk_state_passing(
     states); or ``initial_state_indices`` and ``has_initial_states`` (1,) into ``state_cache`` (one sequence; ``out``
     gets entering states and must be in the cache dtype); or neither (zeros, exiting states). Writeback:
     ``final_state_indices`` and ``last_chunk_indices`` (Bt,) with ``state_cache``. ``chunk_states`` (C, H, P, N)
-    fp32: read instead of computed. ``config``: blocks, warps and stages (default ``tile_config``); ``flat``: the
-    flat-loop kernel instead of the nested one.
+    fp32: read instead of computed. ``config``: blocks, warps and stages (default ``tile_config``).
     """
     T, H, P = x.shape
     _, G, N = B.shape
@@ -403,7 +278,7 @@ def chunk_state_passing(
         final_state_indices=final_state_indices, last_chunk_indices=last_chunk_indices, chunk_states=chunk_states,
         config=config)
     grid = (triton.cdiv(P, arguments["BLOCK_SIZE_M"]) * triton.cdiv(N, arguments["BLOCK_SIZE_N"]), H)
-    (_chunk_state_passing_flat if flat else _chunk_state_passing_kernel)[grid](**arguments)
+    _chunk_state_passing_kernel[grid](**arguments)
 
 
 def launch_arguments(B: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_cumsum: torch.Tensor,

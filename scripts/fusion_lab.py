@@ -1,6 +1,6 @@
-"""Fusion lab: chunk state + state passing as two kernels (shipped) against the fused kernels of
-``scripts/fused_chunk_state_passing.py`` (nested and flat loop) under candidate tile configs, on the bench workloads'
-intermediates, one process.
+"""Fusion lab: chunk state + state passing as two kernels (shipped) against the fused kernel of
+``scripts/fused_chunk_state_passing.py`` under candidate tile configs, on the bench workloads' intermediates, one
+process.
 
     python scripts/fusion_lab.py [--reps 200] [--workload W ...]   # GPU: bits against the pair, stability, us
     python scripts/fusion_lab.py --dry-run                          # the same plumbing on the CPU (interpreter, small)
@@ -71,13 +71,13 @@ def launches(kw: dict, ws: dict, path: str):
                                          final_state_indices=kw["final_state_indices"],
                                          last_chunk_indices=kw["last_chunk_indices"]))
 
-    def fused(config: dict, flat: bool):
+    def fused(config: dict):
         init = (dict(initial_state_indices=kw["initial_state_indices"][:1],
                      has_initial_states=kw["has_initial_states"][:1]) if path == "indexed"
                 else dict(initial_states=ws["initial_states"]))
         chunk_state_passing(B, x, dt_out, dA, cu, seq_idx, out=fused_out, state_cache=fused_cache,
                             final_state_indices=kw["final_state_indices"],
-                            last_chunk_indices=kw["last_chunk_indices"], config=config, flat=flat, **init)
+                            last_chunk_indices=kw["last_chunk_indices"], config=config, **init)
 
     return pair, fused, (pair_out, pair_cache), (fused_out, fused_cache)
 
@@ -118,22 +118,21 @@ def run(workloads: list[str], reps: int, dry_run: bool) -> list[tuple]:
             tag = f"{workload}/{path}"
             rows.append((tag, "pair", "chunk_state + state_passing", time_graph(pair, reps), "-", True))
             for cand in candidates:
-                for kind, flat in (("fused", False), ("flat", True)):
-                    try:
-                        results = []
-                        for _ in range(3):
-                            fused_outs[0].fill_(float("nan"))
-                            fused(config_of(cand), flat)
-                            if device == "cuda":
-                                torch.cuda.synchronize()
-                            results.append([o.clone() for o in fused_outs])
-                        us = time_graph(lambda cand=cand, fused=fused, flat=flat: fused(config_of(cand), flat), reps)
-                    except Exception as exc:  # out of resources, a compile error: reported, the rest go on
-                        rows.append((tag, kind, f"{describe(cand)} ({type(exc).__name__}: {str(exc)[:40]})",
-                                     math.nan, "-", False))
-                        continue
-                    stable = all(same_bits(r, results[0]) for r in results)
-                    rows.append((tag, kind, describe(cand), us, str(same_bits(results[0], expected)), stable))
+                try:
+                    results = []
+                    for _ in range(3):
+                        fused_outs[0].fill_(float("nan"))
+                        fused(config_of(cand))
+                        if device == "cuda":
+                            torch.cuda.synchronize()
+                        results.append([o.clone() for o in fused_outs])
+                    us = time_graph(lambda cand=cand, fused=fused: fused(config_of(cand)), reps)
+                except Exception as exc:  # out of resources, a compile error: reported, the rest go on
+                    rows.append((tag, "fused", f"{describe(cand)} ({type(exc).__name__}: {str(exc)[:40]})", math.nan,
+                                 "-", False))
+                    continue
+                stable = all(same_bits(r, results[0]) for r in results)
+                rows.append((tag, "fused", describe(cand), us, str(same_bits(results[0], expected)), stable))
     return rows
 
 
@@ -141,19 +140,18 @@ def print_rows(rows: list[tuple]) -> None:
     print(f"{'workload/path':<28} {'kernel':<6} {'config':<30} {'us':>8} {'bits=pair':>9} {'stable':>6}")
     for tag, kind, config, us, same, stable in rows:
         print(f"{tag:<28} {kind:<6} {config:<30} {us:>8.1f} {same:>9} {str(stable):>6}")
-    print("== per workload/path: the pair, and the fastest three configs of each fused kernel (stable only)")
+    print("== per workload/path: the pair, and the fastest three fused configs (stable only)")
     tags = dict.fromkeys(r[0] for r in rows)
     for tag in tags:
         pair = [r for r in rows if r[0] == tag and r[1] == "pair"][0]
-        for kind in ("fused", "flat"):
-            best = sorted((r for r in rows if r[0] == tag and r[1] == kind and r[5] and not math.isnan(r[3])),
-                          key=lambda r: r[3])[:3]
-            print(f"{tag:<28} pair {pair[3]:.1f} | {kind}: " + " | ".join(f"{r[2]} {r[3]:.1f} ({r[4]})" for r in best))
-    print("== summed over the workloads, per fused kernel and config ")
+        best = sorted((r for r in rows if r[0] == tag and r[1] == "fused" and r[5] and not math.isnan(r[3])),
+                      key=lambda r: r[3])[:3]
+        print(f"{tag:<28} pair {pair[3]:.1f} | " + " | ".join(f"{r[2]} {r[3]:.1f} ({r[4]})" for r in best))
+    print("== summed over the workloads, per fused config (the proposal for the module's TUNED)")
     sums: dict = {}
     for r in rows:
-        if r[1] != "pair" and r[5] and not math.isnan(r[3]):
-            sums.setdefault(f"{r[1]} {r[2]}", []).append(r[3])
+        if r[1] == "fused" and r[5] and not math.isnan(r[3]):
+            sums.setdefault(r[2], []).append(r[3])
     full = max((len(v) for v in sums.values()), default=0)
     pair_sum = sum(r[3] for r in rows if r[1] == "pair")
     for config, times in sorted(((c, t) for c, t in sums.items() if len(t) == full), key=lambda ct: sum(ct[1])):

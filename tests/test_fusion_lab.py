@@ -1,5 +1,5 @@
-"""The fusion lab (scripts/fusion_lab.py) and its experimental fused kernels (scripts/fused_chunk_state_passing.py):
-under the interpreter both fused kernels give the shipped pair's bits (chunk_state, then state_passing or
+"""The fusion lab (scripts/fusion_lab.py) and its experimental fused kernel (scripts/fused_chunk_state_passing.py):
+under the interpreter the fused kernel gives the shipped pair's bits (chunk_state, then state_passing or
 state_passing_indexed) on every dry-run case and path, read from the cache or a snapshot, and a fused kernel fed
 the pair's chunk states (teacher-forced) is the state passing stage bit for bit."""
 
@@ -28,11 +28,11 @@ def fusion_lab():
 
 
 @pytest.mark.interpreter(reason="the lab's dry run is its plumbing under the interpreter, on CPU tensors")
-def test_the_dry_run_gives_the_pairs_bits_under_every_fused_kernel(fusion_lab):
+def test_the_dry_run_gives_the_pairs_bits_under_every_fused_config(fusion_lab):
     rows = fusion_lab.run(fusion_lab.WORKLOADS, reps=1, dry_run=True)
     tags = {r[0] for r in rows}
     assert tags == {"one/snapshot", "one/indexed", "two/snapshot"}, tags
-    assert {(r[0], r[1]) for r in rows} == {(t, k) for t in tags for k in ("pair", "fused", "flat")}
+    assert {(r[0], r[1]) for r in rows} == {(t, k) for t in tags for k in ("pair", "fused")}
     for tag, kind, config, _us, same, stable in rows:
         assert stable, (tag, kind, config)
         assert same == ("-" if kind == "pair" else "True"), (tag, kind, config, same)
@@ -46,9 +46,8 @@ def test_the_labs_bit_comparison_sees_one_ulp(fusion_lab):
 
 
 @pytest.mark.interpreter(reason="the experimental kernels are checked where CI runs, under the interpreter")
-@pytest.mark.parametrize("flat", [False, True], ids=["nested", "flat"])
 @pytest.mark.parametrize("name,path", [("one", "snapshot"), ("one", "indexed"), ("two", "snapshot")])
-def test_teacher_forced_fused_kernel_is_the_state_passing_stage(fusion_lab, name, path, flat):
+def test_teacher_forced_fused_kernel_is_the_state_passing_stage(fusion_lab, name, path):
     """Fed the chunk states ssd_prefill computed, the fused kernel's recurrence, workspace rows and cache writeback
     are the shipped state passing's, bit for bit: the dot is the only part a fused kernel could change."""
     from fused_chunk_state_passing import chunk_state_passing
@@ -66,7 +65,6 @@ def test_teacher_forced_fused_kernel_is_the_state_passing_stage(fusion_lab, name
     chunk_state_passing(fresh["B"], fresh["x"], ws["dt_out"], ws["dA_cumsum"], fresh["cu_chunk_seqlens"],
                         fresh["seq_idx"], out=out, state_cache=fresh["state_cache"],
                         final_state_indices=fresh["final_state_indices"],
-                        last_chunk_indices=fresh["last_chunk_indices"], chunk_states=ws["chunk_states"], flat=flat,
-                        **init)
+                        last_chunk_indices=fresh["last_chunk_indices"], chunk_states=ws["chunk_states"], **init)
     assert fusion_lab.same_bits([out], [ws["states"]]), "workspace rows differ from ssd_prefill's"
     assert fusion_lab.same_bits([fresh["state_cache"]], [shipped["state_cache"]]), "cache differs from ssd_prefill's"
