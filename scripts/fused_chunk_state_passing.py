@@ -110,9 +110,11 @@ def _chunk_state_passing_kernel(
     B_ptr += (pid_h // nheads_per_group) * stride_B_group
     dt_ptr += pid_h * stride_dt_head
     dA_cs_ptr += pid_h * stride_dA_head
+    chunk_states_ptr += pid_h * stride_chunk_states_head
     out_ptr += pid_h * stride_out_head
     init_ptr += pid_h * stride_init_head
     cache_ptr += pid_h * stride_cache_head
+    compute = read_chunk_states == 0  # teacher-forced: every token load is masked off and the given state taken
 
     prev_seq = tl.load(seq_idx_ptr)
     entering = initial_state(init_ptr, tile, prev_seq, init_slot_ptr, has_init_ptr, stride_init_row,
@@ -127,7 +129,7 @@ def _chunk_state_passing_kernel(
         k0 = (it - c * blocks) * BLOCK_SIZE_K
         chunk_start = tl.load(cu_chunk_seqlens_ptr + c).to(tl.int64)
         chunk_len = tl.load(cu_chunk_seqlens_ptr + c + 1).to(tl.int64) - chunk_start
-        k_mask = offs_k < chunk_len - k0
+        k_mask = (offs_k < chunk_len - k0) & compute
         tok = chunk_start + k0 + offs_k
         x = tl.load(x_ptr + offs_m[:, None] * stride_x_hdim + tok[None, :] * stride_x_token,
                     mask=(offs_m[:, None] < hdim) & k_mask[None, :], other=0.0)
@@ -146,7 +148,9 @@ def _chunk_state_passing_kernel(
                 s = initial_state(init_ptr, tile, seq, init_slot_ptr, has_init_ptr, stride_init_row,
                                   stride_init_slot, stride_has_init, init_mode, mask).to(tl.float32)
             prev_seq = seq
-            s = recurrence_step(s, acc, dA_last)
+            given = tl.load(chunk_states_ptr + c * stride_chunk_states_chunk + tile,
+                            mask=mask & (read_chunk_states != 0), other=0.0).to(tl.float32)
+            s = recurrence_step(s, tl.where(compute, acc, given), dA_last)
             if store_entering:
                 if c + 1 < nchunks:
                     tl.store(out_ptr + (c + 1) * stride_out_chunk + tile, s.to(out_ptr.dtype.element_ty),

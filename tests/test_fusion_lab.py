@@ -49,7 +49,8 @@ def test_the_labs_bit_comparison_sees_one_ulp(fusion_lab):
 @pytest.mark.parametrize("name,path", [("one", "snapshot"), ("one", "indexed"), ("two", "snapshot")])
 def test_teacher_forced_fused_kernel_is_the_state_passing_stage(fusion_lab, name, path):
     """Fed the chunk states ssd_prefill computed, the fused kernel's recurrence, workspace rows and cache writeback
-    are the shipped state passing's, bit for bit: the dot is the only part a fused kernel could change."""
+    are the shipped state passing's, bit for bit; and it reads them (one changed element moves its rows), so the
+    teacher-forced mode holds the recurrence alone, whatever the dot would give."""
     from fused_chunk_state_passing import chunk_state_passing
     from kernel_lab import call_intermediates, small_cases
 
@@ -57,14 +58,23 @@ def test_teacher_forced_fused_kernel_is_the_state_passing_stage(fusion_lab, name
 
     case = small_cases()[name]
     shipped, ws = call_intermediates(case, "cpu", path)  # its cache holds ssd_prefill's writeback
-    fresh = build_inputs(case, "cpu").kwargs(path=path)  # the same inputs, the cache as it was before the call
-    init = (dict(initial_state_indices=fresh["initial_state_indices"][:1],
-                 has_initial_states=fresh["has_initial_states"][:1]) if path == "indexed"
-            else dict(initial_states=ws["initial_states"]))
-    out = torch.empty_like(ws["states"])
-    chunk_state_passing(fresh["B"], fresh["x"], ws["dt_out"], ws["dA_cumsum"], fresh["cu_chunk_seqlens"],
-                        fresh["seq_idx"], out=out, state_cache=fresh["state_cache"],
-                        final_state_indices=fresh["final_state_indices"],
-                        last_chunk_indices=fresh["last_chunk_indices"], chunk_states=ws["chunk_states"], **init)
+
+    def teacher_forced(chunk_states):
+        fresh = build_inputs(case, "cpu").kwargs(path=path)  # the same inputs, the cache as before the call
+        init = (dict(initial_state_indices=fresh["initial_state_indices"][:1],
+                     has_initial_states=fresh["has_initial_states"][:1]) if path == "indexed"
+                else dict(initial_states=ws["initial_states"]))
+        out = torch.empty_like(ws["states"])
+        chunk_state_passing(fresh["B"], fresh["x"], ws["dt_out"], ws["dA_cumsum"], fresh["cu_chunk_seqlens"],
+                            fresh["seq_idx"], out=out, state_cache=fresh["state_cache"],
+                            final_state_indices=fresh["final_state_indices"],
+                            last_chunk_indices=fresh["last_chunk_indices"], chunk_states=chunk_states, **init)
+        return out, fresh["state_cache"]
+
+    out, cache = teacher_forced(ws["chunk_states"])
     assert fusion_lab.same_bits([out], [ws["states"]]), "workspace rows differ from ssd_prefill's"
-    assert fusion_lab.same_bits([fresh["state_cache"]], [shipped["state_cache"]]), "cache differs from ssd_prefill's"
+    assert fusion_lab.same_bits([cache], [shipped["state_cache"]]), "cache differs from ssd_prefill's"
+    changed = ws["chunk_states"].clone()
+    changed[0, 0, 0, 0] += 1.0
+    out, _ = teacher_forced(changed)
+    assert not fusion_lab.same_bits([out], [ws["states"]]), "the given chunk states were not read"
