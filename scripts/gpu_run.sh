@@ -43,7 +43,9 @@ for step in $steps; do
       # the baseline's behaviours, apart from the tests added since. suite-same-noiso: the same with case items in the
       # worker's own process (--isolation none), so that a pair of the two measures what isolation costs.
       # TAG names the logs (e.g. -2gpu); PIN prefixes the command (e.g. "taskset -c 0-15" for a 16-core budget).
-      # DURATIONS: an earlier report whose item durations order the work longest first (default: the checked-in one).
+      # DURATIONS: an earlier report whose item durations order the work longest first (default: the checked-in one);
+      # passed as one --durations-from=PATH token: as a separate argument an existing file outside the repository
+      # becomes part of pytest's rootdir search, and without the repository's conftest no plugin loads (run 58).
       # A cold run also starts without the repository's byte-code and pytest's rewritten modules (step pyc).
       [ "$step" != suite-warm ] && export TRITON_CACHE_DIR=$(mktemp -d) && rm -rf "${PYTHONPYCACHEPREFIX:-/nonexistent}$PWD"
       extra="${SUITE_ARGS:-}"
@@ -57,7 +59,7 @@ for step in $steps; do
       (while :; do echo "$(date +%s.%N) $(head -n 1 /proc/stat)"; sleep 0.5; done) > "$OUT/$name-cpu.log" 2>&1 &
       cpu=$!
       run_step "$name" ${PIN:-} $PY -m pytest -q -n "$WORKERS" --workers-per-gpu "${WPG:-$WORKERS}" --device cuda \
-        -p no:cacheprovider --recompile-guard --durations-from "${DURATIONS:-scripts/gpu-durations.json}" --ssd-report "$OUT/$name-report.json" --junit-xml "$OUT/$name-junit.xml" \
+        -p no:cacheprovider --recompile-guard --durations-from="${DURATIONS:-scripts/gpu-durations.json}" --ssd-report "$OUT/$name-report.json" --junit-xml "$OUT/$name-junit.xml" \
         --durations 30 -rfE --tb=short $extra
       kill $smi $cpu 2>/dev/null
       # A killed run leaves its workers' live parts; times merges them (and failures.txt keeps every failure's report).
