@@ -34,39 +34,6 @@ CONFIGS = [
 ]
 
 
-@triton.jit
-def chunk_state_tile(x_ptr, B_ptr, dt_ptr, dA_cumsum_ptr, chunk_len, hdim, dstate, chunk_size, offs_m, offs_n,
-                     stride_x_token, stride_x_hdim, stride_B_token, stride_B_dstate, stride_dt_pos, stride_dA_cs_pos,
-                     DOT_FP32_OPERANDS: tl.constexpr, FP32_DOT_PRECISION: tl.constexpr, BLOCK_SIZE_M: tl.constexpr,
-                     BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
-    """One chunk's state contribution on the (headdim ``offs_m`` x dstate ``offs_n``) tile, fp32: the arithmetic of
-    this stage in one place (this kernel's, and the fused chunk state and state passing's). ``x_ptr`` and ``B_ptr``
-    point at the chunk's first token (head and group applied), ``dt_ptr`` and ``dA_cumsum_ptr`` at (head, chunk)."""
-    offs_k = tl.arange(0, BLOCK_SIZE_K)
-    x_ptrs = x_ptr + offs_m[:, None] * stride_x_hdim + offs_k[None, :] * stride_x_token
-    B_ptrs = B_ptr + offs_k[:, None] * stride_B_token + offs_n[None, :] * stride_B_dstate
-    dt_ptrs = dt_ptr + offs_k * stride_dt_pos
-    dA_cs_ptrs = dA_cumsum_ptr + offs_k * stride_dA_cs_pos
-    # Padding positions repeat the chunk-end value, so Q - 1 is the end of short chunks too.
-    dA_cs_last = tl.load(dA_cumsum_ptr + (chunk_size - 1) * stride_dA_cs_pos)
-
-    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-    for k in range(0, chunk_len, BLOCK_SIZE_K):
-        k_mask = offs_k < chunk_len - k
-        x = tl.load(x_ptrs, mask=(offs_m[:, None] < hdim) & k_mask[None, :], other=0.0)
-        b = tl.load(B_ptrs, mask=k_mask[:, None] & (offs_n[None, :] < dstate), other=0.0).to(tl.float32)
-        dA_cs_k = tl.load(dA_cs_ptrs, mask=k_mask, other=0.0)
-        dt_k = tl.load(dt_ptrs, mask=k_mask, other=0.0)
-        scale = tl.math.exp2((dA_cs_last - dA_cs_k) * LOG2E) * dt_k
-        b = (b * scale[:, None]).to(x_ptr.dtype.element_ty)
-        acc = dot_acc(acc, x, b, DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
-        x_ptrs += BLOCK_SIZE_K * stride_x_token
-        B_ptrs += BLOCK_SIZE_K * stride_B_token
-        dt_ptrs += BLOCK_SIZE_K * stride_dt_pos
-        dA_cs_ptrs += BLOCK_SIZE_K * stride_dA_cs_pos
-    return acc
-
-
 # chunk_count_class is read by the autotuner only (its key): specializing it would only multiply binaries.
 @triton.jit(do_not_specialize=("chunk_count_class",))
 def _chunk_state_kernel(
@@ -122,10 +89,28 @@ def _chunk_state_kernel(
 
     offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
     offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
-    acc = chunk_state_tile(x_ptr, B_ptr, dt_ptr, dA_cumsum_ptr, chunk_len, hdim, dstate, chunk_size, offs_m, offs_n,
-                           stride_x_token, stride_x_hdim, stride_B_token, stride_B_dstate, stride_dt_pos,
-                           stride_dA_cs_pos, DOT_FP32_OPERANDS, FP32_DOT_PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N,
-                           BLOCK_SIZE_K)
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    x_ptrs = x_ptr + offs_m[:, None] * stride_x_hdim + offs_k[None, :] * stride_x_token
+    B_ptrs = B_ptr + offs_k[:, None] * stride_B_token + offs_n[None, :] * stride_B_dstate
+    dt_ptrs = dt_ptr + offs_k * stride_dt_pos
+    dA_cs_ptrs = dA_cumsum_ptr + offs_k * stride_dA_cs_pos
+    # Padding positions repeat the chunk-end value, so Q - 1 is the end of short chunks too.
+    dA_cs_last = tl.load(dA_cumsum_ptr + (chunk_size - 1) * stride_dA_cs_pos)
+
+    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for k in range(0, chunk_len, BLOCK_SIZE_K):
+        k_mask = offs_k < chunk_len - k
+        x = tl.load(x_ptrs, mask=(offs_m[:, None] < hdim) & k_mask[None, :], other=0.0)
+        b = tl.load(B_ptrs, mask=k_mask[:, None] & (offs_n[None, :] < dstate), other=0.0).to(tl.float32)
+        dA_cs_k = tl.load(dA_cs_ptrs, mask=k_mask, other=0.0)
+        dt_k = tl.load(dt_ptrs, mask=k_mask, other=0.0)
+        scale = tl.math.exp2((dA_cs_last - dA_cs_k) * LOG2E) * dt_k
+        b = (b * scale[:, None]).to(x_ptr.dtype.element_ty)
+        acc = dot_acc(acc, x, b, DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
+        x_ptrs += BLOCK_SIZE_K * stride_x_token
+        B_ptrs += BLOCK_SIZE_K * stride_B_token
+        dt_ptrs += BLOCK_SIZE_K * stride_dt_pos
+        dA_cs_ptrs += BLOCK_SIZE_K * stride_dA_cs_pos
 
     states_ptrs = (
         states_ptr

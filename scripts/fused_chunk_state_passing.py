@@ -9,10 +9,10 @@ and 0.3-10.1 us faster on the others (run 60: 168.5 against 193.1 us summed); di
 (docs/gpu-runs.md "Next run"). The lab's dry run (tests/test_fusion_lab.py) keeps it correct meanwhile.
 
 Each program owns one (headdim x dstate) tile of one head and walks the chunks in order: it computes the chunk's
-state contribution (the chunk state stage's arithmetic: the body of ``kernels.chunk_state.chunk_state_tile``'s loop,
-written out here one block a step; the two become one helper when this kernel is dispatched, measured on the GPU,
-since moving the shipped loop into a helper changes its machine code) and at once takes the fp32 inter-chunk
-recurrence step on it (``kernels.state_passing.recurrence_step``, the state passing stage's),
+state contribution (the chunk state stage's arithmetic: the body of ``kernels.chunk_state``'s dot loop, written out
+here one block a step; the two become one helper when this kernel is dispatched and measured on the GPU, since a
+per-block helper changes the shipped kernel's machine code) and at once takes the fp32 inter-chunk recurrence step
+on it (``kernels.state_passing.recurrence_step``, the state passing stage's),
 storing the workspace row and, at a sequence's last chunk, its final state into the cache. Separately, the chunk
 states (fp32, C x H x P x N) are written by one kernel and read back by the next; here they stay in registers.
 
