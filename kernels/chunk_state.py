@@ -139,20 +139,29 @@ def chunk_state(
 ) -> torch.Tensor:
     """B (T, G, N), x (T, H, P), dt_out and dA_cumsum (H, C, Q) fp32, cu_chunk_seqlens (C + 1,)
     -> states (C, H, P, N) fp32."""
-    T, H, P = x.shape
-    _, G, N = B.shape
-    Hd, C, Q = dt_out.shape
+    check_inputs(B, x, dt_out, dA_cumsum)
+    _, H, P = x.shape
+    N = B.shape[2]
+    C = dt_out.shape[1]
+    assert cu_chunk_seqlens.shape == (C + 1,) and cu_chunk_seqlens.dtype in INDEX_DTYPES
+    states = torch.empty(C, H, P, N, device=x.device, dtype=torch.float32)
+    grid = lambda META: (triton.cdiv(P, META["BLOCK_SIZE_M"]) * triton.cdiv(N, META["BLOCK_SIZE_N"]), C, H)  # noqa: E731
+    chunk_state_kernel[grid](**launch_arguments(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, states))
+    return states
+
+
+def check_inputs(B: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_cumsum: torch.Tensor) -> None:
+    """B (T, G, N) in x's dtype, x (T, H, P) with G dividing H, dt_out and dA_cumsum (H, C, Q) fp32: what this
+    stage's dot reads."""
+    T, H, _ = x.shape
+    _, G, _ = B.shape
+    Hd = dt_out.shape[0]
     assert B.shape[0] == T and B.dtype == x.dtype, (
         f"B: expected ({T}, G, N) {x.dtype}, found {tuple(B.shape)} {B.dtype}")
     assert H % G == 0, f"nheads {H} must be a multiple of ngroups {G}"
     assert Hd == H and dt_out.dtype == torch.float32, f"dt_out: expected ({H}, C, Q) fp32"
     assert dA_cumsum.shape == dt_out.shape and dA_cumsum.dtype == torch.float32, (
         "dA_cumsum: expected dt_out's shape, fp32")
-    assert cu_chunk_seqlens.shape == (C + 1,) and cu_chunk_seqlens.dtype in INDEX_DTYPES
-    states = torch.empty(C, H, P, N, device=x.device, dtype=torch.float32)
-    grid = lambda META: (triton.cdiv(P, META["BLOCK_SIZE_M"]) * triton.cdiv(N, META["BLOCK_SIZE_N"]), C, H)  # noqa: E731
-    chunk_state_kernel[grid](**launch_arguments(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, states))
-    return states
 
 
 def launch_arguments(B: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_cumsum: torch.Tensor,

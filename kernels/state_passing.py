@@ -157,16 +157,17 @@ def _state_passing_kernel(
         dA_cs_ptr += stride_dA_chunk
 
 
-def _check_state_rows(name: str, t: torch.Tensor, H: int, P: int, N: int) -> None:
+def check_state_rows(name: str, t: torch.Tensor, H: int, P: int, N: int) -> None:
     """(rows, H, P, N) with compact (P, N) so that one head is a flat run of P*N elements."""
     assert t.dim() == 4 and tuple(t.shape[1:]) == (H, P, N), (
         f"{name}: expected (*, {H}, {P}, {N}), found {tuple(t.shape)}")
     assert t.stride(3) == 1 and t.stride(2) == N, f"{name}: (P, N) must be compact, found strides {t.stride()}"
 
 
-def _check_index(name: str, t: torch.Tensor, n: int) -> None:
+def check_index(name: str, t: torch.Tensor, n: int, dtypes: tuple[torch.dtype, ...] = INDEX_DTYPES) -> None:
+    """A (n,) index (or mask) tensor of one of ``dtypes``."""
     assert t.dim() == 1 and t.shape[0] == n, f"{name}: expected ({n},), found {tuple(t.shape)}"
-    assert t.dtype in INDEX_DTYPES, f"{name}: expected int32 or int64, found {t.dtype}"
+    assert t.dtype in dtypes, f"{name}: expected one of {dtypes}, found {t.dtype}"
 
 
 def state_passing(
@@ -197,18 +198,18 @@ def state_passing(
     assert dA_cumsum.dim() == 3 and tuple(dA_cumsum.shape[:2]) == (H, C), (
         f"dA_cumsum: expected ({H}, {C}, Q), found {tuple(dA_cumsum.shape)}")
     assert dA_cumsum.dtype == torch.float32, f"dA_cumsum: expected fp32, found {dA_cumsum.dtype}"
-    _check_index("seq_idx", seq_idx, C)
+    check_index("seq_idx", seq_idx, C)
     write_cache = state_cache is not None
     if write_cache:
         assert final_state_indices is not None and last_chunk_indices is not None, (
             "state_cache: final_state_indices and last_chunk_indices are needed for the writeback")
-        _check_state_rows("state_cache", state_cache, H, P, N)
+        check_state_rows("state_cache", state_cache, H, P, N)
         assert state_cache.stride(1) == P * N, f"state_cache: (H, P, N) must be compact, found {state_cache.stride()}"
         batch = final_state_indices.shape[0]
-        _check_index("final_state_indices", final_state_indices, batch)
-        _check_index("last_chunk_indices", last_chunk_indices, batch)
+        check_index("final_state_indices", final_state_indices, batch)
+        check_index("last_chunk_indices", last_chunk_indices, batch)
     if initial_states is not None:
-        _check_state_rows("initial_states", initial_states, H, P, N)
+        check_state_rows("initial_states", initial_states, H, P, N)
         assert initial_states.stride(1) == P * N, (
             f"initial_states: (H,P,N) must be compact, found {initial_states.stride()}")
     for name, t in (("dA_cumsum", dA_cumsum), ("seq_idx", seq_idx), ("initial_states", initial_states),

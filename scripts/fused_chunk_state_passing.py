@@ -51,8 +51,9 @@ from kernels.backend import (
     pdl_arguments,
     wait_for_previous_kernel,
 )
-from kernels.interface import INDEX_DTYPES, MASK_DTYPES
-from kernels.state_passing import recurrence_step
+from kernels.chunk_state import check_inputs
+from kernels.interface import MASK_DTYPES
+from kernels.state_passing import check_index, check_state_rows, recurrence_step
 
 INIT_NONE, INIT_DENSE, INIT_BY_SLOT = 0, 1, 2
 
@@ -192,18 +193,6 @@ def tile_config(P: int, N: int, Q: int) -> dict[str, int]:
     return dict(TUNED.get((device_arch(), P, N, Q)) or default_config(P, N, Q))
 
 
-def _check_state_rows(name: str, t: torch.Tensor, H: int, P: int, N: int) -> None:
-    """(rows, H, P, N) with compact (H, P, N): one head's state a flat run of P*N elements, heads P*N apart."""
-    assert t.dim() == 4 and tuple(t.shape[1:]) == (H, P, N), (
-        f"{name}: expected (*, {H}, {P}, {N}), found {tuple(t.shape)}")
-    assert t.stride(3) == 1 and t.stride(2) == N, f"{name}: (P, N) must be compact, found strides {t.stride()}"
-
-
-def _check_index(name: str, t: torch.Tensor, n: int, dtypes=INDEX_DTYPES) -> None:
-    assert t.dim() == 1 and t.shape[0] == n, f"{name}: expected ({n},), found {tuple(t.shape)}"
-    assert t.dtype in dtypes, f"{name}: expected one of {dtypes}, found {t.dtype}"
-
-
 def chunk_state_passing(
     B: torch.Tensor,
     x: torch.Tensor,
@@ -231,29 +220,24 @@ def chunk_state_passing(
     ``final_state_indices`` and ``last_chunk_indices`` (Bt,) with ``state_cache``. ``chunk_states`` (C, H, P, N)
     fp32: read instead of computed. ``config``: blocks, warps and stages (default ``tile_config``).
     """
-    T, H, P = x.shape
-    _, G, N = B.shape
-    Hd, C, Q = dt_out.shape
-    assert B.shape[0] == T and B.dtype == x.dtype, (
-        f"B: expected ({T}, G, N) {x.dtype}, found {tuple(B.shape)} {B.dtype}")
-    assert H % G == 0, f"nheads {H} must be a multiple of ngroups {G}"
-    assert Hd == H and dt_out.dtype == torch.float32, f"dt_out: expected ({H}, C, Q) fp32"
-    assert dA_cumsum.shape == dt_out.shape and dA_cumsum.dtype == torch.float32, (
-        "dA_cumsum: expected dt_out's shape, fp32")
-    _check_index("cu_chunk_seqlens", cu_chunk_seqlens, C + 1)
-    _check_index("seq_idx", seq_idx, C)
-    _check_state_rows("out", out, H, P, N)
+    check_inputs(B, x, dt_out, dA_cumsum)
+    _, H, P = x.shape
+    N = B.shape[2]
+    C = dt_out.shape[1]
+    check_index("cu_chunk_seqlens", cu_chunk_seqlens, C + 1)
+    check_index("seq_idx", seq_idx, C)
+    check_state_rows("out", out, H, P, N)
     assert out.shape[0] == C, f"out: expected {C} chunk rows, found {out.shape[0]}"
     by_slot = initial_state_indices is not None
     if by_slot:
         assert initial_states is None, "initial states come from the cache by slot or from a snapshot, not both"
         assert state_cache is not None and has_initial_states is not None, (
             "initial_state_indices: state_cache and has_initial_states are needed too")
-        _check_index("initial_state_indices", initial_state_indices, 1)
-        _check_index("has_initial_states", has_initial_states, 1, MASK_DTYPES)
+        check_index("initial_state_indices", initial_state_indices, 1)
+        check_index("has_initial_states", has_initial_states, 1, MASK_DTYPES)
         assert out.dtype == state_cache.dtype, f"out: entering states in the cache dtype {state_cache.dtype}"
     if initial_states is not None:
-        _check_state_rows("initial_states", initial_states, H, P, N)
+        check_state_rows("initial_states", initial_states, H, P, N)
         assert initial_states.stride(1) == P * N, (
             f"initial_states: (H, P, N) must be compact, found {initial_states.stride()}")
     write_cache = final_state_indices is not None
@@ -261,15 +245,15 @@ def chunk_state_passing(
         assert state_cache is not None and last_chunk_indices is not None, (
             "final_state_indices: state_cache and last_chunk_indices are needed for the writeback")
         batch = final_state_indices.shape[0]
-        _check_index("final_state_indices", final_state_indices, batch)
-        _check_index("last_chunk_indices", last_chunk_indices, batch)
+        check_index("final_state_indices", final_state_indices, batch)
+        check_index("last_chunk_indices", last_chunk_indices, batch)
     if state_cache is not None:
-        _check_state_rows("state_cache", state_cache, H, P, N)
+        check_state_rows("state_cache", state_cache, H, P, N)
         assert state_cache.stride(1) == P * N, f"state_cache: (H, P, N) must be compact, found {state_cache.stride()}"
     if chunk_states is not None:
         assert chunk_states.dtype == torch.float32 and tuple(chunk_states.shape) == (C, H, P, N), (
             f"chunk_states: expected ({C}, {H}, {P}, {N}) fp32, found {tuple(chunk_states.shape)} {chunk_states.dtype}")
-        _check_state_rows("chunk_states", chunk_states, H, P, N)
+        check_state_rows("chunk_states", chunk_states, H, P, N)
     for name, t in (("B", B), ("dt_out", dt_out), ("dA_cumsum", dA_cumsum), ("cu_chunk_seqlens", cu_chunk_seqlens),
                     ("seq_idx", seq_idx), ("out", out), ("initial_states", initial_states),
                     ("state_cache", state_cache), ("initial_state_indices", initial_state_indices),
