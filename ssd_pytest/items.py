@@ -143,6 +143,15 @@ def runner(config: pytest.Config):
     return config.stash[_runner_key]
 
 
+def start_spare_runner(config: pytest.Config) -> None:
+    """Where this worker forked its child at start (``workers.prefork_child``), configure it now, once the device is
+    known: the child's imports and device context then overlap this worker's collection."""
+    from harness.isolation import spare_waiting
+
+    if spare_waiting():
+        runner(config).start()
+
+
 def start_runner_early(session: pytest.Session) -> None:
     """Start this process's runner as soon as its items are known, when any case item will run: a supervised
     child's start-up (importing torch, the device context) then overlaps the wait for the first items and the tests
@@ -157,6 +166,15 @@ def close_runner(config: pytest.Config) -> None:
     found = config.stash.get(_runner_key, None)
     if found is not None:
         found.close()
+    from harness.isolation import discard_spare
+
+    discard_spare()
+
+
+def runner_description(config: pytest.Config) -> dict | None:
+    """How this process ran its case items (``harness.isolation``'s ``describe``), if it ran any."""
+    found = config.stash.get(_runner_key, None)
+    return found.describe() if found is not None else None
 
 
 class CheckItem(pytest.Item):

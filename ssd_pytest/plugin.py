@@ -92,6 +92,7 @@ def pytest_configure(config: pytest.Config) -> None:
     except (ValueError, RuntimeError) as exc:
         raise pytest.UsageError(str(exc)) from None
     case_items.configure(config)
+    case_items.start_spare_runner(config)
     reporting.configure(config)
     config.addinivalue_line("markers", "ssd_case: an item generated from a YAML case")
     config.addinivalue_line("markers", case_items.GPU_MARKER)

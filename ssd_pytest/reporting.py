@@ -19,6 +19,7 @@ from harness.report import (
     write_part,
 )
 from ssd_pytest import state
+from ssd_pytest.items import runner_description
 from ssd_pytest.workers import is_xdist_controller, is_xdist_worker, process_name
 
 _records_key = pytest.StashKey[list]()
@@ -146,7 +147,8 @@ def write_report(session: pytest.Session) -> None:
     meta = {"device": config.stash[state.DEVICE], "provider": config.getoption("provider") or DEFAULT_PROVIDER}
     ledger = config.stash[state.LEDGER]
     mine = {"phases": phases,
-            "compiles": {**ledger.to_dict(), "claims": dict(compile_claims.stats)} if ledger is not None else None}
+            "compiles": {**ledger.to_dict(), "claims": dict(compile_claims.stats)} if ledger is not None else None,
+            "isolation": runner_description(config)}
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if is_xdist_worker(config) and worker:
         gpu = os.environ.get("CUDA_VISIBLE_DEVICES") if meta["device"] == "cuda" else None

@@ -125,15 +125,30 @@ def pin_worker(worker_id: str) -> None:
 
 
 def start_worker(config: pytest.Config, worker_id: str) -> None:
-    """An xdist worker's set-up, before its device is configured: the early exit as its last cleanup, one GPU, the
-    CUDA context created on a side thread while the worker imports and collects, a fair share of torch's threads."""
+    """An xdist worker's set-up, before its device is configured: the early exit as its last cleanup, one GPU, a fair
+    share of torch's threads, the case items' child process forked (``prefork_child``), then the CUDA context
+    created on a side thread while the worker configures and collects."""
     config.add_cleanup(lambda: exit_worker_now(config))  # registered first: the last cleanup to run
     pin_worker(worker_id)
-    if config.getoption("device") != "cpu" and os.environ.get(GPU_LIST_ENV):
-        config.stash[_cuda_context_key] = backend.create_cuda_context_in_background()
     import torch
 
     torch.set_num_threads(cpu_threads_per_worker(xdist_worker_count(), usable_cores()))
+    prefork_child(config)
+    if config.getoption("device") != "cpu" and os.environ.get(GPU_LIST_ENV):
+        config.stash[_cuda_context_key] = backend.create_cuda_context_in_background()
+
+
+def prefork_child(config: pytest.Config) -> None:
+    """Under process isolation, fork the child that will run this worker's case items now, after torch is imported
+    and before CUDA is touched: a child spawned later imports torch again (most of its start-up, paid by the first
+    case item, by 16 children at once on a 16-worker GPU run) and a fork after the CUDA driver started is unsafe
+    (``harness.isolation.forking``). Where a fork is unsafe anyway, the child is spawned when first needed."""
+    from harness.isolation import isolation_mode
+
+    if isolation_mode(config.getoption("isolation")) == "process":
+        from harness.isolation.supervisor import prefork
+
+        prefork()
 
 
 def join_cuda_context(config: pytest.Config) -> None:

@@ -494,3 +494,99 @@ def test_pytest_reports_a_crash_that_does_not_repeat_once_and_not_as_passed(pyte
                                                              "tiny-returned": "passed"}
     result.stdout.fnmatch_lines(["FAILED *tiny-direct::determinism*"])
     assert "died: SIGSEGV (signal 11)" in result.stdout.str()
+
+
+FORKED_SUPERVISOR = """
+import json, os, sys
+import torch  # as an xdist worker's start imports it (ssd_pytest.workers.start_worker), before any op
+
+torch.set_num_threads(1)
+from harness.isolation import supervisor
+
+assert supervisor.prefork() == ""
+spare_pid = supervisor._spare[1][0].pid
+from harness import backend
+from harness.cases.loader import load_case_file
+
+device = backend.configure("cpu")
+os.environ["OMP_NUM_THREADS"] = "stale"  # the child's environment is the parent's at Hello, with its thread share
+cases = {c.id: c for c in load_case_file(sys.argv[1])}
+out = {}
+with supervisor.Supervisor("tests.faulty_providers:" + sys.argv[2], device) as sup:
+    results = [sup.run(cases[c], "determinism") for c in ("tiny-direct", "tiny-batch", "tiny-returned")]
+    out["results"] = [[r.status.value, r.summary, r.message[:300]] for r in results]
+    out["describe"] = sup.describe()
+try:
+    os.kill(spare_pid, 0)
+    out["spare_alive_after_close"] = True
+except ProcessLookupError:
+    out["spare_alive_after_close"] = False
+supervisor.prefork()  # a second spare, never used: discard_spare ends it
+second = supervisor._spare[1][0]
+supervisor.discard_spare()
+out["unused_spare_exit"] = second.returncode
+print(json.dumps(out))
+"""
+
+
+def _forked_supervisor(tiny: Path, provider: str) -> dict:
+    import json
+
+    proc = subprocess.run([sys.executable, "-c", FORKED_SUPERVISOR, str(tiny), provider], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=CLI_SECONDS)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_child_forked_at_start_runs_items_and_its_crash_is_still_the_items_error(tiny):
+    """``supervisor.prefork``: the child forked right after torch's import serves the first start; when it dies,
+    the item is the error with the signal, and the replacement is spawned (the parent may have run torch ops since,
+    after which a fork is unsafe)."""
+    out = _forked_supervisor(tiny, "segfaults")
+    statuses = [r[0] for r in out["results"]]
+    assert statuses == ["passed", "error", "passed"], out
+    assert "SIGSEGV (signal 11)" in out["results"][1][1], out
+    starts = out["describe"]["starts"]
+    assert [s["how"] for s in starts] == ["fork", "spawn"], starts
+    # A forked child imports nothing again: its configuration is quick next to a spawned one's torch import.
+    assert set(starts[0]["phases"]) == {"configure", "provider"} and starts[0]["waited"] >= 0, starts
+    assert [r["item"] for r in out["describe"]["restarts"]] == ["tiny-batch::determinism"], out
+    assert out["spare_alive_after_close"] is False and out["unused_spare_exit"] == 0, out
+
+
+def test_a_forked_child_takes_the_environment_and_thread_share_of_hello(tiny):
+    """The fork happened before the parent configured itself: what it set since (the device's variables, here a
+    changed OMP_NUM_THREADS) reaches the child with Hello, and the child takes the parent's torch thread count."""
+    out = _forked_supervisor(tiny, "reports_threads")
+    assert out["describe"]["starts"][0]["how"] == "fork", out
+    status, _, message = out["results"][1]
+    assert status == "error" and "torch threads=1 OMP_NUM_THREADS=1" in message, out
+
+
+def test_no_fork_where_the_cuda_driver_is_initialized(monkeypatch):
+    """A process whose CUDA driver started cannot fork a usable child: ``prefork`` refuses, says why, and the start
+    record of the spawned child carries the reason."""
+    from harness.isolation import forking, supervisor
+
+    monkeypatch.setattr(forking, "_cuda_driver_initialized", lambda: True)
+    monkeypatch.setattr(supervisor, "_refused", "")
+    monkeypatch.setattr(supervisor, "_spare", None)
+    reason = supervisor.prefork()
+    assert reason == "the CUDA driver is initialized in this process, and a forked child cannot use it"
+    assert supervisor._spare is None and not supervisor.spare_waiting()
+    monkeypatch.setattr(supervisor, "_spawn", lambda: (_NeverStarted(), _NoChannel(), None))
+    sup = supervisor.Supervisor("kernels:provider", "cpu")
+    sup.start()
+    assert sup.describe()["starts"] == [{"how": f"spawn (no fork at start: {reason})"}]
+
+
+class _NeverStarted:
+    pid = -1
+
+    def poll(self):
+        return 0
+
+
+class _NoChannel:
+    def send(self, message) -> None:
+        self.sent = message

@@ -514,6 +514,12 @@ def test_one_xdist_run_merges_reports_keeps_units_together_and_starts_the_costli
     assert "Not properly terminated" not in proc.stdout + proc.stderr and "crashed" not in proc.stdout
     data = json.loads(report.read_text())
     assert data["meta"]["workers"] == ["gw0", "gw1"]
+    # Each worker's case items ran in a child forked at the worker's start (workers.prefork_child), which imported
+    # nothing again and was configured while the worker collected.
+    isolation = data["meta"]["worker_isolation"]
+    assert sorted(isolation) == ["gw0", "gw1"], isolation
+    assert all([s["how"] for s in i["starts"]] == ["fork"] for i in isolation.values()), isolation
+    assert all(i["restarts"] == [] for i in isolation.values()), isolation
     items = data["items"]
     case_items = [i for i in items if "tiny.yaml" in i["nodeid"]]
     assert sorted(i["nodeid"].split("::", 1)[1] for i in case_items) == sorted(

@@ -37,6 +37,8 @@ passed. ``settings``: ``isolation_mode`` (``--isolation`` / ``SSD_HARNESS_ISOLAT
 
 from __future__ import annotations
 
+import sys
+
 from harness.isolation.settings import (
     DEFAULT_TIMEOUTS,
     ISOLATION_ENV,
@@ -60,6 +62,18 @@ def open_runner(provider_spec: str, device: str, *, isolation: str | None = None
     return Supervisor(provider_spec, device, timeout=timeout, warmup_first=warmup_first)
 
 
+def spare_waiting() -> bool:
+    """Whether this process forked a child at its start that no runner has taken yet (``supervisor.prefork``)."""
+    supervisor = sys.modules.get("harness.isolation.supervisor")
+    return supervisor is not None and supervisor.spare_waiting()
+
+
+def discard_spare() -> None:
+    supervisor = sys.modules.get("harness.isolation.supervisor")
+    if supervisor is not None:
+        supervisor.discard_spare()
+
+
 def __getattr__(name: str):
     """``Supervisor``, ``InProcess``, ``IsolationError`` and ``Restart`` on first use: importing this package stays
     cheap (no torch) for processes that only read the settings."""
@@ -76,4 +90,4 @@ def __getattr__(name: str):
 
 
 __all__ = ["DEFAULT_TIMEOUTS", "ISOLATION_ENV", "TIMEOUT_ENV", "InProcess", "IsolationError", "Restart", "Supervisor",
-           "TimeLimit", "isolation_mode", "item_timeout", "open_runner"]
+           "TimeLimit", "discard_spare", "isolation_mode", "item_timeout", "open_runner", "spare_waiting"]

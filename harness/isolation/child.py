@@ -1,4 +1,5 @@
-"""The supervised child: ``python -m harness.isolation.child READ_FD WRITE_FD TRACE_FD PARENT_PID``.
+"""The supervised child: ``python -m harness.isolation.child READ_FD WRITE_FD TRACE_FD PARENT_PID``, or a fork of
+the supervisor's process that calls ``run`` (``harness.isolation.forking``).
 
 It configures itself like its parent (``protocol.Hello``: sys.path, device, provider), answers ``Ready`` or
 ``Unusable``, then runs one request at a time until ``Close`` or the end of its input. Provider faults that Python
@@ -17,6 +18,7 @@ import os
 import pickle
 import signal
 import sys
+import time
 import traceback
 
 # The child's own exit status after a sticky device error (the supervisor expects it and starts a fresh process).
@@ -95,21 +97,44 @@ def serve(channel, worker) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """A spawned child's entry point (``python -m harness.isolation.child``)."""
     read_fd, write_fd, trace_fd, parent_pid = (argv if argv is not None else sys.argv[1:])
+    return run(int(read_fd), int(write_fd), int(trace_fd), int(parent_pid))
+
+
+def run(read_fd: int, write_fd: int, trace_fd: int, parent_pid: int) -> int:
+    """The child's life, spawned or forked (``harness.isolation.forking``): wait for ``Hello``, configure, answer
+    ``Ready`` or ``Unusable``, serve. A forked child has its parent's modules already imported and waits here for
+    ``Hello``; a spawned one imports what it needs."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _exit_with_parent(int(parent_pid))
-    faulthandler.enable(int(trace_fd), all_threads=True)  # the descriptor stays open for the process's lifetime
-    faulthandler.register(signal.SIGUSR1, file=int(trace_fd), all_threads=True)
+    _exit_with_parent(parent_pid)
+    faulthandler.enable(trace_fd, all_threads=True)  # the descriptor stays open for the process's lifetime
+    faulthandler.register(signal.SIGUSR1, file=trace_fd, all_threads=True)
 
     from harness.isolation import protocol
     from harness.isolation.channel import Channel
 
-    channel = Channel(int(read_fd), int(write_fd))
-    hello = channel.recv()
+    channel = Channel(read_fd, write_fd)
+    try:
+        hello = channel.recv()
+    except EOFError:  # a spare child that was never used
+        return 0
+    began = time.monotonic()
+    startup: dict[str, float] = {}
+
+    def mark(phase: str) -> None:
+        startup[phase] = round(time.monotonic() - began - sum(startup.values()), 4)
+
     sys.path[:] = list(dict.fromkeys(hello.sys_path + sys.path))
+    if hello.environ is not None:  # a forked child has the environment of its fork, not of the parent's Hello
+        os.environ.clear()
+        os.environ.update(hello.environ)
     try:
         from harness import backend
 
+        # The device context is created on a side thread while this one imports and loads the provider: the driver
+        # creates contexts one at a time, and a context first made in the first item would be that item's time.
+        context = backend.create_cuda_context_in_background() if hello.device == "cuda" else None
         device = backend.configure(hello.device)
         from harness import timeline
 
@@ -118,11 +143,16 @@ def main(argv: list[str] | None = None) -> int:
             import torch
 
             torch.set_num_threads(hello.torch_threads)
+        mark("configure")
         from harness.checks import load_provider
         from harness.checks.providers import provider_name
         from harness.isolation.worker import Worker
 
         provider = load_provider(hello.provider_spec)
+        mark("provider")
+        if context is not None:
+            context.join()
+            mark("device_context")
     except BaseException as exc:  # noqa: BLE001 - the supervisor reports it as an unusable provider
         from harness.checks.providers import ProviderError
 
@@ -130,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     worker = Worker(provider, device, hello.provider_spec, interrupts_are_errors=True,
                     warmup_first=hello.warmup_first)
-    channel.send(protocol.Ready(os.getpid(), device, provider_name(provider)))
+    channel.send(protocol.Ready(os.getpid(), device, provider_name(provider), startup))
     return serve(channel, worker)
 
 

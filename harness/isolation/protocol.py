@@ -16,6 +16,7 @@ class Hello:
     provider_spec: str
     warmup_first: float = 0.0
     torch_threads: int = 0  # the parent's torch intra-op thread count (its share of the cores); 0: torch's default
+    environ: dict | None = None  # the parent's environment now (a forked child's is that of the fork); None: keep
 
 
 @dataclass
@@ -46,6 +47,7 @@ class Ready:
     pid: int
     device: str
     provider_name: str
+    startup: dict | None = None  # seconds per start-up phase after Hello: configure, provider, device_context
 
 
 @dataclass

@@ -33,6 +33,7 @@ import harness.isolation.protocol as protocol
 from harness.checks.base import CheckResult
 from harness.checks.providers import ProviderError
 from harness.checks.runner import fault_result
+from harness.isolation import forking
 from harness.isolation.channel import Channel, ChannelClosed
 from harness.isolation.settings import TimeLimit, item_timeout
 
@@ -88,8 +89,10 @@ class Supervisor:
         self.start_seconds = start_timeout or max(MIN_START_SECONDS, self.limit.seconds)
         self.restarts: list[Restart] = []
         self.processes = 0  # children started
+        self.starts: list[dict] = []  # per child: how it started, how long the first request waited, its phases
+        self._start: dict = {}
         self.provider_name = ""
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen | forking.ForkedProcess | None = None
         self._channel: Channel | None = None
         self._trace = None  # an unnamed file the child's faulthandler writes to (nothing to remove, ever)
         self._ready = False
@@ -97,42 +100,19 @@ class Supervisor:
     # ---- the child's life
 
     def start(self) -> None:
-        """Start a child unless one is running; returns at once (``run`` waits for it to be ready)."""
+        """Start a child unless one is running; returns at once (``run`` waits for it to be ready). The child is this
+        process's spare when ``prefork`` made one, else a fresh interpreter."""
         if self._proc is not None:
             return
-        request_r, request_w = os.pipe()
-        reply_r, reply_w = os.pipe()
-        trace = tempfile.TemporaryFile()  # already unlinked: a supervisor killed outright leaves no file behind
-        root = str(Path(__file__).resolve().parents[2])  # where ``harness`` is imported from, for ``-m``
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-        # The child stands in for this process while it waits, so it gets this process's share of the cores (pytest
-        # workers each take a fair share): torch's default of one thread per core in every child oversubscribes the
-        # host N-fold under ``-n N``. OpenMP sizes its pool from the environment at start.
-        threads = _torch_threads()
-        if threads:
-            env["OMP_NUM_THREADS"] = str(threads)
-        try:
-            # Its own session: a terminal's Ctrl-C reaches the front end alone, which stops the child itself, and
-            # a kill at the time limit reaches whatever the child started (warmup compile processes).
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "harness.isolation.child", str(request_r), str(reply_w),
-                 str(trace.fileno()), str(os.getpid())],
-                pass_fds=(request_r, reply_w, trace.fileno()), stdin=subprocess.DEVNULL, env=env,
-                start_new_session=True)
-        except BaseException:
-            trace.close()
-            os.close(reply_r)
-            os.close(request_w)
-            raise
-        finally:
-            os.close(request_r)
-            os.close(reply_w)
+        launched = _take_spare()
+        how = "fork" if launched is not None else (f"spawn (no fork at start: {_refused})" if _refused else "spawn")
+        self._proc, self._channel, self._trace = launched or _spawn()
         self.processes += 1
-        self._trace, self._ready = trace, False
-        self._channel = Channel(reply_r, request_w)
+        self._ready = False
+        self._start = {"how": how}
+        self.starts.append(self._start)
         self._channel.send(protocol.Hello(list(sys.path), self.device, self.provider_spec, self.warmup_first,
-                                          threads))
+                                          _torch_threads(), _child_environ() if launched else None))
 
     def _ready_channel(self) -> Channel:
         if self._ready and self._proc.poll() is not None:  # ended between requests: no item's fault
@@ -141,8 +121,9 @@ class Supervisor:
         self.start()
         if not self._ready:
             what = f"the process to run {self.provider_spec} on {self.device}"
+            began = time.monotonic()
             try:
-                reply = self._channel.recv(time.monotonic() + self.start_seconds)
+                reply = self._channel.recv(began + self.start_seconds)
             except TimeoutError:
                 self._stop(dump=True)
                 raise IsolationError(f"{what} did not start within {self.start_seconds:g} s") from None
@@ -154,6 +135,7 @@ class Supervisor:
                 self._reap()
                 raise ProviderError(reply.message)
             self._ready, self.provider_name = True, reply.provider_name
+            self._start.update(waited=round(time.monotonic() - began, 4), phases=reply.startup)
         return self._channel
 
     def _exchange(self, request, deadline_seconds: float):
@@ -212,7 +194,7 @@ class Supervisor:
         return self._forget()
 
     @staticmethod
-    def _kill_group(proc: subprocess.Popen) -> None:
+    def _kill_group(proc) -> None:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -299,7 +281,121 @@ class Supervisor:
     def describe(self) -> dict:
         """For a report's meta: how items were run and every replaced child."""
         return {"isolation": self.mode, "item_timeout": None if math.isinf(self.limit.seconds) else self.limit.seconds,
-                "processes": self.processes, "restarts": [asdict(r) for r in self.restarts]}
+                "processes": self.processes, "restarts": [asdict(r) for r in self.restarts], "starts": self.starts}
+
+
+Launched = tuple  # (process, the supervisor's Channel, the trace file)
+_spare: tuple[int, Launched] | None = None  # (the pid that forked it, the launched child) from ``prefork``
+_refused = ""  # why ``prefork`` did not fork, for the start records
+
+
+def prefork() -> str:
+    """Fork this process's first child now and keep it until a Supervisor starts: "" when forked, else why not
+    (``forking.fork_hazard``). Call it at the process's start, after torch is imported and before any torch op or
+    CUDA call (``harness.isolation.forking`` says why), so the child need not import torch again. The spare waits
+    for its ``Hello``; one never taken ends with this process (or ``discard_spare``)."""
+    global _spare, _refused
+    if _spare is not None and _spare[0] == os.getpid():
+        return ""
+    _refused = forking.fork_hazard()
+    if not _refused:
+        _spare = (os.getpid(), _fork())
+    return _refused
+
+
+def spare_waiting() -> bool:
+    return _spare is not None and _spare[0] == os.getpid()
+
+
+def discard_spare() -> None:
+    """Close an unused spare child and wait briefly for it."""
+    global _spare
+    found, _spare = _spare, None
+    if found is None or found[0] != os.getpid():
+        return
+    proc, channel, trace = found[1]
+    channel.close()
+    try:
+        proc.wait(EXIT_WAIT_SECONDS)
+    except subprocess.TimeoutExpired:
+        Supervisor._kill_group(proc)
+        proc.wait()
+    trace.close()
+
+
+def _take_spare() -> Launched | None:
+    global _spare
+    found, _spare = _spare, None
+    if found is None or found[0] != os.getpid():  # a spare belongs to the process that forked it
+        return None
+    proc = found[1][0]
+    if proc.poll() is not None:  # it died while it waited
+        found[1][1].close()
+        found[1][2].close()
+        return None
+    return found[1]
+
+
+def _pipes_and_trace():
+    request_r, request_w = os.pipe()
+    reply_r, reply_w = os.pipe()
+    trace = tempfile.TemporaryFile()  # already unlinked: a supervisor killed outright leaves no file behind
+    return request_r, request_w, reply_r, reply_w, trace
+
+
+def _fork() -> Launched:
+    from harness.isolation import child
+
+    request_r, request_w, reply_r, reply_w, trace = _pipes_and_trace()
+    parent = os.getpid()
+    try:
+        proc = forking.fork_child(lambda: child.run(request_r, reply_w, trace.fileno(), parent),
+                                  keep_fds=(request_r, reply_w, trace.fileno()))
+    except BaseException:
+        for fd in (reply_r, request_w):
+            os.close(fd)
+        trace.close()
+        raise
+    finally:
+        os.close(request_r)
+        os.close(reply_w)
+    return proc, Channel(reply_r, request_w), trace
+
+
+def _spawn() -> Launched:
+    request_r, request_w, reply_r, reply_w, trace = _pipes_and_trace()
+    root = str(Path(__file__).resolve().parents[2])  # where ``harness`` is imported from, for ``-m``
+    env = _child_environ()
+    env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    try:
+        # Its own session: a terminal's Ctrl-C reaches the front end alone, which stops the child itself, and a kill
+        # at the time limit reaches whatever the child started (warmup compile processes).
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "harness.isolation.child", str(request_r), str(reply_w),
+             str(trace.fileno()), str(os.getpid())],
+            pass_fds=(request_r, reply_w, trace.fileno()), stdin=subprocess.DEVNULL, env=env,
+            start_new_session=True)
+    except BaseException:
+        trace.close()
+        os.close(reply_r)
+        os.close(request_w)
+        raise
+    finally:
+        os.close(request_r)
+        os.close(reply_w)
+    return proc, Channel(reply_r, request_w), trace
+
+
+def _child_environ() -> dict[str, str]:
+    """This process's environment for its child. The child stands in for this process while it waits, so it gets
+    this process's share of the cores (pytest workers each take a fair share): torch's default of one thread per
+    core in every child oversubscribes the host N-fold under ``-n N``. OpenMP sizes its pool from the environment
+    at start (a spawned child); the child also sets torch's count from ``Hello`` (a forked one)."""
+    env = dict(os.environ)
+    threads = _torch_threads()
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
 
 
 def _torch_threads() -> int:
