@@ -103,6 +103,8 @@ def test_a_provider_that_exits_or_crashes_fails_its_item_and_the_rest_run(tiny, 
     assert_only_items_of(report, proc, tiny, fp.FAULTING_CASE, cause, spec)
     assert [r["item"] for r in report.meta["restarts"]] == [f"{fp.FAULTING_CASE}::determinism"] * restarts
     assert report.meta["processes"] == 1 + restarts
+    # The first child was forked at the command's start (harness/__main__.py), its replacement spawned.
+    assert [s["how"] for s in report.meta["starts"]] == ["fork"] + ["spawn"] * restarts, report.meta["starts"]
     if provider == "segfaults":  # the dying child's Python stack is in the report
         (bad,) = [r for r in report.items if r.outcome == "error"]
         assert "faulty_providers.py" in bad.message and "in _segfault" in bad.message, bad.message
