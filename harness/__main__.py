@@ -11,9 +11,9 @@ ITEM_COMMANDS = ("run", "repro", "fuzz")
 if sys.argv[1:2] and sys.argv[1] in ITEM_COMMANDS and os.environ.get("SSD_HARNESS_ISOLATION") != "none":
     import torch  # noqa: F401
 
-    from harness.isolation.supervisor import prefork
+    from harness.isolation import spare
 
-    prefork()
+    spare.prefork()
 
 from harness.cli import main  # noqa: E402
 

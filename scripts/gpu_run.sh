@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU runner does everything (device time is scarce): environment, the test suite on CUDA,
 # the case corpus, the bench. Usage: scripts/gpu_run.sh [STEP...] with steps env, tests, cases, bench
-# (default: env tests cases bench; also pyc, lab, fusion, durations, bench-twice, startup, spawn-probe, exit-probe, recheck, suite, suite-warm, warmup, cases-warm, stages,
+# (default: env tests cases bench; also pyc, lab, fusion, durations, bench-twice, startup, spawn-probe, exit-probe, fork-probe, recheck, suite, suite-warm, warmup, cases-warm, stages,
 # profile-ref, profile-warmup, peer-bench). Full logs go under $OUT (the device tool brings them back); a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
@@ -148,6 +148,14 @@ for step in $steps; do
         --section ComputeWorkloadAnalysis $PY scripts/kernel_lab.py profile --stage chunk_scan > $OUT/lab-ncu.txt 2>&1; \
         grep -E 'profiled|chunk_scan|Duration|Throughput|Achieved Occupancy|Registers Per|Stall|Issued Warp' \
         $OUT/lab-ncu.txt | head -n 120" ;;
+    fork-probe)  # where the CUDA driver gets initialized before a worker's start, and whether a child forked after
+      # torch's import can use the GPU; then a two-worker run on the tiny cases and how each worker's child started
+      python3 -c "import tests.broken_providers as b; open('/tmp/tiny.yaml', 'w').write(b.TINY_CASES)"
+      run_step fork-probe $PY scripts/fork_probe.py
+      run_step fork-probe-pytest $PY -m pytest /tmp/tiny.yaml -p ssd_pytest.plugin --rootdir . -q -n 2 \
+        --workers-per-gpu 2 --device cuda -p no:cacheprovider --ssd-report "$OUT/fork-probe.json"
+      $PY -c "import json, sys; [print(w, s) for w, d in sorted(json.load(open(sys.argv[1]))['meta']['worker_isolation'].items()) for s in d['starts']]" \
+        "$OUT/fork-probe.json" | tee -a "$OUT/fork-probe-pytest.log" ;;
     fusion)  # chunk state + state passing as two kernels against the fused kernel under candidate tiles
       # (scripts/fusion_lab.py): bits against the pair, stability, graph-replay us, on the four bench workloads
       run_step fusion $PY scripts/fusion_lab.py --reps "${LAB_REPS:-200}" ;;

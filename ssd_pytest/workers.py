@@ -146,9 +146,9 @@ def prefork_child(config: pytest.Config) -> None:
     from harness.isolation import isolation_mode
 
     if isolation_mode(config.getoption("isolation")) == "process":
-        from harness.isolation.supervisor import prefork
+        from harness.isolation import spare
 
-        prefork()
+        spare.prefork()
 
 
 def join_cuda_context(config: pytest.Config) -> None:

@@ -5,8 +5,9 @@ The device is decided once per process, before any test module is imported: the 
 before anything imports triton (Triton reads it when ``@triton.jit`` decorates a kernel). Test modules therefore import
 kernels at their top and never configure the backend; they take the decision from the ``device`` fixture.
 
-This file must import neither triton nor a kernel module: pytest loads it before ``pytest_configure`` when a path
-under tests/ is named on the command line. Helpers that test modules share live in ``tests/support.py``.
+This file must import neither triton nor the kernels package: pytest loads it before ``pytest_configure`` when a path
+under tests/ is named on the command line, and importing ``kernels`` then settles the interpreter choice by asking
+torch for a GPU, which starts the CUDA driver before an xdist worker forks its child (``harness.isolation.spare``). Helpers that test modules share live in ``tests/support.py``.
 
 Markers (``interpreter`` declared in pyproject.toml, ``gpu`` by the plugin), each with the reason a reader sees in
 the skip line:
@@ -21,7 +22,6 @@ from __future__ import annotations
 import pytest
 
 from harness import backend
-from kernels.environment import arithmetic_profile
 
 _NEEDS = {"gpu": "cuda", "interpreter": "cpu"}
 
@@ -35,6 +35,8 @@ def device() -> str:
 @pytest.fixture(scope="session")
 def profile(device: str) -> str:
     """The arithmetic profile (``reference.arith``'s names) the kernels follow on ``device``."""
+    from kernels.environment import arithmetic_profile
+
     return arithmetic_profile(device)
 
 

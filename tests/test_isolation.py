@@ -503,14 +503,18 @@ import json, os, sys
 import torch  # as an xdist worker's start imports it (ssd_pytest.workers.start_worker), before any op
 
 torch.set_num_threads(1)
-from harness.isolation import supervisor
+from harness.isolation import spare
 
-assert supervisor.prefork() == ""
-spare_pid = supervisor._spare[1][0].pid
+assert spare.prefork() == ""
+# Nothing the fork needs may import the kernels package, whose import asks torch for a GPU (starting the driver).
+heavy = [m for m in sys.modules if m == "kernels" or m.startswith(("kernels.", "harness.checks"))]
+assert not heavy, heavy
+spare_pid = spare._spare[1][0].pid
+from harness.isolation import supervisor
 from harness import backend
 from harness.cases.loader import load_case_file
 
-device = backend.configure("cpu")
+device = backend.configure(sys.argv[3])
 os.environ["OMP_NUM_THREADS"] = "stale"  # the child's environment is the parent's at Hello, with its thread share
 cases = {c.id: c for c in load_case_file(sys.argv[1])}
 out = {}
@@ -523,43 +527,44 @@ try:
     out["spare_alive_after_close"] = True
 except ProcessLookupError:
     out["spare_alive_after_close"] = False
-supervisor.prefork()  # a second spare, never used: discard_spare ends it
-second = supervisor._spare[1][0]
-supervisor.discard_spare()
+spare.prefork()  # a second spare, never used: discard ends it
+second = spare._spare[1][0]
+spare.discard()
 out["unused_spare_exit"] = second.returncode
 print(json.dumps(out))
 """
 
 
-def _forked_supervisor(tiny: Path, provider: str) -> dict:
+def _forked_supervisor(tiny: Path, provider: str, device: str) -> dict:
     import json
 
-    proc = subprocess.run([sys.executable, "-c", FORKED_SUPERVISOR, str(tiny), provider], cwd=ROOT, env=_env(),
+    proc = subprocess.run([sys.executable, "-c", FORKED_SUPERVISOR, str(tiny), provider, device], cwd=ROOT, env=_env(),
                           capture_output=True, text=True, timeout=CLI_SECONDS)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_a_child_forked_at_start_runs_items_and_its_crash_is_still_the_items_error(tiny):
-    """``supervisor.prefork``: the child forked right after torch's import serves the first start; when it dies,
+def test_a_child_forked_at_start_runs_items_and_its_crash_is_still_the_items_error(tiny, device):
+    """``spare.prefork``: the child forked right after torch's import serves the first start; when it dies,
     the item is the error with the signal, and the replacement is spawned (the parent may have run torch ops since,
     after which a fork is unsafe)."""
-    out = _forked_supervisor(tiny, "segfaults")
+    out = _forked_supervisor(tiny, "segfaults", device)
     statuses = [r[0] for r in out["results"]]
     assert statuses == ["passed", "error", "passed"], out
     assert "SIGSEGV (signal 11)" in out["results"][1][1], out
     starts = out["describe"]["starts"]
     assert [s["how"] for s in starts] == ["fork", "spawn"], starts
     # A forked child imports nothing again: its configuration is quick next to a spawned one's torch import.
-    assert set(starts[0]["phases"]) == {"configure", "provider"} and starts[0]["waited"] >= 0, starts
+    phases = {"configure", "provider"} | ({"device_context"} if device == "cuda" else set())
+    assert set(starts[0]["phases"]) == phases and starts[0]["waited"] >= 0, starts
     assert [r["item"] for r in out["describe"]["restarts"]] == ["tiny-batch::determinism"], out
     assert out["spare_alive_after_close"] is False and out["unused_spare_exit"] == 0, out
 
 
-def test_a_forked_child_takes_the_environment_and_thread_share_of_hello(tiny):
+def test_a_forked_child_takes_the_environment_and_thread_share_of_hello(tiny, device):
     """The fork happened before the parent configured itself: what it set since (the device's variables, here a
     changed OMP_NUM_THREADS) reaches the child with Hello, and the child takes the parent's torch thread count."""
-    out = _forked_supervisor(tiny, "reports_threads")
+    out = _forked_supervisor(tiny, "reports_threads", device)
     assert out["describe"]["starts"][0]["how"] == "fork", out
     status, _, message = out["results"][1]
     assert status == "error" and "torch threads=1 OMP_NUM_THREADS=1" in message, out
@@ -568,14 +573,15 @@ def test_a_forked_child_takes_the_environment_and_thread_share_of_hello(tiny):
 def test_no_fork_where_the_cuda_driver_is_initialized(monkeypatch):
     """A process whose CUDA driver started cannot fork a usable child: ``prefork`` refuses, says why, and the start
     record of the spawned child carries the reason."""
-    from harness.isolation import forking, supervisor
+    from harness.isolation import forking, spare, supervisor
 
-    monkeypatch.setattr(forking, "_cuda_driver_initialized", lambda: True)
-    monkeypatch.setattr(supervisor, "_refused", "")
-    monkeypatch.setattr(supervisor, "_spare", None)
-    reason = supervisor.prefork()
-    assert reason == "the CUDA driver is initialized in this process, and a forked child cannot use it"
-    assert supervisor._spare is None and not supervisor.spare_waiting()
+    monkeypatch.setattr(forking, "_cuda_driver_state", lambda: 0)
+    monkeypatch.setattr(spare, "refused", "")
+    monkeypatch.setattr(spare, "_spare", None)
+    reason = spare.prefork()
+    assert reason == ("the CUDA driver is initialized in this process (cuDeviceGetCount returned 0), and a forked "
+                      "child cannot use it")
+    assert spare._spare is None and not spare.waiting()
     monkeypatch.setattr(supervisor, "_spawn", lambda: (_NeverStarted(), _NoChannel(), None))
     sup = supervisor.Supervisor("kernels:provider", "cpu")
     sup.start()

@@ -602,3 +602,15 @@ def test_least_overshoot_keeps_every_config_where_blocks_fit_and_the_narrowest_e
     assert prune(configs, {"rows": 64, "cols": 64}) == [configs[0], configs[1], configs[3]]  # M=128 overshoots 64
     assert prune(configs, {"rows": 8, "cols": 5}) == [configs[3]]  # headdim 5: the narrowest block only
     assert prune(configs, {"rows": 8, "cols": 64}) == [configs[0], configs[3]]  # never empty: least oversized
+
+
+def test_what_loads_before_a_workers_start_does_not_import_the_kernels_package():
+    """pytest imports the plugin and tests/conftest.py before an xdist worker's start, where the worker forks its
+    case items' child (``harness.isolation.spare``): importing ``kernels`` there would ask torch for a GPU, start the
+    CUDA driver and leave the worker to spawn its child instead (importing torch again)."""
+    code = ("import sys, ssd_pytest.plugin, tests.conftest; "
+            "print([m for m in sys.modules if m == 'kernels' or m.startswith(('kernels.', 'triton'))])")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", proc.stdout

@@ -63,15 +63,15 @@ def open_runner(provider_spec: str, device: str, *, isolation: str | None = None
 
 
 def spare_waiting() -> bool:
-    """Whether this process forked a child at its start that no runner has taken yet (``supervisor.prefork``)."""
-    supervisor = sys.modules.get("harness.isolation.supervisor")
-    return supervisor is not None and supervisor.spare_waiting()
+    """Whether this process forked a child at its start that no runner has taken yet (``spare.prefork``)."""
+    spare = sys.modules.get("harness.isolation.spare")
+    return spare is not None and spare.waiting()
 
 
 def discard_spare() -> None:
-    supervisor = sys.modules.get("harness.isolation.supervisor")
-    if supervisor is not None:
-        supervisor.discard_spare()
+    spare = sys.modules.get("harness.isolation.spare")
+    if spare is not None:
+        spare.discard()
 
 
 def __getattr__(name: str):

@@ -7,7 +7,7 @@ milliseconds. ``fork`` copies only the calling thread, which is safe only
 - before the CUDA driver is initialized in the parent (a forked child cannot use the parent's driver state), and
 - before torch's first parallel CPU op in the parent (libgomp's OpenMP pool is not fork-safe: the child hangs at its
   first parallel region). Nothing in a process can tell whether that op has run, so the caller vouches for it:
-  forking is for a process's start (``supervisor.prefork``), right after torch is imported.
+  forking is for a process's start (``spare.prefork``), right after torch is imported.
 
 ``fork_hazard()`` says what makes a fork unsafe now ("" when nothing known does). The child of a fork runs
 ``run_in_child`` and never returns into the parent's code (``os._exit``).
@@ -28,19 +28,24 @@ EXIT_WHEN_CHILD_CODE_RAISES = 70
 _WAIT_STEP_SECONDS = 0.005
 
 
-def _cuda_driver_initialized() -> bool:
-    """Whether ``cuInit`` ran in this process. Asked only of a driver that is already loaded (loading it here would
-    change nothing, and a process without one has nothing to initialize): cuDeviceGetCount answers
-    CUDA_ERROR_NOT_INITIALIZED before cuInit."""
+def _cuda_driver_state() -> int | None:
+    """None where this process has not loaded the CUDA driver (it has nothing to initialize), else what
+    cuDeviceGetCount answers: CUDA_ERROR_NOT_INITIALIZED before ``cuInit``, 0 after it. Loading the library here
+    when it is already mapped initializes nothing."""
     try:
         with open("/proc/self/maps") as maps:
             if "libcuda.so" not in maps.read():
-                return False
+                return None
         driver = ctypes.CDLL("libcuda.so.1")
     except OSError:
-        return False
+        return None
     count = ctypes.c_int(0)
-    return driver.cuDeviceGetCount(ctypes.byref(count)) != CUDA_ERROR_NOT_INITIALIZED
+    return driver.cuDeviceGetCount(ctypes.byref(count))
+
+
+def _cuda_driver_initialized() -> bool:
+    state = _cuda_driver_state()
+    return state is not None and state != CUDA_ERROR_NOT_INITIALIZED
 
 
 def fork_hazard() -> str:
@@ -49,7 +54,8 @@ def fork_hazard() -> str:
     if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
         return f"fork is used on Linux only (this is {sys.platform})"
     if _cuda_driver_initialized():
-        return "the CUDA driver is initialized in this process, and a forked child cannot use it"
+        return (f"the CUDA driver is initialized in this process (cuDeviceGetCount returned {_cuda_driver_state()}), "
+                "and a forked child cannot use it")
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return "torch has initialized CUDA in this process"

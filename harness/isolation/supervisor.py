@@ -21,7 +21,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,16 +32,16 @@ import harness.isolation.protocol as protocol
 from harness.checks.base import CheckResult
 from harness.checks.providers import ProviderError
 from harness.checks.runner import fault_result
-from harness.isolation import forking
+from harness.isolation import forking, spare
 from harness.isolation.channel import Channel, ChannelClosed
 from harness.isolation.settings import TimeLimit, item_timeout
+from harness.isolation.spare import EXIT_WAIT_SECONDS
 
 # How long a new child may take to import torch, configure the device and load the provider: at least this, and at
 # least the item limit (a provider's import can be as slow as a call).
 MIN_START_SECONDS = 120.0
 TRACE_CHARS = 6000  # of a dying child's stack dump kept in the item's report
 DUMP_WAIT_SECONDS = 2.0  # for the stack dump of a timed-out child before it is killed
-EXIT_WAIT_SECONDS = 10.0  # for a child that closed its channel (or was told to close) to exit by itself
 
 
 class IsolationError(RuntimeError):
@@ -101,11 +100,12 @@ class Supervisor:
 
     def start(self) -> None:
         """Start a child unless one is running; returns at once (``run`` waits for it to be ready). The child is this
-        process's spare when ``prefork`` made one, else a fresh interpreter."""
+        process's spare when ``spare.prefork`` made one, else a fresh interpreter."""
         if self._proc is not None:
             return
-        launched = _take_spare()
-        how = "fork" if launched is not None else (f"spawn (no fork at start: {_refused})" if _refused else "spawn")
+        launched = spare.take()
+        how = "fork" if launched is not None else (f"spawn (no fork at start: {spare.refused})" if spare.refused
+                                                   else "spawn")
         self._proc, self._channel, self._trace = launched or _spawn()
         self.processes += 1
         self._ready = False
@@ -284,86 +284,8 @@ class Supervisor:
                 "processes": self.processes, "restarts": [asdict(r) for r in self.restarts], "starts": self.starts}
 
 
-Launched = tuple  # (process, the supervisor's Channel, the trace file)
-_spare: tuple[int, Launched] | None = None  # (the pid that forked it, the launched child) from ``prefork``
-_refused = ""  # why ``prefork`` did not fork, for the start records
-
-
-def prefork() -> str:
-    """Fork this process's first child now and keep it until a Supervisor starts: "" when forked, else why not
-    (``forking.fork_hazard``). Call it at the process's start, after torch is imported and before any torch op or
-    CUDA call (``harness.isolation.forking`` says why), so the child need not import torch again. The spare waits
-    for its ``Hello``; one never taken ends with this process (or ``discard_spare``)."""
-    global _spare, _refused
-    if _spare is not None and _spare[0] == os.getpid():
-        return ""
-    _refused = forking.fork_hazard()
-    if not _refused:
-        _spare = (os.getpid(), _fork())
-    return _refused
-
-
-def spare_waiting() -> bool:
-    return _spare is not None and _spare[0] == os.getpid()
-
-
-def discard_spare() -> None:
-    """Close an unused spare child and wait briefly for it."""
-    global _spare
-    found, _spare = _spare, None
-    if found is None or found[0] != os.getpid():
-        return
-    proc, channel, trace = found[1]
-    channel.close()
-    try:
-        proc.wait(EXIT_WAIT_SECONDS)
-    except subprocess.TimeoutExpired:
-        Supervisor._kill_group(proc)
-        proc.wait()
-    trace.close()
-
-
-def _take_spare() -> Launched | None:
-    global _spare
-    found, _spare = _spare, None
-    if found is None or found[0] != os.getpid():  # a spare belongs to the process that forked it
-        return None
-    proc = found[1][0]
-    if proc.poll() is not None:  # it died while it waited
-        found[1][1].close()
-        found[1][2].close()
-        return None
-    return found[1]
-
-
-def _pipes_and_trace():
-    request_r, request_w = os.pipe()
-    reply_r, reply_w = os.pipe()
-    trace = tempfile.TemporaryFile()  # already unlinked: a supervisor killed outright leaves no file behind
-    return request_r, request_w, reply_r, reply_w, trace
-
-
-def _fork() -> Launched:
-    from harness.isolation import child
-
-    request_r, request_w, reply_r, reply_w, trace = _pipes_and_trace()
-    parent = os.getpid()
-    try:
-        proc = forking.fork_child(lambda: child.run(request_r, reply_w, trace.fileno(), parent),
-                                  keep_fds=(request_r, reply_w, trace.fileno()))
-    except BaseException:
-        for fd in (reply_r, request_w):
-            os.close(fd)
-        trace.close()
-        raise
-    finally:
-        os.close(request_r)
-        os.close(reply_w)
-    return proc, Channel(reply_r, request_w), trace
-
-
-def _spawn() -> Launched:
-    request_r, request_w, reply_r, reply_w, trace = _pipes_and_trace()
+def _spawn() -> spare.Launched:
+    request_r, request_w, reply_r, reply_w, trace = spare.pipes_and_trace()
     root = str(Path(__file__).resolve().parents[2])  # where ``harness`` is imported from, for ``-m``
     env = _child_environ()
     env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))

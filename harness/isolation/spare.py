@@ -1,0 +1,98 @@
+"""A process's spare child: forked at the process's start, taken by the first ``Supervisor`` that starts.
+
+``prefork()`` must run where the process has imported torch and has neither touched CUDA nor run a torch op
+(``harness.isolation.forking`` says why). So this module imports nothing heavy: importing the harness's checks would
+import ``kernels``, whose package settles Triton's interpreter choice by asking torch for a GPU, which starts the
+CUDA driver (and then no fork is safe).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+
+from harness.isolation import forking
+from harness.isolation.channel import Channel
+
+EXIT_WAIT_SECONDS = 10.0  # for a child that closed its channel (or was told to close) to exit by itself
+
+Launched = tuple  # (process, the supervisor's Channel, the trace file)
+_spare: tuple[int, Launched] | None = None  # (the pid that forked it, the launched child)
+refused = ""  # why ``prefork`` did not fork, for the supervisor's start records
+
+
+def prefork() -> str:
+    """Fork this process's first child now and keep it until a Supervisor starts: "" when forked, else why not
+    (``forking.fork_hazard``). The spare waits for its ``Hello`` and needs not import torch again; one never taken
+    ends with this process (or ``discard``)."""
+    global _spare, refused
+    if waiting():
+        return ""
+    refused = forking.fork_hazard()
+    if not refused:
+        _spare = (os.getpid(), fork())
+    return refused
+
+
+def waiting() -> bool:
+    """Whether this process has a spare that no Supervisor took yet."""
+    return _spare is not None and _spare[0] == os.getpid()
+
+
+def take() -> Launched | None:
+    """The spare for a Supervisor to start (it then sends ``Hello``); None when there is none, or it died."""
+    global _spare
+    found, _spare = _spare, None
+    if found is None or found[0] != os.getpid():  # a spare belongs to the process that forked it
+        return None
+    proc, channel, trace = found[1]
+    if proc.poll() is not None:
+        channel.close()
+        trace.close()
+        return None
+    return found[1]
+
+
+def discard() -> None:
+    """Close an unused spare (it reads the end of its input and exits) and wait briefly for it."""
+    launched = take()
+    if launched is None:
+        return
+    proc, channel, trace = launched
+    channel.close()
+    try:
+        proc.wait(EXIT_WAIT_SECONDS)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # it started nothing: it never had a Hello
+        proc.wait()
+    trace.close()
+
+
+def pipes_and_trace():
+    """Two pipes (request, reply) and the child's trace file (faulthandler's): request_r, request_w, reply_r,
+    reply_w, trace."""
+    request_r, request_w = os.pipe()
+    reply_r, reply_w = os.pipe()
+    trace = tempfile.TemporaryFile()  # already unlinked: a supervisor killed outright leaves no file behind
+    return request_r, request_w, reply_r, reply_w, trace
+
+
+def fork() -> Launched:
+    """Fork a child now that serves ``harness.isolation.child.run`` over fresh pipes."""
+    from harness.isolation import child
+
+    request_r, request_w, reply_r, reply_w, trace = pipes_and_trace()
+    parent = os.getpid()
+    try:
+        proc = forking.fork_child(lambda: child.run(request_r, reply_w, trace.fileno(), parent),
+                                  keep_fds=(request_r, reply_w, trace.fileno()))
+    except BaseException:
+        for fd in (reply_r, request_w):
+            os.close(fd)
+        trace.close()
+        raise
+    finally:
+        os.close(request_r)
+        os.close(reply_w)
+    return proc, Channel(reply_r, request_w), trace
