@@ -7,7 +7,8 @@ kernels at their top and never configure the backend; they take the decision fro
 
 This file must import neither triton nor the kernels package: pytest loads it before ``pytest_configure`` when a path
 under tests/ is named on the command line, and importing ``kernels`` then settles the interpreter choice by asking
-torch for a GPU, which starts the CUDA driver before an xdist worker forks its child (``harness.isolation.spare``). Helpers that test modules share live in ``tests/support.py``.
+torch for a GPU, which starts the CUDA driver before an xdist worker forks its child (``harness.isolation.spare``).
+Helpers that test modules share live in ``tests/support.py``.
 
 Markers (``interpreter`` declared in pyproject.toml, ``gpu`` by the plugin), each with the reason a reader sees in
 the skip line:
