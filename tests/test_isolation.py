@@ -505,7 +505,12 @@ import torch  # as an xdist worker's start imports it (ssd_pytest.workers.start_
 torch.set_num_threads(1)
 from harness.isolation import spare
 
-assert spare.prefork() == ""
+out = {}
+assert spare.prefork() == ""  # a spare never used: discard ends it
+first = spare._spare[1][0]
+spare.discard()
+out["unused_spare_exit"] = first.returncode
+assert spare.prefork(device_context=sys.argv[3] == "cuda") == ""
 # Nothing the fork needs may import the kernels package, whose import asks torch for a GPU (starting the driver).
 heavy = [m for m in sys.modules if m == "kernels" or m.startswith(("kernels.", "harness.checks"))]
 assert not heavy, heavy
@@ -517,7 +522,6 @@ from harness.cases.loader import load_case_file
 device = backend.configure(sys.argv[3])
 os.environ["OMP_NUM_THREADS"] = "stale"  # the child's environment is the parent's at Hello, with its thread share
 cases = {c.id: c for c in load_case_file(sys.argv[1])}
-out = {}
 with supervisor.Supervisor("tests.faulty_providers:" + sys.argv[2], device) as sup:
     results = [sup.run(cases[c], "determinism") for c in ("tiny-direct", "tiny-batch", "tiny-returned")]
     out["results"] = [[r.status.value, r.summary, r.message[:300]] for r in results]
@@ -527,10 +531,9 @@ try:
     out["spare_alive_after_close"] = True
 except ProcessLookupError:
     out["spare_alive_after_close"] = False
-spare.prefork()  # a second spare, never used: discard ends it
-second = spare._spare[1][0]
+# After the device started (CUDA) no fork is safe: the reason, or "" under the interpreter
+out["late_prefork"] = spare.prefork()
 spare.discard()
-out["unused_spare_exit"] = second.returncode
 print(json.dumps(out))
 """
 
@@ -559,6 +562,8 @@ def test_a_child_forked_at_start_runs_items_and_its_crash_is_still_the_items_err
     assert set(starts[0]["phases"]) == phases and starts[0]["waited"] >= 0, starts
     assert [r["item"] for r in out["describe"]["restarts"]] == ["tiny-batch::determinism"], out
     assert out["spare_alive_after_close"] is False and out["unused_spare_exit"] == 0, out
+    late = out["late_prefork"]
+    assert late.startswith("the CUDA driver is initialized") if device == "cuda" else late == "", out
 
 
 def test_a_forked_child_takes_the_environment_and_thread_share_of_hello(tiny, device):

@@ -22,16 +22,17 @@ _spare: tuple[int, Launched] | None = None  # (the pid that forked it, the launc
 refused = ""  # why ``prefork`` did not fork, for the supervisor's start records
 
 
-def prefork() -> str:
+def prefork(device_context: bool = False) -> str:
     """Fork this process's first child now and keep it until a Supervisor starts: "" when forked, else why not
     (``forking.fork_hazard``). The spare waits for its ``Hello`` and needs not import torch again; one never taken
-    ends with this process (or ``discard``)."""
+    ends with this process (or ``discard``). ``device_context``: the spare creates its CUDA context meanwhile (the
+    caller knows the device will be a GPU)."""
     global _spare, refused
     if waiting():
         return ""
     refused = forking.fork_hazard()
     if not refused:
-        _spare = (os.getpid(), fork())
+        _spare = (os.getpid(), fork(device_context))
     return refused
 
 
@@ -78,14 +79,14 @@ def pipes_and_trace():
     return request_r, request_w, reply_r, reply_w, trace
 
 
-def fork() -> Launched:
+def fork(device_context: bool = False) -> Launched:
     """Fork a child now that serves ``harness.isolation.child.run`` over fresh pipes."""
     from harness.isolation import child
 
     request_r, request_w, reply_r, reply_w, trace = pipes_and_trace()
     parent = os.getpid()
     try:
-        proc = forking.fork_child(lambda: child.run(request_r, reply_w, trace.fileno(), parent),
+        proc = forking.fork_child(lambda: child.run(request_r, reply_w, trace.fileno(), parent, device_context),
                                   keep_fds=(request_r, reply_w, trace.fileno()))
     except BaseException:
         for fd in (reply_r, request_w):
