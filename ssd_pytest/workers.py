@@ -133,24 +133,22 @@ def start_worker(config: pytest.Config, worker_id: str) -> None:
     import torch
 
     torch.set_num_threads(cpu_threads_per_worker(xdist_worker_count(), usable_cores()))
-    on_gpu = config.getoption("device") != "cpu" and bool(os.environ.get(GPU_LIST_ENV))
-    prefork_child(config, on_gpu)
-    if on_gpu:
+    prefork_child(config)
+    if config.getoption("device") != "cpu" and os.environ.get(GPU_LIST_ENV):
         config.stash[_cuda_context_key] = backend.create_cuda_context_in_background()
 
 
-def prefork_child(config: pytest.Config, on_gpu: bool) -> None:
+def prefork_child(config: pytest.Config) -> None:
     """Under process isolation, fork the child that will run this worker's case items now, after torch is imported
     and before CUDA is touched: a child spawned later imports torch again (most of its start-up, paid by the first
     case item, by 16 children at once on a 16-worker GPU run) and a fork after the CUDA driver started is unsafe
-    (``harness.isolation.forking``). Where a fork is unsafe anyway, the child is spawned when first needed. On a GPU
-    the child queues its device context before the worker's own: its first case item waits for it."""
+    (``harness.isolation.forking``). Where a fork is unsafe anyway, the child is spawned when first needed."""
     from harness.isolation import isolation_mode
 
     if isolation_mode(config.getoption("isolation")) == "process":
         from harness.isolation import spare
 
-        spare.prefork(device_context=on_gpu)
+        spare.prefork(code_ran_before=True)  # the conftest files pytest imported before this hook
 
 
 def join_cuda_context(config: pytest.Config) -> None:

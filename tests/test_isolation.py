@@ -510,7 +510,7 @@ assert spare.prefork() == ""  # a spare never used: discard ends it
 first = spare._spare[1][0]
 spare.discard()
 out["unused_spare_exit"] = first.returncode
-assert spare.prefork(device_context=sys.argv[3] == "cuda") == ""
+assert spare.prefork() == ""
 # Nothing the fork needs may import the kernels package, whose import asks torch for a GPU (starting the driver).
 heavy = [m for m in sys.modules if m == "kernels" or m.startswith(("kernels.", "harness.checks"))]
 assert not heavy, heavy
@@ -603,3 +603,37 @@ class _NeverStarted:
 class _NoChannel:
     def send(self, message) -> None:
         self.sent = message
+
+
+OPENMP_BEFORE_FORK = """
+import sys, torch
+from harness.isolation import spare
+
+torch.set_num_threads(2)
+x = torch.randn(512, 512)
+(x * 2).sin().sum()  # a parallel op: torch's OpenMP pool now exists in this process
+print(spare.prefork(code_ran_before=True))
+torch.set_num_threads(1)  # a child that runs one thread never uses the pool
+print(repr(spare.prefork(code_ran_before=True)))
+from harness import backend
+from harness.cases.loader import load_case_file
+from harness.isolation.supervisor import Supervisor
+
+case = {c.id: c for c in load_case_file(sys.argv[1])}["tiny-direct"]
+with Supervisor("kernels:provider", backend.configure(sys.argv[2]), timeout=120) as sup:
+    result = sup.run(case, "determinism")
+    print(result.status.value, sup.describe()["starts"][0]["how"])
+"""
+
+
+def test_after_unknown_code_a_fork_is_made_only_for_a_one_thread_child(tiny, device):
+    """libgomp's pool does not survive a fork: a child that runs two OpenMP threads after a parallel op in its parent
+    hangs at its first parallel region. Where code ran before (a suite's conftest files), ``prefork`` forks only for
+    a child of one thread, which never uses the pool, and that child runs items."""
+    proc = subprocess.run([sys.executable, "-c", OPENMP_BEFORE_FORK, str(tiny), device], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=CLI_SECONDS)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    refused, forked, ran = proc.stdout.strip().splitlines()[-3:]
+    assert refused == ("the child would run 2 OpenMP threads, and code that ran here before may have started "
+                       "torch's OpenMP pool, which a forked child cannot use"), proc.stdout
+    assert forked == "''" and ran == "passed fork", proc.stdout

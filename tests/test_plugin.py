@@ -501,6 +501,9 @@ def test_one_xdist_run_merges_reports_keeps_units_together_and_starts_the_costli
          "--junitxml", str(junit), "--ssd-report", str(report), "--provider", "reference:provider",
          "--durations-from", str(earlier)],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300,
+        # Two cores for two workers: one torch thread each, so each forks its child (harness.isolation.forking) on
+        # any host.
+        preexec_fn=lambda: os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2]),
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ssd-harness summary" in proc.stdout and "no failures" in proc.stdout

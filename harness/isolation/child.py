@@ -102,12 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     return run(int(read_fd), int(write_fd), int(trace_fd), int(parent_pid))
 
 
-def run(read_fd: int, write_fd: int, trace_fd: int, parent_pid: int, early_context: bool = False) -> int:
+def run(read_fd: int, write_fd: int, trace_fd: int, parent_pid: int) -> int:
     """The child's life, spawned or forked (``harness.isolation.forking``): wait for ``Hello``, configure, answer
     ``Ready`` or ``Unusable``, serve. A forked child has its parent's modules already imported and waits here for
-    ``Hello``; a spawned one imports what it needs. ``early_context``: create the CUDA context while waiting for
-    ``Hello`` (a spare forked at a GPU worker's start: the driver creates contexts one at a time, and one queued at
-    ``Hello`` comes after every worker's own)."""
+    ``Hello``; a spawned one imports what it needs."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_with_parent(parent_pid)
     faulthandler.enable(trace_fd, all_threads=True)  # the descriptor stays open for the process's lifetime
@@ -117,10 +115,6 @@ def run(read_fd: int, write_fd: int, trace_fd: int, parent_pid: int, early_conte
     from harness.isolation.channel import Channel
 
     channel = Channel(read_fd, write_fd)
-    if early_context:
-        from harness import backend
-
-        context = backend.create_cuda_context_in_background()
     try:
         hello = channel.recv()
     except EOFError:  # a spare child that was never used
@@ -140,8 +134,7 @@ def run(read_fd: int, write_fd: int, trace_fd: int, parent_pid: int, early_conte
 
         # The device context is created on a side thread while this one imports and loads the provider: the driver
         # creates contexts one at a time, and a context first made in the first item would be that item's time.
-        if not early_context:
-            context = backend.create_cuda_context_in_background() if hello.device == "cuda" else None
+        context = backend.create_cuda_context_in_background() if hello.device == "cuda" else None
         device = backend.configure(hello.device)
         from harness import timeline
 

@@ -6,8 +6,10 @@ milliseconds. ``fork`` copies only the calling thread, which is safe only
 
 - before the CUDA driver is initialized in the parent (a forked child cannot use the parent's driver state), and
 - before torch's first parallel CPU op in the parent (libgomp's OpenMP pool is not fork-safe: the child hangs at its
-  first parallel region). Nothing in a process can tell whether that op has run, so the caller vouches for it:
-  forking is for a process's start (``spare.prefork``), right after torch is imported.
+  first parallel region with more than one thread; with one it never uses the pool). Nothing in a process can tell
+  whether that op has run, so the caller vouches for it: forking is for a process's start (``spare.prefork``),
+  right after torch is imported. Where code the caller does not know ran first (a test suite's conftest files), a
+  fork is made only for a child that will run one OpenMP thread.
 
 ``fork_hazard()`` says what makes a fork unsafe now ("" when nothing known does). The child of a fork runs
 ``run_in_child`` and never returns into the parent's code (``os._exit``).
@@ -48,9 +50,9 @@ def _cuda_driver_initialized() -> bool:
     return state is not None and state != CUDA_ERROR_NOT_INITIALIZED
 
 
-def fork_hazard() -> str:
+def fork_hazard(code_ran_before: bool = False) -> str:
     """Why forking this process now would give a broken child, in one line; "" when nothing known does (the OpenMP
-    condition is the caller's: see the module docstring)."""
+    condition is the caller's: see the module docstring; ``code_ran_before``: the caller cannot vouch for it)."""
     if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
         return f"fork is used on Linux only (this is {sys.platform})"
     if _cuda_driver_initialized():
@@ -59,6 +61,9 @@ def fork_hazard() -> str:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return "torch has initialized CUDA in this process"
+    if code_ran_before and torch is not None and torch.get_num_threads() > 1:
+        return (f"the child would run {torch.get_num_threads()} OpenMP threads, and code that ran here before may "
+                "have started torch's OpenMP pool, which a forked child cannot use")
     return ""
 
 

@@ -22,17 +22,17 @@ _spare: tuple[int, Launched] | None = None  # (the pid that forked it, the launc
 refused = ""  # why ``prefork`` did not fork, for the supervisor's start records
 
 
-def prefork(device_context: bool = False) -> str:
+def prefork(code_ran_before: bool = False) -> str:
     """Fork this process's first child now and keep it until a Supervisor starts: "" when forked, else why not
     (``forking.fork_hazard``). The spare waits for its ``Hello`` and needs not import torch again; one never taken
-    ends with this process (or ``discard``). ``device_context``: the spare creates its CUDA context meanwhile (the
-    caller knows the device will be a GPU)."""
+    ends with this process (or ``discard``). ``code_ran_before``: code this module does not know ran in this process
+    before the call (a test suite's conftest files), which may have started torch's OpenMP pool."""
     global _spare, refused
     if waiting():
         return ""
-    refused = forking.fork_hazard()
+    refused = forking.fork_hazard(code_ran_before)
     if not refused:
-        _spare = (os.getpid(), fork(device_context))
+        _spare = (os.getpid(), fork())
     return refused
 
 
@@ -79,14 +79,14 @@ def pipes_and_trace():
     return request_r, request_w, reply_r, reply_w, trace
 
 
-def fork(device_context: bool = False) -> Launched:
+def fork() -> Launched:
     """Fork a child now that serves ``harness.isolation.child.run`` over fresh pipes."""
     from harness.isolation import child
 
     request_r, request_w, reply_r, reply_w, trace = pipes_and_trace()
     parent = os.getpid()
     try:
-        proc = forking.fork_child(lambda: child.run(request_r, reply_w, trace.fileno(), parent, device_context),
+        proc = forking.fork_child(lambda: child.run(request_r, reply_w, trace.fileno(), parent),
                                   keep_fds=(request_r, reply_w, trace.fileno()))
     except BaseException:
         for fd in (reply_r, request_w):
