@@ -1,7 +1,8 @@
 """Starting the supervised child by ``fork`` instead of a fresh interpreter, at one moment where that is safe.
 
 A spawned child imports torch again, most of its start-up on the CPU, and 16 children doing it at once beside 16 busy
-pytest workers compete for the same cores. A forked child shares its parent's imported modules. ``fork`` copies only the calling thread, which is safe only
+pytest workers compete for the same cores. A forked child shares its parent's imported modules. ``fork`` copies only
+the calling thread, which is safe only
 
 - before the CUDA driver is initialized in the parent (a forked child cannot use the parent's driver state), and
 - before torch's first parallel CPU op in the parent (libgomp's OpenMP pool is not fork-safe: the child hangs at its
