@@ -637,3 +637,39 @@ def test_after_unknown_code_a_fork_is_made_only_for_a_one_thread_child(tiny, dev
     assert refused == ("the child would run 2 OpenMP threads, and code that ran here before may have started "
                        "torch's OpenMP pool, which a forked child cannot use"), proc.stdout
     assert forked == "''" and ran == "passed fork", proc.stdout
+
+
+def test_a_forked_child_keeps_only_its_own_descriptors_and_reports_its_end_like_popen():
+    """``forking.fork_child``: the child closes every descriptor but 0-2 and its own, so a pipe of the parent's
+    reaches its end of file when the parent closes its end (another supervisor's child must see the end of its
+    requests); ``ForkedProcess`` reports a signal as Popen does (negative) and its wait has a time limit."""
+    from harness.isolation import forking
+
+    other_r, other_w = os.pipe()  # the parent's: the child must not hold its write end
+    mine_r, mine_w = os.pipe()  # the child's: it blocks reading until the parent closes the write end
+
+    def child() -> int:
+        os.read(mine_r, 1)
+        return 7
+
+    proc = forking.fork_child(child, keep_fds=(mine_r,))
+    try:
+        os.close(other_w)
+        import select
+
+        # End of file at once: no other holder of the write end (a child that kept it would leave this blocked).
+        assert select.select([other_r], [], [], 10)[0] and os.read(other_r, 1) == b""
+        assert proc.poll() is None
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(0.05)
+        os.close(mine_w)
+        assert proc.wait(30) == 7 and proc.returncode == 7
+        proc.kill()  # after its end: nothing to do
+    finally:
+        for fd in (other_r, mine_r):
+            os.close(fd)
+        if proc.returncode is None:
+            proc.kill()
+    hung = forking.fork_child(lambda: time.sleep(60) or 0, keep_fds=())
+    hung.kill()
+    assert hung.wait(30) == -signal.SIGKILL
