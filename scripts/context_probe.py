@@ -25,17 +25,22 @@ def together(n: int) -> None:
     for _ in range(n):
         pid = os.fork()
         if pid == 0:
-            os.write(write, f"{create():.3f}\n".encode())
-            os._exit(0)
+            try:
+                os.write(write, f"{create():.3f}\n".encode())
+            finally:
+                os._exit(0)  # never back into the parent's loop, whatever happened
         pids.append(pid)
     for pid in pids:
         os.waitpid(pid, 0)
     wall = time.monotonic() - began
     os.close(write)
     times = sorted(float(t) for t in os.read(read, 1 << 16).split())
-    print(f"{n:>3} at once: wall {wall:.2f} s; each {times[0]:.2f}..{times[-1]:.2f} s, median {times[len(times) // 2]:.2f}",
-          flush=True)
+    if len(times) < n:
+        sys.exit(f"{n - len(times)} of {n} processes could not create a context (no CUDA driver here?)")
+    median = times[len(times) // 2]
+    print(f"{n:>3} at once: wall {wall:.2f} s; each {times[0]:.2f}..{times[-1]:.2f} s, median {median:.2f}", flush=True)
 
 
-for n in [int(a) for a in sys.argv[1:]] or [1, 16, 32]:
-    together(n)
+if __name__ == "__main__":
+    for n in [int(a) for a in sys.argv[1:]] or [1, 16, 32]:
+        together(n)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU runner does everything (device time is scarce): environment, the test suite on CUDA,
 # the case corpus, the bench. Usage: scripts/gpu_run.sh [STEP...] with steps env, tests, cases, bench
-# (default: env tests cases bench; also pyc, lab, fusion, durations, bench-twice, startup, spawn-probe, exit-probe, fork-probe, recheck, suite, suite-warm, warmup, cases-warm, stages,
+# (default: env tests cases bench; also pyc, lab, fusion, durations, bench-twice, startup, spawn-probe, exit-probe, fork-probe, context-probe, recheck, suite, suite-warm, warmup, cases-warm, stages,
 # profile-ref, profile-warmup, peer-bench). Full logs go under $OUT (the device tool brings them back); a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
@@ -156,6 +156,8 @@ for step in $steps; do
         --workers-per-gpu 2 --device cuda -p no:cacheprovider --ssd-report "$OUT/fork-probe.json"
       $PY -c "import json, sys; [print(w, s) for w, d in sorted(json.load(open(sys.argv[1]))['meta']['worker_isolation'].items()) for s in d['starts']]" \
         "$OUT/fork-probe.json" | tee -a "$OUT/fork-probe-pytest.log" ;;
+    context-probe)  # how long N processes take to create their CUDA contexts at once (driver API, no torch)
+      run_step context-probe $PY scripts/context_probe.py 1 16 32 ;;
     fusion)  # chunk state + state passing as two kernels against the fused kernel under candidate tiles
       # (scripts/fusion_lab.py): bits against the pair, stability, graph-replay us, on the four bench workloads
       run_step fusion $PY scripts/fusion_lab.py --reps "${LAB_REPS:-200}" ;;
