@@ -13,7 +13,7 @@ One mechanism for every front end (the CLI's ``run`` and ``repro``, pytest items
     finally:
         runner.close()
     runner.restarts    # [Restart(item, cause)]: every child replaced, and why
-    runner.describe()  # {"isolation", "item_timeout", "processes", "restarts"} for a report's meta
+    runner.describe()  # {"isolation", "item_timeout", "processes", "restarts", "starts"} for a report's meta
 
 ``open_runner(spec, device, isolation=None, timeout=None, provider=None, warmup_first=0.0)`` returns
 

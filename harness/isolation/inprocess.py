@@ -64,4 +64,4 @@ class InProcess:
         self.close()
 
     def describe(self) -> dict:
-        return {"isolation": self.mode, "item_timeout": None, "processes": 0, "restarts": []}
+        return {"isolation": self.mode, "item_timeout": None, "processes": 0, "restarts": [], "starts": []}

@@ -9,9 +9,11 @@ fail into a result of the item it was running, then starts a fresh child for the
 - The child reports a sticky device error after an item (``harness.isolation.sticky``): the item keeps its own
   result, and the child, which exits by itself, is replaced.
 
-A replaced child is recorded in ``restarts`` (which item, why). The child is started lazily, at the first request,
-and kept for every later one; ``start()`` starts it early without waiting for it (its imports then overlap the
-caller's own work). Nothing is retried: an item that crashed its process is reported, never run again as passed.
+A replaced child is recorded in ``restarts`` (which item, why), every start in ``starts`` (fork or spawn, the wait,
+the child's phases). The child is started lazily, at the first request, and kept for every later one; ``start()``
+starts it early without waiting for it (its start-up then overlaps the caller's own work). The first is the
+process's spare when ``spare.prefork`` forked one. Nothing is retried: an item that crashed its process is reported,
+never run again as passed.
 """
 
 from __future__ import annotations
