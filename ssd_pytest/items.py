@@ -146,9 +146,9 @@ def runner(config: pytest.Config):
 def start_spare_runner(config: pytest.Config) -> None:
     """Where this worker forked its child at start (``workers.prefork_child``), configure it now, once the device is
     known: the child's imports and device context then overlap this worker's collection."""
-    from harness.isolation import spare_waiting
+    from harness.isolation import spare
 
-    if spare_waiting():
+    if spare.waiting():
         runner(config).start()
 
 
@@ -166,9 +166,9 @@ def close_runner(config: pytest.Config) -> None:
     found = config.stash.get(_runner_key, None)
     if found is not None:
         found.close()
-    from harness.isolation import discard_spare
+    from harness.isolation import spare
 
-    discard_spare()
+    spare.discard()
 
 
 def runner_description(config: pytest.Config) -> dict | None:

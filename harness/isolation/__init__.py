@@ -37,8 +37,6 @@ passed. ``settings``: ``isolation_mode`` (``--isolation`` / ``SSD_HARNESS_ISOLAT
 
 from __future__ import annotations
 
-import sys
-
 from harness.isolation.settings import (
     DEFAULT_TIMEOUTS,
     ISOLATION_ENV,
@@ -62,18 +60,6 @@ def open_runner(provider_spec: str, device: str, *, isolation: str | None = None
     return Supervisor(provider_spec, device, timeout=timeout, warmup_first=warmup_first)
 
 
-def spare_waiting() -> bool:
-    """Whether this process forked a child at its start that no runner has taken yet (``spare.prefork``)."""
-    spare = sys.modules.get("harness.isolation.spare")
-    return spare is not None and spare.waiting()
-
-
-def discard_spare() -> None:
-    spare = sys.modules.get("harness.isolation.spare")
-    if spare is not None:
-        spare.discard()
-
-
 def __getattr__(name: str):
     """``Supervisor``, ``InProcess``, ``IsolationError`` and ``Restart`` on first use: importing this package stays
     cheap (no torch) for processes that only read the settings."""
@@ -90,4 +76,4 @@ def __getattr__(name: str):
 
 
 __all__ = ["DEFAULT_TIMEOUTS", "ISOLATION_ENV", "TIMEOUT_ENV", "InProcess", "IsolationError", "Restart", "Supervisor",
-           "TimeLimit", "discard_spare", "isolation_mode", "item_timeout", "open_runner", "spare_waiting"]
+           "TimeLimit", "isolation_mode", "item_timeout", "open_runner"]

@@ -45,19 +45,15 @@ def _cuda_driver_state() -> int | None:
     return driver.cuDeviceGetCount(ctypes.byref(count))
 
 
-def _cuda_driver_initialized() -> bool:
-    state = _cuda_driver_state()
-    return state is not None and state != CUDA_ERROR_NOT_INITIALIZED
-
-
 def fork_hazard(code_ran_before: bool = False) -> str:
     """Why forking this process now would give a broken child, in one line; "" when nothing known does (the OpenMP
     condition is the caller's: see the module docstring; ``code_ran_before``: the caller cannot vouch for it)."""
     if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
         return f"fork is used on Linux only (this is {sys.platform})"
-    if _cuda_driver_initialized():
-        return (f"the CUDA driver is initialized in this process (cuDeviceGetCount returned {_cuda_driver_state()}), "
-                "and a forked child cannot use it")
+    driver = _cuda_driver_state()
+    if driver is not None and driver != CUDA_ERROR_NOT_INITIALIZED:
+        return (f"the CUDA driver is initialized in this process (cuDeviceGetCount returned {driver}), and a forked "
+                "child cannot use it")
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return "torch has initialized CUDA in this process"
