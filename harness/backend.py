@@ -77,7 +77,7 @@ def nvml_device_count(library: str = "libnvidia-ml.so.1") -> int:
         nvml.nvmlShutdown()
 
 
-def create_cuda_context_in_background(library: str = "libcuda.so.1", driver=None):
+def create_cuda_context_in_background(library: str = "libcuda.so.1", driver=None, after=None):
     """Create this process's CUDA context (the device's primary context, the one torch's runtime then uses) on a
     side thread, through the driver API, while the main thread goes on importing torch and collecting. Returns the
     thread, or None where there is no driver. ``driver``: the loaded library (a stand-in, for tests).
@@ -88,7 +88,8 @@ def create_cuda_context_in_background(library: str = "libcuda.so.1", driver=None
     start-up, whose imports keep the cores busy anyway; ctypes lets go of the GIL for each call. A failure here is
     left to show again, with its message, at the first real use (a test, with its node id). Join the thread before
     the process exits (the pytest plugin does, in ``pytest_unconfigure``): a thread inside the driver at exit can
-    crash the process."""
+    crash the process. ``after``: called on the thread first; the context is made only if it returns true (a
+    process that waits for another's context: ``harness.isolation.spare.wait_for_spare_context``)."""
     import threading
 
     if driver is None:
@@ -98,6 +99,8 @@ def create_cuda_context_in_background(library: str = "libcuda.so.1", driver=None
             return None
 
     def create() -> None:
+        if after is not None and not after():
+            return
         device, context = ctypes.c_int(0), ctypes.c_void_p()
         if driver.cuInit(0) == 0 and driver.cuDeviceGet(ctypes.byref(device), 0) == 0:
             driver.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)

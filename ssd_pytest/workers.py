@@ -15,6 +15,9 @@ from ssd_pytest import private_api
 
 GPU_LIST_ENV = "SSD_HARNESS_VISIBLE_GPUS"  # set by the controller, read by workers
 
+# When an xdist worker whose case items run in a forked child makes its own context (experiment, docs/gpu-runs.md):
+# after-child (once the child has its own), at-start, on-demand (torch makes it at the first CUDA call).
+WORKER_CONTEXT_ENV = "SSD_HARNESS_WORKER_CONTEXT"
 _cuda_context_key = pytest.StashKey[object]()  # an xdist worker's context-creating thread (backend)
 
 
@@ -127,28 +130,39 @@ def pin_worker(worker_id: str) -> None:
 def start_worker(config: pytest.Config, worker_id: str) -> None:
     """An xdist worker's set-up, before its device is configured: the early exit as its last cleanup, one GPU, a fair
     share of torch's threads, the case items' child process forked (``prefork_child``), then the CUDA context
-    created on a side thread while the worker configures and collects."""
+    created on a side thread while the worker configures and collects; with a forked child, only once the child has
+    made its own (the driver makes contexts one at a time, and the child's is what the first case item waits for)."""
     config.add_cleanup(lambda: exit_worker_now(config))  # registered first: the last cleanup to run
     pin_worker(worker_id)
     import torch
 
     torch.set_num_threads(cpu_threads_per_worker(xdist_worker_count(), usable_cores()))
-    prefork_child(config)
+    forked = prefork_child(config)
     if config.getoption("device") != "cpu" and os.environ.get(GPU_LIST_ENV):
-        config.stash[_cuda_context_key] = backend.create_cuda_context_in_background()
+        order = os.environ.get(WORKER_CONTEXT_ENV, "after-child")
+        if order == "on-demand" and forked:
+            return
+        after = None
+        if order == "after-child" and forked:
+            from harness.isolation import spare
+
+            after = spare.wait_for_spare_context
+        config.stash[_cuda_context_key] = backend.create_cuda_context_in_background(after=after)
 
 
-def prefork_child(config: pytest.Config) -> None:
+def prefork_child(config: pytest.Config) -> bool:
     """Under process isolation, fork the child that will run this worker's case items now, after torch is imported
     and before CUDA is touched: a child spawned later imports torch again (most of its start-up, paid by the first
     case item, by 16 children at once on a 16-worker GPU run) and a fork after the CUDA driver started is unsafe
-    (``harness.isolation.forking``). Where a fork is unsafe anyway, the child is spawned when first needed."""
+    (``harness.isolation.forking``). Where a fork is unsafe anyway, the child is spawned when first needed. Returns
+    whether it forked."""
     from harness.isolation import isolation_mode
 
     if isolation_mode(config.getoption("isolation")) == "process":
         from harness.isolation import spare
 
-        spare.prefork(code_ran_before=True)  # the conftest files pytest imported before this hook
+        return not spare.prefork(code_ran_before=True)  # the conftest files pytest imported before this hook
+    return False
 
 
 def join_cuda_context(config: pytest.Config) -> None:

@@ -510,6 +510,7 @@ assert spare.prefork() == ""  # a spare never used: discard ends it
 first = spare._spare[1][0]
 spare.discard()
 out["unused_spare_exit"] = first.returncode
+out["context_wait_after_discard"] = spare.wait_for_spare_context(0)  # discard closed the signal too
 assert spare.prefork() == ""
 # Nothing the fork needs may import the kernels package, whose import asks torch for a GPU (starting the driver).
 heavy = [m for m in sys.modules if m == "kernels" or m.startswith(("kernels.", "harness.checks"))]
@@ -523,6 +524,9 @@ device = backend.configure(sys.argv[3])
 os.environ["OMP_NUM_THREADS"] = "stale"  # the child's environment is the parent's at Hello, with its thread share
 cases = {c.id: c for c in load_case_file(sys.argv[1])}
 with supervisor.Supervisor("tests.faulty_providers:" + sys.argv[2], device) as sup:
+    sup.start()  # Hello: the child configures itself, makes its device context and says so
+    out["context_made"] = spare.wait_for_spare_context(120)
+    out["context_wait_again"] = spare.wait_for_spare_context(0)  # once per spare
     results = [sup.run(cases[c], "determinism") for c in ("tiny-direct", "tiny-batch", "tiny-returned")]
     out["results"] = [[r.status.value, r.summary, r.message[:300]] for r in results]
     out["describe"] = sup.describe()
@@ -562,6 +566,7 @@ def test_a_child_forked_at_start_runs_items_and_its_crash_is_still_the_items_err
     assert set(starts[0]["phases"]) == phases and starts[0]["waited"] >= 0, starts
     assert [r["item"] for r in out["describe"]["restarts"]] == ["tiny-batch::determinism"], out
     assert out["spare_alive_after_close"] is False and out["unused_spare_exit"] == 0, out
+    assert (out["context_wait_after_discard"], out["context_made"], out["context_wait_again"]) == (False, True, False)
     late = out["late_prefork"]
     assert late.startswith("the CUDA driver is initialized") if device == "cuda" else late == "", out
 
@@ -573,6 +578,39 @@ def test_a_forked_child_takes_the_environment_and_thread_share_of_hello(tiny, de
     assert out["describe"]["starts"][0]["how"] == "fork", out
     status, _, message = out["results"][1]
     assert status == "error" and "torch threads=1 OMP_NUM_THREADS=1" in message, out
+
+
+def test_waiting_for_the_spares_context_is_bounded_and_needs_its_signal(monkeypatch):
+    """``spare.wait_for_spare_context``: true only for the spare's signal byte; false at its end of file (a child that
+    ended without a context), when the wait runs out, or in another process than the one that forked (a fork of a
+    fork must not take its parent's signal); the descriptor is closed in every case."""
+    from harness.isolation import spare
+
+    def pipe_with(data: bytes | None, owner: int | None = None) -> int:
+        r, w = os.pipe()
+        if data:
+            os.write(w, data)
+        if data is not None:
+            os.close(w)
+        else:
+            opened.append(w)
+        monkeypatch.setattr(spare, "_context_made", (owner or os.getpid(), r))
+        return r
+
+    opened: list[int] = []
+    for data, expected in ((spare.CONTEXT_MADE, True), (b"", False), (b"x", False)):
+        r = pipe_with(data)
+        assert spare.wait_for_spare_context(5) is expected
+        with pytest.raises(OSError):
+            os.fstat(r)
+    began = time.monotonic()
+    pipe_with(None)  # the child still making its context
+    assert spare.wait_for_spare_context(0.2) is False and 0.15 < time.monotonic() - began < 5
+    r = pipe_with(spare.CONTEXT_MADE, owner=os.getpid() + 1)
+    assert spare.wait_for_spare_context(5) is False
+    os.close(r)  # the forking process's to close, not this one's
+    for fd in opened:
+        os.close(fd)
 
 
 def test_no_fork_where_the_cuda_driver_is_initialized(monkeypatch):

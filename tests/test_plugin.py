@@ -380,6 +380,18 @@ def test_the_cuda_context_is_created_on_a_side_thread_through_the_driver():
     assert not thread.is_alive() and thread.daemon
     assert calls == [("cuInit", 0, "ssd-harness-cuda-context"), ("cuDeviceGet", 0), ("cuDevicePrimaryCtxRetain", 7)]
     assert backend.create_cuda_context_in_background(library="libno-such-cuda.so.1") is None
+    # ``after``: the thread first waits on it (a worker on its forked child's context), and makes none when it
+    # says no (the child ended without one: torch makes the worker's at its first CUDA call).
+    for answer, expected in ((False, []), (True, ["cuInit", "cuDeviceGet", "cuDevicePrimaryCtxRetain"])):
+        calls.clear()
+        asked = []
+        def after(answer=answer, asked=asked) -> bool:
+            asked.append(threading.current_thread().name)
+            return answer
+
+        thread = backend.create_cuda_context_in_background(driver=Driver(), after=after)
+        thread.join(timeout=30)
+        assert asked == ["ssd-harness-cuda-context"] and [c[0] for c in calls] == expected
 
 
 def test_report_merge_and_summary_group_failures():

@@ -49,6 +49,16 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
 
 
+def _say_context_made(fd: int | None) -> None:
+    if fd is not None:
+        from harness.isolation.spare import CONTEXT_MADE
+
+        try:
+            os.write(fd, CONTEXT_MADE)
+        finally:
+            os.close(fd)
+
+
 def serve(channel, worker) -> int:
     from harness import timeline
     from harness.isolation import protocol
@@ -102,10 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     return run(int(read_fd), int(write_fd), int(trace_fd), int(parent_pid))
 
 
-def run(read_fd: int, write_fd: int, trace_fd: int, parent_pid: int) -> int:
+def run(read_fd: int, write_fd: int, trace_fd: int, parent_pid: int, context_made_fd: int | None = None) -> int:
     """The child's life, spawned or forked (``harness.isolation.forking``): wait for ``Hello``, configure, answer
     ``Ready`` or ``Unusable``, serve. A forked child has its parent's modules already imported and waits here for
-    ``Hello``; a spawned one imports what it needs."""
+    ``Hello``; a spawned one imports what it needs. ``context_made_fd``: where to write ``spare.CONTEXT_MADE`` once
+    the device context exists (the parent waits for it before making its own), closed then or at exit."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_with_parent(parent_pid)
     faulthandler.enable(trace_fd, all_threads=True)  # the descriptor stays open for the process's lifetime
@@ -153,6 +164,7 @@ def run(read_fd: int, write_fd: int, trace_fd: int, parent_pid: int) -> int:
         if context is not None:
             context.join()
             mark("device_context")
+        _say_context_made(context_made_fd)
     except BaseException as exc:  # noqa: BLE001 - the supervisor reports it as an unusable provider
         from harness.checks.providers import ProviderError
 

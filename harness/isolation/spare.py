@@ -9,6 +9,7 @@ CUDA driver (and then no fork is safe).
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import tempfile
 
@@ -16,10 +17,13 @@ from harness.isolation import forking
 from harness.isolation.channel import Channel
 
 EXIT_WAIT_SECONDS = 10.0  # for a child that closed its channel (or was told to close) to exit by itself
+CHILD_CONTEXT_WAIT_SECONDS = 60.0  # the most a process waits for its spare's device context before making its own
 
+CONTEXT_MADE = b"c"
 Launched = tuple  # (process, the supervisor's Channel, the trace file)
 _spare: tuple[int, Launched] | None = None  # (the pid that forked it, the launched child)
 refused = ""  # why ``prefork`` did not fork, for the supervisor's start records
+_context_made: tuple[int, int] | None = None  # (the pid that forked, a pipe's read end): see wait_for_spare_context
 
 
 def prefork(code_ran_before: bool = False) -> str:
@@ -27,13 +31,38 @@ def prefork(code_ran_before: bool = False) -> str:
     (``forking.fork_hazard``). The spare waits for its ``Hello`` and needs not import torch again; one never taken
     ends with this process (or ``discard``). ``code_ran_before``: code this module does not know ran in this process
     before the call (a test suite's conftest files), which may have started torch's OpenMP pool."""
-    global _spare, refused
+    global _spare, _context_made, refused
     if waiting():
         return ""
     refused = forking.fork_hazard(code_ran_before)
     if not refused:
-        _spare = (os.getpid(), fork())
+        made_r, made_w = os.pipe()
+        try:
+            _spare = (os.getpid(), fork(context_made_fd=made_w))
+        except BaseException:
+            os.close(made_r)
+            raise
+        finally:
+            os.close(made_w)
+        _context_made = (os.getpid(), made_r)
     return refused
+
+
+def wait_for_spare_context(timeout: float = CHILD_CONTEXT_WAIT_SECONDS) -> bool:
+    """Block until this process's spare has made its device context: True once it has, False when it ended
+    without one, the wait ran out, or there is no spare. The driver makes contexts one at a time, so a process whose
+    case items run in its spare makes its own context only after the spare's (its first case item then does not
+    wait behind it); a call that needs the context before then gets it from torch as usual. Once per spare."""
+    global _context_made
+    found, _context_made = _context_made, None
+    if found is None or found[0] != os.getpid():
+        return False
+    fd = found[1]
+    try:
+        readable, _, _ = select.select([fd], [], [], timeout)
+        return bool(readable) and os.read(fd, 1) == CONTEXT_MADE
+    finally:
+        os.close(fd)
 
 
 def waiting() -> bool:
@@ -57,6 +86,10 @@ def take() -> Launched | None:
 
 def discard() -> None:
     """Close an unused spare (it reads the end of its input and exits) and wait briefly for it."""
+    global _context_made
+    if _context_made is not None and _context_made[0] == os.getpid():  # nobody waits on it (a waiter takes it)
+        os.close(_context_made[1])
+        _context_made = None
     launched = take()
     if launched is None:
         return
@@ -79,15 +112,19 @@ def pipes_and_trace():
     return request_r, request_w, reply_r, reply_w, trace
 
 
-def fork() -> Launched:
-    """Fork a child now that serves ``harness.isolation.child.run`` over fresh pipes."""
+def fork(context_made_fd: int | None = None) -> Launched:
+    """Fork a child now that serves ``harness.isolation.child.run`` over fresh pipes; ``context_made_fd``: a pipe's
+    write end the child writes ``CONTEXT_MADE`` to once its device context exists (the child's alone: the caller
+    closes its copy)."""
     from harness.isolation import child
 
     request_r, request_w, reply_r, reply_w, trace = pipes_and_trace()
     parent = os.getpid()
+    kept = (request_r, reply_w, trace.fileno()) + ((context_made_fd,) if context_made_fd is not None else ())
     try:
-        proc = forking.fork_child(lambda: child.run(request_r, reply_w, trace.fileno(), parent),
-                                  keep_fds=(request_r, reply_w, trace.fileno()))
+        proc = forking.fork_child(lambda: child.run(request_r, reply_w, trace.fileno(), parent,
+                                                    context_made_fd=context_made_fd),
+                                  keep_fds=kept)
     except BaseException:
         for fd in (reply_r, request_w):
             os.close(fd)
