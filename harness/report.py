@@ -20,9 +20,9 @@ FAILURE_OUTCOMES = ("failed", "error", "xpassed")
 MESSAGE_CHARS = 8000
 REPORT_SCHEMA = "ssd-harness-report/1"
 # A part's meta that differs per worker, and where the merged report keeps it by worker: the GPU it was pinned to,
-# its start-up phases and its compile ledger (harness.timeline).
+# its start-up phases, its compile ledger and its CPU so far (harness.timeline).
 PER_WORKER_META = {"gpu": "worker_gpus", "phases": "worker_phases", "compiles": "worker_compiles",
-                   "isolation": "worker_isolation"}
+                   "isolation": "worker_isolation", "cpu": "worker_cpu"}
 
 
 @dataclass

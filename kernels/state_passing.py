@@ -32,6 +32,8 @@ from kernels.tuned_configs import checked_in
 
 # Kernels may only read constexpr globals.
 _LOG2E = tl.constexpr(LOG2E)
+# Chunks whose rows each program reads at once (the loops are written out for four).
+READ_AHEAD = tl.constexpr(4)
 
 # The candidates measured on the serving shape that came within noise of the best (docs/gpu-runs.md): 64 and 128
 # launch too many programs, 2048 too few, and 1024 keeps up only with 8 warps (the serving class's checked-in
@@ -68,11 +70,11 @@ def recurrence_step(s, new, dA_end):
     snapshot and the indexed kernels so their arithmetic is one piece of code. ``exp`` as ``exp2(LOG2E * x)`` (equal
     to torch.exp2 on CUDA); the multiply-add is one expression so CUDA contracts it to an FMA (torch.addcmul).
 
-    The kernels load chunk c + 1 (``load_chunk``) before chunk c's step and stores: the loop is bound by memory
-    latency (each program has one chunk's row in flight otherwise, and every program of the grid is resident at
-    once), and a load that follows a store cannot be hoisted by the compiler (the pointers may alias). Reading
-    chunk c + 1 before writing chunk c's outputs is also what an in-place call needs: no output of chunk c lies in
-    chunk c + 1's row."""
+    The kernels read ``READ_AHEAD`` chunks' rows (``load_chunk``) before those chunks' steps and stores: the loop is
+    bound by memory latency (each program has one chunk's row in flight otherwise, and every program of the grid is
+    resident at once), and a load that follows a store cannot be hoisted by the compiler (the pointers may alias).
+    So the chunk states must not overlap the outputs (``memory_overlaps``; the snapshot kernel's output is its own).
+    """
     return tl.math.exp2(_LOG2E * dA_end) * s + new
 
 
@@ -130,31 +132,64 @@ def _state_passing_kernel(
     else:
         s = tl.zeros((BLOCK_SIZE,), dtype=tl.float32)
 
-    new, dA_end = load_chunk(states_ptr, dA_cs_ptr, mask, nchunks > 0)
-    for c in range(nchunks):
-        next_new, next_dA_end = load_chunk(states_ptr + stride_states_chunk, dA_cs_ptr + stride_dA_chunk, mask,
-                                           c + 1 < nchunks)
-        seq = tl.load(seq_idx_ptr + c * stride_seq_idx)
-        if seq != prev_seq:  # first chunk of a new sequence: restart from its initial state
-            if HAS_INIT:
-                s = tl.load(init_ptr + seq.to(tl.int64) * stride_init_batch + pid_h * stride_init_head + offs,
-                            mask=mask, other=0.0).to(tl.float32)
+    # READ_AHEAD chunks' rows (and sequence indices) are read before their steps and stores (recurrence_step says
+    # why); each chunk's step is then the loop body below, once per chunk, in order.
+    for first in range(0, nchunks, READ_AHEAD):
+        new0, end0 = load_chunk(states_ptr, dA_cs_ptr, mask, True)
+        new1, end1 = load_chunk(states_ptr + stride_states_chunk, dA_cs_ptr + stride_dA_chunk, mask,
+                                first + 1 < nchunks)
+        new2, end2 = load_chunk(states_ptr + 2 * stride_states_chunk, dA_cs_ptr + 2 * stride_dA_chunk, mask,
+                                first + 2 < nchunks)
+        new3, end3 = load_chunk(states_ptr + 3 * stride_states_chunk, dA_cs_ptr + 3 * stride_dA_chunk, mask,
+                                first + 3 < nchunks)
+        seq0 = tl.load(seq_idx_ptr + first * stride_seq_idx)
+        seq1 = tl.load(seq_idx_ptr + (first + 1) * stride_seq_idx, mask=first + 1 < nchunks, other=0)
+        seq2 = tl.load(seq_idx_ptr + (first + 2) * stride_seq_idx, mask=first + 2 < nchunks, other=0)
+        seq3 = tl.load(seq_idx_ptr + (first + 3) * stride_seq_idx, mask=first + 3 < nchunks, other=0)
+        for k in tl.static_range(READ_AHEAD):  # unrolled: k is a constant, so each branch below is chosen at compile
+            if k == 0:
+                new, dA_end, seq = new0, end0, seq0
+            elif k == 1:
+                new, dA_end, seq = new1, end1, seq1
+            elif k == 2:
+                new, dA_end, seq = new2, end2, seq2
             else:
-                s = tl.zeros((BLOCK_SIZE,), dtype=tl.float32)
-        prev_seq = seq
-        s = recurrence_step(s, new, dA_end)
-        tl.store(out_ptr, s.to(out_ptr.dtype.element_ty), mask=mask)
-        if WRITE_CACHE:
-            last = tl.load(last_chunk_ptr + seq.to(tl.int64) * stride_last_chunk)
-            if last == c:
-                slot = tl.load(final_idx_ptr + seq.to(tl.int64) * stride_final_idx).to(tl.int64)
-                if slot >= 0:  # negative slot: padded sequence, write nothing
-                    dst = cache_ptr + slot * stride_cache_slot + pid_h * stride_cache_head + offs
-                    tl.store(dst, s.to(cache_ptr.dtype.element_ty), mask=mask)
-        new, dA_end = next_new, next_dA_end
-        states_ptr += stride_states_chunk
-        out_ptr += stride_out_chunk
-        dA_cs_ptr += stride_dA_chunk
+                new, dA_end, seq = new3, end3, seq3
+            c = first + k
+            if c < nchunks:
+                if seq != prev_seq:  # first chunk of a new sequence: restart from its initial state
+                    if HAS_INIT:
+                        s = tl.load(init_ptr + seq.to(tl.int64) * stride_init_batch + pid_h * stride_init_head + offs,
+                                    mask=mask, other=0.0).to(tl.float32)
+                    else:
+                        s = tl.zeros((BLOCK_SIZE,), dtype=tl.float32)
+                prev_seq = seq
+                s = recurrence_step(s, new, dA_end)
+                tl.store(out_ptr + k * stride_out_chunk, s.to(out_ptr.dtype.element_ty), mask=mask)
+                if WRITE_CACHE:
+                    last = tl.load(last_chunk_ptr + seq.to(tl.int64) * stride_last_chunk)
+                    if last == c:
+                        slot = tl.load(final_idx_ptr + seq.to(tl.int64) * stride_final_idx).to(tl.int64)
+                        if slot >= 0:  # negative slot: padded sequence, write nothing
+                            dst = cache_ptr + slot * stride_cache_slot + pid_h * stride_cache_head + offs
+                            tl.store(dst, s.to(cache_ptr.dtype.element_ty), mask=mask)
+        states_ptr += READ_AHEAD * stride_states_chunk
+        out_ptr += READ_AHEAD * stride_out_chunk
+        dA_cs_ptr += READ_AHEAD * stride_dA_chunk
+
+
+def memory_overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the memory spans of two tensors (from their lowest to their highest element) share a byte."""
+    def span(t: torch.Tensor) -> tuple[int, int]:
+        dims = list(zip(t.shape, t.stride(), strict=True))
+        if t.numel() == 0:
+            return 0, 0
+        low = t.data_ptr() + t.element_size() * sum((size - 1) * stride for size, stride in dims if stride < 0)
+        extent = sum((size - 1) * abs(stride) for size, stride in dims) + 1
+        return low, low + extent * t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a.device == b.device and a0 < b1 and b0 < a1
 
 
 def check_state_rows(name: str, t: torch.Tensor, H: int, P: int, N: int) -> None:

@@ -21,7 +21,7 @@ import triton.language as tl
 
 from kernels.backend import fixed_block, pdl_arguments, wait_for_previous_kernel
 from kernels.interface import INDEX_DTYPES, MASK_DTYPES
-from kernels.state_passing import load_chunk, recurrence_step
+from kernels.state_passing import READ_AHEAD, load_chunk, memory_overlaps, recurrence_step
 
 # The fixed block over a head's P * N states on the GPU (under the interpreter a head is one block:
 # kernels.backend.fixed_block; the recurrence is elementwise, so the bits do not depend on the block).
@@ -33,6 +33,16 @@ SCALAR_ONLY = {
     "do_not_specialize": ("nchunks",),
     "do_not_specialize_on_alignment": ("init_slot_ptr", "has_init_ptr", "final_slot_ptr"),
 }
+
+
+@triton.jit
+def _step_and_store(s, new, dA_end, chunk, nchunks, next_entering_ptr, mask):
+    """Chunk ``chunk``'s step of the recurrence (the snapshot kernel's arithmetic, same code) and the state exiting it
+    stored as the next chunk's entering state; past the last chunk the state is kept (a select, exact) and the
+    store of the last chunk's exiting state is left to the final slot."""
+    s = tl.where(chunk < nchunks, recurrence_step(s, new, dA_end), s)
+    tl.store(next_entering_ptr, s.to(next_entering_ptr.dtype.element_ty), mask=mask & (chunk + 1 < nchunks))
+    return s
 
 
 @triton.jit(**SCALAR_ONLY)
@@ -79,18 +89,23 @@ def _state_passing_indexed_kernel(
     s = entering.to(tl.float32)
     tl.store(out_ptr, entering, mask=mask)
 
-    new, dA_end = load_chunk(states_ptr, dA_cs_ptr, mask, nchunks > 0)
-    for c in range(nchunks):
-        # chunk c + 1 is read before chunk c's step and store (kernels.state_passing.recurrence_step says why)
-        next_new, next_dA_end = load_chunk(states_ptr + stride_states_chunk, dA_cs_ptr + stride_dA_chunk, mask,
-                                           c + 1 < nchunks)
-        s = recurrence_step(s, new, dA_end)  # the snapshot kernel's arithmetic, same code
-        if c + 1 < nchunks:
-            tl.store(out_ptr + stride_out_chunk, s.to(out_ptr.dtype.element_ty), mask=mask)
-        new, dA_end = next_new, next_dA_end
-        states_ptr += stride_states_chunk
-        out_ptr += stride_out_chunk
-        dA_cs_ptr += stride_dA_chunk
+    # READ_AHEAD chunks' rows are read before their steps and stores (kernels.state_passing.recurrence_step says
+    # why); a step past the last chunk keeps the state and stores nothing.
+    for first in range(0, nchunks, READ_AHEAD):
+        new0, end0 = load_chunk(states_ptr, dA_cs_ptr, mask, True)
+        new1, end1 = load_chunk(states_ptr + stride_states_chunk, dA_cs_ptr + stride_dA_chunk, mask,
+                                first + 1 < nchunks)
+        new2, end2 = load_chunk(states_ptr + 2 * stride_states_chunk, dA_cs_ptr + 2 * stride_dA_chunk, mask,
+                                first + 2 < nchunks)
+        new3, end3 = load_chunk(states_ptr + 3 * stride_states_chunk, dA_cs_ptr + 3 * stride_dA_chunk, mask,
+                                first + 3 < nchunks)
+        s = _step_and_store(s, new0, end0, first, nchunks, out_ptr + stride_out_chunk, mask)
+        s = _step_and_store(s, new1, end1, first + 1, nchunks, out_ptr + 2 * stride_out_chunk, mask)
+        s = _step_and_store(s, new2, end2, first + 2, nchunks, out_ptr + 3 * stride_out_chunk, mask)
+        s = _step_and_store(s, new3, end3, first + 3, nchunks, out_ptr + 4 * stride_out_chunk, mask)
+        states_ptr += READ_AHEAD * stride_states_chunk
+        out_ptr += READ_AHEAD * stride_out_chunk
+        dA_cs_ptr += READ_AHEAD * stride_dA_chunk
 
     final_slot = tl.load(final_slot_ptr).to(tl.int64)
     if final_slot >= 0:  # negative slot: padded sequence, write nothing
@@ -131,6 +146,7 @@ def state_passing_indexed(
     assert tuple(out.shape) == (C, H, P, N) and out.dtype == state_cache.dtype, (
         f"out: expected ({C}, {H}, {P}, {N}) {state_cache.dtype}, found {tuple(out.shape)} {out.dtype}")
     assert out.stride(3) == 1 and out.stride(2) == N, f"out: (P, N) must be compact, found {out.stride()}"
+    assert not memory_overlaps(out, states), "out: must not overlap states (the kernel reads chunks before its stores)"
     _check_slot_view("init_slot_index", init_slot_index, INDEX_DTYPES)
     _check_slot_view("final_slot_index", final_slot_index, INDEX_DTYPES)
     _check_slot_view("has_initial_state", has_initial_state, MASK_DTYPES)

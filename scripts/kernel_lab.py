@@ -48,70 +48,13 @@ BMM_DEAD_TILES = ("    for k in range(0, dstate, BLOCK_SIZE_K):",
 # chunk scan: without the early exit of programs whose rows all lie past the chunk's end (its cost, for reference).
 SCAN_NO_EXIT = ("    if pid_m * BLOCK_SIZE_M >= chunk_len:\n        return\n", "")
 
-# state passing: without the prefetch of chunk c + 1 (each chunk's row loaded in its own step), for reference.
-PREFETCH = ("        next_new, next_dA_end = load_chunk(states_ptr + stride_states_chunk, dA_cs_ptr + stride_dA_chunk, "
-            "mask,\n                                           c + 1 < nchunks)\n", "")
-STEP = ("        s = recurrence_step(s, new, dA_end)",
-        "        new, dA_end = load_chunk(states_ptr, dA_cs_ptr, mask, True)\n"
-        "        s = recurrence_step(s, new, dA_end)")
-ADVANCE = ("        new, dA_end = next_new, next_dA_end\n", "")
-SP_NO_PREFETCH = Rewrite((), (PREFETCH, STEP, ADVANCE))
-# The indexed state passing's loop under Triton's software pipeliner instead of the hand-written prefetch.
-SP_PIPELINED = {f"pipe{n}": Rewrite((), (PREFETCH, STEP, ADVANCE, ("    for c in range(nchunks):",
-                                                                   f"    for c in tl.range(nchunks, num_stages={n}):")))
-                for n in (2, 3, 4)}
-# The indexed state passing reading GROUP chunks at once (GROUP rows in flight per program, not one), each step
-# then applied in order. A step past the last chunk is an exact identity (new = -0.0, dA_end = 0: exp2(0) = 1,
-# fma(1, s, -0.0) = s for every s) and stores nothing, so the loop needs no branch per step.
-SP_LOOP = """    new, dA_end = load_chunk(states_ptr, dA_cs_ptr, mask, nchunks > 0)
-    for c in range(nchunks):
-        # chunk c + 1 is read before chunk c's step and store (kernels.state_passing.recurrence_step says why)
-        next_new, next_dA_end = load_chunk(states_ptr + stride_states_chunk, dA_cs_ptr + stride_dA_chunk, mask,
-                                           c + 1 < nchunks)
-        s = recurrence_step(s, new, dA_end)  # the snapshot kernel's arithmetic, same code
-        if c + 1 < nchunks:
-            tl.store(out_ptr + stride_out_chunk, s.to(out_ptr.dtype.element_ty), mask=mask)
-        new, dA_end = next_new, next_dA_end
-        states_ptr += stride_states_chunk
-        out_ptr += stride_out_chunk
-        dA_cs_ptr += stride_dA_chunk
-"""
-
-
-def _grouped_loop(group: int, double_buffer: bool) -> str:
-    def loads(chunk: str, offset: int, prefix: str, indent: str) -> str:  # chunks chunk + offset + k, k < group
-        return "".join(
-            f"{indent}{prefix}n{k} = tl.load(states_ptr + {offset + k} * stride_states_chunk, "
-            f"mask=mask & ({chunk} + {offset + k} < nchunks), other=-0.0).to(tl.float32)\n"
-            f"{indent}{prefix}e{k} = tl.load(dA_cs_ptr + {offset + k} * stride_dA_chunk, "
-            f"mask={chunk} + {offset + k} < nchunks, other=0.0).to(tl.float32)\n" for k in range(group))
-    text = f"    for c in range(0, nchunks, {group}):\n"
-    if double_buffer:  # the next group's rows are read before this group's steps and stores
-        text = loads("0", 0, "", "    ") + text + loads("c", group, "x_", "        ")
-    else:
-        text += loads("c", 0, "", "        ")
-    for k in range(group):
-        text += (f"        s = recurrence_step(s, n{k}, e{k})\n"
-                 f"        tl.store(out_ptr + {k + 1} * stride_out_chunk, s.to(out_ptr.dtype.element_ty), "
-                 f"mask=mask & (c + {k + 1} < nchunks))\n")
-    if double_buffer:
-        text += "".join(f"        n{k}, e{k} = x_n{k}, x_e{k}\n" for k in range(group))
-    return text + "".join(f"        {p} += {group} * {st}\n" for p, st in (
-        ("states_ptr", "stride_states_chunk"), ("out_ptr", "stride_out_chunk"), ("dA_cs_ptr", "stride_dA_chunk")))
-
-
-SP_GROUPED = {f"group{g}{'db' if db else ''}": Rewrite((), ((SP_LOOP, _grouped_loop(g, db)),))
-              for g in (2, 4, 8) for db in (False, True)}
-
 # stage -> variant -> rewrite of the shipped kernel
 VARIANTS: dict[str, dict[str, Rewrite]] = {
     "chunk_cumsum": {"cx": Rewrite(("nheads", "chunk_size"))},
     "chunk_state": {"cx": Rewrite(("hdim", "dstate", "chunk_size", "nheads_per_group"))},
     "bmm_chunk": {"cx": Rewrite(("dstate", "chunk_size")), "dead": Rewrite((), (BMM_DEAD_TILES,)),
                   "cxdead": Rewrite(("dstate", "chunk_size"), (BMM_DEAD_TILES,))},
-    "state_passing": {"noprefetch": SP_NO_PREFETCH},
-    "state_passing_indexed": {"cx": Rewrite(("dim", "chunk_size")), "noprefetch": SP_NO_PREFETCH,
-                              **SP_PIPELINED, **SP_GROUPED},
+    "state_passing_indexed": {"cx": Rewrite(("dim", "chunk_size"))},
     "chunk_scan": {"noexit": Rewrite((), (SCAN_NO_EXIT,))},
     "gather": {"cx": Rewrite(("row",))},
 }
@@ -441,6 +384,7 @@ def compile_report(stages: list[str], workload: str, limit: int | None) -> None:
     import os
 
     os.environ["TRITON_INTERPRET"] = "0"
+    os.environ["SSD_PDL"] = "0"  # no GPU here to ask whether it has programmatic launch (kernels.backend)
     from harness.guards.gpu_compile import PortableLaunch, compile_launch, portable_value
     from kernels.specialization import kernel_name
 

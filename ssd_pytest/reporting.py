@@ -148,7 +148,7 @@ def write_report(session: pytest.Session) -> None:
     ledger = config.stash[state.LEDGER]
     mine = {"phases": phases,
             "compiles": {**ledger.to_dict(), "claims": dict(compile_claims.stats)} if ledger is not None else None,
-            "isolation": runner_description(config)}
+            "isolation": runner_description(config), "cpu": timeline.process_cpu()}
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if is_xdist_worker(config) and worker:
         gpu = os.environ.get("CUDA_VISIBLE_DEVICES") if meta["device"] == "cuda" else None

@@ -15,9 +15,6 @@ from ssd_pytest import private_api
 
 GPU_LIST_ENV = "SSD_HARNESS_VISIBLE_GPUS"  # set by the controller, read by workers
 
-# When an xdist worker whose case items run in a forked child makes its own context (experiment, docs/gpu-runs.md):
-# after-child (once the child has its own), at-start, on-demand (torch makes it at the first CUDA call).
-WORKER_CONTEXT_ENV = "SSD_HARNESS_WORKER_CONTEXT"
 _cuda_context_key = pytest.StashKey[object]()  # an xdist worker's context-creating thread (backend)
 
 
@@ -139,11 +136,8 @@ def start_worker(config: pytest.Config, worker_id: str) -> None:
     torch.set_num_threads(cpu_threads_per_worker(xdist_worker_count(), usable_cores()))
     forked = prefork_child(config)
     if config.getoption("device") != "cpu" and os.environ.get(GPU_LIST_ENV):
-        order = os.environ.get(WORKER_CONTEXT_ENV, "after-child")
-        if order == "on-demand" and forked:
-            return
         after = None
-        if order == "after-child" and forked:
+        if forked:
             from harness.isolation import spare
 
             after = spare.wait_for_spare_context

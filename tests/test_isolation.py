@@ -561,6 +561,7 @@ def test_a_child_forked_at_start_runs_items_and_its_crash_is_still_the_items_err
     assert "SIGSEGV (signal 11)" in out["results"][1][1], out
     starts = out["describe"]["starts"]
     assert [s["how"] for s in starts] == ["fork", "spawn"], starts
+    assert "cpu" not in starts[0] and starts[1]["cpu"]["user"] > 0, starts  # the running child's CPU so far
     # A forked child imports nothing again: its configuration is quick next to a spawned one's torch import.
     phases = {"configure", "provider"} | ({"device_context"} if device == "cuda" else set())
     assert set(starts[0]["phases"]) == phases and starts[0]["waited"] >= 0, starts

@@ -535,6 +535,12 @@ def test_one_xdist_run_merges_reports_keeps_units_together_and_starts_the_costli
     assert sorted(isolation) == ["gw0", "gw1"], isolation
     assert all([s["how"] for s in i["starts"]] == ["fork"] for i in isolation.values()), isolation
     assert all(i["restarts"] == [] for i in isolation.values()), isolation
+    # What each worker and its running child cost the host so far (timeline.process_cpu): a child that ran items
+    # used CPU of its own.
+    assert sorted(data["meta"]["worker_cpu"]) == ["gw0", "gw1"], data["meta"]
+    for worker, usage in data["meta"]["worker_cpu"].items():
+        child = isolation[worker]["starts"][-1]["cpu"]
+        assert usage["user"] > 0 and child["user"] + child["system"] > 0 and child["minor_faults"] > 0, (usage, child)
     items = data["items"]
     case_items = [i for i in items if "tiny.yaml" in i["nodeid"]]
     assert sorted(i["nodeid"].split("::", 1)[1] for i in case_items) == sorted(

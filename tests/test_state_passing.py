@@ -163,6 +163,53 @@ def test_indexed_kernel_single_chunk(device):
                                                              tokens=(9,)))
 
 
+@pytest.mark.parametrize("tokens", (4 * Q, 4 * Q + 1, 7 * Q + 5, 8 * Q), ids=lambda t: f"{t}tokens")
+def test_indexed_kernel_across_read_ahead_groups(tokens, device):
+    """The kernels read ``READ_AHEAD`` (4) chunks at once: chunk counts at, just past and short of a multiple of it
+    (the steps past the last chunk must change nothing, the last exiting state must reach the final slot only)."""
+    assert sp_module.READ_AHEAD == 4
+    assert_indexed_equals_snapshot(*run_indexed_and_snapshot(torch.bfloat16, 3, True, 5, device, contexts=(0,),
+                                                             tokens=(tokens,)))
+
+
+def test_snapshot_kernel_restarts_and_writes_back_at_every_position_of_a_read_ahead_group(device, profile):
+    """Sequences of 1, 2, 3, 4 and 5 chunks one after another: a sequence starts, and ends with its final-state
+    writeback, at each of the four positions of a group of chunks read together, and across groups."""
+    meta, states, dA_cumsum = teacher_inputs([0] * 5, [Q, 2 * Q, 3 * Q, 4 * Q, 5 * Q], 3, device, seed=5)
+    assert meta.nchunks == 15
+    initial = torch.randn(meta.batch, H, 3, N, generator=torch.Generator().manual_seed(2)).to(device)
+    base_k, cache_k = paged_cache(SLOTS, torch.float32, device, headdim=3, blank_slots=(0,))
+    base_r, cache_r = paged_cache(SLOTS, torch.float32, device, headdim=3, blank_slots=(0,))
+    final_idx = torch.tensor([2, 7, -1, 0, 4], dtype=torch.int64, device=device)
+    got = run_snapshot_kernel(states, dA_cumsum, meta, initial_states=initial, out_dtype=torch.float32, cache=cache_k,
+                              final_idx=final_idx, index_dtype=torch.int64)
+    t = meta.tensors(device)
+    want = chunked.state_passing(
+        states, dA_cumsum, t["seq_idx"], initial_states=initial, out_dtype=torch.float32, state_cache=cache_r,
+        final_state_indices=final_idx, last_chunk_indices=t["last_chunk_indices"], profile=profile)
+    assert_bits_equal(got, want.exiting, what=f"exiting states ({profile} profile)")
+    assert_storage_equal(base_k, storage_bytes(base_r), what="cache storage after final-state writeback")
+
+
+def test_the_indexed_kernel_refuses_a_workspace_over_its_chunk_states(device):
+    """It reads chunks ahead of its stores, so an ``out`` that overlaps ``states`` would read what it wrote."""
+    meta, states, dA_cumsum = teacher_inputs([0], [3 * Q], 4, device)
+    _, cache = paged_cache(SLOTS, torch.float32, device, headdim=4)
+    one = torch.zeros(1, dtype=torch.int64, device=device)
+    with pytest.raises(AssertionError, match="out: must not overlap states"):
+        state_passing_indexed(states, dA_cumsum, state_cache=cache, init_slot_index=one,
+                              has_initial_state=one.bool(), final_slot_index=one, out=states)
+
+
+def test_memory_overlaps_spans_views():
+    base = torch.zeros(4, 8)
+    assert sp_module.memory_overlaps(base[0], base[0, 7:])
+    assert not sp_module.memory_overlaps(base[0], base[1])
+    assert sp_module.memory_overlaps(base[:, 0], base[1])  # a strided column spans the rows between
+    assert not sp_module.memory_overlaps(base[0], torch.zeros(8))
+    assert not sp_module.memory_overlaps(base[:0], base)
+
+
 def test_indexed_comparison_catches_a_leaked_masked_slot(device):
     """Negative control: an indexed kernel that ignores the mask reads the NaN slot; the comparison reports it."""
 

@@ -281,9 +281,15 @@ class Supervisor:
         return reply.summary
 
     def describe(self) -> dict:
-        """For a report's meta: how items were run and every replaced child."""
+        """For a report's meta: how items were run and every replaced child; the running child's start record also
+        has its CPU so far (``timeline.process_cpu``: what isolation costs the host)."""
+        starts = [dict(s) for s in self.starts]
+        if self._proc is not None and starts:
+            from harness.timeline import process_cpu
+
+            starts[-1]["cpu"] = process_cpu(self._proc.pid)
         return {"isolation": self.mode, "item_timeout": None if math.isinf(self.limit.seconds) else self.limit.seconds,
-                "processes": self.processes, "restarts": [asdict(r) for r in self.restarts], "starts": self.starts}
+                "processes": self.processes, "restarts": [asdict(r) for r in self.restarts], "starts": starts}
 
 
 def _spawn() -> spare.Launched:
