@@ -585,7 +585,7 @@ def test_waiting_for_the_spares_context_is_bounded_and_needs_its_signal(monkeypa
     """``spare.wait_for_spare_context``: true only for the spare's signal byte; false at its end of file (a child that
     ended without a context), when the wait runs out, or in another process than the one that forked (a fork of a
     fork must not take its parent's signal); the descriptor is closed in every case."""
-    from harness.isolation import spare
+    from harness.isolation import protocol, spare
 
     def pipe_with(data: bytes | None, owner: int | None = None) -> int:
         r, w = os.pipe()
@@ -599,7 +599,7 @@ def test_waiting_for_the_spares_context_is_bounded_and_needs_its_signal(monkeypa
         return r
 
     opened: list[int] = []
-    for data, expected in ((spare.CONTEXT_MADE, True), (b"", False), (b"x", False)):
+    for data, expected in ((protocol.CONTEXT_MADE, True), (b"", False), (b"x", False)):
         r = pipe_with(data)
         assert spare.wait_for_spare_context(5) is expected
         with pytest.raises(OSError):
@@ -607,7 +607,7 @@ def test_waiting_for_the_spares_context_is_bounded_and_needs_its_signal(monkeypa
     began = time.monotonic()
     pipe_with(None)  # the child still making its context
     assert spare.wait_for_spare_context(0.2) is False and 0.15 < time.monotonic() - began < 5
-    r = pipe_with(spare.CONTEXT_MADE, owner=os.getpid() + 1)
+    r = pipe_with(protocol.CONTEXT_MADE, owner=os.getpid() + 1)
     assert spare.wait_for_spare_context(5) is False
     os.close(r)  # the forking process's to close, not this one's
     for fd in opened:

@@ -51,7 +51,7 @@ def _one_line(exc: BaseException) -> str:
 
 def _say_context_made(fd: int | None) -> None:
     if fd is not None:
-        from harness.isolation.spare import CONTEXT_MADE
+        from harness.isolation.protocol import CONTEXT_MADE
 
         try:
             os.write(fd, CONTEXT_MADE)
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(read_fd: int, write_fd: int, trace_fd: int, parent_pid: int, context_made_fd: int | None = None) -> int:
     """The child's life, spawned or forked (``harness.isolation.forking``): wait for ``Hello``, configure, answer
     ``Ready`` or ``Unusable``, serve. A forked child has its parent's modules already imported and waits here for
-    ``Hello``; a spawned one imports what it needs. ``context_made_fd``: where to write ``spare.CONTEXT_MADE`` once
+    ``Hello``; a spawned one imports what it needs. ``context_made_fd``: where to write ``protocol.CONTEXT_MADE`` once
     the device context exists (the parent waits for it before making its own), closed then or at exit."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_with_parent(parent_pid)

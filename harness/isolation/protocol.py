@@ -41,6 +41,9 @@ class Close:
 
 # ---- child -> supervisor
 
+# A forked child's one byte on its own pipe once its device context exists (``spare.wait_for_spare_context``).
+CONTEXT_MADE = b"c"
+
 
 @dataclass
 class Ready:

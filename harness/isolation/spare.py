@@ -15,11 +15,11 @@ import tempfile
 
 from harness.isolation import forking
 from harness.isolation.channel import Channel
+from harness.isolation.protocol import CONTEXT_MADE
 
 EXIT_WAIT_SECONDS = 10.0  # for a child that closed its channel (or was told to close) to exit by itself
 CHILD_CONTEXT_WAIT_SECONDS = 60.0  # the most a process waits for its spare's device context before making its own
 
-CONTEXT_MADE = b"c"
 Launched = tuple  # (process, the supervisor's Channel, the trace file)
 _spare: tuple[int, Launched] | None = None  # (the pid that forked it, the launched child)
 refused = ""  # why ``prefork`` did not fork, for the supervisor's start records
@@ -114,8 +114,8 @@ def pipes_and_trace():
 
 def fork(context_made_fd: int | None = None) -> Launched:
     """Fork a child now that serves ``harness.isolation.child.run`` over fresh pipes; ``context_made_fd``: a pipe's
-    write end the child writes ``CONTEXT_MADE`` to once its device context exists (the child's alone: the caller
-    closes its copy)."""
+    write end the child writes ``protocol.CONTEXT_MADE`` to once its device context exists (the child's alone: the
+    caller closes its copy)."""
     from harness.isolation import child
 
     request_r, request_w, reply_r, reply_w, trace = pipes_and_trace()

@@ -287,7 +287,9 @@ class Supervisor:
         if self._proc is not None and starts:
             from harness.timeline import process_cpu
 
-            starts[-1]["cpu"] = process_cpu(self._proc.pid)
+            usage = process_cpu(self._proc.pid)
+            if usage is not None:  # off Linux, or the child is gone
+                starts[-1]["cpu"] = usage
         return {"isolation": self.mode, "item_timeout": None if math.isinf(self.limit.seconds) else self.limit.seconds,
                 "processes": self.processes, "restarts": [asdict(r) for r in self.restarts], "starts": starts}
 
