@@ -32,8 +32,7 @@ from kernels.tuned_configs import checked_in
 
 # Kernels may only read constexpr globals.
 _LOG2E = tl.constexpr(LOG2E)
-# Chunks whose rows each program reads at once in a call of at least that many (the loops are written out for four;
-# fewer go one at a time, so a short call runs no more than it did).
+# Chunks whose rows each program reads at once (the loops are written out for four).
 READ_AHEAD = tl.constexpr(4)
 
 # The candidates measured on the serving shape that came within noise of the best (docs/gpu-runs.md): 64 and 128
@@ -126,81 +125,57 @@ def _state_passing_kernel(
     out_ptr += pid_h * stride_out_head + offs
     dA_cs_ptr += pid_h * stride_dA_head + (chunk_size - 1) * stride_dA_q
 
-    init_ptr += pid_h * stride_init_head + offs
-    cache_ptr += pid_h * stride_cache_head + offs
     prev_seq = tl.load(seq_idx_ptr)
     if HAS_INIT:
-        s = tl.load(init_ptr + prev_seq.to(tl.int64) * stride_init_batch, mask=mask, other=0.0).to(tl.float32)
+        s = tl.load(init_ptr + prev_seq.to(tl.int64) * stride_init_batch + pid_h * stride_init_head + offs,
+                    mask=mask, other=0.0).to(tl.float32)
     else:
         s = tl.zeros((BLOCK_SIZE,), dtype=tl.float32)
 
-    # Whole groups of READ_AHEAD chunks: their rows and sequence indices are read before their steps and stores
-    # (recurrence_step says why).
-    grouped = nchunks - nchunks % READ_AHEAD
-    for first in range(0, grouped, READ_AHEAD):
+    # READ_AHEAD chunks' rows (and sequence indices) are read before their steps and stores (recurrence_step says
+    # why); each chunk's step is then the loop body below, once per chunk, in order.
+    for first in range(0, nchunks, READ_AHEAD):
         new0, end0 = load_chunk(states_ptr, dA_cs_ptr, mask, True)
-        new1, end1 = load_chunk(states_ptr + stride_states_chunk, dA_cs_ptr + stride_dA_chunk, mask, True)
-        new2, end2 = load_chunk(states_ptr + 2 * stride_states_chunk, dA_cs_ptr + 2 * stride_dA_chunk, mask, True)
-        new3, end3 = load_chunk(states_ptr + 3 * stride_states_chunk, dA_cs_ptr + 3 * stride_dA_chunk, mask, True)
+        new1, end1 = load_chunk(states_ptr + stride_states_chunk, dA_cs_ptr + stride_dA_chunk, mask,
+                                first + 1 < nchunks)
+        new2, end2 = load_chunk(states_ptr + 2 * stride_states_chunk, dA_cs_ptr + 2 * stride_dA_chunk, mask,
+                                first + 2 < nchunks)
+        new3, end3 = load_chunk(states_ptr + 3 * stride_states_chunk, dA_cs_ptr + 3 * stride_dA_chunk, mask,
+                                first + 3 < nchunks)
         seq0 = tl.load(seq_idx_ptr + first * stride_seq_idx)
-        seq1 = tl.load(seq_idx_ptr + (first + 1) * stride_seq_idx)
-        seq2 = tl.load(seq_idx_ptr + (first + 2) * stride_seq_idx)
-        seq3 = tl.load(seq_idx_ptr + (first + 3) * stride_seq_idx)
-        s = _snapshot_step(s, prev_seq, seq0, new0, end0, first, out_ptr, init_ptr, stride_init_batch, cache_ptr,
-                           stride_cache_slot, final_idx_ptr, stride_final_idx, last_chunk_ptr, stride_last_chunk, mask,
-                           HAS_INIT, WRITE_CACHE, BLOCK_SIZE)
-        s = _snapshot_step(s, seq0, seq1, new1, end1, first + 1, out_ptr + stride_out_chunk, init_ptr,
-                           stride_init_batch, cache_ptr, stride_cache_slot, final_idx_ptr, stride_final_idx,
-                           last_chunk_ptr, stride_last_chunk, mask, HAS_INIT, WRITE_CACHE, BLOCK_SIZE)
-        s = _snapshot_step(s, seq1, seq2, new2, end2, first + 2, out_ptr + 2 * stride_out_chunk, init_ptr,
-                           stride_init_batch, cache_ptr, stride_cache_slot, final_idx_ptr, stride_final_idx,
-                           last_chunk_ptr, stride_last_chunk, mask, HAS_INIT, WRITE_CACHE, BLOCK_SIZE)
-        s = _snapshot_step(s, seq2, seq3, new3, end3, first + 3, out_ptr + 3 * stride_out_chunk, init_ptr,
-                           stride_init_batch, cache_ptr, stride_cache_slot, final_idx_ptr, stride_final_idx,
-                           last_chunk_ptr, stride_last_chunk, mask, HAS_INIT, WRITE_CACHE, BLOCK_SIZE)
-        prev_seq = seq3
+        seq1 = tl.load(seq_idx_ptr + (first + 1) * stride_seq_idx, mask=first + 1 < nchunks, other=0)
+        seq2 = tl.load(seq_idx_ptr + (first + 2) * stride_seq_idx, mask=first + 2 < nchunks, other=0)
+        seq3 = tl.load(seq_idx_ptr + (first + 3) * stride_seq_idx, mask=first + 3 < nchunks, other=0)
+        for k in tl.static_range(READ_AHEAD):  # unrolled: k is a constant, so each branch below is chosen at compile
+            if k == 0:
+                new, dA_end, seq = new0, end0, seq0
+            elif k == 1:
+                new, dA_end, seq = new1, end1, seq1
+            elif k == 2:
+                new, dA_end, seq = new2, end2, seq2
+            else:
+                new, dA_end, seq = new3, end3, seq3
+            c = first + k
+            if c < nchunks:
+                if seq != prev_seq:  # first chunk of a new sequence: restart from its initial state
+                    if HAS_INIT:
+                        s = tl.load(init_ptr + seq.to(tl.int64) * stride_init_batch + pid_h * stride_init_head + offs,
+                                    mask=mask, other=0.0).to(tl.float32)
+                    else:
+                        s = tl.zeros((BLOCK_SIZE,), dtype=tl.float32)
+                prev_seq = seq
+                s = recurrence_step(s, new, dA_end)
+                tl.store(out_ptr + k * stride_out_chunk, s.to(out_ptr.dtype.element_ty), mask=mask)
+                if WRITE_CACHE:
+                    last = tl.load(last_chunk_ptr + seq.to(tl.int64) * stride_last_chunk)
+                    if last == c:
+                        slot = tl.load(final_idx_ptr + seq.to(tl.int64) * stride_final_idx).to(tl.int64)
+                        if slot >= 0:  # negative slot: padded sequence, write nothing
+                            dst = cache_ptr + slot * stride_cache_slot + pid_h * stride_cache_head + offs
+                            tl.store(dst, s.to(cache_ptr.dtype.element_ty), mask=mask)
         states_ptr += READ_AHEAD * stride_states_chunk
         out_ptr += READ_AHEAD * stride_out_chunk
         dA_cs_ptr += READ_AHEAD * stride_dA_chunk
-
-    # The rest (all of a call of fewer chunks) one at a time, chunk c + 1 read before chunk c's step and store.
-    new, dA_end = load_chunk(states_ptr, dA_cs_ptr, mask, grouped < nchunks)
-    for c in range(grouped, nchunks):
-        next_new, next_dA_end = load_chunk(states_ptr + stride_states_chunk, dA_cs_ptr + stride_dA_chunk, mask,
-                                           c + 1 < nchunks)
-        seq = tl.load(seq_idx_ptr + c * stride_seq_idx)
-        s = _snapshot_step(s, prev_seq, seq, new, dA_end, c, out_ptr, init_ptr, stride_init_batch, cache_ptr,
-                           stride_cache_slot, final_idx_ptr, stride_final_idx, last_chunk_ptr, stride_last_chunk, mask,
-                           HAS_INIT, WRITE_CACHE, BLOCK_SIZE)
-        prev_seq = seq
-        new, dA_end = next_new, next_dA_end
-        states_ptr += stride_states_chunk
-        out_ptr += stride_out_chunk
-        dA_cs_ptr += stride_dA_chunk
-
-
-@triton.jit
-def _snapshot_step(s, prev_seq, seq, new, dA_end, c, out_ptr, init_ptr, stride_init_batch, cache_ptr,
-                   stride_cache_slot, final_idx_ptr, stride_final_idx, last_chunk_ptr, stride_last_chunk, mask,
-                   HAS_INIT: tl.constexpr, WRITE_CACHE: tl.constexpr, BLOCK_SIZE: tl.constexpr):
-    """Chunk c of sequence ``seq`` (the chunk before it was of ``prev_seq``): restart from the sequence's initial
-    state at its first chunk, one step of the recurrence, the exiting state into ``out_ptr`` (this chunk's row), and
-    into the cache at the sequence's last chunk. ``init_ptr`` and ``cache_ptr`` point at this program's elements of
-    row 0."""
-    if seq != prev_seq:  # first chunk of a new sequence: restart from its initial state
-        if HAS_INIT:
-            s = tl.load(init_ptr + seq.to(tl.int64) * stride_init_batch, mask=mask, other=0.0).to(tl.float32)
-        else:
-            s = tl.zeros((BLOCK_SIZE,), dtype=tl.float32)
-    s = recurrence_step(s, new, dA_end)
-    tl.store(out_ptr, s.to(out_ptr.dtype.element_ty), mask=mask)
-    if WRITE_CACHE:
-        last = tl.load(last_chunk_ptr + seq.to(tl.int64) * stride_last_chunk)
-        if last == c:
-            slot = tl.load(final_idx_ptr + seq.to(tl.int64) * stride_final_idx).to(tl.int64)
-            if slot >= 0:  # negative slot: padded sequence, write nothing
-                tl.store(cache_ptr + slot * stride_cache_slot, s.to(cache_ptr.dtype.element_ty), mask=mask)
-    return s
 
 
 def memory_overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -38,8 +38,9 @@ SCALAR_ONLY = {
 @triton.jit
 def _step_and_store(s, new, dA_end, chunk, nchunks, next_entering_ptr, mask):
     """Chunk ``chunk``'s step of the recurrence (the snapshot kernel's arithmetic, same code) and the state exiting it
-    stored as the next chunk's entering state, unless it is the last chunk (whose exiting state is the final one)."""
-    s = recurrence_step(s, new, dA_end)
+    stored as the next chunk's entering state; past the last chunk the state is kept (a select, exact) and the
+    store of the last chunk's exiting state is left to the final slot."""
+    s = tl.where(chunk < nchunks, recurrence_step(s, new, dA_end), s)
     tl.store(next_entering_ptr, s.to(next_entering_ptr.dtype.element_ty), mask=mask & (chunk + 1 < nchunks))
     return s
 
@@ -88,14 +89,16 @@ def _state_passing_indexed_kernel(
     s = entering.to(tl.float32)
     tl.store(out_ptr, entering, mask=mask)
 
-    # Whole groups of READ_AHEAD chunks: their rows are read before their steps and stores
-    # (kernels.state_passing.recurrence_step says why).
-    grouped = nchunks - nchunks % READ_AHEAD
-    for first in range(0, grouped, READ_AHEAD):
+    # READ_AHEAD chunks' rows are read before their steps and stores (kernels.state_passing.recurrence_step says
+    # why); a step past the last chunk keeps the state and stores nothing.
+    for first in range(0, nchunks, READ_AHEAD):
         new0, end0 = load_chunk(states_ptr, dA_cs_ptr, mask, True)
-        new1, end1 = load_chunk(states_ptr + stride_states_chunk, dA_cs_ptr + stride_dA_chunk, mask, True)
-        new2, end2 = load_chunk(states_ptr + 2 * stride_states_chunk, dA_cs_ptr + 2 * stride_dA_chunk, mask, True)
-        new3, end3 = load_chunk(states_ptr + 3 * stride_states_chunk, dA_cs_ptr + 3 * stride_dA_chunk, mask, True)
+        new1, end1 = load_chunk(states_ptr + stride_states_chunk, dA_cs_ptr + stride_dA_chunk, mask,
+                                first + 1 < nchunks)
+        new2, end2 = load_chunk(states_ptr + 2 * stride_states_chunk, dA_cs_ptr + 2 * stride_dA_chunk, mask,
+                                first + 2 < nchunks)
+        new3, end3 = load_chunk(states_ptr + 3 * stride_states_chunk, dA_cs_ptr + 3 * stride_dA_chunk, mask,
+                                first + 3 < nchunks)
         s = _step_and_store(s, new0, end0, first, nchunks, out_ptr + stride_out_chunk, mask)
         s = _step_and_store(s, new1, end1, first + 1, nchunks, out_ptr + 2 * stride_out_chunk, mask)
         s = _step_and_store(s, new2, end2, first + 2, nchunks, out_ptr + 3 * stride_out_chunk, mask)
@@ -103,17 +106,6 @@ def _state_passing_indexed_kernel(
         states_ptr += READ_AHEAD * stride_states_chunk
         out_ptr += READ_AHEAD * stride_out_chunk
         dA_cs_ptr += READ_AHEAD * stride_dA_chunk
-
-    # The rest (all of a call of fewer chunks) one at a time, chunk c + 1 read before chunk c's step and store.
-    new, dA_end = load_chunk(states_ptr, dA_cs_ptr, mask, grouped < nchunks)
-    for c in range(grouped, nchunks):
-        next_new, next_dA_end = load_chunk(states_ptr + stride_states_chunk, dA_cs_ptr + stride_dA_chunk, mask,
-                                           c + 1 < nchunks)
-        s = _step_and_store(s, new, dA_end, c, nchunks, out_ptr + stride_out_chunk, mask)
-        new, dA_end = next_new, next_dA_end
-        states_ptr += stride_states_chunk
-        out_ptr += stride_out_chunk
-        dA_cs_ptr += stride_dA_chunk
 
     final_slot = tl.load(final_slot_ptr).to(tl.int64)
     if final_slot >= 0:  # negative slot: padded sequence, write nothing

@@ -165,8 +165,8 @@ def test_indexed_kernel_single_chunk(device):
 
 @pytest.mark.parametrize("tokens", (4 * Q, 4 * Q + 1, 7 * Q + 5, 8 * Q), ids=lambda t: f"{t}tokens")
 def test_indexed_kernel_across_read_ahead_groups(tokens, device):
-    """The kernels read whole groups of ``READ_AHEAD`` (4) chunks at once and the rest one at a time: chunk counts
-    at, just past and short of a multiple of it (the last exiting state reaches the final slot only)."""
+    """The kernels read ``READ_AHEAD`` (4) chunks at once: chunk counts at, just past and short of a multiple of it
+    (the steps past the last chunk must change nothing, the last exiting state must reach the final slot only)."""
     assert sp_module.READ_AHEAD == 4
     assert_indexed_equals_snapshot(*run_indexed_and_snapshot(torch.bfloat16, 3, True, 5, device, contexts=(0,),
                                                              tokens=(tokens,)))
