@@ -394,6 +394,27 @@ def test_the_cuda_context_is_created_on_a_side_thread_through_the_driver():
         assert asked == ["ssd-harness-cuda-context"] and [c[0] for c in calls] == expected
 
 
+@pytest.mark.parametrize("device, forked, expected", [
+    ("cuda", True, "after the child's"), ("cuda", False, "at once"), ("cpu", True, "none")])
+def test_a_worker_makes_its_context_after_its_forked_childs(monkeypatch, device, forked, expected):
+    """``workers.start_worker``: on a GPU the worker's context thread waits for its forked child's context
+    (``spare.wait_for_spare_context``: the driver makes contexts one at a time, and the child's is the one the first
+    case item needs); without a forked child it starts at once; on the CPU there is none."""
+    import torch
+
+    from harness.isolation import spare
+
+    made = []
+    monkeypatch.setattr(workers, "prefork_child", lambda config: forked)
+    monkeypatch.setattr(backend, "create_cuda_context_in_background", lambda after=None: made.append(after) or "thread")
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    monkeypatch.setenv(workers.GPU_LIST_ENV, "0")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    config = SimpleNamespace(getoption=lambda name: device, add_cleanup=lambda fn: None, stash={})
+    workers.start_worker(config, "gw0")
+    assert {"after the child's": [spare.wait_for_spare_context], "at once": [None], "none": []}[expected] == made
+
+
 def test_report_merge_and_summary_group_failures():
     a = Report([ItemRecord("f::c1::determinism", "failed", case_id="c1", check="determinism", family="single"),
                 ItemRecord("f::c2::determinism", "passed", case_id="c2", check="determinism", family="multi")],
