@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU runner does everything (device time is scarce): environment, the test suite on CUDA,
 # the case corpus, the bench. Usage: scripts/gpu_run.sh [STEP...] with steps env, tests, cases, bench
-# (default: env tests cases bench; also pyc, lab, fusion, durations, bench-twice, startup, spawn-probe, exit-probe, fork-probe, context-probe, recheck, suite, suite-warm, warmup, cases-warm, stages,
+# (default: env tests cases bench; also pyc, lab, fusion, durations, bench-twice, startup, spawn-probe, exit-probe, fork-probe, context-probe, isolation-cost, recheck, suite, suite-warm, warmup, cases-warm, stages,
 # profile-ref, profile-warmup, peer-bench). Full logs go under $OUT (the device tool brings them back); a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
@@ -9,6 +9,13 @@ export PYTHONUNBUFFERED=1
 PY=${PY:-python3}
 WORKERS=${WORKERS:-8}
 steps=${*:-env tests cases bench}
+# isolation-cost (issue 15's criterion): ROUNDS (default 3) alternations of baseline, suite-same and suite-same-noiso,
+# each cold, then their medians: one pair of steps varies as much as isolation costs, so only medians mean anything.
+steps=$(for step in $steps; do
+  if [ "$step" = isolation-cost ]; then
+    for _ in $(seq "${ROUNDS:-3}"); do echo baseline suite-same suite-same-noiso; done; echo isolation-cost-report
+  else echo "$step"; fi
+done | tr '\n' ' ')
 summary=()
 
 STEP_TIMEOUT=${STEP_TIMEOUT:-240}  # seconds per step, so one slow step cannot eat the whole call
@@ -20,6 +27,18 @@ run_step() {  # name, command...: run under a time limit, tee the log, record wa
   local rc=${PIPESTATUS[0]}
   local ms=$(( ($(date +%s%N) - t0) / 1000000 ))
   summary+=("$(printf '%-12s rc=%-3s %6d.%01ds  %s' "$name" "$rc" $((ms / 1000)) $((ms % 1000 / 100)) "$(tail -n 1 "$OUT/$name.log" | cut -c1-110)")")
+}
+
+start_samplers() {  # name: the GPU's use every second and the host's CPU every half second (/proc/stat's first
+  # line: whether the cores are busy through the items) into $OUT/<name>-smi.csv and -cpu.log, until stop_samplers
+  nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader -l 1 > "$OUT/$1-smi.csv" 2>&1 &
+  smi=$!
+  (while :; do echo "$(date +%s.%N) $(head -n 1 /proc/stat)"; sleep 0.5; done) > "$OUT/$1-cpu.log" 2>&1 &
+  cpu=$!
+}
+
+stop_samplers() {
+  kill $smi $cpu 2>/dev/null
 }
 
 unique_name() {  # a step's log name, numbered when the step already ran in this call (e.g. baseline, baseline-2)
@@ -53,15 +72,11 @@ for step in $steps; do
       [ "$step" = suite-same-noiso ] && extra="$extra --isolation none"
       [ "${step#suite-same}" != "$step" ] && extra="$extra $(cd tests && ls test_*.py | while read f; do [ -f "../.baseline/tests/$f" ] || echo "--ignore=tests/$f"; done | tr '\n' ' ')"
       name=$(unique_name "$step${TAG:-}")
-      nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader -l 1 > "$OUT/$name-smi.csv" 2>&1 &
-      smi=$!
-      # CPU use every half second (/proc/stat's first line): whether the host's cores are busy through the items
-      (while :; do echo "$(date +%s.%N) $(head -n 1 /proc/stat)"; sleep 0.5; done) > "$OUT/$name-cpu.log" 2>&1 &
-      cpu=$!
+      start_samplers "$name"
       run_step "$name" ${PIN:-} $PY -m pytest -q -n "$WORKERS" --workers-per-gpu "${WPG:-$WORKERS}" --device cuda \
         -p no:cacheprovider --recompile-guard --durations-from="${DURATIONS:-scripts/gpu-durations.json}" --ssd-report "$OUT/$name-report.json" --junit-xml "$OUT/$name-junit.xml" \
         --durations 30 -rfE --tb=short $extra
-      kill $smi $cpu 2>/dev/null
+      stop_samplers
       # A killed run leaves its workers' live parts; times merges them (and failures.txt keeps every failure's report).
       $PY -m harness times "$OUT/$name-report.json" --top 12 --by check --by family --by worker > "$OUT/$name-times.txt" 2>&1
       $PY -c "import sys; from harness.report import Report; r = Report.read(sys.argv[1]); print(r.counts()); [print(f'=== {i.nodeid}\n{i.message}') for i in r.failures]" \
@@ -171,9 +186,13 @@ for step in $steps; do
       export TRITON_CACHE_DIR=$(mktemp -d)
       rm -rf "${PYTHONPYCACHEPREFIX:-/nonexistent}$PWD/.baseline"
       name=$(unique_name baseline)
+      start_samplers "$name"
       run_step "$name" bash -c "cd .baseline && $PY -m pytest -q -n $WORKERS --workers-per-gpu ${WPG:-$WORKERS} \
         --device cuda -p no:cacheprovider --recompile-guard --durations-from scripts/gpu-durations.json \
-        ${BASE_REPORT_OPT:---json-report} $OUT/$name-report.json -rfE --tb=short" ;;
+        ${BASE_REPORT_OPT:---json-report} $OUT/$name-report.json -rfE --tb=short"
+      stop_samplers ;;
+    isolation-cost-report)  # the medians of the steps isolation-cost expanded into (scripts/isolation_cost.py)
+      run_step isolation-cost $PY scripts/isolation_cost.py "$OUT" ;;
     faults)  # a real illegal memory access in one case (tiny-batch): that case errors, every other case passes
       python3 -c "import tests.broken_providers as b; open('/tmp/tiny.yaml', 'w').write(b.TINY_CASES)"
       export TRITON_CACHE_DIR=$(mktemp -d)
