@@ -16,6 +16,11 @@ steps=$(for step in $steps; do
     for _ in $(seq "${ROUNDS:-3}"); do echo baseline suite-same suite-same-noiso; done; echo isolation-cost-report
   else echo "$step"; fi
 done | tr '\n' ' ')
+# Every step name is checked before the first runs: a misspelt one found halfway loses the rest of a scarce call.
+known=" $(sed -n 's/^    \([a-z0-9|-]*\))\( .*\)\{0,1\}$/\1/p' "$0" | tr '|\n' '  ') "
+for step in $steps; do
+  case "$known" in *" $step "*) ;; *) echo "unknown step $step; the steps are:$known" >&2; exit 2 ;; esac
+done
 summary=()
 
 STEP_TIMEOUT=${STEP_TIMEOUT:-240}  # seconds per step, so one slow step cannot eat the whole call
@@ -220,7 +225,7 @@ for step in $steps; do
           --provider peers.vllm_ssd:provider
       done ;;
     *)
-      echo "unknown step $step" >&2; exit 2 ;;
+      echo "unknown step $step" >&2; exit 2 ;;  # not reached: the names were checked above
   esac
 done
 # The device tool brings back at most 8 files: pack every log and report into one archive.

@@ -54,3 +54,15 @@ def test_an_empty_folder_says_so(tmp_path, capsys):
     assert isolation_cost.main([str(tmp_path)]) == 0
     assert "no baseline, suite-same or suite-same-noiso reports found" in capsys.readouterr().out
     assert isolation_cost.main([str(tmp_path / "missing")]) == 2
+
+
+def test_gpu_run_refuses_an_unknown_step_before_running_any(tmp_path):
+    """scripts/gpu_run.sh checks every step name first: a misspelt one found halfway through a call (docs/gpu-runs.md
+    run 68) loses the rest of the device's time. ``isolation-cost`` expands into the steps it alternates."""
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_run.sh"
+    run = subprocess.run(["bash", str(script), "env", "peer-stages"], env={**os.environ, "OUT": str(tmp_path)},
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "unknown step peer-stages; the steps are: env pyc" in run.stderr, run.stderr
+    assert " isolation-cost-report " in run.stderr and not list(tmp_path.iterdir())  # env did not run
