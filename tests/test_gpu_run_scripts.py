@@ -1,4 +1,5 @@
-"""scripts/isolation_cost.py: the medians of a GPU call's alternating baseline / isolated / non-isolated steps."""
+"""The GPU runner's scripts: scripts/gpu_run.sh's step check, and scripts/isolation_cost.py (the medians of a call's
+alternating baseline / isolated / non-isolated steps)."""
 
 from __future__ import annotations
 
