@@ -65,6 +65,19 @@ def load_chunk(states_ptr, dA_cs_ptr, mask, live):
 
 
 @triton.jit
+def load_chunks_ahead(states_ptr, dA_cs_ptr, stride_states_chunk, stride_dA_chunk, first, nchunks, mask):
+    """The ``READ_AHEAD`` (four) chunks from ``first``, each as ``load_chunk`` (those past the last chunk read
+    nothing), all issued before any of their steps: one group of the kernels' loops."""
+    new0, end0 = load_chunk(states_ptr, dA_cs_ptr, mask, True)
+    new1, end1 = load_chunk(states_ptr + stride_states_chunk, dA_cs_ptr + stride_dA_chunk, mask, first + 1 < nchunks)
+    new2, end2 = load_chunk(states_ptr + 2 * stride_states_chunk, dA_cs_ptr + 2 * stride_dA_chunk, mask,
+                            first + 2 < nchunks)
+    new3, end3 = load_chunk(states_ptr + 3 * stride_states_chunk, dA_cs_ptr + 3 * stride_dA_chunk, mask,
+                            first + 3 < nchunks)
+    return new0, end0, new1, end1, new2, end2, new3, end3
+
+
+@triton.jit
 def recurrence_step(s, new, dA_end):
     """One chunk of the fp32 inter-chunk recurrence ``s = exp(dA_chunk_end) * s + chunk_state``, shared by the
     snapshot and the indexed kernels so their arithmetic is one piece of code. ``exp`` as ``exp2(LOG2E * x)`` (equal
@@ -135,13 +148,8 @@ def _state_passing_kernel(
     # READ_AHEAD chunks' rows (and sequence indices) are read before their steps and stores (recurrence_step says
     # why); each chunk's step is then the loop body below, once per chunk, in order.
     for first in range(0, nchunks, READ_AHEAD):
-        new0, end0 = load_chunk(states_ptr, dA_cs_ptr, mask, True)
-        new1, end1 = load_chunk(states_ptr + stride_states_chunk, dA_cs_ptr + stride_dA_chunk, mask,
-                                first + 1 < nchunks)
-        new2, end2 = load_chunk(states_ptr + 2 * stride_states_chunk, dA_cs_ptr + 2 * stride_dA_chunk, mask,
-                                first + 2 < nchunks)
-        new3, end3 = load_chunk(states_ptr + 3 * stride_states_chunk, dA_cs_ptr + 3 * stride_dA_chunk, mask,
-                                first + 3 < nchunks)
+        new0, end0, new1, end1, new2, end2, new3, end3 = load_chunks_ahead(
+            states_ptr, dA_cs_ptr, stride_states_chunk, stride_dA_chunk, first, nchunks, mask)
         seq0 = tl.load(seq_idx_ptr + first * stride_seq_idx)
         seq1 = tl.load(seq_idx_ptr + (first + 1) * stride_seq_idx, mask=first + 1 < nchunks, other=0)
         seq2 = tl.load(seq_idx_ptr + (first + 2) * stride_seq_idx, mask=first + 2 < nchunks, other=0)

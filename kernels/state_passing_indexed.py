@@ -21,7 +21,7 @@ import triton.language as tl
 
 from kernels.backend import fixed_block, pdl_arguments, wait_for_previous_kernel
 from kernels.interface import INDEX_DTYPES, MASK_DTYPES
-from kernels.state_passing import READ_AHEAD, load_chunk, memory_overlaps, recurrence_step
+from kernels.state_passing import READ_AHEAD, load_chunks_ahead, memory_overlaps, recurrence_step
 
 # The fixed block over a head's P * N states on the GPU (under the interpreter a head is one block:
 # kernels.backend.fixed_block; the recurrence is elementwise, so the bits do not depend on the block).
@@ -92,13 +92,8 @@ def _state_passing_indexed_kernel(
     # READ_AHEAD chunks' rows are read before their steps and stores (kernels.state_passing.recurrence_step says
     # why); a step past the last chunk keeps the state and stores nothing.
     for first in range(0, nchunks, READ_AHEAD):
-        new0, end0 = load_chunk(states_ptr, dA_cs_ptr, mask, True)
-        new1, end1 = load_chunk(states_ptr + stride_states_chunk, dA_cs_ptr + stride_dA_chunk, mask,
-                                first + 1 < nchunks)
-        new2, end2 = load_chunk(states_ptr + 2 * stride_states_chunk, dA_cs_ptr + 2 * stride_dA_chunk, mask,
-                                first + 2 < nchunks)
-        new3, end3 = load_chunk(states_ptr + 3 * stride_states_chunk, dA_cs_ptr + 3 * stride_dA_chunk, mask,
-                                first + 3 < nchunks)
+        new0, end0, new1, end1, new2, end2, new3, end3 = load_chunks_ahead(
+            states_ptr, dA_cs_ptr, stride_states_chunk, stride_dA_chunk, first, nchunks, mask)
         s = _step_and_store(s, new0, end0, first, nchunks, out_ptr + stride_out_chunk, mask)
         s = _step_and_store(s, new1, end1, first + 1, nchunks, out_ptr + 2 * stride_out_chunk, mask)
         s = _step_and_store(s, new2, end2, first + 2, nchunks, out_ptr + 3 * stride_out_chunk, mask)
