@@ -20,9 +20,10 @@ FAILURE_OUTCOMES = ("failed", "error", "xpassed")
 MESSAGE_CHARS = 8000
 REPORT_SCHEMA = "ssd-harness-report/1"
 # A part's meta that differs per worker, and where the merged report keeps it by worker: the GPU it was pinned to,
-# its start-up phases, its compile ledger and its CPU so far (harness.timeline).
+# its start-up phases, its compile ledger, its CPU so far (harness.timeline), and its role (which kind of items it
+# was for, and whether it made a CUDA context of its own).
 PER_WORKER_META = {"gpu": "worker_gpus", "phases": "worker_phases", "compiles": "worker_compiles",
-                   "isolation": "worker_isolation", "cpu": "worker_cpu"}
+                   "isolation": "worker_isolation", "cpu": "worker_cpu", "role": "worker_roles"}
 
 
 @dataclass

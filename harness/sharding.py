@@ -125,3 +125,36 @@ class LongestFirstQueue(OrderedDict):
             if scope in self:  # entries of scopes popped or re-queued since are stale
                 return scope, self.pop(scope)
         raise KeyError("popitem(): work queue is empty")
+
+
+class PreferredKindQueue(OrderedDict):
+    """xdist's scope work queue split by kind (``kind_of(scope)``), each kind in its own queue (``make_queue()``:
+    an OrderedDict, or a ``LongestFirstQueue``). ``popitem(last=False)`` hands out the next unit of the kind in
+    ``prefer`` (set by the scheduler for the node it is about to feed) and, once that kind has run out, the next unit
+    of the other kinds (in the order their first unit was queued), so no unit waits while a node idles."""
+
+    def __init__(self, kind_of: Callable[[str], str], make_queue: Callable[[], OrderedDict] = OrderedDict):
+        super().__init__()
+        self._kind_of = kind_of
+        self._make_queue = make_queue
+        self._by_kind: dict[str, OrderedDict] = {}
+        self.prefer: str | None = None
+
+    def __setitem__(self, scope, work_unit) -> None:
+        super().__setitem__(scope, work_unit)
+        kind = self._kind_of(scope)
+        if kind not in self._by_kind:
+            self._by_kind[kind] = self._make_queue()
+        self._by_kind[kind][scope] = work_unit
+
+    def popitem(self, last: bool = True):
+        if last:
+            raise NotImplementedError("PreferredKindQueue hands out units oldest first only (popitem(last=False))")
+        kinds = sorted(self._by_kind, key=lambda kind: kind != self.prefer)  # stable: the preferred kind first
+        for kind in kinds:
+            queue = self._by_kind[kind]
+            if queue:
+                scope, work_unit = queue.popitem(last=False)
+                super().pop(scope)
+                return scope, work_unit
+        raise KeyError("popitem(): work queue is empty")

@@ -8,7 +8,8 @@ OUT_DIR holds the steps' logs and reports: ``baseline*`` (the older tree's run o
 as the ``isolation-cost`` step writes them. Per step, in the order they ran: pytest's wall time, the item time summed
 over the node ids every step ran (so the tests added since the baseline do not count), split into case items and
 other tests, and where the step recorded them the host's CPU (``<step>-cpu.log``: user, system and idle core seconds
-from /proc/stat) and the CPU of the run's own processes (the report's ``worker_cpu`` and each worker's running child).
+from /proc/stat), the CPU of the run's own processes (the report's ``worker_cpu`` and each worker's running child)
+and the CUDA contexts they made (workers that made their own, ``worker_roles``, and every child started).
 Then the medians per kind of step and their ratios: one pair of steps differs by as much as isolation costs (the
 same code, one call: up to 13%, docs/gpu-runs.md run 67), so only medians of alternating steps mean anything.
 """
@@ -67,6 +68,16 @@ def process_cpu(meta: dict) -> dict | None:
             "children": sum(1 for c in children if c)}
 
 
+def contexts(meta: dict) -> int | None:
+    """CUDA contexts the run made: workers that made their own (``worker_roles``) plus every child started; None
+    for a report without roles (the baseline's)."""
+    roles = meta.get("worker_roles")
+    if not roles:
+        return None
+    children = sum(len(w.get("starts") or []) for w in (meta.get("worker_isolation") or {}).values() if w)
+    return sum(1 for r in roles.values() if r and r.get("cuda_context")) + children
+
+
 def load_steps(out: Path) -> list[dict]:
     """The steps found in ``out``, in the order they ran (their reports' modification times)."""
     steps = []
@@ -79,7 +90,7 @@ def load_steps(out: Path) -> list[dict]:
         steps.append({"name": name, "kind": kind, "mtime": report.stat().st_mtime,
                       "items": {i["nodeid"]: i.get("duration") or 0.0 for i in data.get("items", [])},
                       "wall": pytest_wall(out / f"{name}.log"), "host": host_cpu(out / f"{name}-cpu.log"),
-                      "processes": process_cpu(data.get("meta", {}))})
+                      "processes": process_cpu(data.get("meta", {})), "contexts": contexts(data.get("meta", {}))})
     return sorted(steps, key=lambda s: s["mtime"])
 
 
@@ -89,7 +100,7 @@ def summarize(steps: list[dict]) -> list[str]:
     common = set.intersection(*(set(s["items"]) for s in steps))
     lines = [f"{len(common)} node ids ran in every step; item seconds summed over them",
              f"{'step':<24} {'wall s':>7} {'items s':>8} {'cases s':>8} {'tests s':>8} {'host usr/sys/idle':>20} "
-             f"{'procs usr/sys':>14}"]
+             f"{'procs usr/sys':>14} {'contexts':>8}"]
     for s in steps:
         cases = sum(s["items"][k] for k in common if k.startswith("cases/"))
         total = sum(s["items"][k] for k in common)
@@ -97,8 +108,9 @@ def summarize(steps: list[dict]) -> list[str]:
         host = "/".join(f"{s['host'][k]:.0f}" for k in ("user", "system", "idle")) if s["host"] else "-"
         procs = f"{s['processes']['user']:.0f}/{s['processes']['system']:.0f}" if s["processes"] else "-"
         wall = f"{s['wall']:.1f}" if s["wall"] is not None else "-"
+        made = "-" if s["contexts"] is None else str(s["contexts"])
         lines.append(f"{s['name']:<24} {wall:>7} {total:>8.1f} {cases:>8.1f} {total - cases:>8.1f} {host:>20} "
-                     f"{procs:>14}")
+                     f"{procs:>14} {made:>8}")
     medians = {}
     for kind in KINDS:
         mine = [s for s in steps if s["kind"] == kind]

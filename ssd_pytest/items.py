@@ -16,7 +16,7 @@ import pytest
 
 from harness import DEFAULT_PROVIDER
 from ssd_pytest import state
-from ssd_pytest.workers import worker_index, xdist_worker_count
+from ssd_pytest.workers import TESTS, worker_index, worker_role, xdist_worker_count
 
 _runner_key = pytest.StashKey[object]()  # harness.isolation's Supervisor or InProcess for case items
 _case_ids_key = pytest.StashKey[dict]()  # case id -> the file that defines it
@@ -145,18 +145,19 @@ def runner(config: pytest.Config):
 
 def start_spare_runner(config: pytest.Config) -> None:
     """Where this worker forked its child at start (``workers.prefork_child``), configure it now, once the device is
-    known: the child's imports and device context then overlap this worker's collection."""
+    known: the child's imports and device context then overlap this worker's collection. Not in a test worker
+    (``workers.role_of``), which starts its child only for a case item that comes to it."""
     from harness.isolation import spare
 
-    if spare.waiting():
+    if spare.waiting() and worker_role(config) != TESTS:
         runner(config).start()
 
 
 def start_runner_early(session: pytest.Session) -> None:
     """Start this process's runner as soon as its items are known, when any case item will run: a supervised
     child's start-up (importing torch, the device context) then overlaps the wait for the first items and the tests
-    before them, instead of stalling the first case item."""
-    if session.config.option.collectonly:
+    before them, instead of stalling the first case item. Not in a test worker (``start_spare_runner``)."""
+    if session.config.option.collectonly or worker_role(session.config) == TESTS:
         return
     if any(isinstance(item, CheckItem) and item.get_closest_marker("skip") is None for item in session.items):
         runner(session.config).start()

@@ -83,6 +83,7 @@ def pytest_configure(config: pytest.Config) -> None:
         if workers.is_xdist_controller(config):
             xdist_scheduling.share_groups_file()
             config.stash[state.DEVICE] = workers.prepare_workers(requested)
+            xdist_scheduling.plan_worker_roles(config, config.stash[state.DEVICE])
             config.pluginmanager.register(_WorkersFinished(config), "ssd-harness-workers-finished")
         else:
             config.stash[state.DEVICE] = backend.configure(requested)  # before any kernel module is imported

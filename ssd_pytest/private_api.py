@@ -2,6 +2,7 @@
 
 - pytest-xdist's ``LoadScopeScheduling`` internals, for scheduling by case (``xdist_scheduling``): ``_split_scope``
   (an item's work unit), ``_reschedule`` (hands a node its next unit; held back for the second round),
+  ``_assign_work_unit`` (feeds one node: the queue is told the node's preferred kind first),
   ``workqueue`` (scope -> {nodeid: done}, replaced by a queue that pops the costliest unit first: xdist pops it
   with ``popitem(last=False)`` in ``_assign_work_unit``) and the ``loadscopereorder`` option (its reorder by unit
   size, turned off so collection order or measured cost decides).
@@ -98,13 +99,22 @@ def _case_scope_class():
         """xdist's load-scope scheduling with the caller's work units (``scope_of``), an optional work queue that
         decides which unit goes out next, and a second round handed out in reverse node order."""
 
-        def __init__(self, config, log, scope_of: Callable[[str], str], queue: OrderedDict | None):
+        def __init__(self, config, log, scope_of: Callable[[str], str], queue: OrderedDict | None,
+                     prefer: Callable | None = None):
             super().__init__(config, log)
             config.option.loadscopereorder = False
             self._scope_of = scope_of
+            self._prefer = prefer
             self._second_round: list | None = None  # nodes held back during the first hand-out (``schedule``)
             if queue is not None:
                 self.workqueue = queue
+
+        def _assign_work_unit(self, node) -> None:
+            """xdist pops the next unit with ``workqueue.popitem(last=False)``; a queue with a ``prefer`` attribute
+            (``harness.sharding.PreferredKindQueue``) is told first which kind this node prefers."""
+            if self._prefer is not None:
+                self.workqueue.prefer = self._prefer(node)
+            super()._assign_work_unit(node)
 
         def _split_scope(self, nodeid: str) -> str:
             return self._scope_of(nodeid)
@@ -128,13 +138,15 @@ def _case_scope_class():
     return CaseScopeScheduling
 
 
-def case_scope_scheduler(config, log, scope_of: Callable[[str], str], queue: OrderedDict | None):
+def case_scope_scheduler(config, log, scope_of: Callable[[str], str], queue: OrderedDict | None,
+                         prefer: Callable | None = None):
     """A scheduler for xdist's ``pytest_xdist_make_scheduler``: work units by ``scope_of(nodeid)``, handed out in
-    ``queue``'s order (default: collection order). None, with a warning, where xdist's internals are not the known
+    ``queue``'s order (default: collection order); ``prefer(node)``: the kind of unit ``node`` gets first, for a
+    queue that has kinds. None, with a warning, where xdist's internals are not the known
     ones: xdist then uses its own scheduler for the ``--dist`` mode."""
     problem = scheduler_problem(config)
     if problem is None:
-        scheduler = _case_scope_class()(config, log, scope_of, queue)
+        scheduler = _case_scope_class()(config, log, scope_of, queue, prefer)
         if isinstance(getattr(scheduler, "workqueue", None), OrderedDict):
             return scheduler
         problem = "xdist's LoadScopeScheduling has no ordered workqueue"

@@ -20,7 +20,7 @@ from harness.report import (
 )
 from ssd_pytest import state
 from ssd_pytest.items import runner_description
-from ssd_pytest.workers import is_xdist_controller, is_xdist_worker, process_name
+from ssd_pytest.workers import holds_cuda_context, is_xdist_controller, is_xdist_worker, process_name, worker_role
 
 _records_key = pytest.StashKey[list]()
 
@@ -152,8 +152,9 @@ def write_report(session: pytest.Session) -> None:
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if is_xdist_worker(config) and worker:
         gpu = os.environ.get("CUDA_VISIBLE_DEVICES") if meta["device"] == "cuda" else None
+        role = {"role": worker_role(config), "cuda_context": holds_cuda_context(config)}
         write_part(path, worker, Report(items=merged_records(config),
-                                        meta={**meta, **mine, "worker": worker, "gpu": gpu}))
+                                        meta={**meta, **mine, "worker": worker, "gpu": gpu, "role": role}))
         return
     if not is_xdist_controller(config):
         write_part(path, "main", Report(items=merged_records(config), meta={**meta, **mine, "worker": "main"}))

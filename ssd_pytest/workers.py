@@ -14,8 +14,13 @@ from harness import backend, compile_claims
 from ssd_pytest import private_api
 
 GPU_LIST_ENV = "SSD_HARNESS_VISIBLE_GPUS"  # set by the controller, read by workers
+# Set by the controller where workers have roles (``xdist_scheduling.plan_worker_roles``): gw0 .. gw<K-1> are case
+# workers, the others test workers.
+CASE_WORKERS_ENV = "SSD_HARNESS_CASE_WORKERS"
+CASES, TESTS = "cases", "tests"
 
 _cuda_context_key = pytest.StashKey[object]()  # an xdist worker's context-creating thread (backend)
+_role_key = pytest.StashKey[str | None]()  # an xdist worker's role (role_of), read once at its start
 
 
 def worker_index(worker_id: str | None) -> int | None:
@@ -27,6 +32,39 @@ def worker_index(worker_id: str | None) -> int | None:
 def xdist_worker_count() -> int:
     """Workers in this xdist run (1 without xdist), as xdist tells each worker."""
     return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+
+
+def role_of(worker_id: str | None, case_workers: int | None) -> str | None:
+    """``CASES`` or ``TESTS``: the kind of work xdist worker ``worker_id`` is for, where the controller planned
+    ``case_workers`` case workers (gw0 .. gw<K-1>); None where it planned no roles (every worker then runs both
+    kinds the same way).
+
+    A case worker's case items run in its child process, which makes the child's CUDA context; the worker itself
+    makes none unless a test comes to it. A test worker makes its own context at start and starts its child only
+    if a case item comes to it. So each worker holds one context instead of two (the driver makes contexts one at a
+    time, and each costs host time to make, keep and tear down), and no kernel is loaded in both a worker and its
+    child. The scheduler hands each worker its own kind first (``xdist_scheduling``)."""
+    index = worker_index(worker_id)
+    if case_workers is None or index is None:
+        return None
+    return CASES if index < case_workers else TESTS
+
+
+def planned_case_workers() -> int | None:
+    """In a worker: the controller's ``case_workers`` (``CASE_WORKERS_ENV``, inherited at the worker's start)."""
+    raw = os.environ.get(CASE_WORKERS_ENV, "")
+    return int(raw) if raw.isdigit() else None
+
+
+def worker_role(config: pytest.Config) -> str | None:
+    """This process's role (``role_of``), as ``start_worker`` found it; None outside an xdist worker."""
+    return config.stash.get(_role_key, None)
+
+
+def case_worker_count(workers: int, case_share: float) -> int:
+    """How many of ``workers`` (at least two) are case workers, for case items that are ``case_share`` of the
+    run's expected time: at least one of each kind."""
+    return min(workers - 1, max(1, round(workers * case_share)))
 
 
 def gpu_for_worker(worker_id: str, visible: list[str]) -> str:
@@ -128,16 +166,19 @@ def start_worker(config: pytest.Config, worker_id: str) -> None:
     """An xdist worker's set-up, before its device is configured: the early exit as its last cleanup, one GPU, a fair
     share of torch's threads, the case items' child process forked (``prefork_child``), then the CUDA context
     created on a side thread while the worker configures and collects; with a forked child, only once the child has
-    made its own (the driver makes contexts one at a time, and the child's is what the first case item waits for)."""
+    made its own (the driver makes contexts one at a time, and the child's is what the first case item waits for).
+    A case worker (``role_of``) makes no context of its own; a test worker makes its own without waiting for its
+    child, which it starts only for a case item."""
     config.add_cleanup(lambda: exit_worker_now(config))  # registered first: the last cleanup to run
     pin_worker(worker_id)
     import torch
 
     torch.set_num_threads(cpu_threads_per_worker(xdist_worker_count(), usable_cores()))
     forked = prefork_child(config)
-    if config.getoption("device") != "cpu" and os.environ.get(GPU_LIST_ENV):
+    role = config.stash[_role_key] = role_of(worker_id, planned_case_workers())
+    if config.getoption("device") != "cpu" and os.environ.get(GPU_LIST_ENV) and role != CASES:
         after = None
-        if forked:
+        if forked and role is None:
             from harness.isolation import spare
 
             after = spare.wait_for_spare_context
@@ -157,6 +198,13 @@ def prefork_child(config: pytest.Config) -> bool:
 
         return not spare.prefork(code_ran_before=True)  # the conftest files pytest imported before this hook
     return False
+
+
+def holds_cuda_context(config: pytest.Config) -> bool:
+    """Whether this process made a CUDA context of its own: on its side thread at start, or through torch."""
+    torch = sys.modules.get("torch")
+    return (config.stash.get(_cuda_context_key, None) is not None
+            or (torch is not None and torch.cuda.is_initialized()))
 
 
 def join_cuda_context(config: pytest.Config) -> None:

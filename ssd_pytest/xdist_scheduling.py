@@ -7,12 +7,13 @@ import contextlib
 import json
 import os
 import tempfile
+from collections import OrderedDict
 
 import pytest
 
 from harness.cases.files import CASE_SUFFIXES
-from harness.sharding import LongestFirstQueue
-from ssd_pytest import private_api
+from harness.sharding import LongestFirstQueue, PreferredKindQueue
+from ssd_pytest import private_api, state, workers
 from ssd_pytest.sharding import measured_costs
 
 GROUPS_FILE_ENV = "SSD_HARNESS_XDIST_GROUPS"  # where workers write {nodeid: xdist_group name} for the controller
@@ -29,6 +30,57 @@ def case_scope(nodeid: str, groups: dict[str, str] | None = None) -> str:
     if sep and path.endswith(CASE_SUFFIXES):
         return f"{path}::{rest.split('::', 1)[0]}"
     return nodeid
+
+
+def unit_kind(scope: str) -> str:
+    """``workers.CASES`` for a YAML case's unit (``case_scope``), ``workers.TESTS`` for any other."""
+    path = scope.partition("::")[0]
+    return workers.CASES if not scope.startswith("xdist_group:") and path.endswith(CASE_SUFFIXES) else workers.TESTS
+
+
+def expected_case_share(config: pytest.Config) -> float:
+    """The case items' share of the run's expected time: from ``--durations-from``, over the items under the run's
+    paths and not under ``--ignore``d ones; one half without it."""
+    costs = measured_costs(config)
+    if costs is None:
+        return 0.5
+    root = str(config.rootpath)
+
+    def relative(path: str) -> str:
+        return os.path.relpath(os.path.abspath(path.split("::", 1)[0]), root).replace(os.sep, "/")
+
+    def under(path: str, folders: list[str]) -> bool:
+        return any(top == "." or path == top or path.startswith(top + "/") for top in folders)
+
+    selected = [relative(arg) for arg in config.args] or ["."]
+    ignored = [relative(path) for path in (config.getoption("ignore") or [])]
+    seconds = {workers.CASES: 0.0, workers.TESTS: 0.0}
+    for nodeid, duration in costs.durations.items():
+        path = nodeid.split("::", 1)[0]
+        if under(path, selected) and not under(path, ignored):
+            seconds[unit_kind(case_scope(nodeid))] += duration
+    total = sum(seconds.values())
+    return seconds[workers.CASES] / total if total > 0 else 0.5
+
+
+def plan_worker_roles(config: pytest.Config, device: str) -> int | None:
+    """In the xdist controller, before the workers start: give the workers roles (``workers.role_of``) where that
+    saves contexts: on a GPU, with case items in child processes, at least two workers, and this plugin's scheduler
+    (the one that honours roles). Returns the number of case workers, or None (no roles); the workers inherit it in
+    ``workers.CASE_WORKERS_ENV``, the scheduler reads it from the stash."""
+    from harness.isolation import isolation_mode
+
+    count = sum(int(spec.split("*", 1)[0]) if "*" in spec else 1 for spec in (config.getoption("tx") or []))
+    eligible = (device == "cuda" and count >= 2 and isolation_mode(config.getoption("isolation")) == "process"
+                and config.getoption("dist", "no") in ("load", "loadgroup")
+                and private_api.scheduler_problem(config) is None)
+    case_workers = workers.case_worker_count(count, expected_case_share(config)) if eligible else None
+    config.stash[state.CASE_WORKERS] = case_workers
+    if case_workers is None:
+        os.environ.pop(workers.CASE_WORKERS_ENV, None)  # a value inherited from an enclosing run is not ours
+    else:
+        os.environ[workers.CASE_WORKERS_ENV] = str(case_workers)
+    return case_workers
 
 
 def _groups_file_for_this_run() -> str:
@@ -89,10 +141,18 @@ class _CaseScopes:
 def make_scheduler(config: pytest.Config, log):
     """``-n N`` (``--dist load``, or ``loadgroup``): load scheduling by ``case_scope`` units, in collection order (the
     Python tests, whose single items are the longest, first; the many short case units fill the end), or costliest
-    unit first with ``--durations-from``. Other ``--dist`` modes, and an xdist whose internals changed, get xdist's
-    own scheduler (None)."""
+    unit first with ``--durations-from``; where workers have roles, each worker gets units of its own kind while there
+    are any (``unit_kind``, ``workers.role_of``), then the others. Other ``--dist`` modes, and an xdist whose
+    internals changed, get xdist's own scheduler (None)."""
     if config.getoption("dist", "no") not in ("load", "loadgroup"):
         return None
     costs = measured_costs(config)
     queue = LongestFirstQueue(costs) if costs is not None else None
-    return private_api.case_scope_scheduler(config, log, scope_of=_CaseScopes(), queue=queue)
+    prefer = None
+    case_workers = config.stash.get(state.CASE_WORKERS, None)
+    if case_workers is not None:  # roles planned (plan_worker_roles): each worker's own kind first
+        queue = PreferredKindQueue(unit_kind, (lambda: LongestFirstQueue(costs)) if costs is not None else OrderedDict)
+
+        def prefer(node) -> str | None:
+            return workers.role_of(node.gateway.id, case_workers)  # xdist names a gateway by its worker id
+    return private_api.case_scope_scheduler(config, log, scope_of=_CaseScopes(), queue=queue, prefer=prefer)

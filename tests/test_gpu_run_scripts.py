@@ -30,8 +30,11 @@ def test_medians_over_the_node_ids_every_step_ran(tmp_path):
     shared = {"cases/a.yaml::c::determinism": 1.0, "tests/test_x.py::t": 2.0}
     _step(tmp_path, "baseline", 1, shared, 30.0)
     _step(tmp_path, "suite-same", 2, {**shared, "tests/test_new.py::t": 50.0}, 36.0,
-          meta={"worker_cpu": {"gw0": {"user": 10.0, "system": 1.0}},
-                "worker_isolation": {"gw0": {"starts": [{"how": "fork", "cpu": {"user": 5.0, "system": 2.0}}]}}},
+          meta={"worker_cpu": {"gw0": {"user": 10.0, "system": 1.0}, "gw1": {"user": 0.0, "system": 0.0}},
+                "worker_isolation": {"gw0": {"starts": [{"how": "fork", "cpu": {"user": 5.0, "system": 2.0}}]},
+                                     "gw1": None},
+                "worker_roles": {"gw0": {"role": "cases", "cuda_context": False},
+                                 "gw1": {"role": "tests", "cuda_context": True}}},
           cpu=[[0] * 8, [1000, 0, 200, 300, 0, 0, 0, 0]])
     _step(tmp_path, "suite-same-noiso", 3, {k: v * 0.5 for k, v in shared.items()}, 31.0)
     _step(tmp_path, "baseline-2", 4, shared, 34.0)
@@ -45,6 +48,8 @@ def test_medians_over_the_node_ids_every_step_ran(tmp_path):
     assert lines[0].startswith("2 node ids ran in every step")  # the test added since the baseline does not count
     row = next(line for line in lines if line.startswith("suite-same "))
     assert row.split()[1:5] == ["36.0", "3.0", "1.0", "2.0"] and "10/2/3" in row and "15/3" in row, row
+    assert row.split()[-1] == "2", row  # gw0's child and gw1's own context
+    assert next(line for line in lines if line.startswith("baseline ")).split()[-1] == "-"
     assert "baseline 32.0 / 3.0 / 2, suite-same-noiso 32.0 / 2.2 / 2, suite-same 38.0 / 4.5 / 2" in lines[-4]
     assert lines[-3:] == ["suite-same / baseline: wall 1.19x, item time 1.50x",
                           "suite-same / suite-same-noiso: wall 1.19x, item time 2.00x",

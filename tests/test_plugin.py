@@ -18,7 +18,7 @@ import pytest
 from harness import backend
 from harness.compile_claims import CLAIMS_ENV
 from harness.report import ItemRecord, Report, merge_reports, summary_lines
-from ssd_pytest import plugin, workers, xdist_scheduling
+from ssd_pytest import plugin, state, workers, xdist_scheduling
 from ssd_pytest.items import is_case_file
 from tests import broken_providers as bp
 from tests.support import needs_cpu_interpreter
@@ -253,6 +253,19 @@ def test_second_units_go_to_the_nodes_with_the_cheapest_first_units(tmp_path, mo
                              getvalue=lambda name: options[name], option=SimpleNamespace(loadscopereorder=True),
                              stash=pytest.Stash())
 
+    sched = plugin.pytest_xdist_make_scheduler(config, log=None)
+    nodes = _stand_in_nodes([f"gw{i}" for i in range(4)])
+    collection = list(costs)
+    for node in nodes:
+        sched.add_node(node)
+    for node in nodes:
+        sched.add_node_collection(node, collection)
+    sched.schedule()
+    assigned = {n.name: [int(collection[i].rsplit("_", 1)[1]) for i in n.sent] for n in nodes}
+    assert assigned == {"gw0": [40, 1], "gw1": [30, 2], "gw2": [20, 3], "gw3": [10, 4]}, assigned
+
+
+def _stand_in_nodes(names):
     class Node:
         def __init__(self, name):
             self.name, self.sent, self.shutting_down = name, [], False
@@ -264,16 +277,91 @@ def test_second_units_go_to_the_nodes_with_the_cheapest_first_units(tmp_path, mo
         def shutdown(self):
             self.shutting_down = True
 
+    return [Node(name) for name in names]
+
+
+def test_workers_with_roles_get_their_own_kind_first(monkeypatch):
+    """With roles (one case worker of two: gw0), the scheduler hands gw0 the case units and gw1 the tests while
+    there are any of its kind, then the other kind: no unit waits while a worker idles."""
+    monkeypatch.delenv(xdist_scheduling.GROUPS_FILE_ENV, raising=False)
+    options = {"dist": "load", "durations_from": None, "tx": ["2*popen"]}
+    config = SimpleNamespace(getoption=lambda name, default=None: options.get(name, default),
+                             getvalue=lambda name: options[name], option=SimpleNamespace(loadscopereorder=True),
+                             stash=pytest.Stash())
+    config.stash[state.CASE_WORKERS] = 1
+    collection = ["tests/test_a.py::test_1", "tests/test_a.py::test_2", "tests/test_a.py::test_3",
+                  "cases/c.yaml::one::determinism", "cases/c.yaml::one::masked_state", "cases/c.yaml::two::determinism"]
     sched = plugin.pytest_xdist_make_scheduler(config, log=None)
-    nodes = [Node(f"gw{i}") for i in range(4)]
-    collection = list(costs)
+    nodes = _stand_in_nodes(["gw0", "gw1"])
     for node in nodes:
         sched.add_node(node)
     for node in nodes:
         sched.add_node_collection(node, collection)
     sched.schedule()
-    assigned = {n.name: [int(collection[i].rsplit("_", 1)[1]) for i in n.sent] for n in nodes}
-    assert assigned == {"gw0": [40, 1], "gw1": [30, 2], "gw2": [20, 3], "gw3": [10, 4]}, assigned
+    sent = {n.name: [collection[i] for i in n.sent] for n in nodes}
+    assert sent == {"gw0": collection[3:], "gw1": collection[:2]}, sent  # two units each: case units to gw0
+    for index in nodes[0].sent:  # gw0 finishes its cases: the one unit left is a test, and it goes to gw0
+        sched.mark_test_complete(nodes[0], index)
+    assert [collection[i] for i in nodes[0].sent[3:]] == ["tests/test_a.py::test_3"]
+
+
+def test_roles_are_planned_only_where_they_save_contexts(tmp_path, monkeypatch):
+    """``plan_worker_roles``: on a GPU with case items in children, under this plugin's scheduler, the case workers'
+    count follows the case items' share of the measured time over the run's paths (``--ignore``d files left out);
+    elsewhere no roles, and a value inherited from an enclosing run is removed."""
+    earlier = tmp_path / "earlier.json"
+    Report([ItemRecord("cases/c.yaml::one::determinism", "passed", duration=3.0),
+            ItemRecord("tests/test_a.py::test_1", "passed", duration=1.0),
+            ItemRecord("tests/test_b.py::test_1", "passed", duration=4.0)]).write(earlier)
+
+    def config(device="cuda", isolation=None, tx=("16*popen",), ignore=(), args=()):
+        options = {"dist": "load", "durations_from": str(earlier), "tx": list(tx), "isolation": isolation,
+                   "ignore": [str(ROOT / path) for path in ignore]}
+        return SimpleNamespace(getoption=lambda name, default=None: options.get(name, default),
+                               option=SimpleNamespace(loadscopereorder=False), stash=pytest.Stash(), rootpath=ROOT,
+                               args=[str(ROOT / a) for a in args]), device
+
+    monkeypatch.delenv(xdist_scheduling.GROUPS_FILE_ENV, raising=False)
+    monkeypatch.delenv(workers.CASE_WORKERS_ENV, raising=False)  # restored as it was after the test
+    assert xdist_scheduling.plan_worker_roles(*config()) == 6  # 3 of 8 s: 6 of 16 workers
+    assert os.environ[workers.CASE_WORKERS_ENV] == "6" and workers.planned_case_workers() == 6
+    assert workers.role_of("gw5", 6) == workers.CASES and workers.role_of("gw6", 6) == workers.TESTS
+    assert xdist_scheduling.plan_worker_roles(*config(ignore=["tests/test_b.py"])) == 12  # 3 of 4 s
+    assert xdist_scheduling.plan_worker_roles(*config(args=["tests"])) == 1  # no case item: still one of each kind
+    assert xdist_scheduling.plan_worker_roles(*config(tx=["popen", "popen"])) == 1
+    for no_roles in (config(device="cpu"), config(isolation="none"), config(tx=["popen"])):
+        os.environ[workers.CASE_WORKERS_ENV] = "3"
+        assert xdist_scheduling.plan_worker_roles(*no_roles) is None
+        assert workers.CASE_WORKERS_ENV not in os.environ and workers.planned_case_workers() is None
+
+
+def test_on_a_gpu_each_worker_holds_one_context(tmp_path, device):
+    """``-n 2`` on a GPU, one case worker and one test worker (``workers.role_of``; the case items are most of the
+    measured time): the case worker ran the cases in its child and made no CUDA context of its own; the test worker
+    ran the CUDA test in its own context and never started its child."""
+    if device != "cuda":
+        pytest.skip("worker roles are planned only for a GPU run (one context per worker instead of two); on the "
+                    "CPU the plan's tests above cover them")
+    (tmp_path / "tiny.yaml").write_text(bp.TINY_CASES)
+    (tmp_path / "test_gpu.py").write_text(
+        "import torch\ndef test_on_the_gpu():\n    assert torch.ones(4, device='cuda').sum().item() == 4\n")
+    earlier, report = tmp_path / "earlier.json", tmp_path / "report.json"
+    Report([ItemRecord("tiny.yaml::tiny-direct::determinism", "passed", duration=9.0),
+            ItemRecord("test_gpu.py::test_on_the_gpu", "passed", duration=1.0)]).write(earlier)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "ssd_pytest.plugin", str(tmp_path), "--device", "cuda", "-n", "2",
+         # one unit of each kind: with more, the second round would hand each worker a second unit of any kind
+         "-p", "no:cacheprovider", "-k", "tiny-direct and determinism or test_on_the_gpu", "--ssd-report", str(report),
+         "--provider", "reference:provider", "--durations-from", str(earlier)],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    meta = json.loads(report.read_text())["meta"]
+    assert meta["worker_roles"] == {"gw0": {"role": "cases", "cuda_context": False},
+                                    "gw1": {"role": "tests", "cuda_context": True}}, meta["worker_roles"]
+    items = json.loads(report.read_text())["items"]
+    assert {i["worker"] for i in items if "tiny.yaml" in i["nodeid"]} == {"gw0"}, items
+    assert [i["worker"] for i in items if "test_gpu.py" in i["nodeid"]] == ["gw1"], items
+    assert not (meta.get("worker_isolation") or {}).get("gw1"), meta.get("worker_isolation")
 
 
 def test_cpu_threads_are_shared_fairly_among_workers():
@@ -394,12 +482,15 @@ def test_the_cuda_context_is_created_on_a_side_thread_through_the_driver():
         assert asked == ["ssd-harness-cuda-context"] and [c[0] for c in calls] == expected
 
 
-@pytest.mark.parametrize("device, forked, expected", [
-    ("cuda", True, "after the child's"), ("cuda", False, "at once"), ("cpu", True, "none")])
-def test_a_worker_makes_its_context_after_its_forked_childs(monkeypatch, device, forked, expected):
+@pytest.mark.parametrize("device, forked, worker, expected", [
+    ("cuda", True, "gw0", "after the child's"), ("cuda", False, "gw0", "at once"), ("cpu", True, "gw0", "none"),
+    ("cuda", True, "case worker gw0", "none"), ("cuda", True, "test worker gw1", "at once")])
+def test_a_worker_makes_its_context_after_its_forked_childs(monkeypatch, device, forked, worker, expected):
     """``workers.start_worker``: on a GPU the worker's context thread waits for its forked child's context
     (``spare.wait_for_spare_context``: the driver makes contexts one at a time, and the child's is the one the first
-    case item needs); without a forked child it starts at once; on the CPU there is none."""
+    case item needs); without a forked child it starts at once; on the CPU there is none. With roles (one case
+    worker: gw0), a case worker makes none (its child's is the one it needs) and a test worker makes its own at
+    once (its child starts only for a case item)."""
     import torch
 
     from harness.isolation import spare
@@ -410,8 +501,13 @@ def test_a_worker_makes_its_context_after_its_forked_childs(monkeypatch, device,
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
     monkeypatch.setenv(workers.GPU_LIST_ENV, "0")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    worker_id = worker.rsplit(" ", 1)[-1]
+    if " " in worker:
+        monkeypatch.setenv(workers.CASE_WORKERS_ENV, "1")
+    else:
+        monkeypatch.delenv(workers.CASE_WORKERS_ENV, raising=False)
     config = SimpleNamespace(getoption=lambda name: device, add_cleanup=lambda fn: None, stash={})
-    workers.start_worker(config, "gw0")
+    workers.start_worker(config, worker_id)
     assert {"after the child's": [spare.wait_for_spare_context], "at once": [None], "none": []}[expected] == made
 
 

@@ -111,3 +111,24 @@ def test_measured_costs_come_from_an_earlier_report(tmp_path):
     assert (costs("t::a"), costs("t::b")) == (3.0, 1.0)
     assert costs("t::new") == 2.0 and costs("t::s") == 2.0  # median of measured items; skips measure nothing
     assert ItemCosts({})("anything") == 1.0
+
+
+def test_preferred_kind_queue_hands_out_the_preferred_kind_then_the_others():
+    from harness.sharding import LongestFirstQueue, PreferredKindQueue
+
+    cost = {"t1": 1.0, "t2": 5.0, "c1": 2.0, "c2": 3.0}.__getitem__
+    q = PreferredKindQueue(lambda scope: scope[0], lambda: LongestFirstQueue(cost))
+    for scope in ("t1", "c1", "t2", "c2"):
+        q[scope] = {scope: False}
+    q.prefer = "c"
+    assert q.popitem(last=False)[0] == "c2"  # the costliest of the preferred kind, not the costliest overall
+    q.prefer = "t"
+    assert q.popitem(last=False)[0] == "t2" and len(q) == 2
+    q.prefer = "c"
+    assert q.popitem(last=False)[0] == "c1"
+    assert q.popitem(last=False)[0] == "t1"  # the preferred kind ran out: the others, rather than nothing
+    q.update({"c1": {"c1": False}})  # xdist re-queues a crashed worker's units with update()
+    q.prefer = "t"
+    assert q.popitem(last=False)[0] == "c1" and not q
+    with pytest.raises(KeyError):
+        q.popitem(last=False)
