@@ -16,8 +16,10 @@ from kernels.backend import fixed_block, pdl_arguments, wait_for_previous_kernel
 from kernels.interface import INDEX_DTYPES, MASK_DTYPES
 
 # The fixed block over a row of H * P * N states on the GPU (under the interpreter a row is one block:
-# kernels.backend.fixed_block; a copy's bits do not depend on the block).
+# kernels.backend.fixed_block; a copy's bits do not depend on the block), and its warps: eight warps put one 16-byte
+# load per thread in flight where four put two back to back, and the grid is one wave, so the kernel is that latency.
 BLOCK_SIZE = 1024
+NUM_WARPS = 8
 
 # The index and mask are read one element per program: specializing on their alignment or stride class would only
 # multiply binaries (block-table column views come in every class), so they are compiled once for all classes.
@@ -69,6 +71,7 @@ def launch_arguments(state_cache: torch.Tensor, initial_state_indices: torch.Ten
         stride_has=has.stride(0),
         stride_out_batch=out.stride(0),
         BLOCK_SIZE=fixed_block(H * P * N, BLOCK_SIZE),
+        num_warps=NUM_WARPS,
         **pdl_arguments(),
     )
 

@@ -190,7 +190,8 @@ def _split_arguments(kernel: Any, arguments: dict) -> tuple[tuple, dict]:
     first_constexpr = next((i for i, n in enumerate(names) if is_constexpr[n]), len(names))
     args = tuple(arguments[n] for n in names[:first_constexpr])
     by_name = {n: arguments[n] for n in names[first_constexpr:] if n in arguments}
-    by_name.update((n, arguments[n]) for n in LAUNCH_OPTIONS if n in arguments)
+    # In the launcher's order: a launch's key string depends on the order of its options.
+    by_name.update((n, v) for n, v in arguments.items() if n in LAUNCH_OPTIONS)
     return args, by_name
 
 
