@@ -56,25 +56,50 @@ SCALAR_ONLY = {
 
 
 @triton.jit
-def load_chunk(states_ptr, dA_cs_ptr, mask, live):
-    """A chunk's state contribution (fp32) and the dA cumsum at its end; nothing is read unless ``live`` (the
-    prefetch past the last chunk)."""
-    new = tl.load(states_ptr, mask=mask & live, other=0.0).to(tl.float32)
-    dA_end = tl.load(dA_cs_ptr, mask=live, other=0.0).to(tl.float32)
+def grouped_chunks(nchunks):
+    """Where the kernels' first loop ends: it runs whole groups of ``READ_AHEAD`` chunks, none past the last chunk,
+    so it reads without masks; the 0-3 chunks after them go one at a time through the second loop (a one-chunk call
+    then reads one row and runs one step, not four)."""
+    return nchunks - nchunks % READ_AHEAD
+
+
+@triton.jit
+def chunk_row(ptr, c, stride_chunk):
+    """The scalar pointer ``c`` chunks past the scalar ``ptr``, in int64 (chunks x stride can pass 2**31 elements).
+    The kernels form every row's pointer from scalars at its load or store, so their loops carry no pointer tensor:
+    one carried through both loops has its layout converted between them (through shared memory, with more
+    registers). Within a group of chunks the offsets from its first (at most ``READ_AHEAD`` strides) stay int32."""
+    return ptr + tl.cast(c, tl.int64) * stride_chunk
+
+
+@triton.jit
+def load_chunk(states_ptr, dA_cs_ptr, offs, mask):
+    """A chunk's state contribution (fp32) and the dA cumsum at its end, from scalar pointers at that chunk (this
+    program's head; for dA the chunk's last position)."""
+    new = tl.load(states_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    dA_end = tl.load(dA_cs_ptr).to(tl.float32)
     return new, dA_end
 
 
 @triton.jit
-def load_chunks_ahead(states_ptr, dA_cs_ptr, stride_states_chunk, stride_dA_chunk, first, nchunks, mask):
-    """The ``READ_AHEAD`` (four) chunks from ``first``, each as ``load_chunk`` (those past the last chunk read
-    nothing), all issued before any of their steps: one group of the kernels' loops."""
-    new0, end0 = load_chunk(states_ptr, dA_cs_ptr, mask, True)
-    new1, end1 = load_chunk(states_ptr + stride_states_chunk, dA_cs_ptr + stride_dA_chunk, mask, first + 1 < nchunks)
-    new2, end2 = load_chunk(states_ptr + 2 * stride_states_chunk, dA_cs_ptr + 2 * stride_dA_chunk, mask,
-                            first + 2 < nchunks)
-    new3, end3 = load_chunk(states_ptr + 3 * stride_states_chunk, dA_cs_ptr + 3 * stride_dA_chunk, mask,
-                            first + 3 < nchunks)
+def load_chunks_ahead(states_ptr, dA_cs_ptr, offs, mask, first, stride_states_chunk, stride_dA_chunk):
+    """The ``READ_AHEAD`` (four) chunks from ``first``, each as ``load_chunk``, all issued before any of their steps:
+    one group of the kernels' first loop (whole groups only, so none is past the last chunk). One 64-bit product
+    per group, not per chunk: fewer registers."""
+    states_ptr = chunk_row(states_ptr, first, stride_states_chunk)
+    dA_cs_ptr = chunk_row(dA_cs_ptr, first, stride_dA_chunk)
+    new0, end0 = load_chunk(states_ptr, dA_cs_ptr, offs, mask)
+    new1, end1 = load_chunk(states_ptr + stride_states_chunk, dA_cs_ptr + stride_dA_chunk, offs, mask)
+    new2, end2 = load_chunk(states_ptr + 2 * stride_states_chunk, dA_cs_ptr + 2 * stride_dA_chunk, offs, mask)
+    new3, end3 = load_chunk(states_ptr + 3 * stride_states_chunk, dA_cs_ptr + 3 * stride_dA_chunk, offs, mask)
     return new0, end0, new1, end1, new2, end2, new3, end3
+
+
+@triton.jit
+def load_chunk_at(states_ptr, dA_cs_ptr, offs, mask, c, stride_states_chunk, stride_dA_chunk):
+    """Chunk ``c`` as ``load_chunk``, counted from the scalar pointers at chunk 0: one step of the second loop."""
+    return load_chunk(chunk_row(states_ptr, c, stride_states_chunk), chunk_row(dA_cs_ptr, c, stride_dA_chunk), offs,
+                      mask)
 
 
 @triton.jit
@@ -83,12 +108,43 @@ def recurrence_step(s, new, dA_end):
     snapshot and the indexed kernels so their arithmetic is one piece of code. ``exp`` as ``exp2(LOG2E * x)`` (equal
     to torch.exp2 on CUDA); the multiply-add is one expression so CUDA contracts it to an FMA (torch.addcmul).
 
-    The kernels read ``READ_AHEAD`` chunks' rows (``load_chunk``) before those chunks' steps and stores: the loop is
-    bound by memory latency (each program has one chunk's row in flight otherwise, and every program of the grid is
-    resident at once), and a load that follows a store cannot be hoisted by the compiler (the pointers may alias).
+    The kernels read ``READ_AHEAD`` chunks' rows (``load_chunks_ahead``; the 0-3 left after the whole groups one at a
+    time: ``grouped_chunks``) before those chunks' steps and stores: the loop is bound by memory latency (each program
+    has one chunk's row in flight otherwise, and every program of the grid is resident at once), and a load that
+    follows a store cannot be hoisted by the compiler (the pointers may alias).
     So the chunk states must not overlap the outputs (``memory_overlaps``; the snapshot kernel's output is its own).
     """
     return tl.math.exp2(_LOG2E * dA_end) * s + new
+
+
+@triton.jit
+def _sequence_initial_state(init_ptr, seq, stride_init_batch, offs, mask, HAS_INIT: tl.constexpr,
+                            BLOCK_SIZE: tl.constexpr):
+    """Sequence ``seq``'s initial state in fp32 (``init_ptr``: this program's head), or zeros without one."""
+    if HAS_INIT:
+        return tl.load(init_ptr + seq.to(tl.int64) * stride_init_batch + offs, mask=mask, other=0.0).to(tl.float32)
+    else:
+        return tl.zeros((BLOCK_SIZE,), dtype=tl.float32)
+
+
+@triton.jit
+def _snapshot_step(s, prev_seq, new, dA_end, seq, c, offs, mask, out_row_ptr, init_ptr, stride_init_batch, cache_ptr,
+                   stride_cache_slot, final_idx_ptr, stride_final_idx, last_chunk_ptr, stride_last_chunk,
+                   HAS_INIT: tl.constexpr, WRITE_CACHE: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """Chunk ``c`` of sequence ``seq`` (its row ``new`` and ``dA_end`` already read): restart at a sequence's first
+    chunk, step, store the exiting state at ``out_row_ptr``, and at the sequence's last chunk write it back to its
+    cache slot. The pointers are scalars at this program's head; returns (state, sequence index)."""
+    if seq != prev_seq:  # first chunk of a new sequence: restart from its initial state
+        s = _sequence_initial_state(init_ptr, seq, stride_init_batch, offs, mask, HAS_INIT, BLOCK_SIZE)
+    s = recurrence_step(s, new, dA_end)
+    tl.store(out_row_ptr + offs, s.to(out_row_ptr.dtype.element_ty), mask=mask)
+    if WRITE_CACHE:
+        last = tl.load(last_chunk_ptr + seq.to(tl.int64) * stride_last_chunk)
+        if last == c:
+            slot = tl.load(final_idx_ptr + seq.to(tl.int64) * stride_final_idx).to(tl.int64)
+            if slot >= 0:  # negative slot: padded sequence, write nothing
+                tl.store(cache_ptr + slot * stride_cache_slot + offs, s.to(cache_ptr.dtype.element_ty), mask=mask)
+    return s, seq
 
 
 # Under the interpreter the do_bench stand-in keeps the first config after pruning (the largest block there:
@@ -134,26 +190,26 @@ def _state_passing_kernel(
     offs = pid_m * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = offs < dim
 
-    states_ptr += pid_h * stride_states_head + offs
-    out_ptr += pid_h * stride_out_head + offs
+    # Scalar bases (this program's head): the loops carry only scalars and the state (chunk_row says why).
+    states_ptr += pid_h * stride_states_head
+    out_ptr += pid_h * stride_out_head
     dA_cs_ptr += pid_h * stride_dA_head + (chunk_size - 1) * stride_dA_q
+    init_ptr += pid_h * stride_init_head
+    cache_ptr += pid_h * stride_cache_head
 
     prev_seq = tl.load(seq_idx_ptr)
-    if HAS_INIT:
-        s = tl.load(init_ptr + prev_seq.to(tl.int64) * stride_init_batch + pid_h * stride_init_head + offs,
-                    mask=mask, other=0.0).to(tl.float32)
-    else:
-        s = tl.zeros((BLOCK_SIZE,), dtype=tl.float32)
+    s = _sequence_initial_state(init_ptr, prev_seq, stride_init_batch, offs, mask, HAS_INIT, BLOCK_SIZE)
 
-    # READ_AHEAD chunks' rows (and sequence indices) are read before their steps and stores (recurrence_step says
-    # why); each chunk's step is then the loop body below, once per chunk, in order.
-    for first in range(0, nchunks, READ_AHEAD):
+    # Whole groups of READ_AHEAD chunks: their rows and sequence indices are read before their steps and stores
+    # (recurrence_step says why); then the 0-3 chunks left, one at a time.
+    for first in range(0, grouped_chunks(nchunks), READ_AHEAD):
         new0, end0, new1, end1, new2, end2, new3, end3 = load_chunks_ahead(
-            states_ptr, dA_cs_ptr, stride_states_chunk, stride_dA_chunk, first, nchunks, mask)
+            states_ptr, dA_cs_ptr, offs, mask, first, stride_states_chunk, stride_dA_chunk)
         seq0 = tl.load(seq_idx_ptr + first * stride_seq_idx)
-        seq1 = tl.load(seq_idx_ptr + (first + 1) * stride_seq_idx, mask=first + 1 < nchunks, other=0)
-        seq2 = tl.load(seq_idx_ptr + (first + 2) * stride_seq_idx, mask=first + 2 < nchunks, other=0)
-        seq3 = tl.load(seq_idx_ptr + (first + 3) * stride_seq_idx, mask=first + 3 < nchunks, other=0)
+        seq1 = tl.load(seq_idx_ptr + (first + 1) * stride_seq_idx)
+        seq2 = tl.load(seq_idx_ptr + (first + 2) * stride_seq_idx)
+        seq3 = tl.load(seq_idx_ptr + (first + 3) * stride_seq_idx)
+        out_group_ptr = chunk_row(out_ptr, first, stride_out_chunk)
         for k in tl.static_range(READ_AHEAD):  # unrolled: k is a constant, so each branch below is chosen at compile
             if k == 0:
                 new, dA_end, seq = new0, end0, seq0
@@ -163,27 +219,17 @@ def _state_passing_kernel(
                 new, dA_end, seq = new2, end2, seq2
             else:
                 new, dA_end, seq = new3, end3, seq3
-            c = first + k
-            if c < nchunks:
-                if seq != prev_seq:  # first chunk of a new sequence: restart from its initial state
-                    if HAS_INIT:
-                        s = tl.load(init_ptr + seq.to(tl.int64) * stride_init_batch + pid_h * stride_init_head + offs,
-                                    mask=mask, other=0.0).to(tl.float32)
-                    else:
-                        s = tl.zeros((BLOCK_SIZE,), dtype=tl.float32)
-                prev_seq = seq
-                s = recurrence_step(s, new, dA_end)
-                tl.store(out_ptr + k * stride_out_chunk, s.to(out_ptr.dtype.element_ty), mask=mask)
-                if WRITE_CACHE:
-                    last = tl.load(last_chunk_ptr + seq.to(tl.int64) * stride_last_chunk)
-                    if last == c:
-                        slot = tl.load(final_idx_ptr + seq.to(tl.int64) * stride_final_idx).to(tl.int64)
-                        if slot >= 0:  # negative slot: padded sequence, write nothing
-                            dst = cache_ptr + slot * stride_cache_slot + pid_h * stride_cache_head + offs
-                            tl.store(dst, s.to(cache_ptr.dtype.element_ty), mask=mask)
-        states_ptr += READ_AHEAD * stride_states_chunk
-        out_ptr += READ_AHEAD * stride_out_chunk
-        dA_cs_ptr += READ_AHEAD * stride_dA_chunk
+            s, prev_seq = _snapshot_step(
+                s, prev_seq, new, dA_end, seq, first + k, offs, mask, out_group_ptr + k * stride_out_chunk, init_ptr,
+                stride_init_batch, cache_ptr, stride_cache_slot, final_idx_ptr, stride_final_idx, last_chunk_ptr,
+                stride_last_chunk, HAS_INIT, WRITE_CACHE, BLOCK_SIZE)
+    for c in range(grouped_chunks(nchunks), nchunks):
+        new, dA_end = load_chunk_at(states_ptr, dA_cs_ptr, offs, mask, c, stride_states_chunk, stride_dA_chunk)
+        seq = tl.load(seq_idx_ptr + c * stride_seq_idx)
+        s, prev_seq = _snapshot_step(
+            s, prev_seq, new, dA_end, seq, c, offs, mask, chunk_row(out_ptr, c, stride_out_chunk), init_ptr,
+            stride_init_batch, cache_ptr, stride_cache_slot, final_idx_ptr, stride_final_idx, last_chunk_ptr,
+            stride_last_chunk, HAS_INIT, WRITE_CACHE, BLOCK_SIZE)
 
 
 def memory_overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -21,7 +21,15 @@ import triton.language as tl
 
 from kernels.backend import fixed_block, pdl_arguments, wait_for_previous_kernel
 from kernels.interface import INDEX_DTYPES, MASK_DTYPES
-from kernels.state_passing import READ_AHEAD, load_chunks_ahead, memory_overlaps, recurrence_step
+from kernels.state_passing import (
+    READ_AHEAD,
+    chunk_row,
+    grouped_chunks,
+    load_chunk_at,
+    load_chunks_ahead,
+    memory_overlaps,
+    recurrence_step,
+)
 
 # The fixed block over a head's P * N states on the GPU (under the interpreter a head is one block:
 # kernels.backend.fixed_block; the recurrence is elementwise, so the bits do not depend on the block).
@@ -36,12 +44,12 @@ SCALAR_ONLY = {
 
 
 @triton.jit
-def _step_and_store(s, new, dA_end, chunk, nchunks, next_entering_ptr, mask):
-    """Chunk ``chunk``'s step of the recurrence (the snapshot kernel's arithmetic, same code) and the state exiting it
-    stored as the next chunk's entering state; past the last chunk the state is kept (a select, exact) and the
-    store of the last chunk's exiting state is left to the final slot."""
-    s = tl.where(chunk < nchunks, recurrence_step(s, new, dA_end), s)
-    tl.store(next_entering_ptr, s.to(next_entering_ptr.dtype.element_ty), mask=mask & (chunk + 1 < nchunks))
+def _step_and_store(s, new, dA_end, next_entering_ptr, offs, mask, store):
+    """A chunk's step of the recurrence (the snapshot kernel's arithmetic, same code) and the state exiting it stored
+    as the next chunk's entering state (``next_entering_ptr``: a scalar pointer at that row of this program's head)
+    where ``store``: the last chunk's exiting state is not stored there but left to the final slot."""
+    s = recurrence_step(s, new, dA_end)
+    tl.store(next_entering_ptr + offs, s.to(next_entering_ptr.dtype.element_ty), mask=mask & store)
     return s
 
 
@@ -75,36 +83,41 @@ def _state_passing_indexed_kernel(
     offs = pid_m * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = offs < dim
 
-    states_ptr += pid_h * stride_states_head + offs
-    out_ptr += pid_h * stride_out_head + offs
+    # Scalar bases (this program's head): the loops carry only scalars and the state (chunk_row says why).
+    states_ptr += pid_h * stride_states_head
+    out_ptr += pid_h * stride_out_head
     dA_cs_ptr += pid_h * stride_dA_head + (chunk_size - 1) * stride_dA_q
-    cache_ptr += pid_h * stride_cache_head + offs
+    cache_ptr += pid_h * stride_cache_head
 
     # Read this program's slice of the initial state before any write (in-place safety). Mask and slot are loaded
     # side by side and the row's load is masked by both (one latency before it, as in kernels.gather): a masked-off
     # initial state is never read, since the slot may hold garbage or NaN.
     has_init = tl.load(has_init_ptr) != 0
     init_slot = tl.where(has_init, tl.load(init_slot_ptr).to(tl.int64), 0)
-    entering = tl.load(cache_ptr + init_slot * stride_cache_slot, mask=mask & has_init, other=0.0)
-    s = entering.to(tl.float32)
-    tl.store(out_ptr, entering, mask=mask)
-
-    # READ_AHEAD chunks' rows are read before their steps and stores (kernels.state_passing.recurrence_step says
-    # why); a step past the last chunk keeps the state and stores nothing.
-    for first in range(0, nchunks, READ_AHEAD):
-        new0, end0, new1, end1, new2, end2, new3, end3 = load_chunks_ahead(
-            states_ptr, dA_cs_ptr, stride_states_chunk, stride_dA_chunk, first, nchunks, mask)
-        s = _step_and_store(s, new0, end0, first, nchunks, out_ptr + stride_out_chunk, mask)
-        s = _step_and_store(s, new1, end1, first + 1, nchunks, out_ptr + 2 * stride_out_chunk, mask)
-        s = _step_and_store(s, new2, end2, first + 2, nchunks, out_ptr + 3 * stride_out_chunk, mask)
-        s = _step_and_store(s, new3, end3, first + 3, nchunks, out_ptr + 4 * stride_out_chunk, mask)
-        states_ptr += READ_AHEAD * stride_states_chunk
-        out_ptr += READ_AHEAD * stride_out_chunk
-        dA_cs_ptr += READ_AHEAD * stride_dA_chunk
-
+    # Read with the others: after the loop's stores the compiler could not hoist it (the pointers may alias), and
+    # every call would end waiting on one more load.
     final_slot = tl.load(final_slot_ptr).to(tl.int64)
+    entering = tl.load(cache_ptr + init_slot * stride_cache_slot + offs, mask=mask & has_init, other=0.0)
+    s = entering.to(tl.float32)
+    tl.store(out_ptr + offs, entering, mask=mask)
+
+    # Whole groups of READ_AHEAD chunks: their rows are read before their steps and stores
+    # (kernels.state_passing.recurrence_step says why); then the 0-3 chunks left, one at a time. Only a group that
+    # ends at the last chunk skips its last store.
+    for first in range(0, grouped_chunks(nchunks), READ_AHEAD):
+        new0, end0, new1, end1, new2, end2, new3, end3 = load_chunks_ahead(
+            states_ptr, dA_cs_ptr, offs, mask, first, stride_states_chunk, stride_dA_chunk)
+        out_group_ptr = chunk_row(out_ptr, first, stride_out_chunk)
+        s = _step_and_store(s, new0, end0, out_group_ptr + stride_out_chunk, offs, mask, True)
+        s = _step_and_store(s, new1, end1, out_group_ptr + 2 * stride_out_chunk, offs, mask, True)
+        s = _step_and_store(s, new2, end2, out_group_ptr + 3 * stride_out_chunk, offs, mask, True)
+        s = _step_and_store(s, new3, end3, out_group_ptr + 4 * stride_out_chunk, offs, mask, first + 4 < nchunks)
+    for c in range(grouped_chunks(nchunks), nchunks):
+        new, dA_end = load_chunk_at(states_ptr, dA_cs_ptr, offs, mask, c, stride_states_chunk, stride_dA_chunk)
+        s = _step_and_store(s, new, dA_end, chunk_row(out_ptr, c + 1, stride_out_chunk), offs, mask, c + 1 < nchunks)
+
     if final_slot >= 0:  # negative slot: padded sequence, write nothing
-        tl.store(cache_ptr + final_slot * stride_cache_slot, s.to(cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(cache_ptr + final_slot * stride_cache_slot + offs, s.to(cache_ptr.dtype.element_ty), mask=mask)
 
 
 def _check_slot_view(name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> None:

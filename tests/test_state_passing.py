@@ -114,6 +114,9 @@ INDEXED_CASES = {
 }
 
 
+PAST_LAST_ROW = 3.0
+
+
 def run_indexed_and_snapshot(dtype, init_slot, has_init, final_slot, device, *, index_dtype=torch.int32,
                              layout="contiguous", contexts=(70,), tokens=(150,), headdim=7,
                              indexed=state_passing_indexed):
@@ -132,9 +135,13 @@ def run_indexed_and_snapshot(dtype, init_slot, has_init, final_slot, device, *, 
                                   final_idx=final_idx, index_dtype=index_dtype)
 
     base_i, cache_i = paged_cache(SLOTS, dtype, device, headdim=headdim, blank_slots=(1,))
-    workspace = torch.empty(meta.nchunks, H, headdim, N, dtype=dtype, device=device)
+    # The workspace with one more row after it: the last chunk's exiting state goes to the final slot only, so a
+    # store past the last chunk shows there.
+    rows = torch.full((meta.nchunks + 1, H, headdim, N), PAST_LAST_ROW, dtype=dtype, device=device)
+    workspace = rows[:-1]
     indexed(states, dA_cumsum, state_cache=cache_i, init_slot_index=init_idx, has_initial_state=has,
             final_slot_index=final_idx, out=workspace)
+    assert_bits_equal(rows[-1], torch.full_like(rows[-1], PAST_LAST_ROW), what="the row after the workspace")
     return workspace, exiting, initial, base_i, base_s
 
 
@@ -163,13 +170,54 @@ def test_indexed_kernel_single_chunk(device):
                                                              tokens=(9,)))
 
 
-@pytest.mark.parametrize("tokens", (4 * Q, 4 * Q + 1, 7 * Q + 5, 8 * Q), ids=lambda t: f"{t}tokens")
+# Chunk counts 1-9 (8 twice; last chunk full or partial): no, one and two whole groups of READ_AHEAD chunks, each
+# followed by 0, 1, 2 and 3 chunks one at a time (kernels.state_passing.grouped_chunks).
+GROUP_AND_TAIL_TOKENS = (Q - 3, 2 * Q, 3 * Q - 1, 4 * Q, 4 * Q + 1, 6 * Q, 7 * Q - 2, 7 * Q + 5, 8 * Q, 8 * Q + 5)
+
+
+@pytest.mark.parametrize("tokens", GROUP_AND_TAIL_TOKENS, ids=lambda t: f"{t}tokens")
 def test_indexed_kernel_across_read_ahead_groups(tokens, device):
-    """The kernels read ``READ_AHEAD`` (4) chunks at once: chunk counts at, just past and short of a multiple of it
-    (the steps past the last chunk must change nothing, the last exiting state must reach the final slot only)."""
+    """The kernels read ``READ_AHEAD`` (4) chunks at once in whole groups, then the 0-3 left one at a time: every
+    chunk's entering state, the last exiting state in the final slot only (nothing stored past the last chunk)."""
     assert sp_module.READ_AHEAD == 4
     assert_indexed_equals_snapshot(*run_indexed_and_snapshot(torch.bfloat16, 3, True, 5, device, contexts=(0,),
                                                              tokens=(tokens,)))
+
+
+def tail_layouts():
+    """(chunk count, chunks per sequence): for 1-9 chunks, every chunk its own sequence, one sequence, and runs of two
+    and of three chunks, so that sequences start and end at every position of a group and of the chunks after the
+    whole groups, and run from a group into them."""
+    layouts = []
+    for n in range(1, 10):
+        for lengths in ([1] * n, [n], [2] * (n // 2) + [n % 2], [3] * (n // 3) + [n % 3]):
+            lengths = [k for k in lengths if k]
+            if (n, lengths) not in layouts:
+                layouts.append((n, lengths))
+    return layouts
+
+
+@pytest.mark.parametrize(("nchunks", "lengths"), tail_layouts(), ids=lambda v: "-".join(map(str, v))
+                         if isinstance(v, list) else f"{v}chunks")
+def test_snapshot_kernel_restarts_and_writes_back_in_groups_and_after_them(nchunks, lengths, device, profile):
+    """Sequence starts (a restart from the initial state) and ends (the final-state writeback, or none for a
+    negative slot) in the whole groups of four chunks and in the 0-3 chunks after them, against the reference."""
+    meta, states, dA_cumsum = teacher_inputs([0] * len(lengths), [k * Q for k in lengths], 3, device, seed=nchunks)
+    assert meta.nchunks == nchunks
+    initial = torch.randn(meta.batch, H, 3, N, generator=torch.Generator().manual_seed(7)).to(device)
+    slots = 12
+    base_k, cache_k = paged_cache(slots, torch.float32, device, headdim=3, blank_slots=(0,))
+    base_r, cache_r = paged_cache(slots, torch.float32, device, headdim=3, blank_slots=(0,))
+    finals = [-1 if b == 1 else (5 * b + 3) % slots for b in range(meta.batch)]  # distinct slots, one padded
+    final_idx = torch.tensor(finals, dtype=torch.int64, device=device)
+    got = run_snapshot_kernel(states, dA_cumsum, meta, initial_states=initial, out_dtype=torch.float32, cache=cache_k,
+                              final_idx=final_idx, index_dtype=torch.int64)
+    t = meta.tensors(device)
+    want = chunked.state_passing(
+        states, dA_cumsum, t["seq_idx"], initial_states=initial, out_dtype=torch.float32, state_cache=cache_r,
+        final_state_indices=final_idx, last_chunk_indices=t["last_chunk_indices"], profile=profile)
+    assert_bits_equal(got, want.exiting, what=f"exiting states ({profile} profile)")
+    assert_storage_equal(base_k, storage_bytes(base_r), what="cache storage after final-state writeback")
 
 
 def test_snapshot_kernel_restarts_and_writes_back_at_every_position_of_a_read_ahead_group(device, profile):
