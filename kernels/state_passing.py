@@ -128,22 +128,35 @@ def _sequence_initial_state(init_ptr, seq, stride_init_batch, offs, mask, HAS_IN
 
 
 @triton.jit
-def _snapshot_step(s, prev_seq, new, dA_end, seq, c, offs, mask, out_row_ptr, init_ptr, stride_init_batch, cache_ptr,
-                   stride_cache_slot, final_idx_ptr, stride_final_idx, last_chunk_ptr, stride_last_chunk,
-                   HAS_INIT: tl.constexpr, WRITE_CACHE: tl.constexpr, BLOCK_SIZE: tl.constexpr):
-    """Chunk ``c`` of sequence ``seq`` (its row ``new`` and ``dA_end`` already read): restart at a sequence's first
-    chunk, step, store the exiting state at ``out_row_ptr``, and at the sequence's last chunk write it back to its
-    cache slot. The pointers are scalars at this program's head; returns (state, sequence index)."""
+def _final_slot_at(seq, c, final_idx_ptr, stride_final_idx, last_chunk_ptr, stride_last_chunk,
+                   WRITE_CACHE: tl.constexpr):
+    """Where chunk ``c``'s exiting state is written back: sequence ``seq``'s final slot when ``c`` is its last chunk,
+    else -1 (negative, like a padded sequence's slot: nothing is written). Read with the chunk's row, before any
+    store: after a store the compiler cannot hoist a load (the pointers may alias), and each chunk would wait on
+    these two dependent loads in turn. ``seq`` is a valid sequence, so both reads are in bounds."""
+    if WRITE_CACHE:
+        last = tl.load(last_chunk_ptr + seq.to(tl.int64) * stride_last_chunk)
+        slot = tl.load(final_idx_ptr + seq.to(tl.int64) * stride_final_idx).to(tl.int64)
+        return tl.where(last == c, slot, -1)
+    else:
+        return tl.full((), -1, tl.int64)
+
+
+@triton.jit
+def _snapshot_step(s, prev_seq, new, dA_end, seq, slot, offs, mask, out_row_ptr, init_ptr, stride_init_batch,
+                   cache_ptr, stride_cache_slot, HAS_INIT: tl.constexpr, WRITE_CACHE: tl.constexpr,
+                   BLOCK_SIZE: tl.constexpr):
+    """A chunk of sequence ``seq`` (its row ``new``, ``dA_end`` and writeback ``slot``, from ``_final_slot_at``,
+    already read): restart at a sequence's first chunk, step, store the exiting state at ``out_row_ptr``, and write
+    it back to ``slot`` unless negative. The pointers are scalars at this program's head; returns (state, sequence
+    index)."""
     if seq != prev_seq:  # first chunk of a new sequence: restart from its initial state
         s = _sequence_initial_state(init_ptr, seq, stride_init_batch, offs, mask, HAS_INIT, BLOCK_SIZE)
     s = recurrence_step(s, new, dA_end)
     tl.store(out_row_ptr + offs, s.to(out_row_ptr.dtype.element_ty), mask=mask)
     if WRITE_CACHE:
-        last = tl.load(last_chunk_ptr + seq.to(tl.int64) * stride_last_chunk)
-        if last == c:
-            slot = tl.load(final_idx_ptr + seq.to(tl.int64) * stride_final_idx).to(tl.int64)
-            if slot >= 0:  # negative slot: padded sequence, write nothing
-                tl.store(cache_ptr + slot * stride_cache_slot + offs, s.to(cache_ptr.dtype.element_ty), mask=mask)
+        if slot >= 0:  # negative: not the sequence's last chunk, or a padded sequence
+            tl.store(cache_ptr + slot * stride_cache_slot + offs, s.to(cache_ptr.dtype.element_ty), mask=mask)
     return s, seq
 
 
@@ -209,27 +222,34 @@ def _state_passing_kernel(
         seq1 = tl.load(seq_idx_ptr + (first + 1) * stride_seq_idx)
         seq2 = tl.load(seq_idx_ptr + (first + 2) * stride_seq_idx)
         seq3 = tl.load(seq_idx_ptr + (first + 3) * stride_seq_idx)
+        slot0 = _final_slot_at(seq0, first, final_idx_ptr, stride_final_idx, last_chunk_ptr, stride_last_chunk,
+                               WRITE_CACHE)
+        slot1 = _final_slot_at(seq1, first + 1, final_idx_ptr, stride_final_idx, last_chunk_ptr, stride_last_chunk,
+                               WRITE_CACHE)
+        slot2 = _final_slot_at(seq2, first + 2, final_idx_ptr, stride_final_idx, last_chunk_ptr, stride_last_chunk,
+                               WRITE_CACHE)
+        slot3 = _final_slot_at(seq3, first + 3, final_idx_ptr, stride_final_idx, last_chunk_ptr, stride_last_chunk,
+                               WRITE_CACHE)
         out_group_ptr = chunk_row(out_ptr, first, stride_out_chunk)
         for k in tl.static_range(READ_AHEAD):  # unrolled: k is a constant, so each branch below is chosen at compile
             if k == 0:
-                new, dA_end, seq = new0, end0, seq0
+                new, dA_end, seq, slot = new0, end0, seq0, slot0
             elif k == 1:
-                new, dA_end, seq = new1, end1, seq1
+                new, dA_end, seq, slot = new1, end1, seq1, slot1
             elif k == 2:
-                new, dA_end, seq = new2, end2, seq2
+                new, dA_end, seq, slot = new2, end2, seq2, slot2
             else:
-                new, dA_end, seq = new3, end3, seq3
+                new, dA_end, seq, slot = new3, end3, seq3, slot3
             s, prev_seq = _snapshot_step(
-                s, prev_seq, new, dA_end, seq, first + k, offs, mask, out_group_ptr + k * stride_out_chunk, init_ptr,
-                stride_init_batch, cache_ptr, stride_cache_slot, final_idx_ptr, stride_final_idx, last_chunk_ptr,
-                stride_last_chunk, HAS_INIT, WRITE_CACHE, BLOCK_SIZE)
+                s, prev_seq, new, dA_end, seq, slot, offs, mask, out_group_ptr + k * stride_out_chunk, init_ptr,
+                stride_init_batch, cache_ptr, stride_cache_slot, HAS_INIT, WRITE_CACHE, BLOCK_SIZE)
     for c in range(grouped_chunks(nchunks), nchunks):
         new, dA_end = load_chunk_at(states_ptr, dA_cs_ptr, offs, mask, c, stride_states_chunk, stride_dA_chunk)
         seq = tl.load(seq_idx_ptr + c * stride_seq_idx)
+        slot = _final_slot_at(seq, c, final_idx_ptr, stride_final_idx, last_chunk_ptr, stride_last_chunk, WRITE_CACHE)
         s, prev_seq = _snapshot_step(
-            s, prev_seq, new, dA_end, seq, c, offs, mask, chunk_row(out_ptr, c, stride_out_chunk), init_ptr,
-            stride_init_batch, cache_ptr, stride_cache_slot, final_idx_ptr, stride_final_idx, last_chunk_ptr,
-            stride_last_chunk, HAS_INIT, WRITE_CACHE, BLOCK_SIZE)
+            s, prev_seq, new, dA_end, seq, slot, offs, mask, chunk_row(out_ptr, c, stride_out_chunk), init_ptr,
+            stride_init_batch, cache_ptr, stride_cache_slot, HAS_INIT, WRITE_CACHE, BLOCK_SIZE)
 
 
 def memory_overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
