@@ -155,6 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
     times.add_argument("--top", type=int, default=15, metavar="N", help="the N slowest groups (default 15)")
     times.add_argument("--write-durations", type=Path, metavar="FILE",
                        help="also write the items' durations alone (a compact report for pytest --durations-from)")
+    times.add_argument("--longest-of", type=Path, metavar="EARLIER", default=None,
+                       help="with --write-durations: per item, the longer of this report's duration and EARLIER's "
+                            "(a compile-heavy test is slow in whichever run compiles first: its cold time is the "
+                            "cost to plan for)")
 
     html = sub.add_parser("report-html", help="an HTML page of a report's error against its bounds, per check",
                           description="One self-contained HTML page (inline SVG) from a report written by run "
@@ -648,7 +652,7 @@ def cmd_bench(argv: list[str]) -> int:
 
 
 def cmd_times(args) -> int:
-    from harness.report import Report, merge_parts, parts_dir, timing_lines, write_durations
+    from harness.report import Report, longest_durations, merge_parts, parts_dir, timing_lines, write_durations
     from harness.timeline import compile_lines, startup_lines
 
     if args.report.is_file():
@@ -668,8 +672,17 @@ def cmd_times(args) -> int:
                   compile_lines(report.meta, top=args.top)):
         if lines:
             print("\n".join(lines))
+    if args.longest_of and not args.write_durations:
+        raise Unusable("--longest-of: only with --write-durations")
     if args.write_durations:
-        write_durations(records, args.write_durations, source=str(args.report))
+        source = str(args.report)
+        if args.longest_of:
+            if not args.longest_of.is_file():
+                raise Unusable(f"--longest-of {args.longest_of}: no such report")
+            earlier = Report.read(args.longest_of)
+            records = longest_durations(records, earlier.items)
+            source = f"{source}, each item's longest of it and {earlier.meta.get('source') or args.longest_of}"
+        write_durations(records, args.write_durations, source=source)
         print(f"durations of {len(records)} items: {args.write_durations}")
     return EXIT_OK
 

@@ -13,7 +13,7 @@ import json
 import os
 import tempfile
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 FAILURE_OUTCOMES = ("failed", "error", "xpassed")
@@ -102,6 +102,14 @@ def write_durations(records: list[ItemRecord], path: str | os.PathLike, source: 
              for r in records]
     head = json.dumps({"schema": REPORT_SCHEMA, "meta": {"source": source}})[:-1]
     Path(path).write_text(head + ', "items": [\n' + ",\n".join(lines) + "\n]}\n")
+
+
+def longest_durations(records: list[ItemRecord], earlier: list[ItemRecord]) -> list[ItemRecord]:
+    """``records`` with each duration raised to the item's duration in ``earlier`` where that was longer (and passed
+    or failed, not skipped). An item that compiles kernels costs its compile time in whichever process compiles them
+    first and little elsewhere, so one run's figure can put a 20 s item last; the longest seen is what to plan for."""
+    measured = {r.nodeid: r.duration for r in earlier if r.outcome not in ("skipped", "unsupported")}
+    return [replace(r, duration=max(r.duration, measured.get(r.nodeid, 0.0))) for r in records]
 
 
 def parts_dir(report_path: str | os.PathLike) -> Path:

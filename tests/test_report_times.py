@@ -91,3 +91,20 @@ def test_durations_written_by_times_are_read_back_as_costs(tmp_path, capsys):
     costs = ItemCosts.from_report(compact)
     assert costs.durations == {"a::x::reference_bound": 3.0, "a::y::reference_bound": 5.0, "a::x::determinism": 1.0}
     assert len(compact.read_text().splitlines()) == 6  # header, one line per item, footer: diffs stay readable
+
+
+def test_durations_can_keep_each_items_longest(tmp_path, capsys):
+    """``--longest-of``: a compile-heavy test measured warm in one run keeps its cold time from an earlier one."""
+    from harness.sharding import ItemCosts
+
+    path, earlier, compact = tmp_path / "report.json", tmp_path / "earlier.json", tmp_path / "durations.json"
+    Report(items=records()).write(path)
+    Report(items=[ItemRecord("a::x::reference_bound", "passed", duration=9.0),
+                  ItemRecord("a::y::reference_bound", "passed", duration=1.0),
+                  ItemRecord("gone::z", "passed", duration=50.0)], meta={"source": "run 1"}).write(earlier)
+    assert cli.main(["times", str(path), "--write-durations", str(compact), "--longest-of", str(earlier)]) == 0
+    costs = ItemCosts.from_report(compact)
+    assert costs.durations == {"a::x::reference_bound": 9.0, "a::y::reference_bound": 5.0, "a::x::determinism": 1.0}
+    assert Report.read(compact).meta["source"] == f"{path}, each item's longest of it and run 1"
+    assert cli.main(["times", str(path), "--longest-of", str(earlier)]) == cli.EXIT_UNUSABLE
+    assert "--longest-of: only with --write-durations" in capsys.readouterr().err
