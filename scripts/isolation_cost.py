@@ -9,7 +9,8 @@ as the ``isolation-cost`` step writes them. Per step, in the order they ran: pyt
 over the node ids every step ran (so the tests added since the baseline do not count), split into case items and
 other tests, and where the step recorded them the host's CPU (``<step>-cpu.log``: user, system and idle core seconds
 from /proc/stat), the CPU of the run's own processes (the report's ``worker_cpu`` and each worker's running child)
-and the CUDA contexts they made (workers that made their own, ``worker_roles``, and every child started).
+and the CUDA contexts they made (workers that made their own, ``worker_roles``, and every child started), and the
+tail: how long the last worker ran on after the median one had finished (a straggler handed out late).
 Then the medians per kind of step and their ratios: one pair of steps differs by as much as isolation costs (the
 same code, one call: up to 13%, docs/gpu-runs.md run 67), so only medians of alternating steps mean anything.
 """
@@ -78,6 +79,17 @@ def contexts(meta: dict) -> int | None:
     return sum(1 for r in roles.values() if r and r.get("cuda_context")) + children
 
 
+def tail(items: list[dict]) -> float | None:
+    """Seconds from the median worker's last item end to the run's last item end: a straggler (an item handed out
+    late that runs long) shows here, not in the item time."""
+    ends: dict[str, float] = {}
+    for item in items:
+        if item.get("start") is not None and item.get("worker"):
+            end = item["start"] + (item.get("duration") or 0.0)
+            ends[item["worker"]] = max(ends.get(item["worker"], end), end)
+    return max(ends.values()) - statistics.median(ends.values()) if ends else None
+
+
 def load_steps(out: Path) -> list[dict]:
     """The steps found in ``out``, in the order they ran (their reports' modification times)."""
     steps = []
@@ -90,7 +102,8 @@ def load_steps(out: Path) -> list[dict]:
         steps.append({"name": name, "kind": kind, "mtime": report.stat().st_mtime,
                       "items": {i["nodeid"]: i.get("duration") or 0.0 for i in data.get("items", [])},
                       "wall": pytest_wall(out / f"{name}.log"), "host": host_cpu(out / f"{name}-cpu.log"),
-                      "processes": process_cpu(data.get("meta", {})), "contexts": contexts(data.get("meta", {}))})
+                      "processes": process_cpu(data.get("meta", {})), "contexts": contexts(data.get("meta", {})),
+                      "tail": tail(data.get("items", []))})
     return sorted(steps, key=lambda s: s["mtime"])
 
 
@@ -100,7 +113,7 @@ def summarize(steps: list[dict]) -> list[str]:
     common = set.intersection(*(set(s["items"]) for s in steps))
     lines = [f"{len(common)} node ids ran in every step; item seconds summed over them",
              f"{'step':<24} {'wall s':>7} {'items s':>8} {'cases s':>8} {'tests s':>8} {'host usr/sys/idle':>20} "
-             f"{'procs usr/sys':>14} {'contexts':>8}"]
+             f"{'procs usr/sys':>14} {'contexts':>8} {'tail s':>6}"]
     for s in steps:
         cases = sum(s["items"][k] for k in common if k.startswith("cases/"))
         total = sum(s["items"][k] for k in common)
@@ -109,8 +122,9 @@ def summarize(steps: list[dict]) -> list[str]:
         procs = f"{s['processes']['user']:.0f}/{s['processes']['system']:.0f}" if s["processes"] else "-"
         wall = f"{s['wall']:.1f}" if s["wall"] is not None else "-"
         made = "-" if s["contexts"] is None else str(s["contexts"])
+        late = "-" if s["tail"] is None else f"{s['tail']:.1f}"
         lines.append(f"{s['name']:<24} {wall:>7} {total:>8.1f} {cases:>8.1f} {total - cases:>8.1f} {host:>20} "
-                     f"{procs:>14} {made:>8}")
+                     f"{procs:>14} {made:>8} {late:>6}")
     medians = {}
     for kind in KINDS:
         mine = [s for s in steps if s["kind"] == kind]

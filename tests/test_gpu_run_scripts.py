@@ -16,7 +16,8 @@ _SPEC.loader.exec_module(isolation_cost)
 
 def _step(out: Path, name: str, when: int, durations: dict, wall: float, meta: dict | None = None,
           cpu: list[list[int]] | None = None) -> None:
-    items = [{"nodeid": k, "duration": v, "outcome": "passed"} for k, v in durations.items()]
+    items = [{"nodeid": k, "duration": v, "outcome": "passed", "worker": f"gw{n % 2}", "start": when * 100.0 + n}
+             for n, (k, v) in enumerate(durations.items())]
     report = out / f"{name}-report.json"
     report.write_text(json.dumps({"items": items, "meta": meta or {}}))
     os.utime(report, (when, when))
@@ -48,8 +49,10 @@ def test_medians_over_the_node_ids_every_step_ran(tmp_path):
     assert lines[0].startswith("2 node ids ran in every step")  # the test added since the baseline does not count
     row = next(line for line in lines if line.startswith("suite-same "))
     assert row.split()[1:5] == ["36.0", "3.0", "1.0", "2.0"] and "10/2/3" in row and "15/3" in row, row
-    assert row.split()[-1] == "2", row  # gw0's child and gw1's own context
-    assert next(line for line in lines if line.startswith("baseline ")).split()[-1] == "-"
+    assert row.split()[-2] == "2", row  # gw0's child and gw1's own context
+    # gw0 ran items 0 (1 s) and 2 (50 s, from 202), gw1 item 1 (2 s, from 201): the last end 252, the median 227.5
+    assert row.split()[-1] == "24.5", row
+    assert next(line for line in lines if line.startswith("baseline ")).split()[-2] == "-"
     assert "baseline 32.0 / 3.0 / 2, suite-same-noiso 32.0 / 2.2 / 2, suite-same 38.0 / 4.5 / 2" in lines[-4]
     assert lines[-3:] == ["suite-same / baseline: wall 1.19x, item time 1.50x",
                           "suite-same / suite-same-noiso: wall 1.19x, item time 2.00x",
