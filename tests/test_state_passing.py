@@ -184,6 +184,24 @@ def test_indexed_kernel_across_read_ahead_groups(tokens, device):
                                                              tokens=(tokens,)))
 
 
+def assert_snapshot_kernel_writes_back_as_the_reference(meta, states, dA_cumsum, initial, finals, slots, device,
+                                                        profile):
+    """The snapshot kernel against the chunked reference, both writing back into their own paged cache of ``slots``
+    rows (slot 0 blank) at ``finals`` (negative: a padded sequence): the exiting states and the whole cache storage,
+    bit for bit."""
+    base_k, cache_k = paged_cache(slots, torch.float32, device, headdim=3, blank_slots=(0,))
+    base_r, cache_r = paged_cache(slots, torch.float32, device, headdim=3, blank_slots=(0,))
+    final_idx = torch.tensor(finals, dtype=torch.int64, device=device)
+    got = run_snapshot_kernel(states, dA_cumsum, meta, initial_states=initial, out_dtype=torch.float32, cache=cache_k,
+                              final_idx=final_idx, index_dtype=torch.int64)
+    t = meta.tensors(device)
+    want = chunked.state_passing(
+        states, dA_cumsum, t["seq_idx"], initial_states=initial, out_dtype=torch.float32, state_cache=cache_r,
+        final_state_indices=final_idx, last_chunk_indices=t["last_chunk_indices"], profile=profile)
+    assert_bits_equal(got, want.exiting, what=f"exiting states ({profile} profile)")
+    assert_storage_equal(base_k, storage_bytes(base_r), what="cache storage after final-state writeback")
+
+
 def tail_layouts():
     """(chunk count, chunks per sequence): for 1-9 chunks, every chunk its own sequence, one sequence, and runs of two
     and of three chunks, so that sequences start and end at every position of a group and of the chunks after the
@@ -206,18 +224,9 @@ def test_snapshot_kernel_restarts_and_writes_back_in_groups_and_after_them(nchun
     assert meta.nchunks == nchunks
     initial = torch.randn(meta.batch, H, 3, N, generator=torch.Generator().manual_seed(7)).to(device)
     slots = 12
-    base_k, cache_k = paged_cache(slots, torch.float32, device, headdim=3, blank_slots=(0,))
-    base_r, cache_r = paged_cache(slots, torch.float32, device, headdim=3, blank_slots=(0,))
     finals = [-1 if b == 1 else (5 * b + 3) % slots for b in range(meta.batch)]  # distinct slots, one padded
-    final_idx = torch.tensor(finals, dtype=torch.int64, device=device)
-    got = run_snapshot_kernel(states, dA_cumsum, meta, initial_states=initial, out_dtype=torch.float32, cache=cache_k,
-                              final_idx=final_idx, index_dtype=torch.int64)
-    t = meta.tensors(device)
-    want = chunked.state_passing(
-        states, dA_cumsum, t["seq_idx"], initial_states=initial, out_dtype=torch.float32, state_cache=cache_r,
-        final_state_indices=final_idx, last_chunk_indices=t["last_chunk_indices"], profile=profile)
-    assert_bits_equal(got, want.exiting, what=f"exiting states ({profile} profile)")
-    assert_storage_equal(base_k, storage_bytes(base_r), what="cache storage after final-state writeback")
+    assert_snapshot_kernel_writes_back_as_the_reference(meta, states, dA_cumsum, initial, finals, slots, device,
+                                                        profile)
 
 
 def test_snapshot_kernel_restarts_and_writes_back_at_every_position_of_a_read_ahead_group(device, profile):
@@ -226,17 +235,8 @@ def test_snapshot_kernel_restarts_and_writes_back_at_every_position_of_a_read_ah
     meta, states, dA_cumsum = teacher_inputs([0] * 5, [Q, 2 * Q, 3 * Q, 4 * Q, 5 * Q], 3, device, seed=5)
     assert meta.nchunks == 15
     initial = torch.randn(meta.batch, H, 3, N, generator=torch.Generator().manual_seed(2)).to(device)
-    base_k, cache_k = paged_cache(SLOTS, torch.float32, device, headdim=3, blank_slots=(0,))
-    base_r, cache_r = paged_cache(SLOTS, torch.float32, device, headdim=3, blank_slots=(0,))
-    final_idx = torch.tensor([2, 7, -1, 0, 4], dtype=torch.int64, device=device)
-    got = run_snapshot_kernel(states, dA_cumsum, meta, initial_states=initial, out_dtype=torch.float32, cache=cache_k,
-                              final_idx=final_idx, index_dtype=torch.int64)
-    t = meta.tensors(device)
-    want = chunked.state_passing(
-        states, dA_cumsum, t["seq_idx"], initial_states=initial, out_dtype=torch.float32, state_cache=cache_r,
-        final_state_indices=final_idx, last_chunk_indices=t["last_chunk_indices"], profile=profile)
-    assert_bits_equal(got, want.exiting, what=f"exiting states ({profile} profile)")
-    assert_storage_equal(base_k, storage_bytes(base_r), what="cache storage after final-state writeback")
+    assert_snapshot_kernel_writes_back_as_the_reference(meta, states, dA_cumsum, initial, [2, 7, -1, 0, 4], SLOTS,
+                                                        device, profile)
 
 
 def test_the_indexed_kernel_refuses_a_workspace_over_its_chunk_states(device):
