@@ -57,7 +57,7 @@ def host_cpu(log: Path) -> dict | None:
     return {"user": (delta[0] + delta[1]) / ticks, "system": delta[2] / ticks, "idle": (delta[3] + delta[4]) / ticks}
 
 
-def process_cpu(meta: dict) -> dict | None:
+def run_processes_cpu(meta: dict) -> dict | None:
     """The run's own processes: every worker's CPU and its running child's (user, system), summed."""
     workers = meta.get("worker_cpu") or {}
     if not workers:
@@ -102,7 +102,7 @@ def load_steps(out: Path) -> list[dict]:
         steps.append({"name": name, "kind": kind, "mtime": report.stat().st_mtime,
                       "items": {i["nodeid"]: i.get("duration") or 0.0 for i in data.get("items", [])},
                       "wall": pytest_wall(out / f"{name}.log"), "host": host_cpu(out / f"{name}-cpu.log"),
-                      "processes": process_cpu(data.get("meta", {})), "contexts": contexts(data.get("meta", {})),
+                      "processes": run_processes_cpu(data.get("meta", {})), "contexts": contexts(data.get("meta", {})),
                       "tail": tail(data.get("items", []))})
     return sorted(steps, key=lambda s: s["mtime"])
 
