@@ -153,10 +153,11 @@ for step in $steps; do
         $workloads --json "$OUT/peer-bench-nopdl.json"
       run_step peer-stages-nopdl env SSD_PDL=0 $PY -m harness bench --stages --peer peers.vllm_ssd:provider \
         --rounds 3 $workloads --json "$OUT/peer-stages-nopdl.json" ;;
-    stages)  # each stage of the four workloads alone, as tuned and with every candidate config forced, and the one
-      # config per stage with the least summed time (the proposal for kernels/tuned_configs.py)
-      run_step stages $PY -m harness bench --stages --reps 100 --workload short-continuation --workload prefill-4256 \
-        --workload continue-600 --workload mixed-3 --json "$OUT/stages.json" ;;
+    stages)  # each stage of the four workloads (or STAGE_WORKLOADS, names separated by spaces) alone, as tuned and
+      # with every candidate config forced, and the one config per stage with the least summed time (the proposal
+      # for kernels/tuned_configs.py)
+      workloads=$(for w in ${STAGE_WORKLOADS:-short-continuation prefill-4256 continue-600 mixed-3}; do echo "--workload $w"; done)
+      run_step stages $PY -m harness bench --stages --reps 100 $workloads --json "$OUT/stages.json" ;;
     lab)  # the kernel lab (scripts/kernel_lab.py): each stage's shipped kernel against variants rewritten from its
       # source, under each candidate config, bits compared, and vLLM's chunk scan (carried .peers/); LAB_ARGS selects
       # (e.g. "--stage chunk_scan"); then ncu on one launch of each chunk scan variant, where ncu reads counters here
