@@ -15,7 +15,7 @@ if sys.argv[1:2] and sys.argv[1] in ITEM_COMMANDS and os.environ.get(ISOLATION_E
 
     from harness.isolation import spare
 
-    spare.prefork()
+    spare.prefork(spare.CLI)
 
 from harness.cli import main  # noqa: E402
 

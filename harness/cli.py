@@ -207,10 +207,11 @@ def _isolation(args) -> tuple[str, str, object, str, object]:
 
 def _runner(args):
     """``_isolation``'s runner: returns (runner, device, spec). The runner starts nothing yet."""
-    from harness.isolation import open_runner
+    from harness.isolation import open_runner, spare
 
     device, mode, limit, spec, provider = _isolation(args)
-    return open_runner(spec, device, isolation=mode, timeout=limit, provider=provider), device, spec
+    return (open_runner(spec, device, isolation=mode, timeout=limit, provider=provider, spare_owner=spare.CLI),
+            device, spec)
 
 
 @contextlib.contextmanager

@@ -245,10 +245,10 @@ class _Runners:
     spare keeps the child's start-up (torch, the device, the provider) off most of those steps."""
 
     def __init__(self, provider_spec: str, device: str, *, isolation: str | None, timeout, provider):
-        from harness.isolation import open_runner
+        from harness.isolation import open_runner, spare
 
         self._open = lambda: open_runner(provider_spec, device, isolation=isolation, timeout=timeout,
-                                         provider=provider)
+                                         provider=provider, spare_owner=spare.CLI)
         self.active = self._open()
         self.spare = None
 

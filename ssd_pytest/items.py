@@ -139,7 +139,7 @@ def runner(config: pytest.Config):
         index = worker_index(os.environ.get("PYTEST_XDIST_WORKER")) or 0
         config.stash[_runner_key] = open_runner(
             config.getoption("provider") or DEFAULT_PROVIDER, device, isolation=config.getoption("isolation"),
-            timeout=limit, warmup_first=index / xdist_worker_count())
+            timeout=limit, warmup_first=index / xdist_worker_count(), spare_owner=config)
     return config.stash[_runner_key]
 
 
@@ -149,7 +149,7 @@ def start_spare_runner(config: pytest.Config) -> None:
     (``workers.role_of``), which starts its child only for a case item that comes to it."""
     from harness.isolation import spare
 
-    if spare.waiting() and worker_role(config) != TESTS:
+    if spare.waiting(config) and worker_role(config) != TESTS:
         runner(config).start()
 
 
@@ -169,7 +169,7 @@ def close_runner(config: pytest.Config) -> None:
         found.close()
     from harness.isolation import spare
 
-    spare.discard()
+    spare.discard(config)
 
 
 def runner_description(config: pytest.Config) -> dict | None:

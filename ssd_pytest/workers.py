@@ -189,14 +189,15 @@ def prefork_child(config: pytest.Config) -> bool:
     """Under process isolation, fork the child that will run this worker's case items now, after torch is imported
     and before CUDA is touched: a child spawned later imports torch again (most of its start-up, paid by the first
     case item, by 16 children at once on a 16-worker GPU run) and a fork after the CUDA driver started is unsafe
-    (``harness.isolation.forking``). Where a fork is unsafe anyway, the child is spawned when first needed. Returns
-    whether it forked."""
+    (``harness.isolation.forking``). Where a fork is unsafe anyway, the child is spawned when first needed. The
+    spare is this config's (``spare.prefork``'s owner): a test that runs the CLI or an inner session here does not
+    take it. Returns whether it forked."""
     from harness.isolation import isolation_mode
 
     if isolation_mode(config.getoption("isolation")) == "process":
         from harness.isolation import spare
 
-        return not spare.prefork(code_ran_before=True)  # the conftest files pytest imported before this hook
+        return not spare.prefork(config, code_ran_before=True)  # the conftest files pytest imported before
     return False
 
 

@@ -506,16 +506,16 @@ torch.set_num_threads(1)
 from harness.isolation import spare
 
 out = {}
-assert spare.prefork() == ""  # a spare never used: discard ends it
-first = spare._spare[1][0]
-spare.discard()
+assert spare.prefork("test") == ""  # a spare never used: discard ends it
+first = spare._spare[2][0]
+spare.discard("test")
 out["unused_spare_exit"] = first.returncode
 out["context_wait_after_discard"] = spare.wait_for_spare_context(0)  # discard closed the signal too
-assert spare.prefork() == ""
+assert spare.prefork("test") == ""
 # Nothing the fork needs may import the kernels package, whose import asks torch for a GPU (starting the driver).
 heavy = [m for m in sys.modules if m == "kernels" or m.startswith(("kernels.", "harness.checks"))]
 assert not heavy, heavy
-spare_pid = spare._spare[1][0].pid
+spare_pid = spare._spare[2][0].pid
 from harness.isolation import supervisor
 from harness import backend
 from harness.cases.loader import load_case_file
@@ -523,7 +523,7 @@ from harness.cases.loader import load_case_file
 device = backend.configure(sys.argv[3])
 os.environ["OMP_NUM_THREADS"] = "stale"  # the child's environment is the parent's at Hello, with its thread share
 cases = {c.id: c for c in load_case_file(sys.argv[1])}
-with supervisor.Supervisor("tests.faulty_providers:" + sys.argv[2], device) as sup:
+with supervisor.Supervisor("tests.faulty_providers:" + sys.argv[2], device, spare_owner="test") as sup:
     sup.start()  # Hello: the child configures itself, makes its device context and says so
     out["context_made"] = spare.wait_for_spare_context(120)
     out["context_wait_again"] = spare.wait_for_spare_context(0)  # once per spare
@@ -536,8 +536,8 @@ try:
 except ProcessLookupError:
     out["spare_alive_after_close"] = False
 # After the device started (CUDA) no fork is safe: the reason, or "" under the interpreter
-out["late_prefork"] = spare.prefork()
-spare.discard()
+out["late_prefork"] = spare.prefork("test")
+spare.discard("test")
 print(json.dumps(out))
 """
 
@@ -622,7 +622,7 @@ def test_no_fork_where_the_cuda_driver_is_initialized(monkeypatch):
     monkeypatch.setattr(forking, "_cuda_driver_state", lambda: 0)
     monkeypatch.setattr(spare, "refused", "")
     monkeypatch.setattr(spare, "_spare", None)
-    reason = spare.prefork()
+    reason = spare.prefork("test")
     assert reason == ("the CUDA driver is initialized in this process (cuDeviceGetCount returned 0), and a forked "
                       "child cannot use it")
     assert spare._spare is None and not spare.waiting()
@@ -630,6 +630,38 @@ def test_no_fork_where_the_cuda_driver_is_initialized(monkeypatch):
     sup = supervisor.Supervisor("kernels:provider", "cpu")
     sup.start()
     assert sup.describe()["starts"] == [{"how": f"spawn (no fork at start: {reason})"}]
+
+
+class _Waiting:
+    """A spare child still waiting for its Hello."""
+    pid = -2
+
+    def poll(self):
+        return None
+
+
+def test_a_spare_goes_only_to_its_owners_supervisor(monkeypatch):
+    """A process's spare is forked for one owner (the CLI command, a pytest worker's config): a test that runs the
+    CLI or an inner pytest session inside a worker must neither take nor discard the worker's spare, or the worker's
+    own case items wait for a spawned child. A supervisor of another owner, or of none, spawns; the owner's takes it."""
+    from harness.isolation import spare, supervisor
+
+    owner = object()
+    launched = (_Waiting(), _NoChannel(), None)
+    monkeypatch.setattr(spare, "_spare", (os.getpid(), owner, launched))
+    monkeypatch.setattr(supervisor, "_spawn", lambda: (_NeverStarted(), _NoChannel(), None))
+    assert spare.waiting() and spare.waiting(owner) and not spare.waiting(spare.CLI)
+    assert spare.take(spare.CLI) is None
+    spare.discard(spare.CLI)
+    for other in (None, spare.CLI, object()):
+        sup = supervisor.Supervisor("kernels:provider", "cpu", spare_owner=other)
+        sup.start()
+        assert sup.describe()["starts"][0]["how"].startswith("spawn"), other
+        assert spare.waiting(owner), other
+    mine = supervisor.Supervisor("kernels:provider", "cpu", spare_owner=owner)
+    mine.start()
+    assert mine.describe()["starts"] == [{"how": "fork"}] and not spare.waiting()
+    assert isinstance(mine._channel.sent, supervisor.protocol.Hello)
 
 
 class _NeverStarted:
@@ -651,15 +683,15 @@ from harness.isolation import spare
 torch.set_num_threads(2)
 x = torch.randn(512, 512)
 (x * 2).sin().sum()  # a parallel op: torch's OpenMP pool now exists in this process
-print(spare.prefork(code_ran_before=True))
+print(spare.prefork("test", code_ran_before=True))
 torch.set_num_threads(1)  # a child that runs one thread never uses the pool
-print(repr(spare.prefork(code_ran_before=True)))
+print(repr(spare.prefork("test", code_ran_before=True)))
 from harness import backend
 from harness.cases.loader import load_case_file
 from harness.isolation.supervisor import Supervisor
 
 case = {c.id: c for c in load_case_file(sys.argv[1])}["tiny-direct"]
-with Supervisor("kernels:provider", backend.configure(sys.argv[2]), timeout=120) as sup:
+with Supervisor("kernels:provider", backend.configure(sys.argv[2]), timeout=120, spare_owner="test") as sup:
     result = sup.run(case, "determinism")
     print(result.status.value, sup.describe()["starts"][0]["how"])
 """

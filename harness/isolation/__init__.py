@@ -15,7 +15,8 @@ One mechanism for every front end (the CLI's ``run`` and ``repro``, pytest items
     runner.restarts    # [Restart(item, cause)]: every child replaced, and why
     runner.describe()  # {"isolation", "item_timeout", "processes", "restarts", "starts"} for a report's meta
 
-``open_runner(spec, device, isolation=None, timeout=None, provider=None, warmup_first=0.0)`` returns
+``open_runner(spec, device, isolation=None, timeout=None, provider=None, warmup_first=0.0, spare_owner=None)``
+returns
 
 - ``Supervisor`` (``isolation="process"``, the default): a child Python process (``child``) configured like the
   caller (sys.path, device, provider) runs the items, one request at a time over its own pipes, keeping one
@@ -48,16 +49,18 @@ from harness.isolation.settings import (
 
 
 def open_runner(provider_spec: str, device: str, *, isolation: str | None = None,
-                timeout: TimeLimit | float | None = None, provider=None, warmup_first: float = 0.0):
+                timeout: TimeLimit | float | None = None, provider=None, warmup_first: float = 0.0,
+                spare_owner: object = None):
     """A ``Supervisor`` or an ``InProcess`` runner (see the module docstring). ``provider``: an already loaded
-    provider, used in-process only (a child always imports ``provider_spec`` itself)."""
+    provider, used in-process only (a child always imports ``provider_spec`` itself). ``spare_owner``: the owner
+    whose forked spare child (``spare.prefork``) the supervisor's first child is, when there is one."""
     if isolation_mode(isolation) == "none":
         from harness.isolation.inprocess import InProcess
 
         return InProcess(provider_spec, device, provider=provider, warmup_first=warmup_first)
     from harness.isolation.supervisor import Supervisor
 
-    return Supervisor(provider_spec, device, timeout=timeout, warmup_first=warmup_first)
+    return Supervisor(provider_spec, device, timeout=timeout, warmup_first=warmup_first, spare_owner=spare_owner)
 
 
 def __getattr__(name: str):

@@ -1,4 +1,10 @@
-"""A process's spare child: forked at the process's start, taken by the first ``Supervisor`` that starts.
+"""A process's spare child: forked at the process's start for one owner, taken by the first ``Supervisor`` of that
+owner that starts.
+
+The owner is whoever forked it for its own case items: the ``python -m harness`` command (``CLI``) or a pytest
+worker's config. Other supervisors in the same process never take it: a test that runs the CLI or an inner pytest
+session inside a pytest worker would otherwise take (or discard) the worker's spare, and the worker's own case items
+would then wait for a spawned child (an interpreter importing torch again).
 
 ``prefork()`` must run where the process has imported torch and has neither touched CUDA nor run a torch op
 (``harness.isolation.forking`` says why). So this module imports nothing heavy: importing the harness's checks would
@@ -21,13 +27,15 @@ EXIT_WAIT_SECONDS = 10.0  # for a child that closed its channel (or was told to 
 CHILD_CONTEXT_WAIT_SECONDS = 60.0  # the most a process waits for its spare's device context before making its own
 
 Launched = tuple  # (process, the supervisor's Channel, the trace file)
-_spare: tuple[int, Launched] | None = None  # (the pid that forked it, the launched child)
+CLI = "python -m harness"  # the owner of a spare that harness/__main__.py forks for the command's items
+_spare: tuple[int, object, Launched] | None = None  # (the pid that forked it, its owner, the launched child)
 refused = ""  # why ``prefork`` did not fork, for the supervisor's start records
 _context_made: tuple[int, int] | None = None  # (the pid that forked, a pipe's read end): see wait_for_spare_context
 
 
-def prefork(code_ran_before: bool = False) -> str:
-    """Fork this process's first child now and keep it until a Supervisor starts: "" when forked, else why not
+def prefork(owner: object, code_ran_before: bool = False) -> str:
+    """Fork this process's first child now and keep it until a Supervisor of ``owner`` starts (``take``): "" when
+    forked, else why not
     (``forking.fork_hazard``). The spare waits for its ``Hello`` and needs not import torch again; one never taken
     ends with this process (or ``discard``). ``code_ran_before``: code this module does not know ran in this process
     before the call (a test suite's conftest files), which may have started torch's OpenMP pool."""
@@ -38,7 +46,7 @@ def prefork(code_ran_before: bool = False) -> str:
     if not refused:
         made_r, made_w = os.pipe()
         try:
-            _spare = (os.getpid(), fork(context_made_fd=made_w))
+            _spare = (os.getpid(), owner, fork(context_made_fd=made_w))
         except BaseException:
             os.close(made_r)
             raise
@@ -65,32 +73,35 @@ def wait_for_spare_context(timeout: float = CHILD_CONTEXT_WAIT_SECONDS) -> bool:
         os.close(fd)
 
 
-def waiting() -> bool:
-    """Whether this process has a spare that no Supervisor took yet."""
-    return _spare is not None and _spare[0] == os.getpid()
+def waiting(owner: object = None) -> bool:
+    """Whether this process has a spare that no Supervisor took yet (``owner`` given: one forked for it)."""
+    return _spare is not None and _spare[0] == os.getpid() and (owner is None or _spare[1] is owner)
 
 
-def take() -> Launched | None:
-    """The spare for a Supervisor to start (it then sends ``Hello``); None when there is none, or it died."""
+def take(owner: object) -> Launched | None:
+    """``owner``'s spare for a Supervisor to start (it then sends ``Hello``); None when there is none, it is
+    another owner's, or it died."""
     global _spare
-    found, _spare = _spare, None
-    if found is None or found[0] != os.getpid():  # a spare belongs to the process that forked it
+    if not waiting(owner):  # a spare belongs to the process that forked it, and to its owner there
         return None
-    proc, channel, trace = found[1]
+    found, _spare = _spare, None
+    proc, channel, trace = found[2]
     if proc.poll() is not None:
         channel.close()
         trace.close()
         return None
-    return found[1]
+    return found[2]
 
 
-def discard() -> None:
-    """Close an unused spare (it reads the end of its input and exits) and wait briefly for it."""
+def discard(owner: object) -> None:
+    """Close ``owner``'s unused spare (it reads the end of its input and exits) and wait briefly for it."""
     global _context_made
+    if not waiting(owner):
+        return
     if _context_made is not None and _context_made[0] == os.getpid():  # nobody waits on it (a waiter takes it)
         os.close(_context_made[1])
         _context_made = None
-    launched = take()
+    launched = take(owner)
     if launched is None:
         return
     proc, channel, trace = launched

@@ -77,10 +77,12 @@ class Supervisor:
     mode = "process"
 
     def __init__(self, provider_spec: str, device: str, *, timeout: TimeLimit | float | None = None,
-                 warmup_first: float = 0.0, start_timeout: float | None = None):
+                 warmup_first: float = 0.0, start_timeout: float | None = None, spare_owner: object = None):
         """``device``: resolved ("cpu" or "cuda"). ``timeout``: seconds per item (0: none), a TimeLimit, or None
-        for ``SSD_HARNESS_ITEM_TIMEOUT`` / the device's default. ``warmup_first``: see kernels.warmup."""
+        for ``SSD_HARNESS_ITEM_TIMEOUT`` / the device's default. ``warmup_first``: see kernels.warmup.
+        ``spare_owner``: whose spare child (``spare.prefork``) the first start takes; None: always a fresh one."""
         self.provider_spec, self.device, self.warmup_first = provider_spec, device, warmup_first
+        self.spare_owner = spare_owner
         if isinstance(timeout, TimeLimit):
             self.limit = timeout
         elif timeout is None:
@@ -102,10 +104,10 @@ class Supervisor:
 
     def start(self) -> None:
         """Start a child unless one is running; returns at once (``run`` waits for it to be ready). The child is this
-        process's spare when ``spare.prefork`` made one, else a fresh interpreter."""
+        process's spare when ``spare.prefork`` made one for ``spare_owner``, else a fresh interpreter."""
         if self._proc is not None:
             return
-        launched = spare.take()
+        launched = spare.take(self.spare_owner) if self.spare_owner is not None else None
         how = "fork" if launched is not None else (f"spawn (no fork at start: {spare.refused})" if spare.refused
                                                    else "spawn")
         self._proc, self._channel, self._trace = launched or _spawn()
