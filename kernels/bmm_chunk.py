@@ -20,7 +20,7 @@ from kernels.backend import (
     wait_for_previous_kernel,
 )
 from kernels.interface import INDEX_DTYPES
-from kernels.tuned_configs import checked_in, chunk_count_class
+from kernels.tuned_configs import checked_in
 
 # Target shape: dstate 128, chunk 256, ngroups 1: few (chunk, group) pairs on short prefills, so the small tiles
 # keep enough programs in flight; BLOCK_SIZE_K >= 16 (tl.dot minimum).
@@ -30,12 +30,10 @@ CONFIGS = [
     triton.Config({"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64}, num_stages=3, num_warps=2),
     triton.Config({"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 32}, num_stages=3, num_warps=8),
     triton.Config({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128}, num_stages=2, num_warps=4),
-    triton.Config({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 32}, num_stages=3, num_warps=4),
 ]
 
 
-# chunk_count_class is read by the autotuner only (its key): specializing it would only multiply binaries.
-@triton.jit(do_not_specialize=("chunk_count_class",))
+@triton.jit
 def _bmm_chunk_kernel(
     C_ptr,  # (T, G, N) io dtype
     B_ptr,  # (T, G, N) io dtype
@@ -43,7 +41,6 @@ def _bmm_chunk_kernel(
     CB_ptr,  # (C, G, Q, Q) fp32
     dstate,
     chunk_size,
-    chunk_count_class,  # kernels.tuned_configs.chunk_count_class(C): the grid's size class, for the config choice
     stride_C_token,
     stride_C_group,
     stride_C_dstate,
@@ -100,9 +97,8 @@ def _bmm_chunk_kernel(
 
 
 bmm_chunk_kernel = triton.autotune(
-    configs=CONFIGS, key=["chunk_size", "dstate", "chunk_count_class"], do_bench=AUTOTUNE_DO_BENCH,
-    prune_configs_by={"early_config_prune": checked_in(
-        "bmm_chunk", ("chunk_size", "dstate", "chunk_count_class"), least_overshoot(
+    configs=CONFIGS, key=["chunk_size", "dstate"], do_bench=AUTOTUNE_DO_BENCH,
+    prune_configs_by={"early_config_prune": checked_in("bmm_chunk", ("chunk_size", "dstate"), least_overshoot(
         BLOCK_SIZE_M="chunk_size", BLOCK_SIZE_N="chunk_size", BLOCK_SIZE_K="dstate"))},
 )(_bmm_chunk_kernel)
 
@@ -130,7 +126,7 @@ def launch_arguments(C: torch.Tensor, B: torch.Tensor, cu_chunk_seqlens: torch.T
     the block sizes come from the autotuner's config."""
     return dict(
         C_ptr=C, B_ptr=B, cu_chunk_seqlens_ptr=cu_chunk_seqlens, CB_ptr=CB,
-        dstate=C.shape[2], chunk_size=CB.shape[2], chunk_count_class=chunk_count_class(CB.shape[0]),
+        dstate=C.shape[2], chunk_size=CB.shape[2],
         stride_C_token=C.stride(0), stride_C_group=C.stride(1), stride_C_dstate=C.stride(2),
         stride_B_token=B.stride(0), stride_B_group=B.stride(1), stride_B_dstate=B.stride(2),
         stride_CB_chunk=CB.stride(0), stride_CB_group=CB.stride(1), stride_CB_m=CB.stride(2),

@@ -28,7 +28,7 @@ from kernels.backend import (
     wait_for_previous_kernel,
 )
 from kernels.interface import INDEX_DTYPES
-from kernels.tuned_configs import checked_in, chunk_count_class
+from kernels.tuned_configs import checked_in
 
 # Kernels may only read constexpr globals.
 _LOG2E = tl.constexpr(LOG2E)
@@ -36,12 +36,10 @@ _LOG2E = tl.constexpr(LOG2E)
 READ_AHEAD = tl.constexpr(4)
 
 # The candidates measured on the serving shape that came within noise of the best (docs/gpu-runs.md): 64 and 128
-# launch too many programs, 2048 too few; of blocks of 1024, eight warps keep up on many chunks and four are
-# faster on a few (the serving class's checked-in configs per chunk count class, kernels.tuned_configs). Few
-# configs keep the tuner (and its guard tests) in play at a fraction of a long list's compiles (the suite warms
-# every config it can pick).
-CONFIGS = [triton.Config({"BLOCK_SIZE": bs}) for bs in (256, 512)] + [
-    triton.Config({"BLOCK_SIZE": 1024}, num_warps=8), triton.Config({"BLOCK_SIZE": 1024}, num_warps=4)]
+# launch too many programs, 2048 too few, and 1024 keeps up only with 8 warps (the serving class's checked-in
+# config, kernels.tuned_configs). Few configs keep the tuner (and its guard tests) in play at a fraction of a long
+# list's compiles (the suite warms every config it can pick).
+CONFIGS = [triton.Config({"BLOCK_SIZE": bs}) for bs in (256, 512)] + [triton.Config({"BLOCK_SIZE": 1024}, num_warps=8)]
 # The interpreter pays per program, not per element: there, blocks up to a whole head's row as well, of which
 # least_overshoot keeps those that fit the row and kernels.tuned_configs.checked_in tries the largest first (one call
 # on the serving shape: 6.4 s in blocks of 1024, 1.0 s in one block). The recurrence is elementwise: every block
@@ -50,10 +48,9 @@ if INTERPRET:
     CONFIGS += [triton.Config({"BLOCK_SIZE": 1 << k}) for k in range(11, 17)]
 
 # Metadata and index tensors are read one scalar at a time, nchunks is a loop bound: specializing on their
-# alignment or value class only multiplies binaries, so they are compiled once for all classes; chunk_count_class is
-# read by the autotuner only (its key).
+# alignment or value class only multiplies binaries, so they are compiled once for all classes.
 SCALAR_ONLY = {
-    "do_not_specialize": ("nchunks", "chunk_count_class", "stride_seq_idx", "stride_final_idx", "stride_last_chunk"),
+    "do_not_specialize": ("nchunks", "stride_seq_idx", "stride_final_idx", "stride_last_chunk"),
     "do_not_specialize_on_alignment": ("seq_idx_ptr", "final_idx_ptr", "last_chunk_ptr"),
 }
 
@@ -165,8 +162,8 @@ def _snapshot_step(s, prev_seq, new, dA_end, seq, slot, offs, mask, out_row_ptr,
 
 # Under the interpreter the do_bench stand-in keeps the first config after pruning (the largest block there:
 # kernels.tuned_configs.checked_in); on the GPU the checked-in config of a measured class, else Triton's benchmarker.
-@triton.autotune(configs=CONFIGS, key=["dim", "chunk_count_class"], do_bench=AUTOTUNE_DO_BENCH,
-                 prune_configs_by={"early_config_prune": checked_in("state_passing", ("dim", "chunk_count_class"),
+@triton.autotune(configs=CONFIGS, key=["dim"], do_bench=AUTOTUNE_DO_BENCH,
+                 prune_configs_by={"early_config_prune": checked_in("state_passing", ("dim",),
                                                                     least_overshoot(BLOCK_SIZE="dim"))})
 @triton.jit(**SCALAR_ONLY)
 def _state_passing_kernel(
@@ -180,7 +177,6 @@ def _state_passing_kernel(
     last_chunk_ptr,  # (Bt,)
     dim,  # P * N
     nchunks,
-    chunk_count_class,  # kernels.tuned_configs.chunk_count_class(nchunks), for the config choice
     chunk_size,
     stride_states_chunk,
     stride_states_head,
@@ -352,7 +348,7 @@ def launch_arguments(states: torch.Tensor, dA_cumsum: torch.Tensor, seq_idx: tor
     return dict(
         states_ptr=states, out_ptr=out, dA_cs_ptr=dA_cumsum, init_ptr=init, seq_idx_ptr=seq_idx, cache_ptr=cache,
         final_idx_ptr=final_idx, last_chunk_ptr=last_chunk,
-        dim=P * N, nchunks=C, chunk_count_class=chunk_count_class(C), chunk_size=dA_cumsum.shape[2],
+        dim=P * N, nchunks=C, chunk_size=dA_cumsum.shape[2],
         stride_states_chunk=states.stride(0), stride_states_head=states.stride(1),
         stride_out_chunk=out.stride(0), stride_out_head=out.stride(1),
         stride_dA_head=dA_cumsum.stride(0), stride_dA_chunk=dA_cumsum.stride(1), stride_dA_q=dA_cumsum.stride(2),

@@ -7,9 +7,9 @@ candidate (``python -m harness bench --stages``, which prints the proposal; the 
 docs/gpu-runs.md), so there is nothing left to choose. Other shapes, other GPUs and the interpreter tune as before.
 
 A class is the GPU architecture and the values of the stage's autotuning key (its dimensions), the same for every
-dtype; the keys of chunk_state, bmm_chunk and state_passing also hold the chunk count's class
-(``chunk_count_class``), since their best configs differ between a call of a few chunks and one of many. Each
-checked-in config is one of its stage's ``CONFIGS`` (tests check it), so the every-config tests cover it.
+dtype; chunk_state's key also holds the chunk count's class (``chunk_count_class``), since its best tile differs
+between a call of a few chunks and one of many. Each checked-in config is one of its stage's ``CONFIGS`` (tests
+check it), so the every-config tests cover it.
 """
 
 from __future__ import annotations
@@ -33,23 +33,17 @@ TUNED: dict[str, dict[tuple, dict[str, int]]] = {
                                                      num_stages=3),
                     ("sm90", 64, 128, 256, 1): dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=128, BLOCK_SIZE_K=32, num_warps=4,
                                                      num_stages=3)},
-    # bmm_chunk and state_passing, by chunk count class as well: on a call of one chunk (the stage sweep of
-    # docs/gpu-runs.md run 73) the wider bmm tile and four warps for state passing's blocks were the fastest.
-    "bmm_chunk": {("sm90", 256, 128, 0): dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=128, BLOCK_SIZE_K=32, num_warps=4,
-                                               num_stages=3),
-                  ("sm90", 256, 128, 1): dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, num_warps=4,
-                                               num_stages=2)},
+    "bmm_chunk": {("sm90", 256, 128): dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, num_warps=4,
+                                            num_stages=2)},
     "chunk_scan": {("sm90", 256, 64, 128): dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=32, num_warps=4,
                                                  num_stages=1)},
-    "state_passing": {("sm90", 8192, 0): dict(BLOCK_SIZE=1024, num_warps=4, num_stages=3),
-                      ("sm90", 8192, 1): dict(BLOCK_SIZE=1024, num_warps=8, num_stages=3)},
+    "state_passing": {("sm90", 8192): dict(BLOCK_SIZE=1024, num_warps=8, num_stages=3)},
 }
 
 
-# A call of at most this many chunks is class 0 for the configs of chunk_state, bmm_chunk and state_passing, more is
-# class 1. At the serving shape (64 heads, one (headdim, dstate) tile of 64 x 128 per chunk and head) four chunks
-# are 256 chunk_state programs, about two per multiprocessor of the H200: below that the larger tile leaves
-# multiprocessors idle.
+# A call of at most this many chunks is class 0 for chunk_state's config, more is class 1. At the serving shape
+# (64 heads, one (headdim, dstate) tile of 64 x 128 per chunk and head) four chunks are 256 programs, about two per
+# multiprocessor of the H200: below that the larger tile leaves multiprocessors idle.
 FEW_CHUNKS = 4
 
 

@@ -384,14 +384,6 @@ def representatives(*fns: Callable[[int], int], candidates: Iterable[int] = COUN
     return list(seen.values())
 
 
-def representatives_per_chunk_count_class(*fns: Callable[[int], int]) -> list[int]:
-    """``representatives`` of the chunk counts in each ``chunk_count_class``: a stage whose config depends on that
-    class (its autotuning key holds it) runs another binary in each."""
-    classes = sorted({chunk_count_class(c) for c in COUNT_CANDIDATES})
-    return [n for cls in classes
-            for n in representatives(*fns, candidates=[c for c in COUNT_CANDIDATES if chunk_count_class(c) == cls])]
-
-
 def _param(kernel: Any, name: str):
     for p in gpu_view(kernel).params:
         if p.name == name:
@@ -504,7 +496,9 @@ def _chunk_state_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
     s = req.shape
     H, P, N, G, Q = s.nheads, s.headdim, s.dstate, s.ngroups, s.chunk_size
     # One chunk count per class of the (H, C, Q) strides and per chunk count class (the config depends on it).
-    counts = representatives_per_chunk_count_class(lambda c: c * Q)
+    classes = sorted({chunk_count_class(c) for c in COUNT_CANDIDATES})
+    counts = [n for cls in classes for n in representatives(
+        lambda c: c * Q, candidates=[c for c in COUNT_CANDIDATES if chunk_count_class(c) == cls])]
     for io, meta, nchunks in itertools.product(req.io_dtypes, req.metadata_dtypes, counts):
         arguments = cs.launch_arguments(
             standin((1, G, N), io), standin((1, H, P), io), standin((H, nchunks, Q), F32),
@@ -518,12 +512,11 @@ def _bmm_chunk_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
 
     s = req.shape
     N, G, Q = s.dstate, s.ngroups, s.chunk_size
-    # CB is (C, G, Q, Q): its strides do not depend on the chunk count, the config does (by its class).
-    for io, meta, nchunks in itertools.product(req.io_dtypes, req.metadata_dtypes,
-                                               representatives_per_chunk_count_class()):
-        arguments = bc.launch_arguments(standin((1, G, N), io), standin((1, G, N), io),
-                                        standin((nchunks + 1,), meta), standin((nchunks, G, Q, Q), F32))
-        yield spec_for(bc.bmm_chunk_kernel, arguments, why=f"{io} nchunks~{nchunks}")
+    for io, meta in itertools.product(req.io_dtypes, req.metadata_dtypes):
+        # CB is (C, G, Q, Q): its strides do not depend on the chunk count.
+        arguments = bc.launch_arguments(standin((1, G, N), io), standin((1, G, N), io), standin((2,), meta),
+                                        standin((1, G, Q, Q), F32))
+        yield spec_for(bc.bmm_chunk_kernel, arguments, why=f"{io}")
 
 
 @register("chunk_scan")
@@ -561,9 +554,8 @@ def _state_passing_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
     row = H * P * N
     # nchunks is an argument (its own class, unless the kernel does not specialize it) and a factor of the dA strides
     # (always specialized): prune only by the classes of both.
-    # The chunk count class picks the config.
     own = (lambda c: 0) if _param(k, "nchunks").do_not_specialize else (lambda c: c)
-    counts = representatives_per_chunk_count_class(lambda c: c * Q, own)
+    counts = representatives(lambda c: c * Q, own)
     for state, meta, mode, nchunks in itertools.product(req.state_dtypes, req.metadata_dtypes, req.modes, counts):
         if mode == "direct":  # the user's cache and final slots
             targets = [(_cache(state, s, pad, cache_aligned), final, standin((1,), meta))
