@@ -38,9 +38,10 @@ def _median_events(fn, reps: int, queued: int = 1) -> float:
     return statistics.median(times)
 
 
-def capture_graph(fn, warmup: int = 10) -> torch.cuda.CUDAGraph:
-    """``fn`` captured as a CUDA graph, replayed ``warmup`` times. Three eager calls on a side stream come first:
-    autotuning and compiling launch kernels that must not be captured, and the caching allocator warms there."""
+def capture_graph(fn, warmup: int = 10, calls: int = 1) -> torch.cuda.CUDAGraph:
+    """``fn`` captured as a CUDA graph (``calls`` calls of it, one after another), replayed ``warmup`` times. Three
+    eager calls on a side stream come first: autotuning and compiling launch kernels that must not be captured, and
+    the caching allocator warms there."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -49,7 +50,8 @@ def capture_graph(fn, warmup: int = 10) -> torch.cuda.CUDAGraph:
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
+        for _ in range(calls):
+            fn()
     for _ in range(warmup):
         graph.replay()
     torch.cuda.synchronize()
@@ -67,10 +69,12 @@ def median_latency_us(graph: torch.cuda.CUDAGraph, reps: int) -> float:
     return _median_events(graph.replay, reps)
 
 
-def time_graph(fn, reps: int, warmup: int = 10) -> float:
-    """Device microseconds per CUDA graph replay of ``fn`` (``median_replay_us``; autotuning must be done before
-    capture)."""
-    return median_replay_us(capture_graph(fn, warmup), reps)
+def time_graph(fn, reps: int, warmup: int = 10, calls: int = 1) -> float:
+    """Device microseconds per call of ``fn``: a CUDA graph of ``calls`` calls (``median_replay_us``), divided by
+    ``calls``; autotuning must be done before capture. A graph of one short kernel reads the device's floor between
+    queued graphs, not the kernel; ``calls`` launches in one graph read each launch and its gap to the next, as the
+    kernels of one captured call follow each other."""
+    return median_replay_us(capture_graph(fn, warmup, calls), reps) / calls
 
 
 class GraphTimer:

@@ -2,7 +2,12 @@
 candidate config forced, to see where a call's time goes and which configs the stages should tune over.
 
 Each stage is replayed from a CUDA graph (median of ``reps``) on the intermediates of one real call of the
-workload (inputs from the case builder, as in ``harness.bench``). A forced config whose output is not finite is
+workload (inputs from the case builder, as in ``harness.bench``): ``STAGE_CALLS`` launches of the stage in one
+graph, the time per launch. A graph of one launch read the floor between queued graphs, about 5 us on the H200
+whatever the config for every stage of the short call, and bimodally: one config read 3.3 us as the tuner's pick
+and 5.2 us forced in the same process (docs/gpu-runs.md, runs 73-74). Every launch does the same work on the same
+inputs (where a workload's initial and final slots were one, the indexed state passing would read what the launch
+before wrote: other values, the same work). A forced config whose output is not finite is
 reported as such (the sm90 wgmma hazard of docs/exactness.md writes NaN rows) and never counts as the best.
 Candidates beyond a stage's shipped ``CONFIGS`` are only timed here: a config joins ``CONFIGS`` with the GPU
 evidence (docs/gpu-runs.md) and then runs in tests/test_kernel_stages.py's every-config check.
@@ -19,6 +24,8 @@ import triton
 from triton.runtime.errors import OutOfResources
 
 from harness.cuda_timing import time_graph
+
+STAGE_CALLS = 20  # launches of a stage per captured graph (the module docstring says why)
 
 # Candidate configs timed beyond each stage's CONFIGS (serving shape: headdim 64, dstate 128, chunk 256).
 _C = triton.Config
@@ -134,8 +141,8 @@ def time_stage(name: str, fn, kernel, configs: list, reps: int) -> list[StageTim
 
     out = fn()  # tunes (outside the graph) and compiles
     chosen = describe(kernel.best_config) if kernel is not None else None
-    rows = [StageTiming(name, "auto" if kernel is not None else "fixed", time_graph(fn, reps), _finite(out),
-                        True, chosen)]
+    rows = [StageTiming(name, "auto" if kernel is not None else "fixed", time_graph(fn, reps, calls=STAGE_CALLS),
+                        _finite(out), True, chosen)]
     if kernel is None:
         return rows
     shipped = {describe(c) for c in configs}
@@ -148,7 +155,7 @@ def time_stage(name: str, fn, kernel, configs: list, reps: int) -> list[StageTim
         with forced_config(kernel, config):
             try:
                 finite = _finite(fn())
-                us = time_graph(fn, reps)
+                us = time_graph(fn, reps, calls=STAGE_CALLS)
             except OutOfResources as exc:  # a candidate too big for the GPU's shared memory: reported, not fatal
                 rows.append(StageTiming(name, f"{label} ({type(exc).__name__})", math.nan, False, label in shipped))
                 continue

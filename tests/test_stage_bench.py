@@ -63,7 +63,8 @@ def test_time_stage_times_each_config_once_and_never_picks_a_non_finite_one(monk
         forced = tuner.configs[0] if len(tuner.configs) == 1 else None
         return torch.tensor([math.nan if forced is broken else 1.0])
 
-    def fake_time_graph(call, reps):
+    def fake_time_graph(call, reps, calls):
+        assert calls == stage_bench.STAGE_CALLS  # a graph of one short launch reads the floor between graphs
         call()
         forced = tuner.configs[0] if len(tuner.configs) == 1 else None
         return times[stage_bench.describe(forced)] if forced is not None else 4.5
@@ -81,7 +82,7 @@ def test_time_stage_times_each_config_once_and_never_picks_a_non_finite_one(monk
 
 
 def test_untuned_stage_is_timed_as_fixed(monkeypatch):
-    monkeypatch.setattr(stage_bench, "time_graph", lambda call, reps: 2.0)
+    monkeypatch.setattr(stage_bench, "time_graph", lambda call, reps, calls: 2.0)
     rows = stage_bench.time_stage("gather", lambda: torch.zeros(2), None, [], reps=3)
     assert [(r.config, r.graph_us, r.finite, r.chosen) for r in rows] == [("fixed", 2.0, True, None)]
 
@@ -102,3 +103,20 @@ def test_the_proposal_is_the_config_with_the_least_summed_time_over_every_worklo
     assert proposal == {"scan": {"config": "B", "us": [6.0, 90.0], "sum_us": 96.0}}  # A's 4 + 110 is more
     stage_bench.print_stage_report(report)
     assert "scan                   B" in capsys.readouterr().out
+
+
+def test_a_graph_holds_as_many_launches_as_asked_and_time_is_per_launch(device):
+    """``cuda_timing.time_graph(..., calls=N)``: the captured graph runs the call N times per replay (a stage alone
+    in its graph would read the floor between queued graphs), and the figure is per call. Counted by a call that
+    adds one to a device counter: the replays' total tells how many launches each replay held."""
+    if device != "cuda":
+        pytest.skip("needs a CUDA device: CUDA graphs exist only there")
+    from harness.cuda_timing import QUEUED, time_graph
+
+    counter = torch.zeros((), dtype=torch.int64, device="cuda")
+    reps, calls, warmup = 2 * QUEUED, 7, 3
+    us = time_graph(lambda: counter.add_(1), reps, warmup=warmup, calls=calls)
+    torch.cuda.synchronize()
+    eager = 3  # capture_graph's calls outside the graph
+    assert int(counter) == eager + (warmup + reps) * calls
+    assert math.isfinite(us) and us > 0
