@@ -651,8 +651,9 @@ def test_a_spare_goes_only_to_its_owners_supervisor(monkeypatch):
     monkeypatch.setattr(spare, "_spare", (os.getpid(), owner, launched))
     monkeypatch.setattr(supervisor, "_spawn", lambda: (_NeverStarted(), _NoChannel(), None))
     assert spare.waiting() and spare.waiting(owner) and not spare.waiting(spare.CLI)
-    assert spare.take(spare.CLI) is None
+    assert spare.take(spare.CLI) is None and spare.take(None) is None
     spare.discard(spare.CLI)
+    spare.discard(None)
     for other in (None, spare.CLI, object()):
         sup = supervisor.Supervisor("kernels:provider", "cpu", spare_owner=other)
         sup.start()

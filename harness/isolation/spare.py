@@ -35,10 +35,10 @@ _context_made: tuple[int, int] | None = None  # (the pid that forked, a pipe's r
 
 def prefork(owner: object, code_ran_before: bool = False) -> str:
     """Fork this process's first child now and keep it until a Supervisor of ``owner`` starts (``take``): "" when
-    forked, else why not
-    (``forking.fork_hazard``). The spare waits for its ``Hello`` and needs not import torch again; one never taken
-    ends with this process (or ``discard``). ``code_ran_before``: code this module does not know ran in this process
-    before the call (a test suite's conftest files), which may have started torch's OpenMP pool."""
+    forked, else why not (``forking.fork_hazard``). The spare waits for its ``Hello`` and needs not import torch
+    again; one never taken ends with this process (or ``discard``). ``code_ran_before``: code this module does not
+    know ran in this process before the call (a test suite's conftest files), which may have started torch's OpenMP
+    pool."""
     global _spare, _context_made, refused
     if waiting():
         return ""
@@ -80,9 +80,9 @@ def waiting(owner: object = None) -> bool:
 
 def take(owner: object) -> Launched | None:
     """``owner``'s spare for a Supervisor to start (it then sends ``Hello``); None when there is none, it is
-    another owner's, or it died."""
+    another owner's, it died, or ``owner`` is None (no owner: a fresh child)."""
     global _spare
-    if not waiting(owner):  # a spare belongs to the process that forked it, and to its owner there
+    if owner is None or not waiting(owner):  # a spare belongs to the process that forked it, and to its owner there
         return None
     found, _spare = _spare, None
     proc, channel, trace = found[2]
@@ -96,7 +96,7 @@ def take(owner: object) -> Launched | None:
 def discard(owner: object) -> None:
     """Close ``owner``'s unused spare (it reads the end of its input and exits) and wait briefly for it."""
     global _context_made
-    if not waiting(owner):
+    if owner is None or not waiting(owner):
         return
     if _context_made is not None and _context_made[0] == os.getpid():  # nobody waits on it (a waiter takes it)
         os.close(_context_made[1])

@@ -107,7 +107,7 @@ class Supervisor:
         process's spare when ``spare.prefork`` made one for ``spare_owner``, else a fresh interpreter."""
         if self._proc is not None:
             return
-        launched = spare.take(self.spare_owner) if self.spare_owner is not None else None
+        launched = spare.take(self.spare_owner)
         how = "fork" if launched is not None else (f"spawn (no fork at start: {spare.refused})" if spare.refused
                                                    else "spawn")
         self._proc, self._channel, self._trace = launched or _spawn()
