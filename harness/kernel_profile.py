@@ -29,12 +29,17 @@ STAGE_PATTERNS: tuple[tuple[str, str], ...] = (
     ("gather", r"_gather_initial_states_kernel"),  # ours (kernels/gather.py) and vLLM's (gather_initial_states.py)
     ("chunk_cumsum", r"_chunk_cumsum(_fwd)?_kernel"),  # ours: _chunk_cumsum_kernel; vLLM: _chunk_cumsum_fwd_kernel
     ("chunk_state", r"_chunk_state(_fwd)?_kernel"),
-    # ours: _state_passing_kernel (snapshot path), _state_passing_indexed_kernel (indexed); vLLM: _state_passing_fwd
+    # ours on the snapshot path: chunk state and state passing in one kernel (kernels/chunk_state_passing.py)
+    ("chunk_state_passing", r"_chunk_state_passing_kernel"),
+    # ours: _state_passing_indexed_kernel (indexed path); vLLM: _state_passing_fwd_kernel
     ("state_passing", r"_state_passing(_indexed|_fwd)?_kernel"),
     ("bmm_chunk", r"_bmm_chunk(_fwd)?_kernel"),
     ("chunk_scan", r"_chunk_scan(_fwd)?_kernel"),
 )
 STAGES = tuple(stage for stage, _ in STAGE_PATTERNS)
+# A stage that does the work of others in one kernel -> those stages. Where one side of a comparison runs the fused
+# kernel, the other its parts, a row compares the two sides' sums over the fused stage and its parts.
+FUSED_STAGES: dict[str, tuple[str, ...]] = {"chunk_state_passing": ("chunk_state", "state_passing")}
 _COMPILED = tuple((stage, re.compile(rf"{pattern}(_\w+)?")) for stage, pattern in STAGE_PATTERNS)
 
 
@@ -162,13 +167,18 @@ def ratio(ours: float | None, peer: float | None) -> float | None:
 
 
 def compare(ours: dict, peer: dict) -> list[dict]:
-    """Stage rows of two ``summarize_calls`` results: known stages in call order, then other names, then the total.
-    A stage one side lacks has None there (and no ratio)."""
+    """Stage rows of two ``summarize_calls`` results: known stages in call order, then other names, then (where one
+    side fused stages the other runs apart: ``FUSED_STAGES``) a row of their sums, then the total. A stage one side
+    lacks has None there (and no ratio)."""
     stages = sorted(set(ours["stages"]) | set(peer["stages"]), key=_stage_order)
     rows = []
     for stage in stages:
         o, p = ours["stages"].get(stage), peer["stages"].get(stage)
         rows.append({"stage": stage, "ours_us": o, "peer_us": p, "ratio": ratio(o, p)})
+    for fused, parts in FUSED_STAGES.items():
+        if (fused in ours["stages"]) != (fused in peer["stages"]):
+            o, p = (sum(side["stages"].get(s, 0.0) for s in (fused, *parts)) for side in (ours, peer))
+            rows.append({"stage": " + ".join(parts), "ours_us": o, "peer_us": p, "ratio": ratio(o, p)})
     for stage, key in (("total", "total_us"), ("idle between kernels", "idle_us"), ("span", "span_us")):
         rows.append({"stage": stage, "ours_us": ours[key], "peer_us": peer[key], "ratio": ratio(ours[key], peer[key])})
     return rows

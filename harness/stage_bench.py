@@ -60,9 +60,6 @@ EXTRA_CANDIDATES = {
         _C({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128}, num_stages=2, num_warps=4),
         _C({"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64}, num_stages=3, num_warps=2),
     ],
-    "state_passing": [
-        _C({"BLOCK_SIZE": bs}, num_warps=w) for bs in (128, 256, 512, 1024, 2048) for w in (1, 2, 4, 8)
-    ],
     "chunk_cumsum": [
         _C({"BLOCK_SIZE_H": bh}, num_warps=w) for bh in (1, 2, 4, 8, 16, 32, 64) for w in (1, 2, 4, 8)
     ],
@@ -96,7 +93,15 @@ def stage_calls(provider, inputs, path: str, **extra) -> dict:
     """One closure per stage of ``path`` (``extra``: the variant's other ``ssd_prefill`` arguments, e.g.
     ``gather``) on the intermediates of one real call: name -> (fn returning the stage's output, the autotuned
     kernel or None, its module's CONFIGS or [])."""
-    from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, gather, state_passing, state_passing_indexed
+    from kernels import (
+        bmm_chunk,
+        chunk_cumsum,
+        chunk_scan,
+        chunk_state,
+        chunk_state_passing,
+        gather,
+        state_passing_indexed,
+    )
 
     kw = inputs.kwargs(path=path)
     ws: dict = {}
@@ -108,12 +113,12 @@ def stage_calls(provider, inputs, path: str, **extra) -> dict:
         "chunk_cumsum": (lambda: chunk_cumsum.chunk_cumsum(
             kw["dt"], kw["A"], Q, cu, dt_bias=kw["dt_bias"], dt_softplus=kw["dt_softplus"],
             dt_limit=kw["dt_limit"])[0], chunk_cumsum.chunk_cumsum_kernel, chunk_cumsum.CONFIGS),
-        "chunk_state": (lambda: chunk_state.chunk_state(kw["B"], kw["x"], dt_out, dA, cu),
-                        chunk_state.chunk_state_kernel, chunk_state.CONFIGS),
         "bmm_chunk": (lambda: bmm_chunk.bmm_chunk(kw["C"], kw["B"], Q, cu),
                       bmm_chunk.bmm_chunk_kernel, bmm_chunk.CONFIGS),
     }
     if ws["path"] == "indexed":
+        calls["chunk_state"] = (lambda: chunk_state.chunk_state(kw["B"], kw["x"], dt_out, dA, cu),
+                                chunk_state.chunk_state_kernel, chunk_state.CONFIGS)
         calls["state_passing_indexed"] = (lambda: state_passing_indexed.state_passing_indexed(
             ws["chunk_states"], dA, state_cache=kw["state_cache"],
             init_slot_index=kw["initial_state_indices"][:1], has_initial_state=kw["has_initial_states"][:1],
@@ -123,11 +128,11 @@ def stage_calls(provider, inputs, path: str, **extra) -> dict:
         copy = gather.gather_initial_states if ws["gather"] == "fused" else gather.gather_initial_states_torch
         calls[f"gather ({ws['gather']})"] = (lambda: copy(
             kw["state_cache"], kw["initial_state_indices"], kw["has_initial_states"]), None, [])
-        calls["state_passing"] = (lambda: state_passing.state_passing(
-            ws["chunk_states"], dA, seq_idx, initial_states=ws["initial_states"], out_dtype=states.dtype,
+        # Every launch reads the gathered copy, so writing the final slots again does the same work.
+        calls["chunk_state_passing"] = (lambda: chunk_state_passing.chunk_state_passing(
+            kw["B"], kw["x"], dt_out, dA, cu, seq_idx, out=states, initial_states=ws["initial_states"],
             state_cache=kw["state_cache"], final_state_indices=kw["final_state_indices"],
-            last_chunk_indices=kw["last_chunk_indices"]), state_passing._state_passing_kernel,
-            state_passing.CONFIGS)
+            last_chunk_indices=kw["last_chunk_indices"]) or states, None, [])
 
     def scan():
         chunk_scan.chunk_scan(CB, kw["x"], dt_out, dA, kw["C"], states, cu, seq_idx, out=kw["out"], D=kw["D"],

@@ -23,9 +23,9 @@ class TritonSSDProvider:
     def __init__(self):
         from types import SimpleNamespace
 
+        from kernels.chunk_state_passing import state_passing
         from kernels.gather import gather_initial_states
         from kernels.ssd import ssd_prefill
-        from kernels.state_passing import state_passing
         from kernels.state_passing_indexed import state_passing_indexed
 
         self.ssd_prefill = ssd_prefill

@@ -149,7 +149,7 @@ def forced_config(kernel, config: triton.Config):
 
 # The names in a launch's arguments that are launch options, not kernel parameters (the warmup registry passes them
 # through as options).
-LAUNCH_OPTIONS = ("launch_pdl", "num_warps")
+LAUNCH_OPTIONS = ("launch_pdl", "num_warps", "num_stages")
 
 
 def pdl_setting(raw: str | None) -> bool:

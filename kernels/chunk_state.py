@@ -16,6 +16,7 @@ from kernels.backend import (
     AUTOTUNE_DO_BENCH,
     DOT_FP32_OPERANDS,
     FP32_DOT_PRECISION,
+    INTERPRET,
     LOG2E,
     dot_acc,
     least_overshoot,
@@ -32,6 +33,17 @@ CONFIGS = [
     triton.Config({"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64}, num_stages=4, num_warps=2),
     triton.Config({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64}, num_stages=2, num_warps=8),
 ]
+
+
+@triton.jit
+def accumulate_tokens(acc, x, b, dA_cs_last, dA_cs_k, dt_k, DOT_FP32_OPERANDS: tl.constexpr,
+                      FP32_DOT_PRECISION: tl.constexpr):
+    """One block of a chunk's tokens added to its state tile: B scaled by ``exp(dA_last - dA_k) * dt_k`` in fp32,
+    rounded to x's dtype, then the dot. The one copy of this stage's arithmetic, shared with the fused chunk state
+    + state passing kernel (``kernels.chunk_state_passing``), so that both give the same bits."""
+    scale = tl.math.exp2((dA_cs_last - dA_cs_k) * LOG2E) * dt_k
+    b = (b * scale[:, None]).to(x.dtype)
+    return dot_acc(acc, x, b, DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
 
 
 # chunk_count_class is read by the autotuner only (its key): specializing it would only multiply binaries.
@@ -104,9 +116,7 @@ def _chunk_state_kernel(
         b = tl.load(B_ptrs, mask=k_mask[:, None] & (offs_n[None, :] < dstate), other=0.0).to(tl.float32)
         dA_cs_k = tl.load(dA_cs_ptrs, mask=k_mask, other=0.0)
         dt_k = tl.load(dt_ptrs, mask=k_mask, other=0.0)
-        scale = tl.math.exp2((dA_cs_last - dA_cs_k) * LOG2E) * dt_k
-        b = (b * scale[:, None]).to(x_ptr.dtype.element_ty)
-        acc = dot_acc(acc, x, b, DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
+        acc = accumulate_tokens(acc, x, b, dA_cs_last, dA_cs_k, dt_k, DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
         x_ptrs += BLOCK_SIZE_K * stride_x_token
         B_ptrs += BLOCK_SIZE_K * stride_B_token
         dt_ptrs += BLOCK_SIZE_K * stride_dt_pos
@@ -122,12 +132,21 @@ def _chunk_state_kernel(
     tl.store(states_ptrs, acc, mask=(offs_m[:, None] < hdim) & (offs_n[None, :] < dstate))
 
 
+_prune = checked_in("chunk_state", ("hdim", "dstate", "chunk_size", "chunk_count_class"),
+                    least_overshoot(BLOCK_SIZE_M="hdim", BLOCK_SIZE_N="dstate", BLOCK_SIZE_K="chunk_size"))
 chunk_state_kernel = triton.autotune(
     configs=CONFIGS, key=["hdim", "dstate", "chunk_size", "chunk_count_class"], do_bench=AUTOTUNE_DO_BENCH,
-    prune_configs_by={"early_config_prune": checked_in(
-        "chunk_state", ("hdim", "dstate", "chunk_size", "chunk_count_class"),
-        least_overshoot(BLOCK_SIZE_M="hdim", BLOCK_SIZE_N="dstate", BLOCK_SIZE_K="chunk_size"))},
+    prune_configs_by={"early_config_prune": _prune},
 )(_chunk_state_kernel)
+
+
+def interpreter_config(P: int, N: int, Q: int) -> dict[str, int]:
+    """The blocks this stage runs under the interpreter for headdim P, dstate N and chunk size Q (the first config
+    left after pruning: the interpreter's benchmarker keeps it). There the dot is numpy's, whose rounding depends on
+    the blocks, so the fused kernel runs these blocks too to give this stage's bits."""
+    assert INTERPRET, "on the GPU the autotuner chooses"
+    sizes = dict(hdim=P, dstate=N, chunk_size=Q, chunk_count_class=0)
+    return dict(_prune(CONFIGS, sizes)[0].kwargs)
 
 
 def chunk_state(

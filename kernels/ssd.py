@@ -1,14 +1,15 @@
 """``ssd_prefill``: the five SSD stages composed, with the snapshot / indexed dispatch (docs/provider.md).
 
 Snapshot path: copy the initial states out of the cache first (fused Triton gather on CUDA, the same copy in
-PyTorch ops elsewhere: ``kernels.gather``), then state passing writes the exiting state of every chunk into the
-workspace and, in direct mode, the final states into the cache. Chunk scan reads the dense copy, so a final slot that
-is also an initial slot is safe to overwrite.
+PyTorch ops elsewhere: ``kernels.gather``), then one kernel computes the chunk states and passes them on
+(``kernels.chunk_state_passing``), writing the exiting state of every chunk into the workspace and, in direct mode,
+the final states into the cache. Chunk scan reads the dense copy, so a final slot that is also an initial slot is
+safe to overwrite.
 
 Indexed path (one sequence, direct writeback, no intermediate states, cache dtype == workspace dtype): no copy.
-State passing reads the initial state from the cache by slot index and stores each chunk's *entering* state into the
-workspace; chunk scan reads only the workspace (``states_are_entering=True``), never the cache after the writeback.
-Bit-identical to the snapshot path.
+Chunk state, then state passing reads the initial state from the cache by slot index and stores each chunk's
+*entering* state into the workspace; chunk scan reads only the workspace (``states_are_entering=True``), never the
+cache after the writeback. Bit-identical to the snapshot path.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from kernels.bmm_chunk import bmm_chunk
 from kernels.chunk_cumsum import chunk_cumsum
 from kernels.chunk_scan import chunk_scan
 from kernels.chunk_state import chunk_state
+from kernels.chunk_state_passing import chunk_state_passing
 from kernels.gather import gather_initial_states, gather_initial_states_torch
 from kernels.interface import CallShape, choose_gather, choose_path
-from kernels.state_passing import state_passing
 from kernels.state_passing_indexed import state_passing_indexed
 
 
@@ -71,7 +72,8 @@ def ssd_prefill(
     name; default the cache dtype); ``gather`` picks the snapshot copy (``fused``/``torch``; ``auto``: fused on
     CUDA); ``workspace_out``, a dict, receives the chosen ``path``, ``gather`` and the intermediates
     (``states``: the (C, H, P, N) workspace, exiting states on the snapshot path and entering states on the indexed
-    path; ``chunk_states``, ``dA_cumsum``, ``dt_out``, ``initial_states``) for tests.
+    path; ``chunk_states``, the indexed path's only, None on the snapshot path; ``dA_cumsum``, ``dt_out``,
+    ``initial_states``) for tests.
     """
     T, H, P = x.shape
     N = B.shape[-1]
@@ -102,11 +104,11 @@ def ssd_prefill(
     dA_cumsum, dt_out = chunk_cumsum(
         dt, A, chunk_size, cu_chunk_seqlens, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit
     )
-    chunk_states = chunk_state(B, x, dt_out, dA_cumsum, cu_chunk_seqlens)
     CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens)
-    nchunks = chunk_states.shape[0]
+    nchunks = dt_out.shape[1]
 
     if chosen == "indexed":
+        chunk_states = chunk_state(B, x, dt_out, dA_cumsum, cu_chunk_seqlens)
         initial_states = None
         workspace = torch.empty((nchunks, H, P, N), dtype=ws_dtype, device=x.device)
         state_passing_indexed(
@@ -135,9 +137,10 @@ def ssd_prefill(
             writeback = dict(state_cache=result, final_state_indices=identity, last_chunk_indices=last_chunk_indices)
         else:
             writeback = {}
-        workspace = state_passing(
-            chunk_states, dA_cumsum, seq_idx, initial_states=initial_states, out_dtype=ws_dtype, **writeback
-        )
+        chunk_states = None  # never leave the chip
+        workspace = torch.empty((nchunks, H, P, N), dtype=ws_dtype, device=x.device)
+        chunk_state_passing(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, seq_idx, out=workspace,
+                            initial_states=initial_states, **writeback)
         if call.mode == "checkpoint":
             result = workspace
 

@@ -37,7 +37,6 @@ TUNED: dict[str, dict[tuple, dict[str, int]]] = {
                                             num_stages=2)},
     "chunk_scan": {("sm90", 256, 64, 128): dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=32, num_warps=4,
                                                  num_stages=1)},
-    "state_passing": {("sm90", 8192): dict(BLOCK_SIZE=1024, num_warps=8, num_stages=3)},
 }
 
 

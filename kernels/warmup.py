@@ -159,11 +159,19 @@ def registered() -> list[str]:
 
 def watched_kernels() -> list[Any]:
     """The kernel objects the SSD path launches (what a recompile guard watches): one per registration."""
-    from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, gather, state_passing, state_passing_indexed
+    from kernels import (
+        bmm_chunk,
+        chunk_cumsum,
+        chunk_scan,
+        chunk_state,
+        chunk_state_passing,
+        gather,
+        state_passing_indexed,
+    )
 
     return [gather._gather_initial_states_kernel, state_passing_indexed._state_passing_indexed_kernel,
             chunk_cumsum.chunk_cumsum_kernel, chunk_state.chunk_state_kernel, bmm_chunk.bmm_chunk_kernel,
-            chunk_scan.chunk_scan_kernel, state_passing._state_passing_kernel]
+            chunk_scan.chunk_scan_kernel, chunk_state_passing._chunk_state_passing_kernel]
 
 
 def _split_arguments(kernel: Any, arguments: dict) -> tuple[tuple, dict]:
@@ -491,8 +499,11 @@ def _chunk_cumsum_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
 
 @register("chunk_state")
 def _chunk_state_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
+    """The indexed path's (the snapshot path runs ``kernels.chunk_state_passing``)."""
     from kernels import chunk_state as cs
 
+    if "indexed" not in req.paths:
+        return
     s = req.shape
     H, P, N, G, Q = s.nheads, s.headdim, s.dstate, s.ngroups, s.chunk_size
     # One chunk count per class of the (H, C, Q) strides and per chunk count class (the config depends on it).
@@ -540,35 +551,50 @@ def _chunk_scan_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
                        why=f"{io} io, {state} states, D {d_kind}, z={has_z}, {path}, nchunks~{nchunks}")
 
 
-@register("state_passing")
-def _state_passing_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
-    """Snapshot path only (the indexed path has its own kernel). ssd_prefill always passes the dense initial
-    states (zeros where masked), so HAS_INIT is True; the writeback target depends on the mode."""
-    from kernels import state_passing as sp
+@register("chunk_state_passing")
+def _chunk_state_passing_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
+    """The snapshot path's fused kernel: ssd_prefill always passes the dense initial states (zeros where masked);
+    the writeback target depends on the mode. Also its teacher-forced mode, the provider's ``stages.state_passing``
+    (stand-in tokens in ``TEACHER_FORCED_IO_DTYPE``, given chunk states, with or without a writeback)."""
+    from kernels import chunk_state_passing as csp
 
-    k = sp._state_passing_kernel
+    k = csp._chunk_state_passing_kernel
     if "snapshot" not in req.paths:
         return
     s = req.shape
-    H, P, N, Q = s.nheads, s.headdim, s.dstate, s.chunk_size
+    H, P, N, G, Q = s.nheads, s.headdim, s.dstate, s.ngroups, s.chunk_size
     row = H * P * N
-    # nchunks is an argument (its own class, unless the kernel does not specialize it) and a factor of the dA strides
-    # (always specialized): prune only by the classes of both.
     own = (lambda c: 0) if _param(k, "nchunks").do_not_specialize else (lambda c: c)
     counts = representatives(lambda c: c * Q, own)
-    for state, meta, mode, nchunks in itertools.product(req.state_dtypes, req.metadata_dtypes, req.modes, counts):
-        if mode == "direct":  # the user's cache and final slots
-            targets = [(_cache(state, s, pad, cache_aligned), final, standin((1,), meta))
-                       for cache_aligned in ALIGNMENTS
-                       for pad in representatives(lambda p: row + p, candidates=range(17))
-                       for final in _index_views(k, "final_idx_ptr", "stride_final_idx", req)]
-        elif mode == "returned":  # a fresh (Bt, H, P, N) result and an int64 arange of slots
-            targets = [(standin((1, H, P, N), state), standin((1,), torch.int64), standin((1,), meta))]
-        else:  # checkpoint: nothing written (the launcher's placeholders stand in)
-            targets = [(None, None, None)]
-        for cache, final, last_chunk in targets:
-            arguments = sp.launch_arguments(
-                standin((nchunks, H, P, N), F32), standin((H, nchunks, Q), F32), standin((nchunks,), meta),
-                standin((nchunks, H, P, N), state), initial_states=standin((1, H, P, N), state),
-                state_cache=cache, final_state_indices=final, last_chunk_indices=last_chunk)
-            yield spec_for(k, arguments, why=f"{state} {mode}, nchunks~{nchunks}")
+
+    def direct_targets(state: torch.dtype) -> list[tuple]:  # the user's cache and final slots
+        return [(_cache(state, s, pad, cache_aligned), final)
+                for cache_aligned in ALIGNMENTS
+                for pad in representatives(lambda p: row + p, candidates=range(17))
+                for final in _index_views(k, "final_idx_ptr", "stride_final_idx", req)]
+
+    for state, meta, nchunks in itertools.product(req.state_dtypes, req.metadata_dtypes, counts):
+        fp32 = standin((H, nchunks, Q), F32)
+        seq_idx = standin((nchunks,), meta)
+        calls = []
+        for io, mode in itertools.product(req.io_dtypes, req.modes):
+            tokens = (standin((1, G, N), io), standin((1, H, P), io), standin((nchunks + 1,), meta))
+            if mode == "direct":
+                targets = direct_targets(state)
+            elif mode == "returned":  # a fresh (Bt, H, P, N) result and an int64 arange of slots
+                targets = [(standin((1, H, P, N), state), standin((1,), torch.int64))]
+            else:  # checkpoint: nothing written (the launcher's placeholders stand in)
+                targets = [(None, None)]
+            calls += [(f"{io} {mode}", tokens, target, None) for target in targets]
+        teacher_io = csp.TEACHER_FORCED_IO_DTYPE
+        stand_in_tokens = (standin((1, 1, N), teacher_io), standin((1, H, P), teacher_io),
+                           standin((nchunks + 1,), torch.int32))
+        given = standin((nchunks, H, P, N), F32)
+        calls += [("teacher-forced direct", stand_in_tokens, target, given) for target in direct_targets(state)]
+        calls += [("teacher-forced", stand_in_tokens, (None, None), given)]
+        for what, (B, x, cu), (cache, final), chunk_states in calls:
+            arguments = csp.launch_arguments(
+                B, x, fp32, fp32, cu, seq_idx, out=standin((nchunks, H, P, N), state),
+                initial_states=standin((1, H, P, N), state), state_cache=cache, final_state_indices=final,
+                last_chunk_indices=None if final is None else standin((1,), meta), chunk_states=chunk_states)
+            yield spec_for(k, arguments, why=f"{state} {what}, nchunks~{nchunks}")

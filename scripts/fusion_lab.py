@@ -1,15 +1,17 @@
-"""Fusion lab: chunk state + state passing as two kernels (shipped) against the fused kernel of
-``scripts/fused_chunk_state_passing.py`` under candidate tile configs, on the bench workloads' intermediates, one
-process.
+"""Fusion lab: chunk state + state passing as two kernels against the fused kernel
+(``kernels.chunk_state_passing``, the snapshot path's) under candidate tile configs, on the bench workloads'
+intermediates, one process: for choosing the fused kernel's checked-in tile, and for the indexed path's choice
+between the pair (shipped there) and the fused kernel.
 
     python scripts/fusion_lab.py [--reps 200] [--workload W ...]   # GPU: bits against the pair, stability, us
     python scripts/fusion_lab.py --dry-run                          # the same plumbing on the CPU (interpreter, small)
 
-For each workload and path (snapshot; indexed where the workload has one sequence) the pair runs as ssd_prefill
-launches it (chunk_state's checked-in config, then state_passing or state_passing_indexed) and the fused kernel
-runs each candidate config, into fresh outputs (the indexed path writes its final slot, never its initial one, so
-repeated launches are idempotent). Each fused launch is compared with the pair bit for bit (workspace and cache),
-launched three times (a result that moves is a race) and timed by CUDA graph replay (``harness.cuda_timing``).
+For each workload and path (snapshot; indexed where the workload has one sequence) the pair runs chunk_state (its
+checked-in config), then the state passing stage (the fused kernel teacher-forced on the snapshot path,
+state_passing_indexed on the indexed path) and the fused kernel runs each candidate config, into fresh outputs (the
+indexed path writes its final slot, never its initial one, so repeated launches are idempotent). Each fused launch is
+compared with the pair bit for bit (workspace and cache), launched three times (a result that moves is a race) and
+timed by CUDA graph replay (``harness.cuda_timing``).
 """
 
 from __future__ import annotations
@@ -45,10 +47,9 @@ def launches(kw: dict, ws: dict, path: str):
     """(pair launch, fused launch by config, the tensors each writes): fresh workspace and, on the snapshot path, a
     fresh cache copy per launcher; the indexed path writes the call's cache in place (its final slot only)."""
     import torch
-    from fused_chunk_state_passing import chunk_state_passing
 
     from kernels.chunk_state import chunk_state
-    from kernels.state_passing import state_passing
+    from kernels.chunk_state_passing import chunk_state_passing, state_passing
     from kernels.state_passing_indexed import state_passing_indexed
 
     x, B, cu, seq_idx = kw["x"], kw["B"], kw["cu_chunk_seqlens"], kw["seq_idx"]

@@ -63,7 +63,6 @@ KERNELS = {
     "chunk_cumsum": ("kernels.chunk_cumsum", "_chunk_cumsum_kernel"),
     "chunk_state": ("kernels.chunk_state", "_chunk_state_kernel"),
     "bmm_chunk": ("kernels.bmm_chunk", "_bmm_chunk_kernel"),
-    "state_passing": ("kernels.state_passing", "_state_passing_kernel"),
     "state_passing_indexed": ("kernels.state_passing_indexed", "_state_passing_indexed_kernel"),
     "chunk_scan": ("kernels.chunk_scan", "_chunk_scan_kernel"),
     "gather": ("kernels.gather", "_gather_initial_states_kernel"),
@@ -150,7 +149,7 @@ def stage_launch(stage: str, kw: dict, ws: dict):
     import torch
     import triton
 
-    from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, gather, state_passing, state_passing_indexed
+    from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, gather, state_passing_indexed
 
     cu = kw["cu_chunk_seqlens"]
     x, B, C = kw["x"], kw["B"], kw["C"]
@@ -180,13 +179,6 @@ def stage_launch(stage: str, kw: dict, ws: dict):
             initial_states=ws["initial_states"], states_are_entering=ws["path"] == "indexed")
         return args, lambda c: (triton.cdiv(Q, c.kwargs["BLOCK_SIZE_M"]) * triton.cdiv(P, c.kwargs["BLOCK_SIZE_N"]),
                                 nchunks, H), outs
-    if stage == "state_passing":  # the snapshot path's, with its final-state writeback into a fresh cache copy
-        outs = (torch.empty_like(ws["states"]), kw["state_cache"].clone())
-        args = state_passing.launch_arguments(
-            ws["chunk_states"], dA, kw["seq_idx"], outs[0], initial_states=ws["initial_states"],
-            state_cache=outs[1], final_state_indices=kw["final_state_indices"],
-            last_chunk_indices=kw["last_chunk_indices"])
-        return args, lambda c: (triton.cdiv(P * N, c.kwargs["BLOCK_SIZE"]), H), outs
     if stage == "gather":
         batch = kw["initial_state_indices"].shape[0]
         outs = (torch.empty((batch, *kw["state_cache"].shape[1:]), dtype=kw["state_cache"].dtype, device=x.device),)
@@ -204,8 +196,7 @@ def stage_launch(stage: str, kw: dict, ws: dict):
 
 def applies(stage: str, path: str) -> bool:
     """The indexed state passing runs on the indexed path only, the gather on the snapshot path only."""
-    return {"state_passing_indexed": path == "indexed", "state_passing": path == "snapshot",
-            "gather": path == "snapshot"}.get(stage, True)
+    return {"state_passing_indexed": path == "indexed", "gather": path == "snapshot"}.get(stage, True)
 
 
 def small_cases() -> dict:
@@ -222,15 +213,19 @@ def small_cases() -> dict:
 
 
 def call_intermediates(case, device: str, path: str) -> tuple[dict, dict]:
-    """One real call of ours on ``path``: its keywords and its ``workspace_out``, with the CB it computed."""
+    """One real call of ours on ``path``: its keywords and its ``workspace_out``, with the CB it computed and the
+    chunk states (the snapshot path's fused kernel keeps them on chip: computed here by the chunk state stage)."""
     from harness.cases.builder import build_inputs
-    from kernels import bmm_chunk, provider
+    from kernels import bmm_chunk, chunk_state, provider
 
     kw = build_inputs(case, device).kwargs(path=path)
     ws: dict = {}
     provider.ssd_prefill(**kw, **({"gather": "fused"} if path == "snapshot" and device == "cuda" else {}),
                          workspace_out=ws)
     ws["CB"] = bmm_chunk.bmm_chunk(kw["C"], kw["B"], kw["chunk_size"], kw["cu_chunk_seqlens"])
+    if ws["chunk_states"] is None:
+        ws["chunk_states"] = chunk_state.chunk_state(kw["B"], kw["x"], ws["dt_out"], ws["dA_cumsum"],
+                                                     kw["cu_chunk_seqlens"])
     return kw, ws
 
 

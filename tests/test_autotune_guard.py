@@ -20,8 +20,7 @@ from harness.guards.autotune import (
 )
 from harness.guards.specialization import kernel_name
 from harness.varlen import build_varlen_metadata
-from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, ssd
-from kernels import state_passing as sp
+from kernels import bmm_chunk, chunk_cumsum, chunk_scan, ssd
 from kernels import state_passing_indexed as spi
 
 TWO_CONFIGS = [triton.Config({"BLOCK": 4}), triton.Config({"BLOCK": 8})]
@@ -184,8 +183,8 @@ def test_guard_refuses_to_pass_when_the_autotuners_ran_no_trial(device):
 
 # ---- the project's kernels --------------------------------------------------------------------------------------
 
-SNAPSHOT_TUNED = [sp._state_passing_kernel, chunk_state.chunk_state_kernel, bmm_chunk.bmm_chunk_kernel,
-                  chunk_scan.chunk_scan_kernel, chunk_cumsum.chunk_cumsum_kernel]
+# The snapshot path's autotuned kernels (its fused chunk state + state passing runs one fixed config).
+SNAPSHOT_TUNED = [bmm_chunk.bmm_chunk_kernel, chunk_scan.chunk_scan_kernel, chunk_cumsum.chunk_cumsum_kernel]
 H, P, N, G, Q = 2, 4, 8, 1, 8
 
 
@@ -223,23 +222,6 @@ def every_config_tried(kernels):
     finally:
         for k, prune in saved:
             k.early_config_prune = prune
-
-
-def test_snapshot_state_passing_with_direct_writeback_is_safe(device):
-    g = torch.Generator().manual_seed(1)
-    C_, slots = 5, 4
-    states = torch.randn(C_, H, P, N, generator=g).to(device)
-    dA = (-torch.rand(H, C_, Q, generator=g)).to(device)
-    seq_idx = torch.tensor([0, 0, 1, 1, 1], dtype=torch.int32, device=device)
-    cache = torch.randn(slots, H, P, N, generator=g).to(device)
-    init = cache[torch.tensor([2, 2])].clone()  # the snapshot of slot 2, which is also a final slot below
-    call = functools.partial(sp.state_passing, states, dA, seq_idx, initial_states=init, out_dtype=torch.float32,
-                             state_cache=cache, final_state_indices=torch.tensor([2, 0], device=device),
-                             last_chunk_indices=torch.tensor([1, 4], device=device))
-    with every_config_tried([sp._state_passing_kernel]):
-        report = check_autotune_safe(call)
-    assert report.configs_benchmarked == len(sp.CONFIGS), report
-    assert report.trials == len(sp.CONFIGS), report
 
 
 _indexed_autotuned = triton.autotune(configs=[triton.Config({"BLOCK_SIZE": 16}), triton.Config({"BLOCK_SIZE": 32})],
@@ -284,7 +266,7 @@ def test_ssd_snapshot_path_autotuned_stages_are_safe(device):
     call = functools.partial(_call_ssd, inputs, init=[1, 1], final=[1, 2], path="snapshot")
     with every_config_tried(SNAPSHOT_TUNED):
         report = check_autotune_safe(call)
-    # found by the hook on Triton's autotuner, not from a list: exactly the snapshot path's five autotuned stages
+    # found by the hook on Triton's autotuner, not from a list: exactly the snapshot path's autotuned stages
     assert sorted(report.autotuners) == sorted(kernel_name(k) for k in SNAPSHOT_TUNED), report.autotuners
     assert len(report.chosen) == len(SNAPSHOT_TUNED)
     assert all(len(v) == 1 for v in report.chosen.values()), report.chosen  # each stage tuned once

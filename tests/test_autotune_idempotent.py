@@ -103,16 +103,15 @@ def test_our_provider_is_not_flagged_and_retunes_every_stage(tiny_cases, device)
     from dataclasses import replace
 
     provider = load_provider("kernels:provider")
-    # the snapshot path, whose state passing is autotuned (path auto takes the indexed one on a GPU: fixed config)
+    # the snapshot path (auto takes the indexed one on a GPU): its three autotuned stages
     case = replace(tiny_cases["tiny-direct"], call=replace(tiny_cases["tiny-direct"].call, path="snapshot"))
     ctx = CheckContext(case, provider, device)
     ctx.call(ctx.inputs())  # every tuning key of this call tuned before the check
     result = run_check(case, CHECK, provider, device=device)
     assert result.status is Status.PASSED, result.message
-    from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, state_passing
+    from kernels import bmm_chunk, chunk_cumsum, chunk_scan
 
-    stages = {kernel_name(k) for k in (state_passing._state_passing_kernel, chunk_state.chunk_state_kernel,
-                                       bmm_chunk.bmm_chunk_kernel, chunk_scan.chunk_scan_kernel,
+    stages = {kernel_name(k) for k in (bmm_chunk.bmm_chunk_kernel, chunk_scan.chunk_scan_kernel,
                                        chunk_cumsum.chunk_cumsum_kernel)}
     assert set(result.stats["autotuners"]) == stages, result.stats
     assert result.stats["trial_launches"] >= len(stages), result.stats
@@ -167,9 +166,9 @@ def test_foreign_autotuners_run_under_the_interpreter(cases):
     assert KERNEL._do_bench is None
     assert tt.benchmarker(KERNEL) is tt.interpreter_do_bench
     load_provider("kernels:provider")  # imports our kernels
-    from kernels import state_passing
+    from kernels import chunk_scan
 
-    assert tt.benchmarker(state_passing._state_passing_kernel) is not tt.interpreter_do_bench  # ours keep theirs
+    assert tt.benchmarker(chunk_scan.chunk_scan_kernel) is not tt.interpreter_do_bench  # ours keep theirs
 
 
 def test_unverified_triton_is_refused_with_the_reason(monkeypatch):

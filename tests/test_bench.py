@@ -284,7 +284,8 @@ def host(name: str, us: float) -> FunctionEvent:
 @pytest.mark.parametrize("name,stage", [
     ("_chunk_cumsum_kernel", "chunk_cumsum"), ("_chunk_cumsum_fwd_kernel", "chunk_cumsum"),
     ("_chunk_state_kernel", "chunk_state"), ("_chunk_state_fwd_kernel", "chunk_state"),
-    ("_state_passing_kernel", "state_passing"), ("_state_passing_indexed_kernel", "state_passing"),
+    ("_chunk_state_passing_kernel", "chunk_state_passing"), ("_state_passing_kernel", "state_passing"),
+    ("_state_passing_indexed_kernel", "state_passing"),
     ("_state_passing_fwd_kernel", "state_passing"), ("_bmm_chunk_kernel", "bmm_chunk"),
     ("_bmm_chunk_fwd_kernel", "bmm_chunk"), ("_chunk_scan_kernel", "chunk_scan"),
     ("_chunk_scan_fwd_kernel", "chunk_scan"), ("_gather_initial_states_kernel", "gather"),
@@ -359,8 +360,8 @@ def test_a_call_profile_measures_the_idle_time_between_device_activities():
                                                                            "timeline": []}
 
 
-OURS_CALL = [("_chunk_cumsum_kernel", 10.0), ("_chunk_state_kernel", 38.0), ("_bmm_chunk_kernel", 11.0),
-             ("_gather_initial_states_kernel", 3.0), ("_state_passing_kernel", 24.0), ("_chunk_scan_kernel", 98.0)]
+OURS_CALL = [("_chunk_cumsum_kernel", 10.0), ("_bmm_chunk_kernel", 11.0), ("_gather_initial_states_kernel", 3.0),
+             ("_chunk_state_passing_kernel", 62.0), ("_chunk_scan_kernel", 98.0)]
 VLLM_CALL = [("_gather_initial_states_kernel", 3.0), ("_chunk_cumsum_fwd_kernel", 11.0),
              ("_chunk_state_fwd_kernel", 40.0), ("_state_passing_fwd_kernel", 25.0), ("_bmm_chunk_fwd_kernel", 12.0),
              ("_chunk_scan_fwd_kernel", 100.0)]
@@ -388,9 +389,15 @@ def test_peer_stage_comparison_profiles_graph_replays_of_both(capsys):
     assert [(t["variant"], t["peer_variant"], t["ours_source"], t["peer_source"]) for t in report["tables"]] == [
         ("snapshot-fused", "snapshot", "graph", "graph"), ("indexed", "snapshot", "graph", "graph")]
     rows = {r["stage"]: r for r in report["tables"][0]["rows"]}
-    assert list(rows) == ["gather", "chunk_cumsum", "chunk_state", "state_passing", "bmm_chunk", "chunk_scan",
-                          "total", "idle between kernels", "span"]
+    assert list(rows) == ["gather", "chunk_cumsum", "chunk_state", "chunk_state_passing", "state_passing",
+                          "bmm_chunk", "chunk_scan", "chunk_state + state_passing", "total", "idle between kernels",
+                          "span"]
     assert (rows["chunk_scan"]["ours_us"], rows["chunk_scan"]["peer_us"]) == (98.0, 100.0)
+    # our fused kernel against the peer's two stages it does the work of
+    assert (rows["chunk_state_passing"]["ours_us"], rows["chunk_state_passing"]["peer_us"]) == (62.0, None)
+    assert (rows["chunk_state"]["ours_us"], rows["chunk_state"]["peer_us"]) == (None, 40.0)
+    pair = rows["chunk_state + state_passing"]
+    assert (pair["ours_us"], pair["peer_us"]) == (62.0, 65.0) and pair["ratio"] == pytest.approx(62.0 / 65.0)
     assert rows["total"]["ours_us"] == 184.0 and rows["total"]["ratio"] == pytest.approx(184.0 / 191.0)
     report["peer_name"] = "peer"
     kernel_profile.print_comparison(report)

@@ -1,7 +1,7 @@
-"""The fusion lab (scripts/fusion_lab.py) and its experimental fused kernel (scripts/fused_chunk_state_passing.py):
-under the interpreter the fused kernel gives the shipped pair's bits (chunk_state, then state_passing or
-state_passing_indexed) on every dry-run case and path, read from the cache or a snapshot, and a fused kernel fed
-the pair's chunk states (teacher-forced) is the state passing stage bit for bit."""
+"""The fusion lab (scripts/fusion_lab.py) and the fused kernel it tunes (kernels/chunk_state_passing.py): under the
+interpreter the fused kernel gives the pair's bits (chunk_state, then the state passing stage) under every
+candidate tile, on every dry-run case and path, reading the initial state from the cache or a snapshot, and a
+fused kernel fed the chunk states (teacher-forced) gives ssd_prefill's workspace and cache bit for bit."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def fusion_lab():
     module = importlib.util.module_from_spec(spec)
     sys.modules["fusion_lab"] = module
     try:
-        spec.loader.exec_module(module)  # puts scripts/ on sys.path (kernel_lab, fused_chunk_state_passing)
+        spec.loader.exec_module(module)  # puts scripts/ on sys.path (kernel_lab)
         yield module
     finally:
         sys.modules.pop("fusion_lab", None)
@@ -45,16 +45,16 @@ def test_the_labs_bit_comparison_sees_one_ulp(fusion_lab):
     assert fusion_lab.same_bits([a], [a.clone()]) and not fusion_lab.same_bits([a], [b])
 
 
-@pytest.mark.interpreter(reason="the experimental kernels are checked where CI runs, under the interpreter")
+@pytest.mark.interpreter(reason="the lab's small cases are CPU tensors, run under the interpreter")
 @pytest.mark.parametrize("name,path", [("one", "snapshot"), ("one", "indexed"), ("two", "snapshot")])
 def test_teacher_forced_fused_kernel_is_the_state_passing_stage(fusion_lab, name, path):
-    """Fed the chunk states ssd_prefill computed, the fused kernel's recurrence, workspace rows and cache writeback
-    are the shipped state passing's, bit for bit; and it reads them (one changed element moves its rows), so the
-    teacher-forced mode holds the recurrence alone, whatever the dot would give."""
-    from fused_chunk_state_passing import chunk_state_passing
+    """Fed the chunk states (the chunk state stage's), the fused kernel's recurrence, workspace rows and cache
+    writeback are ssd_prefill's, bit for bit, on either path; and it reads them (one changed element moves its
+    rows), so the teacher-forced mode holds the recurrence alone, whatever the dot would give."""
     from kernel_lab import call_intermediates, small_cases
 
     from harness.cases.builder import build_inputs
+    from kernels.chunk_state_passing import chunk_state_passing
 
     case = small_cases()[name]
     shipped, ws = call_intermediates(case, "cpu", path)  # its cache holds ssd_prefill's writeback

@@ -265,6 +265,23 @@ def test_chunk_state(shape, seqs, io, device):
     assert_within_bound(got, want, chunk_state_bound(inp, io, dt_out, dA), what="chunk states")
 
 
+@pytest.mark.parametrize("io", IO_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape,seqs", scenarios())
+def test_fused_chunk_state_passing_is_chunk_state_then_state_passing(shape, seqs, io, device):
+    """The snapshot path's fused kernel gives the bits of the two stages it fuses (the indexed path runs them apart,
+    and the two paths must agree bit for bit): chunk_state's chunk states, then the teacher-forced recurrence on
+    them, exiting states in fp32 with zero initial states."""
+    from kernels.chunk_state_passing import chunk_state_passing, state_passing
+
+    inp = make_inputs(shape, seqs, io, device)
+    dA, dt_out = ref_cumsum(inp)
+    cu, seq_idx = inp.meta["cu_chunk_seqlens"], inp.meta["seq_idx"]
+    want = state_passing(kstate.chunk_state(inp.B, inp.x, dt_out, dA, cu), dA, seq_idx, out_dtype=F32)
+    got = torch.full_like(want, math.nan)
+    chunk_state_passing(inp.B, inp.x, dt_out, dA, cu, seq_idx, out=got)
+    assert_bits_equal(got, want, what=f"fused exiting states vs chunk_state + state_passing ({io})")
+
+
 @pytest.mark.parametrize("broken", ["wrong-group", "skipped-decay"])
 def test_chunk_state_catches_broken_input(broken, device):
     """Negative control: B from the wrong group, or dA_cumsum zeroed (no decay): decisive under both backends'
@@ -576,28 +593,33 @@ def test_every_chunk_cumsum_config(index, device):
     check_dA_cumsum(dA_k, dA_r, dt_r, inp.A, shape.chunk_size, inp.profile)
 
 
-def test_every_state_passing_config_gives_the_same_bits(device):
-    """The recurrence is elementwise over the state, so its block size cannot change a bit: every config, forced,
-    writes the workspace and the cache rows the first config writes."""
-    from kernels import state_passing as ksp
+# Tiles of the fused chunk state + state passing kernel: (BLOCK_SIZE_M headdim, BLOCK_SIZE_N dstate, BLOCK_SIZE_K).
+FUSED_TILES = [(16, 16, 16), (16, 32, 32), (32, 16, 64)]
+
+
+def test_every_fused_tile_gives_the_same_recurrence_bits(monkeypatch, device):
+    """The fused kernel runs one fixed tile per shape class, chosen by speed. The recurrence is elementwise over the
+    state, so the tile cannot change a bit of it: teacher-forced (``stages.state_passing``), every tile writes the
+    workspace and the cache rows the first one writes (headdim 20 is no multiple of 16 or 32: tail masks)."""
+    from kernels import chunk_state_passing as csp
 
     g = torch.Generator().manual_seed(5)
-    C, H, P, N = 3, 2, 16, 32
+    C, H, P, N = 3, 2, 20, 32
     states = torch.randn(C, H, P, N, generator=g).to(device)
     dA = (-torch.rand(H, C, 8, generator=g)).cumsum(-1).to(device)
     seq_idx = torch.tensor([0, 0, 1], dtype=torch.int32, device=device)
     init = torch.randn(2, H, P, N, generator=g).to(device)
     runs = []
-    for config in ksp.CONFIGS:
+    for m, n, k in FUSED_TILES:
+        config = dict(BLOCK_SIZE_M=m, BLOCK_SIZE_N=n, BLOCK_SIZE_K=k, num_warps=4, num_stages=2)
+        monkeypatch.setattr(csp, "tile_config", lambda P, N, Q, config=config: config)
         cache = torch.zeros(4, H, P, N, device=device)
-        with forced_config(ksp._state_passing_kernel, config):
-            out = ksp.state_passing(states, dA, seq_idx, initial_states=init, out_dtype=torch.float32,
-                                    state_cache=cache,
-                                    final_state_indices=torch.tensor([2, 0], dtype=torch.int32, device=device),
-                                    last_chunk_indices=torch.tensor([1, 2], dtype=torch.int32, device=device))
-        runs.append((config, out, cache))
-    first_config, first_out, first_cache = runs[0]
+        out = csp.state_passing(states, dA, seq_idx, initial_states=init, out_dtype=torch.float32, state_cache=cache,
+                                final_state_indices=torch.tensor([2, 0], dtype=torch.int32, device=device),
+                                last_chunk_indices=torch.tensor([1, 2], dtype=torch.int32, device=device))
+        runs.append(((m, n, k), out, cache))
+    first_tile, first_out, first_cache = runs[0]
     assert first_cache[[0, 2]].abs().sum() > 0  # the final states were written
-    for config, out, cache in runs[1:]:
-        assert_bits_equal(out, first_out, what=f"workspace with {config} vs {first_config}")
-        assert_bits_equal(cache, first_cache, what=f"cache with {config} vs {first_config}")
+    for tile, out, cache in runs[1:]:
+        assert_bits_equal(out, first_out, what=f"workspace with tile {tile} vs {first_tile}")
+        assert_bits_equal(cache, first_cache, what=f"cache with tile {tile} vs {first_tile}")

@@ -22,8 +22,7 @@ from harness.guards.specialization import (
 )
 from harness.varlen import build_varlen_metadata
 from harness.warmup import main, warmup_all
-from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, gather, ssd
-from kernels import state_passing as sp
+from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, chunk_state_passing, gather, ssd
 from kernels import state_passing_indexed as spi
 from kernels.warmup import ModelShape, int_values, registered, representatives
 
@@ -46,7 +45,7 @@ KERNELS = {
     "chunk_state": chunk_state.chunk_state_kernel,
     "bmm_chunk": bmm_chunk.bmm_chunk_kernel,
     "chunk_scan": chunk_scan.chunk_scan_kernel,
-    "state_passing": sp._state_passing_kernel,
+    "chunk_state_passing": chunk_state_passing._chunk_state_passing_kernel,
 }
 
 
@@ -147,8 +146,9 @@ def test_every_registered_kernel_is_launched_and_warmed(registration, full_warmu
         assert_keys_warmed(launched, without)
 
 
-# The io-typed stages: the ones whose operands are the call's x/B/C (what a dtype-narrow warmup misses).
-DOT_STAGES = ("chunk_state", "bmm_chunk", "chunk_scan")
+# The io-typed stages of a snapshot call: the ones whose operands are the call's x/B/C (what a dtype-narrow warmup
+# misses).
+DOT_STAGES = ("chunk_state_passing", "bmm_chunk", "chunk_scan")
 
 
 def test_narrow_dtype_warmup_fires_on_the_dot_stages(device):
@@ -196,14 +196,14 @@ def test_nchunks_parity_is_a_class_when_chunks_are_short(full_warmup, device):
 
 def test_int_values_follow_the_kernels_flags():
     """The enumeration is pruned only where the kernel ignores the class (read from its decorator lists)."""
-    k = sp._state_passing_kernel
+    k = chunk_state_passing._chunk_state_passing_kernel
     from kernels.specialization import gpu_view
 
     params = {p.name: p for p in gpu_view(k).params}
     values = (1, 16, 3)
     expected = values[:1] if params["nchunks"].do_not_specialize else values
     assert int_values(k, "nchunks", values) == expected
-    assert int_values(k, "dim", values) == values  # specialized everywhere
+    assert int_values(k, "hdim", values) == values  # specialized everywhere
 
 
 def test_main_prints_time_and_count(capsys):

@@ -1,5 +1,6 @@
-"""State passing: the snapshot kernel vs the PyTorch reference teacher-forced on the same chunk states and dA_cumsum
-(under this backend's arithmetic profile), and the indexed kernel vs the snapshot kernel, bit for bit."""
+"""State passing: the snapshot path's kernel (chunk state and state passing fused, teacher-forced:
+``kernels.chunk_state_passing.state_passing``) vs the PyTorch reference on the same chunk states and dA_cumsum
+(under this backend's arithmetic profile), and the indexed kernel vs the snapshot one, bit for bit."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 from harness.compare import Mismatch, assert_bits_equal, assert_storage_equal, storage_bytes
 from harness.varlen import build_varlen_metadata
 from kernels import state_passing as sp_module
-from kernels.state_passing import state_passing
+from kernels.chunk_state_passing import state_passing
 from kernels.state_passing_indexed import state_passing_indexed
 from reference import chunked
 from reference import snapshot as torch_snapshot
@@ -79,20 +80,6 @@ def test_reference_comparison_can_fail(device, profile):
                                  profile=other)
     with pytest.raises(Mismatch, match="differ in bits"):
         assert_bits_equal(got, want.exiting.to(device), what=f"exiting states vs the {other} profile")
-
-
-def test_every_autotune_config_gives_the_same_bits(monkeypatch, device):
-    """Autotuning picks a BLOCK_SIZE by speed; each config must give the same bits (P*N = 80 is not a multiple of
-    any block, so every config exercises its tail mask)."""
-    meta, states, dA_cumsum = teacher_inputs(*THREE_SEQUENCES, 5, device)
-    results = []
-    for config in sp_module.CONFIGS:
-        monkeypatch.setattr(sp_module._state_passing_kernel, "configs", [config])
-        results.append((config, run_snapshot_kernel(states, dA_cumsum, meta, initial_states=None,
-                                                    out_dtype=torch.float16)))
-    first_config, first = results[0]
-    for config, out in results[1:]:
-        assert_bits_equal(out, first, what=f"exiting states with {config} vs {first_config}")
 
 
 def test_profile_argument_must_match_the_backend(device, profile):
@@ -177,8 +164,9 @@ GROUP_AND_TAIL_TOKENS = (Q - 3, 2 * Q, 3 * Q - 1, 4 * Q, 4 * Q + 1, 6 * Q, 7 * Q
 
 @pytest.mark.parametrize("tokens", GROUP_AND_TAIL_TOKENS, ids=lambda t: f"{t}tokens")
 def test_indexed_kernel_across_read_ahead_groups(tokens, device):
-    """The kernels read ``READ_AHEAD`` (4) chunks at once in whole groups, then the 0-3 left one at a time: every
-    chunk's entering state, the last exiting state in the final slot only (nothing stored past the last chunk)."""
+    """The indexed kernel reads ``READ_AHEAD`` (4) chunks at once in whole groups, then the 0-3 left one at a time:
+    every chunk's entering state, the last exiting state in the final slot only (nothing stored past the last
+    chunk)."""
     assert sp_module.READ_AHEAD == 4
     assert_indexed_equals_snapshot(*run_indexed_and_snapshot(torch.bfloat16, 3, True, 5, device, contexts=(0,),
                                                              tokens=(tokens,)))

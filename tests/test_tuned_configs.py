@@ -6,20 +6,17 @@ from __future__ import annotations
 
 import pytest
 
-from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, state_passing, tuned_configs
-from kernels.backend import INTERPRET
+from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, tuned_configs
 
 STAGES = {"chunk_cumsum": (chunk_cumsum.chunk_cumsum_kernel, chunk_cumsum.CONFIGS),
           "chunk_state": (chunk_state.chunk_state_kernel, chunk_state.CONFIGS),
           "bmm_chunk": (bmm_chunk.bmm_chunk_kernel, bmm_chunk.CONFIGS),
-          "chunk_scan": (chunk_scan.chunk_scan_kernel, chunk_scan.CONFIGS),
-          "state_passing": (state_passing._state_passing_kernel, state_passing.CONFIGS)}
+          "chunk_scan": (chunk_scan.chunk_scan_kernel, chunk_scan.CONFIGS)}
 # The serving shape's values of each stage's autotuning key.
 SERVING_KEYS = {"chunk_cumsum": {"chunk_size": 256, "nheads": 64},
                 "chunk_state": {"hdim": 64, "dstate": 128, "chunk_size": 256, "chunk_count_class": 1},
                 "bmm_chunk": {"chunk_size": 256, "dstate": 128},
-                "chunk_scan": {"chunk_size": 256, "hdim": 64, "dstate": 128},
-                "state_passing": {"dim": 64 * 128}}
+                "chunk_scan": {"chunk_size": 256, "hdim": 64, "dstate": 128}}
 
 
 def test_every_checked_in_config_is_a_shipped_config_of_a_known_stage():
@@ -64,24 +61,28 @@ def test_chunk_state_takes_the_smaller_tile_for_a_few_chunks_and_the_larger_for_
 
 
 def test_pruning_returns_the_checked_in_config_only_for_its_class(monkeypatch):
-    kernel, configs = STAGES["state_passing"]
+    kernel, configs = STAGES["bmm_chunk"]
     chosen = configs[-1]
-    monkeypatch.setattr(tuned_configs, "TUNED", {"state_passing": {("sm90", 8192): tuned_configs.describe(chosen)}})
+    monkeypatch.setattr(tuned_configs, "TUNED", {"bmm_chunk": {("sm90", 256, 128): tuned_configs.describe(chosen)}})
     monkeypatch.setattr(tuned_configs, "device_arch", lambda: "sm90")
     prune = kernel.early_config_prune
-    assert prune(configs, {"dim": 8192}) == [chosen]
-    assert prune(configs, {}, dim=8192) == [chosen]  # launchers pass keywords
-    assert prune(configs, {"dim": 4096}) == _fitting(configs, 4096)  # another class: every config that fits stays
+    assert prune(configs, {"chunk_size": 256, "dstate": 128}) == [chosen]
+    assert prune(configs, {}, chunk_size=256, dstate=128) == [chosen]  # launchers pass keywords
+    # another class: the configs that fit it stay (here one)
+    assert prune(configs, {"chunk_size": 64, "dstate": 32}) == _fitting(configs, 64, 32) == [configs[1]]
     monkeypatch.setattr(tuned_configs, "device_arch", lambda: "sm100")
-    assert prune(configs, {"dim": 8192}) == _fitting(configs, 8192)  # another GPU tunes for itself
+    assert prune(configs, {"chunk_size": 256, "dstate": 128}) == configs  # another GPU tunes for itself
     monkeypatch.setattr(tuned_configs, "device_arch", lambda: None)
     # The interpreter keeps every config that fits too, the cheapest one to interpret (largest blocks) first.
-    assert prune(configs, {"dim": 8192}) == sorted(_fitting(configs, 8192), key=lambda c: -c.kwargs["BLOCK_SIZE"])
+    by_volume = sorted(configs, key=lambda c: -tuned_configs.block_volume(c))
+    assert prune(configs, {"chunk_size": 256, "dstate": 128}) == by_volume
 
 
-def _fitting(configs, dim: int) -> list:
-    """The state passing's configs whose block does not overshoot a row of ``dim`` (a power of two) states."""
-    return [c for c in configs if c.kwargs["BLOCK_SIZE"] <= dim]
+def _fitting(configs, chunk_size: int, dstate: int) -> list:
+    """bmm_chunk's configs whose blocks do not overshoot a chunk of ``chunk_size`` tokens and ``dstate`` (powers of
+    two)."""
+    return [c for c in configs if max(c.kwargs["BLOCK_SIZE_M"], c.kwargs["BLOCK_SIZE_N"]) <= chunk_size
+            and c.kwargs["BLOCK_SIZE_K"] <= dstate]
 
 
 def test_the_interpreter_runs_each_stage_with_its_largest_blocks(monkeypatch):
@@ -92,13 +93,7 @@ def test_the_interpreter_runs_each_stage_with_its_largest_blocks(monkeypatch):
         kept = kernel.early_config_prune(configs, dict(SERVING_KEYS[stage]))
         volumes = [tuned_configs.block_volume(c) for c in kept]
         assert volumes == sorted(volumes, reverse=True), stage
-        if stage == "state_passing":  # under the interpreter, whole-row candidates too: those wider than the row go
-            fits = _fitting(configs, SERVING_KEYS[stage]["dim"])
-            assert {id(c) for c in kept} == {id(c) for c in fits}, stage
-            if INTERPRET:
-                assert len(fits) < len(configs), "no candidate wider than the serving row"
-                assert kept[0].kwargs["BLOCK_SIZE"] == SERVING_KEYS[stage]["dim"], "a head's row is one block"
-        elif stage != "chunk_cumsum":  # its fallback keeps the first config alone
+        if stage != "chunk_cumsum":  # its fallback keeps the first config alone
             assert {id(c) for c in kept} == {id(c) for c in configs}, stage
         assert tuned_configs.block_volume(kept[0]) == max(tuned_configs.block_volume(c) for c in kept), stage
 
@@ -109,12 +104,10 @@ def test_every_tuned_stage_consults_the_table(monkeypatch):
     monkeypatch.setattr(tuned_configs, "device_arch", lambda: "smXY")
     keys = {"chunk_cumsum": {"chunk_size": 7, "nheads": 3},
             "chunk_state": {"hdim": 7, "dstate": 3, "chunk_size": 5, "chunk_count_class": 0},
-            "bmm_chunk": {"chunk_size": 7, "dstate": 3}, "chunk_scan": {"chunk_size": 7, "hdim": 3, "dstate": 5},
-            "state_passing": {"dim": 7}}
+            "bmm_chunk": {"chunk_size": 7, "dstate": 3}, "chunk_scan": {"chunk_size": 7, "hdim": 3, "dstate": 5}}
     order = {"chunk_cumsum": ("chunk_size", "nheads"),
              "chunk_state": ("hdim", "dstate", "chunk_size", "chunk_count_class"),
-             "bmm_chunk": ("chunk_size", "dstate"), "chunk_scan": ("chunk_size", "hdim", "dstate"),
-             "state_passing": ("dim",)}
+             "bmm_chunk": ("chunk_size", "dstate"), "chunk_scan": ("chunk_size", "hdim", "dstate")}
     for stage, (kernel, configs) in STAGES.items():
         key = ("smXY", *(keys[stage][name] for name in order[stage]))
         monkeypatch.setattr(tuned_configs, "TUNED", {stage: {key: tuned_configs.describe(configs[-1])}})

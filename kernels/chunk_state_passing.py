@@ -1,39 +1,30 @@
-"""Experiment (not dispatched yet): chunk state and state passing in one kernel, so the chunk states never leave the
-chip.
+"""Chunk state and state passing in one kernel, the snapshot path's (docs/architecture.md, stages 2 and 3): the
+chunk states never leave the chip.
 
-``scripts/fusion_lab.py`` times this kernel against the shipped pair (``kernels.chunk_state`` then
-``kernels.state_passing`` / ``kernels.state_passing_indexed``) on the bench workloads; docs/gpu-runs.md runs 57, 58
-and 60 have the figures. It gives the pair's bits on every workload. With a whole chunk per step (64 x 64 tiles, K
-256, 8 warps, 2 stages) it was 0.2 us slower than the pair on one of seven workload paths (the short call, indexed)
-and 0.3-10.1 us faster on the others (run 60: 168.5 against 193.1 us summed); dispatching it is the next step
-(docs/gpu-runs.md "Next run"). The lab's dry run (tests/test_fusion_lab.py) keeps it correct meanwhile.
-
-Each program owns one (headdim x dstate) tile of one head and walks the chunks in order: it computes the chunk's
-state contribution (the chunk state stage's arithmetic: the body of ``kernels.chunk_state``'s dot loop, written out
-here one block a step; the two become one helper when this kernel is dispatched and measured on the GPU, since a
-per-block helper changes the shipped kernel's machine code) and at once takes the fp32 inter-chunk recurrence step
-on it (``kernels.state_passing.recurrence_step``, the state passing stage's),
-storing the workspace row and, at a sequence's last chunk, its final state into the cache. Separately, the chunk
-states (fp32, C x H x P x N) are written by one kernel and read back by the next; here they stay in registers.
-
-One binary serves every path and mode: which initial states, which workspace rows and whether the cache is written
-are run-time arguments, not constexprs, so the snapshot and the indexed path run the same compiled dot (the same
-tf32 dot compiled as different code can round differently: docs/exactness.md).
+Each program owns one (headdim x dstate) tile of one head and walks the chunks in order: it accumulates the chunk's
+state contribution (``kernels.chunk_state.accumulate_tokens``, the chunk state stage's arithmetic, the same code)
+and at the chunk's last token block takes the fp32 inter-chunk recurrence step on it
+(``kernels.state_passing.recurrence_step``, the indexed state passing's, the same code), storing the workspace row
+and, at a sequence's last chunk, its final state into the cache. Separately the chunk states (fp32, C x H x P x N)
+are written by one kernel and read back by the next. The indexed path keeps the pair (``kernels.chunk_state``, then
+``kernels.state_passing_indexed``): with its initial state read from the cache it is as fast as this kernel, and
+the pair's bits are this kernel's (same arithmetic; on the GPU the dot accumulates in the same order whatever the
+token block, under the interpreter this kernel runs chunk_state's blocks: ``default_config``).
 
 - initial states (``init_mode``): none (zeros); a dense snapshot, row = sequence (the snapshot path); or the paged
-  cache, row = the sequence's slot, masked by ``has_initial_states`` (the indexed path: one sequence). A masked row
-  is never read: the slot may hold garbage or NaN.
+  cache, row = the sequence's slot, masked by ``has_initial_states`` (one sequence; for the fusion lab). A masked
+  row is never read: the slot may hold garbage or NaN.
 - workspace rows (``store_entering``): the state *exiting* each chunk (snapshot path), or the state *entering* it
-  (indexed path; row 0 is a raw copy of the initial state, no fp32 round trip, so NaN payloads match the snapshot's
-  gathered copy).
+  (row 0 a raw copy of the initial state, no fp32 round trip).
 - writeback (``write_cache``): at ``last_chunk_indices[b]`` the state goes to ``state_cache[final_state_indices[b]]``
-  in the cache dtype, skipped for negative slots. In place (initial slot == final slot, indexed path) is safe: each
-  program reads its tile of the initial state before anything is written, and no other program touches that tile.
-- ``read_chunk_states``: the chunk states are read from ``chunk_states`` instead of computed (teacher-forced, for the
-  stage check that holds the recurrence to the reference bit for bit): the same binary, the dot skipped.
+  in the cache dtype, skipped for negative slots.
+- ``read_chunk_states``: the chunk states are read from ``chunk_states`` instead of computed (teacher-forced:
+  ``state_passing``, the stage hook that holds the recurrence to the reference bit for bit): the same binary as a
+  call of the same dtypes, the token loads masked off.
 
-Never autotuned (a trial launch would overwrite an aliased initial state): one fixed config per shape class
-(``tile_config``).
+Which initial states, which rows and whether the cache is written are run-time arguments, not constexprs: one
+binary per dtype and alignment class. Never autotuned (a trial launch of the by-slot mode would overwrite an aliased
+initial state; the snapshot path writes final slots): one fixed config per shape class (``tile_config``).
 """
 
 from __future__ import annotations
@@ -43,15 +34,14 @@ import triton
 import triton.language as tl
 
 from kernels.backend import (
+    ARITHMETIC_PROFILE,
     DOT_FP32_OPERANDS,
     FP32_DOT_PRECISION,
     INTERPRET,
-    LOG2E,
-    dot_acc,
     pdl_arguments,
     wait_for_previous_kernel,
 )
-from kernels.chunk_state import check_inputs
+from kernels.chunk_state import accumulate_tokens, check_inputs, interpreter_config
 from kernels.interface import MASK_DTYPES
 from kernels.state_passing import check_index, check_state_rows, recurrence_step
 
@@ -140,9 +130,7 @@ def _chunk_state_passing_kernel(
         dA_last = tl.load(dA_c + (chunk_size - 1) * stride_dA_pos)
         dA_k = tl.load(dA_c + (k0 + offs_k) * stride_dA_pos, mask=k_mask, other=0.0)
         dt_k = tl.load(dt_ptr + c * stride_dt_chunk + (k0 + offs_k) * stride_dt_pos, mask=k_mask, other=0.0)
-        scale = tl.math.exp2((dA_last - dA_k) * LOG2E) * dt_k
-        b = (b * scale[:, None]).to(x_ptr.dtype.element_ty)
-        acc = dot_acc(acc, x, b, DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
+        acc = accumulate_tokens(acc, x, b, dA_last, dA_k, dt_k, DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
         if k0 + BLOCK_SIZE_K >= chunk_size:  # the chunk's last block: its state is complete
             seq = tl.load(seq_idx_ptr + c * stride_seq_idx)
             if seq != prev_seq:
@@ -168,22 +156,20 @@ def _chunk_state_passing_kernel(
 
 
 # The fixed config per shape class (arch, headdim, dstate, chunk size) -> blocks, warps, stages; others take
-# ``default_config``. The serving shape on the H200: the flat kernel's best summed over the four bench workloads in
-# the fusion lab (docs/gpu-runs.md run 60).
+# ``default_config``. The serving shape on the H200: the kernel's best summed over the four bench workloads in the
+# fusion lab (scripts/fusion_lab.py; docs/gpu-runs.md run 60).
 TUNED: dict[tuple, dict[str, int]] = {
     ("sm90", 64, 128, 256): dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=256, num_warps=8, num_stages=2),
 }
 
 
 def default_config(P: int, N: int, Q: int) -> dict[str, int]:
-    """Blocks that fit the shape (``tl.dot`` needs every block >= 16). Under the interpreter, which pays per program
-    and loop iteration, a head's whole (P, N) state and up to 256 tokens a step; on the GPU 64 x 64 tiles."""
+    """Blocks that fit the shape (``tl.dot`` needs every block >= 16): on the GPU 64 x 64 tiles and 64 tokens a
+    step; under the interpreter the chunk state stage's own blocks (``kernels.chunk_state.interpreter_config``)."""
     if INTERPRET:
-        m, n, k = 1 << 10, 1 << 10, 256
-    else:
-        m, n, k = 64, 64, 64
+        return dict(interpreter_config(P, N, Q), num_warps=4, num_stages=3)
     fit = lambda extent, cap: max(16, min(cap, triton.next_power_of_2(extent)))  # noqa: E731
-    return dict(BLOCK_SIZE_M=fit(P, m), BLOCK_SIZE_N=fit(N, n), BLOCK_SIZE_K=fit(Q, k), num_warps=4, num_stages=3)
+    return dict(BLOCK_SIZE_M=fit(P, 64), BLOCK_SIZE_N=fit(N, 64), BLOCK_SIZE_K=fit(Q, 64), num_warps=4, num_stages=3)
 
 
 def tile_config(P: int, N: int, Q: int) -> dict[str, int]:
@@ -324,3 +310,51 @@ def launch_arguments(B: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_
         **cfg,
         **pdl_arguments(),
     )
+
+
+# The io dtype of the teacher-forced stand-ins for x and B. The binary depends on it through the dot, which the
+# teacher-forced mode skips; the recurrence is fp32 arithmetic whatever the io dtype, one piece of code.
+TEACHER_FORCED_IO_DTYPE = torch.bfloat16
+
+
+def state_passing(
+    states: torch.Tensor,
+    dA_cumsum: torch.Tensor,
+    seq_idx: torch.Tensor,
+    *,
+    initial_states: torch.Tensor | None = None,
+    out_dtype: torch.dtype,
+    state_cache: torch.Tensor | None = None,
+    final_state_indices: torch.Tensor | None = None,
+    last_chunk_indices: torch.Tensor | None = None,
+    profile: str | None = None,
+) -> torch.Tensor:
+    """The state passing stage (docs/architecture.md's contract; the provider's ``stages.state_passing``): the
+    exiting state of every chunk, from given chunk states, by this kernel's teacher-forced mode.
+
+    states (C, H, P, N) fp32; dA_cumsum (H, C, Q) fp32; seq_idx (C,) int; initial_states (Bt, H, P, N) or None;
+    state_cache (slots, H, P, N) with compact (H, P, N) rows (padded stride(0), storage offset allowed) together
+    with final_state_indices (Bt,) and last_chunk_indices (Bt,) int32/int64, possibly strided views.
+    ``profile``, when given, must be the arithmetic profile this kernel follows here (``ARITHMETIC_PROFILE``).
+    Returns (C, H, P, N) ``out_dtype``.
+    """
+    if profile is not None and profile != ARITHMETIC_PROFILE:
+        raise ValueError(f"profile: this kernel follows {ARITHMETIC_PROFILE!r} here, asked for {profile!r}")
+    assert states.dim() == 4 and states.dtype == torch.float32, f"states: expected (C,H,P,N) fp32, found {states.dtype}"
+    C, H, P, N = states.shape
+    assert dA_cumsum.dim() == 3 and tuple(dA_cumsum.shape[:2]) == (H, C), (
+        f"dA_cumsum: expected ({H}, {C}, Q), found {tuple(dA_cumsum.shape)}")
+    if state_cache is not None:
+        assert final_state_indices is not None and last_chunk_indices is not None, (
+            "state_cache: final_state_indices and last_chunk_indices are needed for the writeback")
+    device = states.device
+    # Stand-ins for the tokens, never read: every chunk is empty (cu_chunk_seqlens all zero) and every token load
+    # masked off.
+    x = torch.zeros((1, H, P), dtype=TEACHER_FORCED_IO_DTYPE, device=device)
+    B = torch.zeros((1, 1, N), dtype=TEACHER_FORCED_IO_DTYPE, device=device)
+    no_tokens = torch.zeros((C + 1,), dtype=torch.int32, device=device)
+    out = torch.empty((C, H, P, N), dtype=out_dtype, device=device)
+    chunk_state_passing(B, x, dA_cumsum, dA_cumsum, no_tokens, seq_idx, out=out, initial_states=initial_states,
+                        state_cache=state_cache, final_state_indices=final_state_indices,
+                        last_chunk_indices=last_chunk_indices, chunk_states=states)
+    return out
