@@ -155,12 +155,24 @@ def _chunk_state_passing_kernel(
             acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
 
 
-# The fixed config per shape class (arch, headdim, dstate, chunk size) -> blocks, warps, stages; others take
-# ``default_config``. The serving shape on the H200: the kernel's best summed over the four bench workloads in the
-# fusion lab (scripts/fusion_lab.py; docs/gpu-runs.md run 60).
+# The fixed config per shape class (arch, headdim, dstate, chunk size, io dtype's bytes) -> blocks, warps, stages;
+# others take ``default_config``. The serving shape on the H200, 16-bit io: the kernel's best summed over the four
+# bench workloads in the fusion lab (scripts/fusion_lab.py; docs/gpu-runs.md runs 60 and 76). fp32 io: the same tile
+# with half the tokens a step, so that its two pipeline stages fit in shared memory (not timed: fp32 io is no serving
+# dtype).
 TUNED: dict[tuple, dict[str, int]] = {
-    ("sm90", 64, 128, 256): dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=256, num_warps=8, num_stages=2),
+    ("sm90", 64, 128, 256, 2): dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=256, num_warps=8, num_stages=2),
+    ("sm90", 64, 128, 256, 4): dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, num_warps=8, num_stages=2),
 }
+# The H200's shared memory per block (bytes): a config whose pipelined x and B tiles need more cannot launch.
+SHARED_MEMORY_LIMIT = {"sm90": 232448}
+
+
+def pipelined_tile_bytes(config: dict, io_bytes: int) -> int:
+    """Shared memory the software pipeline holds for a config: ``num_stages`` copies of the x (M x K) and B (K x N)
+    tiles in the io dtype (Triton adds a little for its own buffers)."""
+    m, n, k = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]
+    return config["num_stages"] * (m * k + k * n) * io_bytes
 
 
 def default_config(P: int, N: int, Q: int) -> dict[str, int]:
@@ -172,11 +184,11 @@ def default_config(P: int, N: int, Q: int) -> dict[str, int]:
     return dict(BLOCK_SIZE_M=fit(P, 64), BLOCK_SIZE_N=fit(N, 64), BLOCK_SIZE_K=fit(Q, 64), num_warps=4, num_stages=3)
 
 
-def tile_config(P: int, N: int, Q: int) -> dict[str, int]:
-    """The one config this shape runs (never autotuned: the indexed path reads the cache it writes)."""
+def tile_config(P: int, N: int, Q: int, io_bytes: int) -> dict[str, int]:
+    """The one config this shape and io dtype size run (never autotuned: a trial launch would write final slots)."""
     from kernels.tuned_configs import device_arch
 
-    return dict(TUNED.get((device_arch(), P, N, Q)) or default_config(P, N, Q))
+    return dict(TUNED.get((device_arch(), P, N, Q, io_bytes)) or default_config(P, N, Q))
 
 
 def chunk_state_passing(
@@ -286,7 +298,7 @@ def launch_arguments(B: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_
     # check) and computing them (every call) are one specialization, one binary.
     given = chunk_states if chunk_states is not None else dA_cumsum
     given_strides = chunk_states.stride()[:2] if chunk_states is not None else out.stride()[:2]
-    cfg = dict(config) if config is not None else tile_config(P, N, Q)
+    cfg = dict(config) if config is not None else tile_config(P, N, Q, x.element_size())
     return dict(
         x_ptr=x, B_ptr=B, dt_ptr=dt_out, dA_cs_ptr=dA_cumsum, cu_chunk_seqlens_ptr=cu_chunk_seqlens,
         seq_idx_ptr=seq_idx, chunk_states_ptr=given, out_ptr=out, init_ptr=init, init_slot_ptr=slot,

@@ -597,6 +597,18 @@ def test_every_chunk_cumsum_config(index, device):
 FUSED_TILES = [(16, 16, 16), (16, 32, 32), (32, 16, 64)]
 
 
+def test_every_checked_in_fused_tile_fits_in_shared_memory():
+    """A checked-in tile whose pipelined x and B tiles exceed the GPU's shared memory cannot launch at all (fp32 io
+    at the bf16 tile needed 264196 bytes of 232448 on the H200): each leaves room for Triton's own buffers."""
+    from kernels import chunk_state_passing as csp
+
+    for (arch, _P, _N, _Q, io_bytes), config in csp.TUNED.items():
+        need = csp.pipelined_tile_bytes(config, io_bytes)
+        assert need + 8192 <= csp.SHARED_MEMORY_LIMIT[arch], (arch, io_bytes, config, need)
+    too_big = dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=256, num_warps=8, num_stages=2)
+    assert csp.pipelined_tile_bytes(too_big, 4) + 8192 > csp.SHARED_MEMORY_LIMIT["sm90"]  # the check can fail
+
+
 def test_every_fused_tile_gives_the_same_recurrence_bits(monkeypatch, device):
     """The fused kernel runs one fixed tile per shape class, chosen by speed. The recurrence is elementwise over the
     state, so the tile cannot change a bit of it: teacher-forced (``stages.state_passing``), every tile writes the
@@ -612,7 +624,7 @@ def test_every_fused_tile_gives_the_same_recurrence_bits(monkeypatch, device):
     runs = []
     for m, n, k in FUSED_TILES:
         config = dict(BLOCK_SIZE_M=m, BLOCK_SIZE_N=n, BLOCK_SIZE_K=k, num_warps=4, num_stages=2)
-        monkeypatch.setattr(csp, "tile_config", lambda P, N, Q, config=config: config)
+        monkeypatch.setattr(csp, "tile_config", lambda P, N, Q, io_bytes, config=config: config)
         cache = torch.zeros(4, H, P, N, device=device)
         out = csp.state_passing(states, dA, seq_idx, initial_states=init, out_dtype=torch.float32, state_cache=cache,
                                 final_state_indices=torch.tensor([2, 0], dtype=torch.int32, device=device),
