@@ -70,6 +70,29 @@ def initial_state(init_ptr, tile, seq, init_slot_ptr, has_init_ptr, stride_init_
     return tl.load(init_ptr + row * stride_init_row + tile, mask=mask & has, other=0.0)
 
 
+# Under the interpreter the teacher-forced mode skips its token blocks (all masked), whose loads and dot cost numpy
+# work there (3-5x the stage check's time). On the GPU this is False: no branch in the loop, and one binary computes
+# or reads the chunk states.
+_SKIP_GIVEN_TOKENS = tl.constexpr(INTERPRET)
+
+
+@triton.jit
+def token_block(acc, x_ptr, B_ptr, dt_c, dA_c, tok, k0, k_mask, offs_m, offs_n, offs_k, hdim, dstate, chunk_size,
+                stride_x_token, stride_x_hdim, stride_B_token, stride_B_dstate, stride_dt_pos, stride_dA_pos,
+                DOT_FP32_OPERANDS: tl.constexpr, FP32_DOT_PRECISION: tl.constexpr):
+    """One block of a chunk's tokens (``k_mask``: those in the chunk, none when the chunk states are given) added to
+    the state tile; returns it and the dA cumsum at the chunk's end. ``dt_c``, ``dA_c``: scalar pointers at this
+    head's chunk."""
+    x = tl.load(x_ptr + offs_m[:, None] * stride_x_hdim + tok[None, :] * stride_x_token,
+                mask=(offs_m[:, None] < hdim) & k_mask[None, :], other=0.0)
+    b = tl.load(B_ptr + tok[:, None] * stride_B_token + offs_n[None, :] * stride_B_dstate,
+                mask=k_mask[:, None] & (offs_n[None, :] < dstate), other=0.0).to(tl.float32)
+    dA_last = tl.load(dA_c + (chunk_size - 1) * stride_dA_pos)
+    dA_k = tl.load(dA_c + (k0 + offs_k) * stride_dA_pos, mask=k_mask, other=0.0)
+    dt_k = tl.load(dt_c + (k0 + offs_k) * stride_dt_pos, mask=k_mask, other=0.0)
+    return accumulate_tokens(acc, x, b, dA_last, dA_k, dt_k, DOT_FP32_OPERANDS, FP32_DOT_PRECISION), dA_last
+
+
 # One loop walks every chunk's token blocks (a persistent matmul's shape: the accumulator is finished and reset on a
 # chunk's last block), so loads run ahead across chunk boundaries. A token loop nested in a chunk loop drains its
 # software pipeline at every chunk, and lost to the pair on the prefill (docs/gpu-runs.md runs 57-58).
@@ -122,15 +145,20 @@ def _chunk_state_passing_kernel(
         chunk_len = tl.load(cu_chunk_seqlens_ptr + c + 1).to(tl.int64) - chunk_start
         k_mask = (offs_k < chunk_len - k0) & compute
         tok = chunk_start + k0 + offs_k
-        x = tl.load(x_ptr + offs_m[:, None] * stride_x_hdim + tok[None, :] * stride_x_token,
-                    mask=(offs_m[:, None] < hdim) & k_mask[None, :], other=0.0)
-        b = tl.load(B_ptr + tok[:, None] * stride_B_token + offs_n[None, :] * stride_B_dstate,
-                    mask=k_mask[:, None] & (offs_n[None, :] < dstate), other=0.0).to(tl.float32)
         dA_c = dA_cs_ptr + c * stride_dA_chunk
-        dA_last = tl.load(dA_c + (chunk_size - 1) * stride_dA_pos)
-        dA_k = tl.load(dA_c + (k0 + offs_k) * stride_dA_pos, mask=k_mask, other=0.0)
-        dt_k = tl.load(dt_ptr + c * stride_dt_chunk + (k0 + offs_k) * stride_dt_pos, mask=k_mask, other=0.0)
-        acc = accumulate_tokens(acc, x, b, dA_last, dA_k, dt_k, DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
+        dt_c = dt_ptr + c * stride_dt_chunk
+        if _SKIP_GIVEN_TOKENS:
+            dA_last = tl.load(dA_c + (chunk_size - 1) * stride_dA_pos)
+            if compute:
+                acc, dA_last = token_block(
+                    acc, x_ptr, B_ptr, dt_c, dA_c, tok, k0, k_mask, offs_m, offs_n, offs_k, hdim, dstate, chunk_size,
+                    stride_x_token, stride_x_hdim, stride_B_token, stride_B_dstate, stride_dt_pos, stride_dA_pos,
+                    DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
+        else:
+            acc, dA_last = token_block(
+                acc, x_ptr, B_ptr, dt_c, dA_c, tok, k0, k_mask, offs_m, offs_n, offs_k, hdim, dstate, chunk_size,
+                stride_x_token, stride_x_hdim, stride_B_token, stride_B_dstate, stride_dt_pos, stride_dA_pos,
+                DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
         if k0 + BLOCK_SIZE_K >= chunk_size:  # the chunk's last block: its state is complete
             seq = tl.load(seq_idx_ptr + c * stride_seq_idx)
             if seq != prev_seq:
@@ -368,5 +396,16 @@ def state_passing(
     out = torch.empty((C, H, P, N), dtype=out_dtype, device=device)
     chunk_state_passing(B, x, dA_cumsum, dA_cumsum, no_tokens, seq_idx, out=out, initial_states=initial_states,
                         state_cache=state_cache, final_state_indices=final_state_indices,
-                        last_chunk_indices=last_chunk_indices, chunk_states=states)
+                        last_chunk_indices=last_chunk_indices, chunk_states=states,
+                        config=teacher_forced_config(P, N, dA_cumsum.shape[2]))
     return out
+
+
+def teacher_forced_config(P: int, N: int, Q: int) -> dict[str, int]:
+    """The tile of the teacher-forced mode: on the GPU a bf16 call's (``tile_config``: the same binary); under the
+    interpreter, which pays per program and loop step, a head's whole state and a whole chunk a step (there is no
+    dot whose rounding depends on the blocks)."""
+    if not INTERPRET:
+        return tile_config(P, N, Q, TEACHER_FORCED_IO_DTYPE.itemsize)
+    whole = lambda extent: max(16, triton.next_power_of_2(extent))  # noqa: E731
+    return dict(BLOCK_SIZE_M=whole(P), BLOCK_SIZE_N=whole(N), BLOCK_SIZE_K=whole(Q), num_warps=4, num_stages=1)

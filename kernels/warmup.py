@@ -596,5 +596,6 @@ def _chunk_state_passing_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
             arguments = csp.launch_arguments(
                 B, x, fp32, fp32, cu, seq_idx, out=standin((nchunks, H, P, N), state),
                 initial_states=standin((1, H, P, N), state), state_cache=cache, final_state_indices=final,
-                last_chunk_indices=None if final is None else standin((1,), meta), chunk_states=chunk_states)
+                last_chunk_indices=None if final is None else standin((1,), meta), chunk_states=chunk_states,
+                config=None if chunk_states is None else csp.teacher_forced_config(P, N, Q))
             yield spec_for(k, arguments, why=f"{state} {what}, nchunks~{nchunks}")

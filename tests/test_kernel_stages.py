@@ -624,7 +624,7 @@ def test_every_fused_tile_gives_the_same_recurrence_bits(monkeypatch, device):
     runs = []
     for m, n, k in FUSED_TILES:
         config = dict(BLOCK_SIZE_M=m, BLOCK_SIZE_N=n, BLOCK_SIZE_K=k, num_warps=4, num_stages=2)
-        monkeypatch.setattr(csp, "tile_config", lambda P, N, Q, io_bytes, config=config: config)
+        monkeypatch.setattr(csp, "teacher_forced_config", lambda P, N, Q, config=config: config)
         cache = torch.zeros(4, H, P, N, device=device)
         out = csp.state_passing(states, dA, seq_idx, initial_states=init, out_dtype=torch.float32, state_cache=cache,
                                 final_state_indices=torch.tensor([2, 0], dtype=torch.int32, device=device),
