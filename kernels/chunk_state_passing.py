@@ -5,8 +5,8 @@ Each program owns one (headdim x dstate) tile of one head and walks the chunks i
 state contribution (``kernels.chunk_state.accumulate_tokens``, the chunk state stage's arithmetic, the same code)
 and at the chunk's last token block takes the fp32 inter-chunk recurrence step on it
 (``kernels.state_passing.recurrence_step``, the indexed state passing's, the same code), storing the workspace row
-and, at a sequence's last chunk, its final state into the cache. Separately the chunk states (fp32, C x H x P x N)
-are written by one kernel and read back by the next. The indexed path keeps the pair (``kernels.chunk_state``, then
+and, at a sequence's last chunk, its final state into the cache. Run apart, the two stages write the fp32 chunk
+states (C x H x P x N) and read them back. The indexed path keeps the pair (``kernels.chunk_state``, then
 ``kernels.state_passing_indexed``): with its initial state read from the cache it is as fast as this kernel, and
 the pair's bits are this kernel's (same arithmetic; on the GPU the dot accumulates in the same order whatever the
 token block, under the interpreter this kernel runs chunk_state's blocks: ``default_config``).
@@ -387,18 +387,22 @@ def state_passing(
     if state_cache is not None:
         assert final_state_indices is not None and last_chunk_indices is not None, (
             "state_cache: final_state_indices and last_chunk_indices are needed for the writeback")
-    device = states.device
-    # Stand-ins for the tokens, never read: every chunk is empty (cu_chunk_seqlens all zero) and every token load
-    # masked off.
-    x = torch.zeros((1, H, P), dtype=TEACHER_FORCED_IO_DTYPE, device=device)
-    B = torch.zeros((1, 1, N), dtype=TEACHER_FORCED_IO_DTYPE, device=device)
-    no_tokens = torch.zeros((C + 1,), dtype=torch.int32, device=device)
-    out = torch.empty((C, H, P, N), dtype=out_dtype, device=device)
+    B, x, no_tokens = teacher_forced_tokens(C, H, P, N, states.device)
+    out = torch.empty((C, H, P, N), dtype=out_dtype, device=states.device)
     chunk_state_passing(B, x, dA_cumsum, dA_cumsum, no_tokens, seq_idx, out=out, initial_states=initial_states,
                         state_cache=state_cache, final_state_indices=final_state_indices,
                         last_chunk_indices=last_chunk_indices, chunk_states=states,
                         config=teacher_forced_config(P, N, dA_cumsum.shape[2]))
     return out
+
+
+def teacher_forced_tokens(C: int, H: int, P: int, N: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(B, x, cu_chunk_seqlens) for the teacher-forced mode (its launcher's, and the warmup registry's on the meta
+    device): stand-ins for the tokens, never read, since every chunk is empty (``cu_chunk_seqlens`` all zero) and
+    every token load masked off."""
+    B = torch.zeros((1, 1, N), dtype=TEACHER_FORCED_IO_DTYPE, device=device)
+    x = torch.zeros((1, H, P), dtype=TEACHER_FORCED_IO_DTYPE, device=device)
+    return B, x, torch.zeros((C + 1,), dtype=torch.int32, device=device)
 
 
 def teacher_forced_config(P: int, N: int, Q: int) -> dict[str, int]:

@@ -555,7 +555,7 @@ def _chunk_scan_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
 def _chunk_state_passing_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
     """The snapshot path's fused kernel: ssd_prefill always passes the dense initial states (zeros where masked);
     the writeback target depends on the mode. Also its teacher-forced mode, the provider's ``stages.state_passing``
-    (stand-in tokens in ``TEACHER_FORCED_IO_DTYPE``, given chunk states, with or without a writeback)."""
+    (``teacher_forced_tokens``, given chunk states, with or without a writeback)."""
     from kernels import chunk_state_passing as csp
 
     k = csp._chunk_state_passing_kernel
@@ -586,9 +586,7 @@ def _chunk_state_passing_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
             else:  # checkpoint: nothing written (the launcher's placeholders stand in)
                 targets = [(None, None)]
             calls += [(f"{io} {mode}", tokens, target, None) for target in targets]
-        teacher_io = csp.TEACHER_FORCED_IO_DTYPE
-        stand_in_tokens = (standin((1, 1, N), teacher_io), standin((1, H, P), teacher_io),
-                           standin((nchunks + 1,), torch.int32))
+        stand_in_tokens = csp.teacher_forced_tokens(nchunks, H, P, N, "meta")
         given = standin((nchunks, H, P, N), F32)
         calls += [("teacher-forced direct", stand_in_tokens, target, given) for target in direct_targets(state)]
         calls += [("teacher-forced", stand_in_tokens, (None, None), given)]

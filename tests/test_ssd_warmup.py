@@ -24,7 +24,7 @@ from harness.varlen import build_varlen_metadata
 from harness.warmup import main, warmup_all
 from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, chunk_state_passing, gather, ssd
 from kernels import state_passing_indexed as spi
-from kernels.warmup import ModelShape, int_values, registered, representatives
+from kernels.warmup import ModelShape, int_values, plan, registered, representatives
 
 # GPU: compile the fixtures' warmups in parallel processes (into the disk cache) before loading them here. Four: the
 # three warmups here run at once in three xdist workers and share their compiles (harness.compile_claims), and each
@@ -144,6 +144,33 @@ def test_every_registered_kernel_is_launched_and_warmed(registration, full_warmu
     without = [k for k in full_warmup.keys if k.kernel != name]
     with pytest.raises(MissingSpecialization, match=f"kernel {name}: specialization not warmed up"):
         assert_keys_warmed(launched, without)
+
+
+@shares_full_warmup
+def test_the_state_passing_stage_is_warmed_too(full_warmup, device):
+    """The provider's ``stages.state_passing`` is the fused kernel teacher-forced, with stand-in tokens: a
+    ``state_passing_exact`` item under the recompile guard launches keys no ``ssd_prefill`` call does, and the
+    warmup holds them. Negative control: without the teacher-forced registrations' own keys, the guard names the
+    kernel."""
+    from kernels.chunk_state_passing import state_passing
+
+    g = torch.Generator().manual_seed(2)
+    C = 3
+    states = torch.randn(C, H, P, N, generator=g).to(device)
+    dA = (-torch.rand(H, C, Q, generator=g)).cumsum(-1).to(device)
+    i32 = dict(dtype=torch.int32, device=device)
+    with recording_launches([chunk_state_passing._chunk_state_passing_kernel]) as keys:
+        state_passing(states, dA, torch.tensor([0, 0, 1], **i32), initial_states=torch.zeros(2, H, P, N).to(device),
+                      out_dtype=torch.float32, state_cache=torch.zeros(4, H, P, N).to(device),
+                      final_state_indices=torch.tensor([1, 2], **i32), last_chunk_indices=torch.tensor([1, 2], **i32))
+    assert keys, "the stage launched nothing"
+    assert_keys_warmed(list(keys), full_warmup.keys)
+    planned, _ = plan([_request()], ["chunk_state_passing"])
+    by_calls = {(k.kernel, k.key) for p in planned if "teacher-forced" not in p.spec.why for k in p.keys}
+    teacher_only = {(k.kernel, k.key) for p in planned if "teacher-forced" in p.spec.why for k in p.keys} - by_calls
+    without = [k for k in full_warmup.keys if (k.kernel, k.key) not in teacher_only]
+    with pytest.raises(MissingSpecialization, match="specialization not warmed up"):
+        assert_keys_warmed(list(keys), without)
 
 
 # The io-typed stages of a snapshot call: the ones whose operands are the call's x/B/C (what a dtype-narrow warmup
