@@ -47,6 +47,10 @@ BMM_DEAD_TILES = ("    for k in range(0, dstate, BLOCK_SIZE_K):",
                   "    for k in range(0, tl.where(live, dstate, 0), BLOCK_SIZE_K):")
 # chunk scan: without the early exit of programs whose rows all lie past the chunk's end (its cost, for reference).
 SCAN_NO_EXIT = ("    if pid_m * BLOCK_SIZE_M >= chunk_len:\n        return\n", "")
+# chunk scan: a chunk's last row tile (the longest causal sum) placed first, so the long programs start early and
+# the short ones fill the last wave (the same tiles, the same bits).
+SCAN_LONGEST_FIRST = ("    pid_m = pid_mn // num_pid_n\n",
+                      "    pid_m = tl.cdiv(chunk_size, BLOCK_SIZE_M) - 1 - pid_mn // num_pid_n\n")
 
 # stage -> variant -> rewrite of the shipped kernel
 VARIANTS: dict[str, dict[str, Rewrite]] = {
@@ -55,7 +59,7 @@ VARIANTS: dict[str, dict[str, Rewrite]] = {
     "bmm_chunk": {"cx": Rewrite(("dstate", "chunk_size")), "dead": Rewrite((), (BMM_DEAD_TILES,)),
                   "cxdead": Rewrite(("dstate", "chunk_size"), (BMM_DEAD_TILES,))},
     "state_passing_indexed": {"cx": Rewrite(("dim", "chunk_size"))},
-    "chunk_scan": {"noexit": Rewrite((), (SCAN_NO_EXIT,))},
+    "chunk_scan": {"noexit": Rewrite((), (SCAN_NO_EXIT,)), "longest": Rewrite((), (SCAN_LONGEST_FIRST,))},
     "gather": {"cx": Rewrite(("row",))},
 }
 # stage -> (module, the jit kernel's attribute)
@@ -115,15 +119,24 @@ def load_variants(stages) -> dict:
     return out
 
 
+def launch_options(config) -> dict:
+    """A config's launch options: warps, stages and, where it caps them, registers a thread."""
+    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    if config.maxnreg:
+        options["maxnreg"] = config.maxnreg
+    return options
+
+
 def describe(config) -> str:
-    blocks = " ".join(f"{k.replace('BLOCK_SIZE_', '').replace('BLOCK_SIZE', 'BS')}{v}"
-                      for k, v in config.kwargs.items())
-    return f"{blocks} s{config.num_stages} w{config.num_warps}"
+    from harness.stage_bench import describe as described
+
+    return described(config)
 
 
-def stage_configs(stage: str, limit: int | None = None) -> list:
+def stage_configs(stage: str, limit: int | None = None, like: list[str] | None = None) -> list:
     """The stage's shipped configs and the stage sweep's candidates (``harness.stage_bench.EXTRA_CANDIDATES``), each
-    once; the fixed-block kernels (never tuned: the indexed state passing, the gather) get candidate blocks."""
+    once, those whose description starts with one of ``like`` when given; the fixed-block kernels (never tuned: the
+    indexed state passing, the gather) get candidate blocks."""
     import triton
 
     from harness.stage_bench import EXTRA_CANDIDATES
@@ -135,6 +148,8 @@ def stage_configs(stage: str, limit: int | None = None) -> list:
         configs = list(importlib.import_module(KERNELS[stage][0]).CONFIGS) + EXTRA_CANDIDATES.get(stage, [])
     seen, out = set(), []
     for config in configs:
+        if like and not describe(config).startswith(tuple(like)):
+            continue
         if describe(config) not in seen:
             seen.add(describe(config))
             out.append(config)
@@ -232,7 +247,8 @@ def call_intermediates(case, device: str, path: str) -> tuple[dict, dict]:
 # ---- run: bits, stability, time ---------------------------------------------------------------------------------
 
 
-def run(stages: list[str], workloads: list[str], reps: int, dry_run: bool, limit: int | None) -> list[tuple]:
+def run(stages: list[str], workloads: list[str], reps: int, dry_run: bool, limit: int | None,
+        like: list[str] | None = None) -> list[tuple]:
     import torch
 
     from harness.bench import workload_case
@@ -255,12 +271,11 @@ def run(stages: list[str], workloads: list[str], reps: int, dry_run: bool, limit
                 if not applies(stage, path):
                     continue
                 args, grid, outs = stage_launch(stage, kw, ws)
-                for config in stage_configs(stage, limit):
+                for config in stage_configs(stage, limit, like):
                     shipped = None
                     for name, kernel in kernels[stage].items():
                         def launch(kernel=kernel, config=config, args=args, grid=grid):
-                            kernel[grid(config)](**args, **config.kwargs, num_warps=config.num_warps,
-                                                 num_stages=config.num_stages)
+                            kernel[grid(config)](**args, **config.kwargs, **launch_options(config))
 
                         try:
                             results = []
@@ -373,7 +388,7 @@ def serving_intermediates(workload: str) -> tuple[dict, dict]:
     return kw, ws
 
 
-def compile_report(stages: list[str], workload: str, limit: int | None) -> None:
+def compile_report(stages: list[str], workload: str, limit: int | None, like: list[str] | None = None) -> None:
     """Each (variant, config) compiled for sm_90 in this process (``TRITON_INTERPRET=0``; no driver needed):
     registers, stack (spills), shared memory, and the count of wgmma, mma and 16-byte global loads in its SASS."""
     import os
@@ -390,10 +405,10 @@ def compile_report(stages: list[str], workload: str, limit: int | None) -> None:
           f"{'ldg128':>6}")
     for stage in stages:
         args, _, _ = stage_launch(stage, kw, ws)
-        for config in stage_configs(stage, limit):
+        for config in stage_configs(stage, limit, like):
             for name, kernel in kernels[stage].items():
                 launch_kw = {k: portable_value(v) for k, v in args.items()}
-                launch_kw.update(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
+                launch_kw.update(config.kwargs, **launch_options(config))
                 try:
                     compiled = compile_launch(PortableLaunch(kernel_name(kernel), (), launch_kw, name))
                 except Exception as exc:  # a config the compiler rejects: reported, the rest go on
@@ -428,7 +443,7 @@ def profile(stage: str, workload: str) -> None:
     config = stage_configs(stage)[0]
     for name, kernel in kernels[stage].items():
         for _ in range(2):
-            kernel[grid(config)](**args, **config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
+            kernel[grid(config)](**args, **config.kwargs, **launch_options(config))
         torch.cuda.synchronize()
         print(f"profiled {stage} {name} {describe(config)}")
 
@@ -440,13 +455,16 @@ def main() -> None:
     parser.add_argument("--workload", action="append", choices=WORKLOADS, help="bench workloads (default: all four)")
     parser.add_argument("--reps", type=int, default=200, help="graph replays per timing")
     parser.add_argument("--configs", type=int, default=None, help="at most this many configs per stage")
+    parser.add_argument("--like", action="append",
+                        help="only the configs whose description starts with this (repeatable), e.g. "
+                             "'M=64 N=64 K=32 s1 w4'")
     parser.add_argument("--dry-run", action="store_true",
                         help="run mode's plumbing on the CPU under the interpreter, small shapes, nothing timed")
     args = parser.parse_args()
     stages = args.stage or list(KERNELS)
     workloads = args.workload or WORKLOADS
     if args.mode == "compile":
-        compile_report(stages, workloads[0] if args.workload else "prefill-4256", args.configs)
+        compile_report(stages, workloads[0] if args.workload else "prefill-4256", args.configs, args.like)
     elif args.mode == "profile":
         profile(stages[0], workloads[0] if args.workload else "prefill-4256")
     else:
@@ -454,7 +472,7 @@ def main() -> None:
             from harness.backend import configure
 
             configure("cpu")
-        print_rows(run(stages, workloads, args.reps, args.dry_run, args.configs))
+        print_rows(run(stages, workloads, args.reps, args.dry_run, args.configs, args.like))
 
 
 if __name__ == "__main__":
