@@ -23,8 +23,11 @@ token block, under the interpreter this kernel runs chunk_state's blocks: ``defa
   call of the same dtypes, the token loads masked off.
 
 Which initial states, which rows and whether the cache is written are run-time arguments, not constexprs: one
-binary per dtype and alignment class. Never autotuned (a trial launch of the by-slot mode would overwrite an aliased
-initial state; the snapshot path writes final slots): one fixed config per shape class (``tile_config``).
+binary per dtype and alignment class. headdim, dstate and the chunk size are constexprs (one binary per model shape,
+as in the chunk state and chunk scan stages); the head-to-group ratio is not, so that the teacher-forced mode's
+stand-in tokens (one group) run the binary of a call. Never autotuned (a trial launch of the by-slot mode would
+overwrite an aliased initial state; the snapshot path writes final slots): one fixed config per shape class
+(``tile_config``).
 """
 
 from __future__ import annotations
@@ -100,7 +103,7 @@ def token_block(acc, x_ptr, B_ptr, dt_c, dA_c, tok, k0, k_mask, offs_m, offs_n, 
 def _chunk_state_passing_kernel(
     x_ptr, B_ptr, dt_ptr, dA_cs_ptr, cu_chunk_seqlens_ptr, seq_idx_ptr, chunk_states_ptr, out_ptr, init_ptr,
     init_slot_ptr, has_init_ptr, cache_ptr, final_idx_ptr, last_chunk_ptr,
-    hdim, dstate, chunk_size, nheads_per_group, nchunks,
+    hdim: tl.constexpr, dstate: tl.constexpr, chunk_size: tl.constexpr, nheads_per_group, nchunks,
     stride_x_token, stride_x_head, stride_x_hdim, stride_B_token, stride_B_group, stride_B_dstate,
     stride_dt_head, stride_dt_chunk, stride_dt_pos, stride_dA_head, stride_dA_chunk, stride_dA_pos,
     stride_seq_idx, stride_chunk_states_chunk, stride_chunk_states_head, stride_out_chunk, stride_out_head,

@@ -47,19 +47,14 @@ BMM_DEAD_TILES = ("    for k in range(0, dstate, BLOCK_SIZE_K):",
                   "    for k in range(0, tl.where(live, dstate, 0), BLOCK_SIZE_K):")
 # chunk scan: without the early exit of programs whose rows all lie past the chunk's end (its cost, for reference).
 SCAN_NO_EXIT = ("    if pid_m * BLOCK_SIZE_M >= chunk_len:\n        return\n", "")
-# chunk scan: a chunk's last row tile (the longest causal sum) placed first, so the long programs start early and
-# the short ones fill the last wave (the same tiles, the same bits).
-SCAN_LONGEST_FIRST = ("    pid_m = pid_mn // num_pid_n\n",
-                      "    pid_m = tl.cdiv(chunk_size, BLOCK_SIZE_M) - 1 - pid_mn // num_pid_n\n")
 
 # stage -> variant -> rewrite of the shipped kernel
 VARIANTS: dict[str, dict[str, Rewrite]] = {
     "chunk_cumsum": {"cx": Rewrite(("nheads", "chunk_size"))},
-    "chunk_state": {"cx": Rewrite(("hdim", "dstate", "chunk_size", "nheads_per_group"))},
     "bmm_chunk": {"cx": Rewrite(("dstate", "chunk_size")), "dead": Rewrite((), (BMM_DEAD_TILES,)),
                   "cxdead": Rewrite(("dstate", "chunk_size"), (BMM_DEAD_TILES,))},
     "state_passing_indexed": {"cx": Rewrite(("dim", "chunk_size"))},
-    "chunk_scan": {"noexit": Rewrite((), (SCAN_NO_EXIT,)), "longest": Rewrite((), (SCAN_LONGEST_FIRST,))},
+    "chunk_scan": {"noexit": Rewrite((), (SCAN_NO_EXIT,))},
     "gather": {"cx": Rewrite(("row",))},
 }
 # stage -> (module, the jit kernel's attribute)
