@@ -15,7 +15,7 @@ import os
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_wait
 
 from kernels.environment import AUTOTUNE_BUDGET_ENV, INTERPRET_ENV, PDL_ENV, arithmetic_profile
 
@@ -143,12 +143,9 @@ def forced_config(kernel, config: triton.Config):
 # or store of a stage moves ahead of what it depends on, whoever launched the kernel before (a stage of ours, a torch
 # op, another engine's kernel), and the order is transitive along the call. What overlaps is launch and scheduling
 # latency, no arithmetic: the bits cannot change.
-# One kernel signals its dependents early (``let_next_kernel_start``): the cumsum, whose next kernel in ssd_prefill is
-# bmm, which reads nothing the cumsum writes; the two small grids then share the GPU. bmm launched there
-# (``overlaps_previous``) waits at its end instead of its start, so that it completes only after the cumsum has, and
-# the order stays transitive for the kernels after it. Elsewhere an early signal only places the next kernel's
-# programs, waiting, while this one still holds multiprocessors: a grid of about one wave (chunk state on a 600-token
-# continuation) then ran 30% slower (docs/gpu-runs.md, run 53).
+# No kernel signals its dependents early (``gdc_launch_dependents``): the next kernel's programs would be placed
+# while this one still holds multiprocessors, where there is room at that moment, and a grid of about one wave then
+# ran 30% slower (measured: docs/gpu-runs.md, run 53).
 
 # The names in a launch's arguments that are launch options, not kernel parameters (the warmup registry passes them
 # through as options).
@@ -188,14 +185,6 @@ def wait_for_previous_kernel(USE_PDL: tl.constexpr):
     """Every stage kernel's first statement: programmatic dependent launch's wait (above)."""
     if USE_PDL:
         gdc_wait()
-
-
-@triton.jit
-def let_next_kernel_start(USE_PDL: tl.constexpr):
-    """Programmatic launch's early signal (above): the next kernel's programs may be placed from here on. Called
-    after this kernel's own wait, so the next one cannot start before the kernels this one waited for are done."""
-    if USE_PDL:
-        gdc_launch_dependents()
 
 
 # Passed as ``do_bench`` to every ``triton.autotune`` here.

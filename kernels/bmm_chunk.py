@@ -2,11 +2,6 @@
 
 The full (Q, Q) matrix (not only its causal half), fp32, zero where l or s lies past the chunk's length. One program
 computes a (BLOCK_SIZE_M, BLOCK_SIZE_N) tile of one chunk and group, looping over dstate.
-
-In ``ssd_prefill`` bmm follows the cumsum, which lets it start early (``kernels.backend.let_next_kernel_start``):
-launched with ``overlaps_previous`` it reads only the call's inputs, which the cumsum's own wait has seen complete,
-and waits for the cumsum at its end instead of its start, so that the kernels after it still find everything before
-them done. Launched alone it waits first, as every stage kernel does.
 """
 
 from __future__ import annotations
@@ -38,7 +33,7 @@ CONFIGS = [
 ]
 
 
-@triton.jit(do_not_specialize=("overlaps_previous",))
+@triton.jit
 def _bmm_chunk_kernel(
     C_ptr,  # (T, G, N) io dtype
     B_ptr,  # (T, G, N) io dtype
@@ -56,7 +51,6 @@ def _bmm_chunk_kernel(
     stride_CB_group,
     stride_CB_m,
     stride_CB_n,
-    overlaps_previous,  # nonzero: the kernel before it signalled early and writes nothing this one reads
     DOT_FP32_OPERANDS: tl.constexpr,
     FP32_DOT_PRECISION: tl.constexpr,
     USE_PDL: tl.constexpr,
@@ -64,8 +58,7 @@ def _bmm_chunk_kernel(
     BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
 ):
-    if overlaps_previous == 0:
-        wait_for_previous_kernel(USE_PDL)
+    wait_for_previous_kernel(USE_PDL)
     pid_mn = tl.program_id(axis=0)
     pid_c = tl.program_id(axis=1)
     pid_g = tl.program_id(axis=2)
@@ -101,8 +94,6 @@ def _bmm_chunk_kernel(
         + offs_n[None, :] * stride_CB_n
     )
     tl.store(CB_ptrs, acc, mask=(offs_m[:, None] < chunk_size) & (offs_n[None, :] < chunk_size))
-    if overlaps_previous != 0:
-        wait_for_previous_kernel(USE_PDL)
 
 
 bmm_chunk_kernel = triton.autotune(
@@ -112,10 +103,8 @@ bmm_chunk_kernel = triton.autotune(
 )(_bmm_chunk_kernel)
 
 
-def bmm_chunk(C: torch.Tensor, B: torch.Tensor, chunk_size: int, cu_chunk_seqlens: torch.Tensor,
-              overlaps_previous: bool = False) -> torch.Tensor:
-    """C, B (T, G, N) io dtype, cu_chunk_seqlens (C + 1,) -> CB (nchunks, G, Q, Q) fp32. ``overlaps_previous``: only
-    right after the cumsum, on the call's own inputs (the module docstring)."""
+def bmm_chunk(C: torch.Tensor, B: torch.Tensor, chunk_size: int, cu_chunk_seqlens: torch.Tensor) -> torch.Tensor:
+    """C, B (T, G, N) io dtype, cu_chunk_seqlens (C + 1,) -> CB (nchunks, G, Q, Q) fp32."""
     T, G, N = C.shape
     assert B.shape == C.shape and B.dtype == C.dtype, (
         f"B: expected {tuple(C.shape)} {C.dtype}, found {tuple(B.shape)} {B.dtype}")
@@ -128,12 +117,11 @@ def bmm_chunk(C: torch.Tensor, B: torch.Tensor, chunk_size: int, cu_chunk_seqlen
         nchunks,
         G,
     )
-    bmm_chunk_kernel[grid](**launch_arguments(C, B, cu_chunk_seqlens, CB, overlaps_previous))
+    bmm_chunk_kernel[grid](**launch_arguments(C, B, cu_chunk_seqlens, CB))
     return CB
 
 
-def launch_arguments(C: torch.Tensor, B: torch.Tensor, cu_chunk_seqlens: torch.Tensor, CB: torch.Tensor,
-                     overlaps_previous: bool = False) -> dict:
+def launch_arguments(C: torch.Tensor, B: torch.Tensor, cu_chunk_seqlens: torch.Tensor, CB: torch.Tensor) -> dict:
     """The kernel's arguments by name for these tensors (the launcher's, and the warmup registry's on stand-ins);
     the block sizes come from the autotuner's config."""
     return dict(
@@ -143,7 +131,6 @@ def launch_arguments(C: torch.Tensor, B: torch.Tensor, cu_chunk_seqlens: torch.T
         stride_B_token=B.stride(0), stride_B_group=B.stride(1), stride_B_dstate=B.stride(2),
         stride_CB_chunk=CB.stride(0), stride_CB_group=CB.stride(1), stride_CB_m=CB.stride(2),
         stride_CB_n=CB.stride(3),
-        overlaps_previous=int(overlaps_previous),
         DOT_FP32_OPERANDS=DOT_FP32_OPERANDS,
         FP32_DOT_PRECISION=FP32_DOT_PRECISION,
         **pdl_arguments(),

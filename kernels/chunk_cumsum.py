@@ -15,14 +15,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from kernels.backend import (
-    AUTOTUNE_DO_BENCH,
-    LOG2E,
-    USE_LIBDEVICE,
-    let_next_kernel_start,
-    pdl_arguments,
-    wait_for_previous_kernel,
-)
+from kernels.backend import AUTOTUNE_DO_BENCH, LOG2E, USE_LIBDEVICE, pdl_arguments, wait_for_previous_kernel
 from kernels.interface import INDEX_DTYPES
 from kernels.tuned_configs import checked_in
 
@@ -63,8 +56,6 @@ def _chunk_cumsum_kernel(
     BLOCK_SIZE_CHUNK: tl.constexpr,
 ):
     wait_for_previous_kernel(USE_PDL)
-    # bmm, next in ssd_prefill, reads nothing this kernel writes: it may run beside it (kernels.backend).
-    let_next_kernel_start(USE_PDL)
     pid_c = tl.program_id(axis=0)
     pid_h = tl.program_id(axis=1)
     chunk_start = tl.load(cu_chunk_seqlens_ptr + pid_c).to(tl.int64)

@@ -104,8 +104,7 @@ def ssd_prefill(
     dA_cumsum, dt_out = chunk_cumsum(
         dt, A, chunk_size, cu_chunk_seqlens, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit
     )
-    # Right after the cumsum, which lets it start early: the two run side by side (kernels.bmm_chunk).
-    CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens, overlaps_previous=True)
+    CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens)
     nchunks = dt_out.shape[1]
 
     if chosen == "indexed":

@@ -22,33 +22,17 @@ from kernels.specialization import base_jit_function, kernel_name
 from kernels.warmup import ModelShape, plan, watched_kernels
 
 
-def _is_wait(stmt) -> bool:
-    return (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
-            and getattr(stmt.value.func, "id", None) == "wait_for_previous_kernel"
-            and [getattr(a, "id", None) for a in stmt.value.args] == ["USE_PDL"])
-
-
-def _is_wait_if(stmt, op: type) -> bool:
-    """``if overlaps_previous <op> 0: wait_for_previous_kernel(USE_PDL)`` and nothing else."""
-    return (isinstance(stmt, ast.If) and not stmt.orelse and len(stmt.body) == 1 and _is_wait(stmt.body[0])
-            and ast.unparse(stmt.test) == f"overlaps_previous {'==' if op is ast.Eq else '!='} 0")
-
-
 def statements_before_the_wait(fn) -> list[str]:
     """The statements of a ``@triton.jit`` function's body that come before ``wait_for_previous_kernel(USE_PDL)``
-    (its docstring aside), or ``["no wait"]`` when the body never calls it at its top level. A kernel that may run
-    beside the one before it (kernels/backend.py: bmm after the cumsum) waits under ``if overlaps_previous == 0``
-    and must then close with ``if overlaps_previous != 0`` and the wait (else ``["no closing wait"]``)."""
+    (its docstring aside), or ``["no wait"]`` when the body never calls it at its top level."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
     body = tree.body[0].body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
         body = body[1:]
     for i, stmt in enumerate(body):
-        if _is_wait(stmt):
-            return [ast.unparse(s) for s in body[:i]]
-        if _is_wait_if(stmt, ast.Eq):
-            if not _is_wait_if(body[-1], ast.NotEq):
-                return ["no closing wait"]
+        if (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
+                and getattr(stmt.value.func, "id", None) == "wait_for_previous_kernel"
+                and [getattr(a, "id", None) for a in stmt.value.args] == ["USE_PDL"]):
             return [ast.unparse(s) for s in body[:i]]
     return ["no wait"]
 
@@ -58,54 +42,6 @@ def test_every_stage_kernel_waits_before_anything_else(kernel):
     fn = base_jit_function(kernel).fn
     assert "USE_PDL" in inspect.signature(fn).parameters
     assert statements_before_the_wait(fn) == [], f"{kernel_name(kernel)} does something before its wait"
-
-
-def test_only_the_cumsum_signals_early_and_only_bmm_may_overlap_it():
-    """The early signal lets the next kernel run beside this one: only chunk_cumsum gives it, and only bmm, which
-    ssd_prefill launches right after it (the next test), can wait at its end instead."""
-    signalling, overlapping = [], []
-    for kernel in watched_kernels():
-        fn = base_jit_function(kernel).fn
-        source = inspect.getsource(fn)
-        if "let_next_kernel_start(USE_PDL)" in source:
-            signalling.append(kernel_name(kernel))
-        if "overlaps_previous" in inspect.signature(fn).parameters:
-            overlapping.append(kernel_name(kernel))
-    assert [n.rsplit(".", 1)[-1] for n in signalling] == ["_chunk_cumsum_kernel"]
-    assert [n.rsplit(".", 1)[-1] for n in overlapping] == ["_bmm_chunk_kernel"]
-
-
-def test_ssd_prefill_launches_the_overlapping_bmm_right_after_the_cumsum(monkeypatch, device):
-    """What makes bmm's late wait safe is its place: right after the cumsum, whose wait has seen the call's inputs
-    complete. Every ssd_prefill call launches the two in that order, with nothing between them."""
-    import dataclasses
-
-    from harness.bench import workload_case
-    from harness.cases.builder import build_inputs
-    from harness.cases.model import SequenceSpec, Shape
-    from kernels import provider, ssd
-
-    # The short bench workload at an interpreter-sized shape: one sequence over two chunks, from an initial state.
-    case = dataclasses.replace(workload_case("short-continuation"), shape=Shape(2, 16, 16, 1, 16),
-                               sequences=(SequenceSpec(16, 20, 3, True, 5),))
-
-    launches = []
-
-    def recording(name, fn):
-        def wrapper(*args, **kwargs):
-            launches.append((name, kwargs.get("overlaps_previous", False)))
-            return fn(*args, **kwargs)
-        return wrapper
-
-    for name in ("chunk_cumsum", "bmm_chunk", "chunk_state", "chunk_state_passing", "gather_initial_states",
-                 "state_passing_indexed", "chunk_scan"):
-        monkeypatch.setattr(ssd, name, recording(name, getattr(ssd, name)))
-    for path in ("snapshot", "indexed"):
-        launches.clear()
-        provider.ssd_prefill(**build_inputs(case, device).kwargs(path=path))
-        names = [n for n, _ in launches]
-        assert names[:2] == ["chunk_cumsum", "bmm_chunk"], (path, names)
-        assert [n for n, overlaps in launches if overlaps] == ["bmm_chunk"], (path, launches)
 
 
 def _late_wait(x_ptr, USE_PDL):
@@ -118,25 +54,6 @@ def _late_wait(x_ptr, USE_PDL):
 def _waits_first(x_ptr, USE_PDL):
     wait_for_previous_kernel(USE_PDL)  # noqa: F821 (parsed, never run)
     return x_ptr
-
-
-def _overlapping(x_ptr, overlaps_previous, USE_PDL):
-    if overlaps_previous == 0:
-        wait_for_previous_kernel(USE_PDL)  # noqa: F821 (parsed, never run)
-    tl.store(x_ptr, 1)  # noqa: F821
-    if overlaps_previous != 0:
-        wait_for_previous_kernel(USE_PDL)  # noqa: F821
-
-
-def _overlapping_without_closing_wait(x_ptr, overlaps_previous, USE_PDL):
-    if overlaps_previous == 0:
-        wait_for_previous_kernel(USE_PDL)  # noqa: F821 (parsed, never run)
-    return x_ptr + 1
-
-
-def test_the_source_check_holds_an_overlapping_kernel_to_its_closing_wait():
-    assert statements_before_the_wait(_overlapping) == []
-    assert statements_before_the_wait(_overlapping_without_closing_wait) == ["no closing wait"]
 
 
 def test_the_source_check_sees_a_late_or_missing_wait():
