@@ -86,8 +86,7 @@ class StageTiming:
 def describe(config: triton.Config) -> str:
     blocks = " ".join(f"{k.replace('BLOCK_SIZE_', '').replace('BLOCK_SIZE', 'BS')}={v}"
                       for k, v in config.kwargs.items())
-    cap = f" r{config.maxnreg}" if config.maxnreg else ""  # a register cap a thread
-    return f"{blocks} s{config.num_stages} w{config.num_warps}{cap}"
+    return f"{blocks} s{config.num_stages} w{config.num_warps}"
 
 
 def stage_calls(provider, inputs, path: str, **extra) -> dict:

@@ -55,9 +55,8 @@ def chunk_count_class(nchunks: int) -> int:
 
 
 def describe(config: triton.Config) -> dict[str, int]:
-    """A config as ``TUNED`` spells it: its block sizes, warps and stages, and its register cap where it has one."""
-    cap = {"maxnreg": config.maxnreg} if config.maxnreg else {}
-    return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages, **cap}
+    """A config as ``TUNED`` spells it: its block sizes, warps and stages."""
+    return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
 
 
 @functools.cache

@@ -115,11 +115,8 @@ def load_variants(stages) -> dict:
 
 
 def launch_options(config) -> dict:
-    """A config's launch options: warps, stages and, where it caps them, registers a thread."""
-    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
-    if config.maxnreg:
-        options["maxnreg"] = config.maxnreg
-    return options
+    """A config's launch options (what a launch takes beside its block sizes)."""
+    return {"num_warps": config.num_warps, "num_stages": config.num_stages}
 
 
 def describe(config) -> str:

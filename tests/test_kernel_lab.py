@@ -69,3 +69,14 @@ def test_the_dry_run_compares_every_variant_with_the_shipped_kernel(lab):
     for tag, stage, name, config, _us, same, stable in rows:
         assert stable, (tag, stage, name, config)
         assert same == ("-" if name == "shipped" else "True"), (tag, stage, name, config, same)
+
+
+def test_like_keeps_only_the_configs_it_names(lab):
+    """``--like``: each prefix keeps the configs whose description starts with it; one that names none keeps none
+    (the lab then times nothing for that stage, rather than everything)."""
+    scan = lab.stage_configs("chunk_scan", like=["M=64 N=64 K=32 s1 w4"])
+    assert [lab.describe(c) for c in scan] == ["M=64 N=64 K=32 s1 w4"]
+    both = lab.stage_configs("chunk_scan", like=["M=64 N=64 K=32 s1 w4", "M=64 N=64 K=64 s1 w4"])
+    assert sorted(lab.describe(c) for c in both) == ["M=64 N=64 K=32 s1 w4", "M=64 N=64 K=64 s1 w4"]
+    assert lab.stage_configs("chunk_scan", like=["M=999"]) == []
+    assert len(lab.stage_configs("chunk_scan")) > len(both)
