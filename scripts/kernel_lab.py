@@ -45,8 +45,92 @@ class Rewrite:
 BMM_DEAD_TILES = ("    for k in range(0, dstate, BLOCK_SIZE_K):",
                   "    live = (pid_m * BLOCK_SIZE_M < chunk_len) & (pid_n * BLOCK_SIZE_N < chunk_len)\n"
                   "    for k in range(0, tl.where(live, dstate, 0), BLOCK_SIZE_K):")
-# chunk scan: without the early exit of programs whose rows all lie past the chunk's end (its cost, for reference).
-SCAN_NO_EXIT = ("    if pid_m * BLOCK_SIZE_M >= chunk_len:\n        return\n", "")
+
+# chunk scan: the causal loop's next tiles loaded before this step's scaling and dot (a software pipeline by hand:
+# num_stages > 1 miscompiles the register-operand dot on sm90). The same operands, in the same order, to the dot.
+SCAN_LOOP = """    for k in range(0, k_max, BLOCK_SIZE_K):
+        k_in_q = offs_k < chunk_size - k
+        cb = tl.load(CB_ptrs, mask=(offs_m[:, None] < chunk_size) & k_in_q[None, :], other=0.0)
+        dA_cs_k = tl.load(dA_cs_ptrs, mask=k_in_q, other=0.0)
+        dt_k = tl.load(dt_ptrs, mask=k_in_q, other=0.0)
+        cb = cb * tl.math.exp2((dA_cs_m[:, None] - dA_cs_k[None, :]) * LOG2E)
+"""
+SCAN_LOOP_TAIL = """        xk = tl.load(x_ptrs, mask=(offs_k[:, None] < chunk_len - k) & col_mask[None, :], other=0.0)
+        acc = dot_acc(acc, cb, xk, DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
+        CB_ptrs += BLOCK_SIZE_K * stride_CB_k
+        x_ptrs += BLOCK_SIZE_K * stride_x_token
+        dt_ptrs += BLOCK_SIZE_K * stride_dt_pos
+        dA_cs_ptrs += BLOCK_SIZE_K * stride_dA_cs_pos
+"""
+# every tile of the step prefetched
+SCAN_PREFETCH_ALL = (
+    (SCAN_LOOP, """    k_in_q = offs_k < chunk_size
+    cb_raw = tl.load(CB_ptrs, mask=(offs_m[:, None] < chunk_size) & k_in_q[None, :], other=0.0)
+    dA_cs_k = tl.load(dA_cs_ptrs, mask=k_in_q, other=0.0)
+    dt_k = tl.load(dt_ptrs, mask=k_in_q, other=0.0)
+    xk = tl.load(x_ptrs, mask=(offs_k[:, None] < chunk_len) & col_mask[None, :], other=0.0)
+    for k in range(0, k_max, BLOCK_SIZE_K):
+        CB_ptrs += BLOCK_SIZE_K * stride_CB_k
+        x_ptrs += BLOCK_SIZE_K * stride_x_token
+        dt_ptrs += BLOCK_SIZE_K * stride_dt_pos
+        dA_cs_ptrs += BLOCK_SIZE_K * stride_dA_cs_pos
+        more = k + BLOCK_SIZE_K < k_max
+        n_in_q = (offs_k < chunk_size - (k + BLOCK_SIZE_K)) & more
+        cb_next = tl.load(CB_ptrs, mask=(offs_m[:, None] < chunk_size) & n_in_q[None, :], other=0.0)
+        dA_next = tl.load(dA_cs_ptrs, mask=n_in_q, other=0.0)
+        dt_next = tl.load(dt_ptrs, mask=n_in_q, other=0.0)
+        x_next = tl.load(x_ptrs, mask=(offs_k[:, None] < chunk_len - (k + BLOCK_SIZE_K)) & more & col_mask[None, :],
+                         other=0.0)
+        cb = cb_raw * tl.math.exp2((dA_cs_m[:, None] - dA_cs_k[None, :]) * LOG2E)
+"""),
+    (SCAN_LOOP_TAIL, """        acc = dot_acc(acc, cb, xk, DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
+        cb_raw = cb_next
+        dA_cs_k = dA_next
+        dt_k = dt_next
+        xk = x_next
+"""),
+)
+# only x's tile prefetched (the dot's shared-memory operand; the CB tile stays a load of its own step)
+SCAN_PREFETCH_X = (
+    (SCAN_LOOP, """    xk = tl.load(x_ptrs, mask=(offs_k[:, None] < chunk_len) & col_mask[None, :], other=0.0)
+""" + SCAN_LOOP.replace("        cb = cb * tl.math.exp2", """        x_ptrs += BLOCK_SIZE_K * stride_x_token
+        x_next = tl.load(x_ptrs, mask=(offs_k[:, None] < chunk_len - (k + BLOCK_SIZE_K))
+                         & (k + BLOCK_SIZE_K < k_max) & col_mask[None, :], other=0.0)
+        cb = cb * tl.math.exp2""")),
+    (SCAN_LOOP_TAIL, """        acc = dot_acc(acc, cb, xk, DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
+        xk = x_next
+        CB_ptrs += BLOCK_SIZE_K * stride_CB_k
+        dt_ptrs += BLOCK_SIZE_K * stride_dt_pos
+        dA_cs_ptrs += BLOCK_SIZE_K * stride_dA_cs_pos
+"""),
+)
+# every tile prefetched, and the first step's tiles loaded before the inter-chunk term (C . prev), so that their
+# latency overlaps its loads and dot
+SCAN_INTRA_PREAMBLE = """    # Intra-chunk term: causal sum over s <= l, only up to this tile's last row.
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    CB_ptrs = CB_ptr + offs_m[:, None] * stride_CB_m + offs_k[None, :] * stride_CB_k
+    x_ptrs = x_ptr + offs_k[:, None] * stride_x_token + offs_n[None, :] * stride_x_hdim
+    dt_ptrs = dt_ptr + offs_k * stride_dt_pos
+    dA_cs_ptrs = dA_cumsum_ptr + offs_k * stride_dA_cs_pos
+    k_max = tl.minimum((pid_m + 1) * BLOCK_SIZE_M, chunk_len)
+"""
+SCAN_FIRST_LOADS = SCAN_PREFETCH_ALL[0][1].split("    for k in range")[0]
+SCAN_PREFETCH_EARLY = (
+    (SCAN_INTRA_PREAMBLE, ""),
+    ("    # Inter-chunk term: (C . prev) * exp(dA_cs[l]).\n",
+     SCAN_INTRA_PREAMBLE + SCAN_FIRST_LOADS + "    # Inter-chunk term: (C . prev) * exp(dA_cs[l]).\n"),
+    (SCAN_LOOP, SCAN_PREFETCH_ALL[0][1][len(SCAN_FIRST_LOADS):]),
+    SCAN_PREFETCH_ALL[1],
+)
+# x's tile prefetched, its first one loaded before the inter-chunk term
+SCAN_X_FIRST_LOAD = SCAN_PREFETCH_X[0][1].split(SCAN_LOOP[:40])[0]
+SCAN_PREFETCH_X_EARLY = (
+    (SCAN_INTRA_PREAMBLE, ""),
+    ("    # Inter-chunk term: (C . prev) * exp(dA_cs[l]).\n",
+     SCAN_INTRA_PREAMBLE + SCAN_X_FIRST_LOAD + "    # Inter-chunk term: (C . prev) * exp(dA_cs[l]).\n"),
+    (SCAN_LOOP, SCAN_PREFETCH_X[0][1][len(SCAN_X_FIRST_LOAD):]),
+    SCAN_PREFETCH_X[1],
+)
 
 # stage -> variant -> rewrite of the shipped kernel
 VARIANTS: dict[str, dict[str, Rewrite]] = {
@@ -54,7 +138,8 @@ VARIANTS: dict[str, dict[str, Rewrite]] = {
     "bmm_chunk": {"cx": Rewrite(("dstate", "chunk_size")), "dead": Rewrite((), (BMM_DEAD_TILES,)),
                   "cxdead": Rewrite(("dstate", "chunk_size"), (BMM_DEAD_TILES,))},
     "state_passing_indexed": {"cx": Rewrite(("dim", "chunk_size"))},
-    "chunk_scan": {"noexit": Rewrite((), (SCAN_NO_EXIT,))},
+    "chunk_scan": {"pf": Rewrite((), SCAN_PREFETCH_ALL), "pfx": Rewrite((), SCAN_PREFETCH_X),
+                   "pfearly": Rewrite((), SCAN_PREFETCH_EARLY), "pfxearly": Rewrite((), SCAN_PREFETCH_X_EARLY)},
     "gather": {"cx": Rewrite(("row",))},
 }
 # stage -> (module, the jit kernel's attribute)
