@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import sys
 from pathlib import Path
@@ -34,6 +35,48 @@ CANDIDATES = [(64, 64, 256, 8, 2), (64, 64, 256, 8, 3), (64, 64, 256, 4, 2), (64
               (32, 64, 256, 4, 2), (32, 64, 256, 4, 3), (64, 128, 128, 8, 2), (64, 128, 128, 8, 3),
               (64, 64, 128, 8, 4)]
 
+# Variants of the fused kernel, rewritten from its source by the kernel lab's machinery (``kernel_lab.Rewrite``),
+# each timed under every candidate against the shipped kernel's bits.
+FUSED = {"fused": ("kernels.chunk_state_passing", "_chunk_state_passing_kernel")}
+# The writeback's scalars (a sequence's last chunk and final slot) loaded once per sequence, when it starts, instead
+# of at each chunk's end after the workspace store (a load after a store waits for it: the pointers may alias), and
+# the chunk's sequence index loaded before its tokens: chained scalar latencies out of every chunk step.
+SCALARS_EARLY = (
+    ("""    prev_seq = tl.load(seq_idx_ptr)
+""", """    prev_seq = tl.load(seq_idx_ptr)
+    seq_last = tl.load(last_chunk_ptr + prev_seq.to(tl.int64) * stride_last_chunk, mask=write_cache != 0, other=-1)
+    seq_slot = tl.load(final_idx_ptr + prev_seq.to(tl.int64) * stride_final_idx, mask=write_cache != 0, other=-1)
+"""),
+    ("""        chunk_start = tl.load(cu_chunk_seqlens_ptr + c).to(tl.int64)
+""", """        seq = tl.load(seq_idx_ptr + c * stride_seq_idx)
+        chunk_start = tl.load(cu_chunk_seqlens_ptr + c).to(tl.int64)
+"""),
+    ("""            seq = tl.load(seq_idx_ptr + c * stride_seq_idx)
+            if seq != prev_seq:
+                s = initial_state(init_ptr, tile, seq, init_slot_ptr, has_init_ptr, stride_init_row,
+                                  stride_init_slot, stride_has_init, init_mode, mask).to(tl.float32)
+""", """            if seq != prev_seq:
+                s = initial_state(init_ptr, tile, seq, init_slot_ptr, has_init_ptr, stride_init_row,
+                                  stride_init_slot, stride_has_init, init_mode, mask).to(tl.float32)
+                seq_last = tl.load(last_chunk_ptr + seq.to(tl.int64) * stride_last_chunk, mask=write_cache != 0,
+                                   other=-1)
+                seq_slot = tl.load(final_idx_ptr + seq.to(tl.int64) * stride_final_idx, mask=write_cache != 0,
+                                   other=-1)
+"""),
+    ("""                if tl.load(last_chunk_ptr + seq.to(tl.int64) * stride_last_chunk) == c:
+                    slot = tl.load(final_idx_ptr + seq.to(tl.int64) * stride_final_idx).to(tl.int64)
+""", """                if seq_last == c:
+                    slot = seq_slot.to(tl.int64)
+"""),
+)
+
+
+def fused_variants() -> dict:
+    """{"shipped": the fused kernel, variant: its rewrite}."""
+    from kernel_lab import Rewrite, load_variants
+
+    return load_variants(["fused"], FUSED, {"fused": {"early": Rewrite((), SCALARS_EARLY)}})["fused"]
+
 
 def config_of(c: tuple) -> dict:
     m, n, k, w, s = c
@@ -49,9 +92,10 @@ def launches(kw: dict, ws: dict, path: str):
     """(pair launch, fused launch by config, the tensors each writes): fresh workspace and, on the snapshot path, a
     fresh cache copy per launcher; the indexed path writes the call's cache in place (its final slot only)."""
     import torch
+    import triton
 
     from kernels.chunk_state import chunk_state
-    from kernels.chunk_state_passing import chunk_state_passing, state_passing
+    from kernels.chunk_state_passing import chunk_state_passing, launch_arguments, state_passing
     from kernels.state_passing_indexed import state_passing_indexed
 
     x, B, cu, seq_idx = kw["x"], kw["B"], kw["cu_chunk_seqlens"], kw["seq_idx"]
@@ -74,13 +118,22 @@ def launches(kw: dict, ws: dict, path: str):
                                          final_state_indices=kw["final_state_indices"],
                                          last_chunk_indices=kw["last_chunk_indices"]))
 
-    def fused(config: dict):
-        init = (dict(initial_state_indices=kw["initial_state_indices"][:1],
-                     has_initial_states=kw["has_initial_states"][:1]) if path == "indexed"
-                else dict(initial_states=ws["initial_states"]))
-        chunk_state_passing(B, x, dt_out, dA, cu, seq_idx, out=fused_out, state_cache=fused_cache,
-                            final_state_indices=kw["final_state_indices"],
-                            last_chunk_indices=kw["last_chunk_indices"], config=config, **init)
+    init = (dict(initial_state_indices=kw["initial_state_indices"][:1],
+                 has_initial_states=kw["has_initial_states"][:1]) if path == "indexed"
+            else dict(initial_states=ws["initial_states"]))
+
+    def fused(config: dict, kernel=None):
+        """The shipped launcher, or ``kernel`` (a variant) launched with the launcher's arguments."""
+        if kernel is None:
+            chunk_state_passing(B, x, dt_out, dA, cu, seq_idx, out=fused_out, state_cache=fused_cache,
+                                final_state_indices=kw["final_state_indices"],
+                                last_chunk_indices=kw["last_chunk_indices"], config=config, **init)
+            return
+        args = launch_arguments(B, x, dt_out, dA, cu, seq_idx, out=fused_out, state_cache=fused_cache,
+                                final_state_indices=kw["final_state_indices"],
+                                last_chunk_indices=kw["last_chunk_indices"], config=config, **init)
+        P, N = x.shape[2], B.shape[2]
+        kernel[(triton.cdiv(P, config["BLOCK_SIZE_M"]) * triton.cdiv(N, config["BLOCK_SIZE_N"]), x.shape[1])](**args)
 
     return pair, fused, (pair_out, pair_cache), (fused_out, fused_cache)
 
@@ -92,7 +145,7 @@ def same_bits(a, b) -> bool:
                for x, y in zip(a, b, strict=True))
 
 
-def run(workloads: list[str], reps: int, dry_run: bool) -> list[tuple]:
+def run(workloads: list[str], reps: int, dry_run: bool, like: list[str] | None = None) -> list[tuple]:
     import torch
     from kernel_lab import call_intermediates, small_cases
 
@@ -111,6 +164,9 @@ def run(workloads: list[str], reps: int, dry_run: bool) -> list[tuple]:
     else:
         cases = {w: workload_case(w) for w in workloads}
     candidates = [(16, 16, 16, 4, 3), (16, 32, 32, 4, 3)] if dry_run else CANDIDATES
+    if like:
+        candidates = [c for c in candidates if describe(c).startswith(tuple(like))]
+    variants = fused_variants()
     rows = []
     for workload, case in cases.items():
         for path in ("snapshot", "indexed") if len(case.sequences) == 1 else ("snapshot",):
@@ -124,21 +180,24 @@ def run(workloads: list[str], reps: int, dry_run: bool) -> list[tuple]:
             else:  # the snapshot path ships the fused kernel: the pair (its teacher-forced mode) is the bits only
                 rows.append((tag, "pair", "chunk_state + teacher-forced", math.nan, "-", True))
             for cand in candidates:
-                try:
-                    results = []
-                    for _ in range(3):
-                        fused_outs[0].fill_(float("nan"))
-                        fused(config_of(cand))
-                        if device == "cuda":
-                            torch.cuda.synchronize()
-                        results.append([o.clone() for o in fused_outs])
-                    us = time_graph(lambda cand=cand, fused=fused: fused(config_of(cand)), reps)
-                except Exception as exc:  # out of resources, a compile error: reported, the rest go on
-                    rows.append((tag, "fused", f"{describe(cand)} ({type(exc).__name__}: {str(exc)[:40]})", math.nan,
-                                 "-", False))
-                    continue
-                stable = all(same_bits(r, results[0]) for r in results)
-                rows.append((tag, "fused", describe(cand), us, str(same_bits(results[0], expected)), stable))
+                for name, kernel in variants.items():
+                    label = describe(cand) if name == "shipped" else f"{describe(cand)} {name}"
+                    launch = functools.partial(fused, config_of(cand), None if name == "shipped" else kernel)
+                    try:
+                        results = []
+                        for _ in range(3):
+                            fused_outs[0].fill_(float("nan"))
+                            launch()
+                            if device == "cuda":
+                                torch.cuda.synchronize()
+                            results.append([o.clone() for o in fused_outs])
+                        us = time_graph(launch, reps)
+                    except Exception as exc:  # out of resources, a compile error: reported, the rest go on
+                        rows.append((tag, "fused", f"{label} ({type(exc).__name__}: {str(exc)[:40]})", math.nan,
+                                     "-", False))
+                        continue
+                    stable = all(same_bits(r, results[0]) for r in results)
+                    rows.append((tag, "fused", label, us, str(same_bits(results[0], expected)), stable))
     return rows
 
 
@@ -172,13 +231,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", action="append", choices=WORKLOADS, help="bench workloads (default: all four)")
     parser.add_argument("--reps", type=int, default=200, help="graph replays per timing")
+    parser.add_argument("--like", action="append",
+                        help="only the candidates whose description starts with this (repeatable), e.g. 'M64 N64 K256'")
     parser.add_argument("--dry-run", action="store_true",
                         help="the plumbing on the CPU under the interpreter, small shapes, nothing timed")
     args = parser.parse_args()
     from harness.backend import configure
 
     configure("cpu" if args.dry_run else "cuda")
-    print_rows(run(args.workload or WORKLOADS, args.reps, args.dry_run))
+    print_rows(run(args.workload or WORKLOADS, args.reps, args.dry_run, args.like))
 
 
 if __name__ == "__main__":
