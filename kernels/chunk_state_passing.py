@@ -73,6 +73,17 @@ def initial_state(init_ptr, tile, seq, init_slot_ptr, has_init_ptr, stride_init_
     return tl.load(init_ptr + row * stride_init_row + tile, mask=mask & has, other=0.0)
 
 
+@triton.jit
+def writeback_target(last_chunk_ptr, final_idx_ptr, seq, stride_last_chunk, stride_final_idx, write_cache):
+    """(sequence ``seq``'s last chunk, its final slot), or (-1, -1) without a writeback: loaded once per sequence,
+    when it starts. At each chunk's end, after the workspace store, they would be two chained loads that wait for
+    that store (the pointers may alias), in every chunk step of a latency-bound loop (docs/gpu-runs.md)."""
+    row = seq.to(tl.int64)
+    last = tl.load(last_chunk_ptr + row * stride_last_chunk, mask=write_cache != 0, other=-1)
+    slot = tl.load(final_idx_ptr + row * stride_final_idx, mask=write_cache != 0, other=-1)
+    return last, slot
+
+
 # Under the interpreter the teacher-forced mode skips its token blocks (all masked), whose loads and dot cost numpy
 # work there (3-5x the stage check's time). On the GPU this is False: no branch in the loop, and one binary computes
 # or reads the chunk states.
@@ -134,6 +145,8 @@ def _chunk_state_passing_kernel(
     compute = read_chunk_states == 0  # teacher-forced: every token load is masked off and the given state taken
 
     prev_seq = tl.load(seq_idx_ptr)
+    seq_last, seq_slot = writeback_target(last_chunk_ptr, final_idx_ptr, prev_seq, stride_last_chunk,
+                                          stride_final_idx, write_cache)
     entering = initial_state(init_ptr, tile, prev_seq, init_slot_ptr, has_init_ptr, stride_init_row,
                              stride_init_slot, stride_has_init, init_mode, mask)
     s = entering.to(tl.float32)
@@ -144,6 +157,7 @@ def _chunk_state_passing_kernel(
     for it in range(nchunks * blocks):
         c = it // blocks
         k0 = (it - c * blocks) * BLOCK_SIZE_K
+        seq = tl.load(seq_idx_ptr + c * stride_seq_idx)  # before the tokens: its latency overlaps theirs
         chunk_start = tl.load(cu_chunk_seqlens_ptr + c).to(tl.int64)
         chunk_len = tl.load(cu_chunk_seqlens_ptr + c + 1).to(tl.int64) - chunk_start
         k_mask = (offs_k < chunk_len - k0) & compute
@@ -163,10 +177,11 @@ def _chunk_state_passing_kernel(
                 stride_x_token, stride_x_hdim, stride_B_token, stride_B_dstate, stride_dt_pos, stride_dA_pos,
                 DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
         if k0 + BLOCK_SIZE_K >= chunk_size:  # the chunk's last block: its state is complete
-            seq = tl.load(seq_idx_ptr + c * stride_seq_idx)
             if seq != prev_seq:
                 s = initial_state(init_ptr, tile, seq, init_slot_ptr, has_init_ptr, stride_init_row,
                                   stride_init_slot, stride_has_init, init_mode, mask).to(tl.float32)
+                seq_last, seq_slot = writeback_target(last_chunk_ptr, final_idx_ptr, seq, stride_last_chunk,
+                                                      stride_final_idx, write_cache)
             prev_seq = seq
             given = tl.load(chunk_states_ptr + c * stride_chunk_states_chunk + tile,
                             mask=mask & (read_chunk_states != 0), other=0.0).to(tl.float32)
@@ -178,8 +193,8 @@ def _chunk_state_passing_kernel(
             else:
                 tl.store(out_ptr + c * stride_out_chunk + tile, s.to(out_ptr.dtype.element_ty), mask=mask)
             if write_cache:
-                if tl.load(last_chunk_ptr + seq.to(tl.int64) * stride_last_chunk) == c:
-                    slot = tl.load(final_idx_ptr + seq.to(tl.int64) * stride_final_idx).to(tl.int64)
+                if seq_last == c:
+                    slot = seq_slot.to(tl.int64)
                     if slot >= 0:
                         tl.store(cache_ptr + slot * stride_cache_slot + tile, s.to(cache_ptr.dtype.element_ty),
                                  mask=mask)

@@ -38,44 +38,24 @@ CANDIDATES = [(64, 64, 256, 8, 2), (64, 64, 256, 8, 3), (64, 64, 256, 4, 2), (64
 # Variants of the fused kernel, rewritten from its source by the kernel lab's machinery (``kernel_lab.Rewrite``),
 # each timed under every candidate against the shipped kernel's bits.
 FUSED = {"fused": ("kernels.chunk_state_passing", "_chunk_state_passing_kernel")}
-# The writeback's scalars (a sequence's last chunk and final slot) loaded once per sequence, when it starts, instead
-# of at each chunk's end after the workspace store (a load after a store waits for it: the pointers may alias), and
-# the chunk's sequence index loaded before its tokens: chained scalar latencies out of every chunk step.
-SCALARS_EARLY = (
-    ("""    prev_seq = tl.load(seq_idx_ptr)
-""", """    prev_seq = tl.load(seq_idx_ptr)
-    seq_last = tl.load(last_chunk_ptr + prev_seq.to(tl.int64) * stride_last_chunk, mask=write_cache != 0, other=-1)
-    seq_slot = tl.load(final_idx_ptr + prev_seq.to(tl.int64) * stride_final_idx, mask=write_cache != 0, other=-1)
-"""),
-    ("""        chunk_start = tl.load(cu_chunk_seqlens_ptr + c).to(tl.int64)
-""", """        seq = tl.load(seq_idx_ptr + c * stride_seq_idx)
-        chunk_start = tl.load(cu_chunk_seqlens_ptr + c).to(tl.int64)
-"""),
-    ("""            seq = tl.load(seq_idx_ptr + c * stride_seq_idx)
-            if seq != prev_seq:
+# A new sequence's initial state (and writeback scalars) loaded at the top of its first chunk's step, before the
+# tokens, not at the chunk's end: the tile's load latency overlaps the token block instead of following it.
+SWITCH = """            if seq != prev_seq:
                 s = initial_state(init_ptr, tile, seq, init_slot_ptr, has_init_ptr, stride_init_row,
                                   stride_init_slot, stride_has_init, init_mode, mask).to(tl.float32)
-""", """            if seq != prev_seq:
-                s = initial_state(init_ptr, tile, seq, init_slot_ptr, has_init_ptr, stride_init_row,
-                                  stride_init_slot, stride_has_init, init_mode, mask).to(tl.float32)
-                seq_last = tl.load(last_chunk_ptr + seq.to(tl.int64) * stride_last_chunk, mask=write_cache != 0,
-                                   other=-1)
-                seq_slot = tl.load(final_idx_ptr + seq.to(tl.int64) * stride_final_idx, mask=write_cache != 0,
-                                   other=-1)
-"""),
-    ("""                if tl.load(last_chunk_ptr + seq.to(tl.int64) * stride_last_chunk) == c:
-                    slot = tl.load(final_idx_ptr + seq.to(tl.int64) * stride_final_idx).to(tl.int64)
-""", """                if seq_last == c:
-                    slot = seq_slot.to(tl.int64)
-"""),
-)
+                seq_last, seq_slot = writeback_target(last_chunk_ptr, final_idx_ptr, seq, stride_last_chunk,
+                                                      stride_final_idx, write_cache)
+            prev_seq = seq
+"""
+SEQ_LOAD = "        seq = tl.load(seq_idx_ptr + c * stride_seq_idx)  # before the tokens: its latency overlaps theirs\n"
+INIT_EARLY = ((SWITCH, ""), (SEQ_LOAD, SEQ_LOAD + SWITCH.replace("\n    ", "\n")[4:]))
 
 
 def fused_variants() -> dict:
     """{"shipped": the fused kernel, variant: its rewrite}."""
     from kernel_lab import Rewrite, load_variants
 
-    return load_variants(["fused"], FUSED, {"fused": {"early": Rewrite((), SCALARS_EARLY)}})["fused"]
+    return load_variants(["fused"], FUSED, {"fused": {"initearly": Rewrite((), INIT_EARLY)}})["fused"]
 
 
 def config_of(c: tuple) -> dict:

@@ -277,7 +277,7 @@ def stage_launch(stage: str, kw: dict, ws: dict):
         outs = (torch.empty((batch, *kw["state_cache"].shape[1:]), dtype=kw["state_cache"].dtype, device=x.device),)
         args = gather.launch_arguments(kw["state_cache"], kw["initial_state_indices"], kw["has_initial_states"],
                                        outs[0])
-        del args["BLOCK_SIZE"]
+        del args["BLOCK_SIZE"], args["num_warps"]  # the candidate's
         return args, lambda c: (triton.cdiv(args["row"], c.kwargs["BLOCK_SIZE"]), batch), outs
     outs = (torch.empty_like(ws["states"]), kw["state_cache"])
     args = state_passing_indexed.launch_arguments(

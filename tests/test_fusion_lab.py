@@ -33,6 +33,11 @@ def test_the_dry_run_gives_the_pairs_bits_under_every_fused_config(fusion_lab):
     tags = {r[0] for r in rows}
     assert tags == {"one/snapshot", "one/indexed", "two/snapshot"}, tags
     assert {(r[0], r[1]) for r in rows} == {(t, k) for t in tags for k in ("pair", "fused")}
+    variants = [v for v in fusion_lab.fused_variants() if v != "shipped"]
+    for tag in tags:  # each candidate once shipped and once per variant of the fused kernel
+        configs = [r[2] for r in rows if r[0] == tag and r[1] == "fused"]
+        assert len(configs) == len(set(configs)) == 2 * (1 + len(variants)), configs
+        assert all(any(c.endswith(f" {v}") for c in configs) for v in variants), configs
     for tag, kind, config, _us, same, stable in rows:
         assert stable, (tag, kind, config)
         assert same == ("-" if kind == "pair" else "True"), (tag, kind, config, same)

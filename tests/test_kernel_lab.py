@@ -62,7 +62,7 @@ def test_a_rewrite_that_does_not_apply_is_refused(lab):
 
 @pytest.mark.interpreter(reason="the lab's dry run is its plumbing under the interpreter, on CPU tensors")
 def test_the_dry_run_compares_every_variant_with_the_shipped_kernel(lab):
-    stages = ["bmm_chunk", "state_passing_indexed", "chunk_scan"]
+    stages = ["bmm_chunk", "state_passing_indexed", "chunk_scan", "gather"]
     rows = lab.run(stages, lab.WORKLOADS, reps=1, dry_run=True, limit=1)
     variants = {(r[1], r[2]) for r in rows}
     assert variants == {(s, v) for s in stages for v in ("shipped", *lab.VARIANTS[s])}, variants
