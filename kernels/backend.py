@@ -15,7 +15,7 @@ import os
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels.environment import AUTOTUNE_BUDGET_ENV, INTERPRET_ENV, PDL_ENV, arithmetic_profile
 
@@ -143,9 +143,13 @@ def forced_config(kernel, config: triton.Config):
 # or store of a stage moves ahead of what it depends on, whoever launched the kernel before (a stage of ours, a torch
 # op, another engine's kernel), and the order is transitive along the call. What overlaps is launch and scheduling
 # latency, no arithmetic: the bits cannot change.
-# No kernel signals its dependents early (``gdc_launch_dependents``): the next kernel's programs would be placed
-# while this one still holds multiprocessors, where there is room at that moment, and a grid of about one wave then
-# ran 30% slower (measured: docs/gpu-runs.md, run 53).
+# A kernel signals its dependents early (``let_next_kernel_start``) only where ``ssd_prefill`` launches bmm right
+# after it (``signal_next``): bmm reads nothing the stages before it write, so, launched with ``overlaps_previous``,
+# it computes beside this kernel and waits at its end instead of its start; it completes only after this kernel has,
+# and the order stays transitive for the kernels after it. The signal fires once every program of this kernel has
+# started, so bmm's tiles fill the multiprocessors this kernel's last wave leaves idle. Elsewhere an early signal only
+# places the next kernel's programs, waiting, where this one could run: a grid of about one wave then ran 30% slower
+# (docs/gpu-runs.md, run 53).
 
 # The names in a launch's arguments that are launch options, not kernel parameters (the warmup registry passes them
 # through as options).
@@ -185,6 +189,31 @@ def wait_for_previous_kernel(USE_PDL: tl.constexpr):
     """Every stage kernel's first statement: programmatic dependent launch's wait (above)."""
     if USE_PDL:
         gdc_wait()
+
+
+@triton.jit
+def let_next_kernel_start(signal_next, USE_PDL: tl.constexpr):
+    """Programmatic launch's early signal (above), where ``signal_next`` is nonzero: the next kernel's programs may
+    be placed from here on. Called right after this kernel's own wait, so that the next one cannot start before the
+    kernels this one waited for are done."""
+    if USE_PDL:
+        if signal_next != 0:
+            gdc_launch_dependents()
+
+
+@triton.jit
+def wait_unless_overlapping(overlaps_previous, USE_PDL: tl.constexpr):
+    """The first statement of a kernel that may run beside the one before it (above): the wait, unless
+    ``overlaps_previous`` defers it to ``wait_at_end_if_overlapping``, its last statement."""
+    if overlaps_previous == 0:
+        wait_for_previous_kernel(USE_PDL)
+
+
+@triton.jit
+def wait_at_end_if_overlapping(overlaps_previous, USE_PDL: tl.constexpr):
+    """The deferred wait (``wait_unless_overlapping``)."""
+    if overlaps_previous != 0:
+        wait_for_previous_kernel(USE_PDL)
 
 
 # Passed as ``do_bench`` to every ``triton.autotune`` here.

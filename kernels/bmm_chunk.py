@@ -2,6 +2,10 @@
 
 The full (Q, Q) matrix (not only its causal half), fp32, zero where l or s lies past the chunk's length. One program
 computes a (BLOCK_SIZE_M, BLOCK_SIZE_N) tile of one chunk and group, looping over dstate.
+
+bmm reads only the call's inputs, so ``ssd_prefill`` launches it after a longer stage that signals early
+(``overlaps_previous``; kernels/backend.py): it computes beside that stage and waits for it at its end instead of its
+start. Launched alone it waits first, as every stage kernel does.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from kernels.backend import (
     dot_acc,
     least_overshoot,
     pdl_arguments,
-    wait_for_previous_kernel,
+    wait_at_end_if_overlapping,
+    wait_unless_overlapping,
 )
 from kernels.interface import INDEX_DTYPES
 from kernels.tuned_configs import checked_in
@@ -33,7 +38,7 @@ CONFIGS = [
 ]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("overlaps_previous",))
 def _bmm_chunk_kernel(
     C_ptr,  # (T, G, N) io dtype
     B_ptr,  # (T, G, N) io dtype
@@ -51,6 +56,7 @@ def _bmm_chunk_kernel(
     stride_CB_group,
     stride_CB_m,
     stride_CB_n,
+    overlaps_previous,  # nonzero: the kernel before it signalled early, and bmm reads nothing it writes
     DOT_FP32_OPERANDS: tl.constexpr,
     FP32_DOT_PRECISION: tl.constexpr,
     USE_PDL: tl.constexpr,
@@ -58,7 +64,7 @@ def _bmm_chunk_kernel(
     BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
 ):
-    wait_for_previous_kernel(USE_PDL)
+    wait_unless_overlapping(overlaps_previous, USE_PDL)
     pid_mn = tl.program_id(axis=0)
     pid_c = tl.program_id(axis=1)
     pid_g = tl.program_id(axis=2)
@@ -94,6 +100,7 @@ def _bmm_chunk_kernel(
         + offs_n[None, :] * stride_CB_n
     )
     tl.store(CB_ptrs, acc, mask=(offs_m[:, None] < chunk_size) & (offs_n[None, :] < chunk_size))
+    wait_at_end_if_overlapping(overlaps_previous, USE_PDL)
 
 
 bmm_chunk_kernel = triton.autotune(
@@ -103,8 +110,10 @@ bmm_chunk_kernel = triton.autotune(
 )(_bmm_chunk_kernel)
 
 
-def bmm_chunk(C: torch.Tensor, B: torch.Tensor, chunk_size: int, cu_chunk_seqlens: torch.Tensor) -> torch.Tensor:
-    """C, B (T, G, N) io dtype, cu_chunk_seqlens (C + 1,) -> CB (nchunks, G, Q, Q) fp32."""
+def bmm_chunk(C: torch.Tensor, B: torch.Tensor, chunk_size: int, cu_chunk_seqlens: torch.Tensor,
+              overlaps_previous: bool = False) -> torch.Tensor:
+    """C, B (T, G, N) io dtype, cu_chunk_seqlens (C + 1,) -> CB (nchunks, G, Q, Q) fp32. ``overlaps_previous``:
+    only right after a stage launched with ``signal_next``, on the call's own inputs (the module docstring)."""
     T, G, N = C.shape
     assert B.shape == C.shape and B.dtype == C.dtype, (
         f"B: expected {tuple(C.shape)} {C.dtype}, found {tuple(B.shape)} {B.dtype}")
@@ -117,11 +126,12 @@ def bmm_chunk(C: torch.Tensor, B: torch.Tensor, chunk_size: int, cu_chunk_seqlen
         nchunks,
         G,
     )
-    bmm_chunk_kernel[grid](**launch_arguments(C, B, cu_chunk_seqlens, CB))
+    bmm_chunk_kernel[grid](**launch_arguments(C, B, cu_chunk_seqlens, CB, overlaps_previous))
     return CB
 
 
-def launch_arguments(C: torch.Tensor, B: torch.Tensor, cu_chunk_seqlens: torch.Tensor, CB: torch.Tensor) -> dict:
+def launch_arguments(C: torch.Tensor, B: torch.Tensor, cu_chunk_seqlens: torch.Tensor, CB: torch.Tensor,
+                     overlaps_previous: bool = False) -> dict:
     """The kernel's arguments by name for these tensors (the launcher's, and the warmup registry's on stand-ins);
     the block sizes come from the autotuner's config."""
     return dict(
@@ -131,6 +141,7 @@ def launch_arguments(C: torch.Tensor, B: torch.Tensor, cu_chunk_seqlens: torch.T
         stride_B_token=B.stride(0), stride_B_group=B.stride(1), stride_B_dstate=B.stride(2),
         stride_CB_chunk=CB.stride(0), stride_CB_group=CB.stride(1), stride_CB_m=CB.stride(2),
         stride_CB_n=CB.stride(3),
+        overlaps_previous=int(overlaps_previous),
         DOT_FP32_OPERANDS=DOT_FP32_OPERANDS,
         FP32_DOT_PRECISION=FP32_DOT_PRECISION,
         **pdl_arguments(),

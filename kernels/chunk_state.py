@@ -24,6 +24,7 @@ from kernels.backend import (
     LOG2E,
     dot_acc,
     least_overshoot,
+    let_next_kernel_start,
     pdl_arguments,
     wait_for_previous_kernel,
 )
@@ -50,8 +51,9 @@ def accumulate_tokens(acc, x, b, dA_cs_last, dA_cs_k, dt_k, DOT_FP32_OPERANDS: t
     return dot_acc(acc, x, b, DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
 
 
-# chunk_count_class is read by the autotuner only (its key): specializing it would only multiply binaries.
-@triton.jit(do_not_specialize=("chunk_count_class",))
+# chunk_count_class is read by the autotuner only (its key), signal_next is a branch: specializing them would only
+# multiply binaries.
+@triton.jit(do_not_specialize=("chunk_count_class", "signal_next"))
 def _chunk_state_kernel(
     x_ptr,  # (T, H, P) io dtype
     B_ptr,  # (T, G, N) io dtype
@@ -80,6 +82,7 @@ def _chunk_state_kernel(
     stride_states_head,
     stride_states_hdim,
     stride_states_dstate,
+    signal_next,  # nonzero: let the next kernel start early (kernels/backend.py)
     DOT_FP32_OPERANDS: tl.constexpr,
     FP32_DOT_PRECISION: tl.constexpr,
     USE_PDL: tl.constexpr,
@@ -88,6 +91,7 @@ def _chunk_state_kernel(
     BLOCK_SIZE_K: tl.constexpr,
 ):
     wait_for_previous_kernel(USE_PDL)
+    let_next_kernel_start(signal_next, USE_PDL)
     pid_mn = tl.program_id(axis=0)
     pid_c = tl.program_id(axis=1)
     pid_h = tl.program_id(axis=2)
@@ -159,9 +163,10 @@ def chunk_state(
     dt_out: torch.Tensor,
     dA_cumsum: torch.Tensor,
     cu_chunk_seqlens: torch.Tensor,
+    signal_next: bool = False,
 ) -> torch.Tensor:
     """B (T, G, N), x (T, H, P), dt_out and dA_cumsum (H, C, Q) fp32, cu_chunk_seqlens (C + 1,)
-    -> states (C, H, P, N) fp32."""
+    -> states (C, H, P, N) fp32. ``signal_next``: the next kernel may start early (kernels/backend.py)."""
     check_inputs(B, x, dt_out, dA_cumsum)
     _, H, P = x.shape
     N = B.shape[2]
@@ -169,7 +174,7 @@ def chunk_state(
     assert cu_chunk_seqlens.shape == (C + 1,) and cu_chunk_seqlens.dtype in INDEX_DTYPES
     states = torch.empty(C, H, P, N, device=x.device, dtype=torch.float32)
     grid = lambda META: (triton.cdiv(P, META["BLOCK_SIZE_M"]) * triton.cdiv(N, META["BLOCK_SIZE_N"]), C, H)  # noqa: E731
-    chunk_state_kernel[grid](**launch_arguments(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, states))
+    chunk_state_kernel[grid](**launch_arguments(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, states, signal_next))
     return states
 
 
@@ -188,7 +193,7 @@ def check_inputs(B: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_cums
 
 
 def launch_arguments(B: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_cumsum: torch.Tensor,
-                     cu_chunk_seqlens: torch.Tensor, states: torch.Tensor) -> dict:
+                     cu_chunk_seqlens: torch.Tensor, states: torch.Tensor, signal_next: bool = False) -> dict:
     """The kernel's arguments by name for these tensors (the launcher's, and the warmup registry's on stand-ins);
     the block sizes come from the autotuner's config."""
     _, H, P = x.shape
@@ -205,6 +210,7 @@ def launch_arguments(B: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_
         stride_dA_cs_pos=dA_cumsum.stride(2),
         stride_states_chunk=states.stride(0), stride_states_head=states.stride(1),
         stride_states_hdim=states.stride(2), stride_states_dstate=states.stride(3),
+        signal_next=int(signal_next),
         DOT_FP32_OPERANDS=DOT_FP32_OPERANDS,
         FP32_DOT_PRECISION=FP32_DOT_PRECISION,
         **pdl_arguments(),

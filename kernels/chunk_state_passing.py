@@ -41,6 +41,7 @@ from kernels.backend import (
     DOT_FP32_OPERANDS,
     FP32_DOT_PRECISION,
     INTERPRET,
+    let_next_kernel_start,
     pdl_arguments,
     wait_for_previous_kernel,
 )
@@ -54,7 +55,8 @@ INIT_NONE, INIT_DENSE, INIT_BY_SLOT = 0, 1, 2
 # conditions: specializing on their alignment or value class only multiplies binaries.
 SCALAR_ONLY = {
     "do_not_specialize": ("nchunks", "stride_seq_idx", "stride_init_slot", "stride_has_init", "stride_final_idx",
-                          "stride_last_chunk", "init_mode", "store_entering", "write_cache", "read_chunk_states"),
+                          "stride_last_chunk", "init_mode", "store_entering", "write_cache", "read_chunk_states",
+                          "signal_next"),
     "do_not_specialize_on_alignment": ("cu_chunk_seqlens_ptr", "seq_idx_ptr", "init_slot_ptr", "has_init_ptr",
                                        "final_idx_ptr", "last_chunk_ptr"),
 }
@@ -119,11 +121,12 @@ def _chunk_state_passing_kernel(
     stride_dt_head, stride_dt_chunk, stride_dt_pos, stride_dA_head, stride_dA_chunk, stride_dA_pos,
     stride_seq_idx, stride_chunk_states_chunk, stride_chunk_states_head, stride_out_chunk, stride_out_head,
     stride_init_row, stride_init_head, stride_init_slot, stride_has_init, stride_cache_slot, stride_cache_head,
-    stride_final_idx, stride_last_chunk, init_mode, store_entering, write_cache, read_chunk_states,
+    stride_final_idx, stride_last_chunk, init_mode, store_entering, write_cache, read_chunk_states, signal_next,
     DOT_FP32_OPERANDS: tl.constexpr, FP32_DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
 ):
     wait_for_previous_kernel(USE_PDL)
+    let_next_kernel_start(signal_next, USE_PDL)
     pid_mn = tl.program_id(axis=0)
     pid_h = tl.program_id(axis=1)
     num_pid_n = tl.cdiv(dstate, BLOCK_SIZE_N)
@@ -254,6 +257,7 @@ def chunk_state_passing(
     last_chunk_indices: torch.Tensor | None = None,
     chunk_states: torch.Tensor | None = None,
     config: dict | None = None,
+    signal_next: bool = False,
 ) -> None:
     """Each chunk's state contribution and the inter-chunk recurrence, into ``out`` (C, H, P, N).
 
@@ -262,7 +266,8 @@ def chunk_state_passing(
     states); or ``initial_state_indices`` and ``has_initial_states`` (1,) into ``state_cache`` (one sequence; ``out``
     gets entering states and must be in the cache dtype); or neither (zeros, exiting states). Writeback:
     ``final_state_indices`` and ``last_chunk_indices`` (Bt,) with ``state_cache``. ``chunk_states`` (C, H, P, N)
-    fp32: read instead of computed. ``config``: blocks, warps and stages (default ``tile_config``).
+    fp32: read instead of computed. ``config``: blocks, warps and stages (default ``tile_config``). ``signal_next``:
+    the next kernel may start early (kernels/backend.py).
     """
     check_inputs(B, x, dt_out, dA_cumsum)
     _, H, P = x.shape
@@ -308,7 +313,7 @@ def chunk_state_passing(
         B, x, dt_out, dA_cumsum, cu_chunk_seqlens, seq_idx, out=out, initial_states=initial_states,
         state_cache=state_cache, initial_state_indices=initial_state_indices, has_initial_states=has_initial_states,
         final_state_indices=final_state_indices, last_chunk_indices=last_chunk_indices, chunk_states=chunk_states,
-        config=config)
+        config=config, signal_next=signal_next)
     grid = (triton.cdiv(P, arguments["BLOCK_SIZE_M"]) * triton.cdiv(N, arguments["BLOCK_SIZE_N"]), H)
     _chunk_state_passing_kernel[grid](**arguments)
 
@@ -320,7 +325,8 @@ def launch_arguments(B: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_
                      has_initial_states: torch.Tensor | None = None,
                      final_state_indices: torch.Tensor | None = None,
                      last_chunk_indices: torch.Tensor | None = None,
-                     chunk_states: torch.Tensor | None = None, config: dict | None = None) -> dict:
+                     chunk_states: torch.Tensor | None = None, config: dict | None = None,
+                     signal_next: bool = False) -> dict:
     """The kernel's arguments by name, config and launch options included (the launcher's, and the warmup
     registry's on stand-ins). Pointers the call does not read or write are filled with placeholders."""
     _, H, P = x.shape
@@ -362,7 +368,7 @@ def launch_arguments(B: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_
         stride_cache_slot=cache.stride(0), stride_cache_head=cache.stride(1),
         stride_final_idx=final_idx.stride(0), stride_last_chunk=last_chunk.stride(0),
         init_mode=init_mode, store_entering=int(init_mode == INIT_BY_SLOT), write_cache=int(write_cache),
-        read_chunk_states=int(chunk_states is not None),
+        read_chunk_states=int(chunk_states is not None), signal_next=int(signal_next),
         DOT_FP32_OPERANDS=DOT_FP32_OPERANDS,
         FP32_DOT_PRECISION=FP32_DOT_PRECISION,
         **cfg,

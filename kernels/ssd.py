@@ -27,6 +27,11 @@ from kernels.gather import gather_initial_states, gather_initial_states_torch
 from kernels.interface import CallShape, choose_gather, choose_path
 from kernels.state_passing_indexed import state_passing_indexed
 
+# Which kernel bmm runs beside (kernels/backend.py: it reads only the call's inputs): "state", the chunk state
+# kernel (the fused kernel on the snapshot path); "passing", the indexed state passing (the fused kernel on the
+# snapshot path); "none", bmm launched right after the cumsum, alone.
+BMM_BESIDE = "state"
+
 
 def ssd_prefill(
     x: torch.Tensor,
@@ -104,11 +109,15 @@ def ssd_prefill(
     dA_cumsum, dt_out = chunk_cumsum(
         dt, A, chunk_size, cu_chunk_seqlens, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit
     )
-    CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens)
+    beside = BMM_BESIDE
+    if beside == "none":
+        CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens)
     nchunks = dt_out.shape[1]
 
     if chosen == "indexed":
-        chunk_states = chunk_state(B, x, dt_out, dA_cumsum, cu_chunk_seqlens)
+        chunk_states = chunk_state(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, signal_next=beside == "state")
+        if beside == "state":
+            CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens, overlaps_previous=True)
         initial_states = None
         workspace = torch.empty((nchunks, H, P, N), dtype=ws_dtype, device=x.device)
         state_passing_indexed(
@@ -119,7 +128,10 @@ def ssd_prefill(
             has_initial_state=has_initial_states[:1],
             final_slot_index=final_state_indices[:1],
             out=workspace,
+            signal_next=beside == "passing",
         )
+        if beside == "passing":
+            CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens, overlaps_previous=True)
         result = None
     else:
         gather_copy = gather_initial_states if copy == "fused" else gather_initial_states_torch
@@ -140,7 +152,9 @@ def ssd_prefill(
         chunk_states = None  # never leave the chip
         workspace = torch.empty((nchunks, H, P, N), dtype=ws_dtype, device=x.device)
         chunk_state_passing(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, seq_idx, out=workspace,
-                            initial_states=initial_states, **writeback)
+                            initial_states=initial_states, signal_next=beside != "none", **writeback)
+        if beside != "none":
+            CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens, overlaps_previous=True)
         if call.mode == "checkpoint":
             result = workspace
 

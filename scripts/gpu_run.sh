@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU runner does everything (device time is scarce): environment, the test suite on CUDA,
 # the case corpus, the bench. Usage: scripts/gpu_run.sh [STEP...] with steps env, tests, cases, bench
-# (default: env tests cases bench; also pyc, lab, fusion, durations, bench-twice, startup, spawn-probe, exit-probe, fork-probe, context-probe, isolation-cost, recheck, suite, suite-warm, warmup, cases-warm, stages,
+# (default: env tests cases bench; also pyc, lab, order, launch-tests, fusion, durations, bench-twice, startup, spawn-probe, exit-probe, fork-probe, context-probe, isolation-cost, recheck, suite, suite-warm, warmup, cases-warm, stages,
 # profile-ref, profile-warmup, peer-bench). Full logs go under $OUT (the device tool brings them back); a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
@@ -179,6 +179,16 @@ for step in $steps; do
         "$OUT/fork-probe.json" | tee -a "$OUT/fork-probe-pytest.log" ;;
     context-probe)  # how long N processes take to create their CUDA contexts at once (driver API, no torch)
       run_step context-probe $PY scripts/context_probe.py 1 16 32 ;;
+    order)  # which kernel bmm runs beside in ssd_prefill (scripts/order_lab.py): each order's bits against bmm alone,
+      # then whole calls of every order and the peer's (carried .peers/), interleaved round by round
+      run_step order $PY scripts/order_lab.py --peer peers.vllm_ssd:provider --rounds "${ROUNDS:-3}" \
+        --reps "${LAB_REPS:-200}" ;;
+    launch-tests)  # the tests of how the stages launch and what they compute, with the recompile guard: the graph
+      # replays against the eager call (programmatic launch, bmm beside another kernel), the stages, both paths
+      run_step launch-tests $PY -m pytest -q -n "$WORKERS" --workers-per-gpu "${WPG:-$WORKERS}" --device cuda \
+        -p no:cacheprovider --recompile-guard -rfE --tb=short tests/test_programmatic_launch.py \
+        tests/test_indexed_equivalence.py tests/test_ssd_prefill.py tests/test_kernel_stages.py \
+        tests/test_ssd_warmup.py tests/test_state_passing.py tests/test_order_lab.py ;;
     fusion)  # chunk state + state passing as two kernels against the fused kernel under candidate tiles
       # (scripts/fusion_lab.py): bits against the pair, stability, graph-replay us, on the four bench workloads
       run_step fusion $PY scripts/fusion_lab.py --reps "${LAB_REPS:-200}" ;;

@@ -22,17 +22,28 @@ from kernels.specialization import base_jit_function, kernel_name
 from kernels.warmup import ModelShape, plan, watched_kernels
 
 
+def _is_call(stmt, name: str, args: list[str]) -> bool:
+    return (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
+            and getattr(stmt.value.func, "id", None) == name
+            and [getattr(a, "id", None) for a in stmt.value.args] == args)
+
+
 def statements_before_the_wait(fn) -> list[str]:
     """The statements of a ``@triton.jit`` function's body that come before ``wait_for_previous_kernel(USE_PDL)``
-    (its docstring aside), or ``["no wait"]`` when the body never calls it at its top level."""
+    (its docstring aside), or ``["no wait"]`` when the body never calls it at its top level. A kernel that may run
+    beside the one before it (kernels/backend.py: bmm) opens with ``wait_unless_overlapping(overlaps_previous,
+    USE_PDL)`` instead and must then close with ``wait_at_end_if_overlapping(overlaps_previous, USE_PDL)`` (else
+    ``["no closing wait"]``)."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
     body = tree.body[0].body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
         body = body[1:]
     for i, stmt in enumerate(body):
-        if (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
-                and getattr(stmt.value.func, "id", None) == "wait_for_previous_kernel"
-                and [getattr(a, "id", None) for a in stmt.value.args] == ["USE_PDL"]):
+        if _is_call(stmt, "wait_for_previous_kernel", ["USE_PDL"]):
+            return [ast.unparse(s) for s in body[:i]]
+        if _is_call(stmt, "wait_unless_overlapping", ["overlaps_previous", "USE_PDL"]):
+            if not _is_call(body[-1], "wait_at_end_if_overlapping", ["overlaps_previous", "USE_PDL"]):
+                return ["no closing wait"]
             return [ast.unparse(s) for s in body[:i]]
     return ["no wait"]
 
@@ -42,6 +53,70 @@ def test_every_stage_kernel_waits_before_anything_else(kernel):
     fn = base_jit_function(kernel).fn
     assert "USE_PDL" in inspect.signature(fn).parameters
     assert statements_before_the_wait(fn) == [], f"{kernel_name(kernel)} does something before its wait"
+
+
+def _short_name(kernel) -> str:
+    return kernel_name(kernel).rsplit(".", 1)[-1]
+
+
+def test_which_kernels_signal_early_and_which_may_overlap():
+    """The early signal comes right after the wait, under ``signal_next``, in the kernels bmm may follow; only bmm
+    takes ``overlaps_previous`` (it reads only the call's inputs)."""
+    signalling, overlapping = [], []
+    for kernel in watched_kernels():
+        fn = base_jit_function(kernel).fn
+        params = inspect.signature(fn).parameters
+        body = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0].body
+        signals = [i for i, stmt in enumerate(body) if _is_call(stmt, "let_next_kernel_start", ["signal_next",
+                                                                                                 "USE_PDL"])]
+        if "signal_next" in params or signals:
+            waits = [i for i, stmt in enumerate(body) if _is_call(stmt, "wait_for_previous_kernel", ["USE_PDL"])]
+            assert signals and signals[0] == waits[0] + 1, f"{kernel_name(kernel)}: the signal must follow the wait"
+            signalling.append(_short_name(kernel))
+        if "overlaps_previous" in params:
+            overlapping.append(_short_name(kernel))
+    assert sorted(signalling) == ["_chunk_state_kernel", "_chunk_state_passing_kernel",
+                                  "_state_passing_indexed_kernel"]
+    assert overlapping == ["_bmm_chunk_kernel"]
+
+
+@pytest.mark.parametrize("beside", ["none", "state", "passing"])
+def test_ssd_prefill_launches_the_overlapping_bmm_right_after_a_signalling_kernel(monkeypatch, device, beside):
+    """What makes bmm's late wait safe is its place: right after a kernel that waited for everything before it and
+    then signalled. Every ssd_prefill call, on both paths, launches an overlapping bmm only there, once."""
+    import dataclasses
+
+    from harness.bench import workload_case
+    from harness.cases.builder import build_inputs
+    from harness.cases.model import SequenceSpec, Shape
+    from kernels import provider, ssd
+
+    # The short bench workload at an interpreter-sized shape: one sequence over two chunks, from an initial state.
+    case = dataclasses.replace(workload_case("short-continuation"), shape=Shape(2, 16, 16, 1, 16),
+                               sequences=(SequenceSpec(16, 20, 3, True, 5),))
+    launches = []
+
+    def recording(name, fn):
+        def wrapper(*args, **kwargs):
+            launches.append((name, kwargs.get("signal_next", False), kwargs.get("overlaps_previous", False)))
+            return fn(*args, **kwargs)
+        return wrapper
+
+    for name in ("chunk_cumsum", "bmm_chunk", "chunk_state", "chunk_state_passing", "gather_initial_states",
+                 "gather_initial_states_torch", "state_passing_indexed", "chunk_scan"):
+        monkeypatch.setattr(ssd, name, recording(name, getattr(ssd, name)))
+    monkeypatch.setattr(ssd, "BMM_BESIDE", beside)
+    for path in ("snapshot", "indexed"):
+        launches.clear()
+        provider.ssd_prefill(**build_inputs(case, device).kwargs(path=path))
+        names = [n for n, _, _ in launches]
+        assert names.count("bmm_chunk") == 1 and names.index("bmm_chunk") < names.index("chunk_scan"), (path, names)
+        for i, (name, signal, overlaps) in enumerate(launches):
+            if overlaps:
+                assert name == "bmm_chunk" and i > 0 and launches[i - 1][1], (path, launches)
+            if signal:
+                assert launches[i + 1][0] == "bmm_chunk" and launches[i + 1][2], (path, launches)
+        assert any(overlaps for _, _, overlaps in launches) is (beside != "none"), (path, launches)
 
 
 def _late_wait(x_ptr, USE_PDL):
@@ -56,9 +131,22 @@ def _waits_first(x_ptr, USE_PDL):
     return x_ptr
 
 
+def _overlapping(x_ptr, overlaps_previous, USE_PDL):
+    wait_unless_overlapping(overlaps_previous, USE_PDL)  # noqa: F821 (parsed, never run)
+    tl.store(x_ptr, 1)  # noqa: F821
+    wait_at_end_if_overlapping(overlaps_previous, USE_PDL)  # noqa: F821
+
+
+def _overlapping_without_closing_wait(x_ptr, overlaps_previous, USE_PDL):
+    wait_unless_overlapping(overlaps_previous, USE_PDL)  # noqa: F821 (parsed, never run)
+    tl.store(x_ptr, 1)  # noqa: F821
+
+
 def test_the_source_check_sees_a_late_or_missing_wait():
     assert statements_before_the_wait(_late_wait) == ["no wait"]
     assert statements_before_the_wait(_waits_first) == []
+    assert statements_before_the_wait(_overlapping) == []
+    assert statements_before_the_wait(_overlapping_without_closing_wait) == ["no closing wait"]
 
     def loads_then_waits(x_ptr, USE_PDL):
         v = x_ptr + 1

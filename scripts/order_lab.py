@@ -1,0 +1,143 @@
+"""Order lab: which kernel bmm runs beside in ``ssd_prefill`` (``kernels.ssd.BMM_BESIDE``), whole calls on the bench
+workloads, one process, the peer's calls interleaved with ours.
+
+    python scripts/order_lab.py [--rounds 3] [--reps 200] [--peer peers.vllm_ssd:provider] [--workload W ...]
+    python scripts/order_lab.py --dry-run    # the same plumbing on the CPU (interpreter, small shapes, no timing)
+
+For each workload, each order's call (indexed where the workload has one sequence, snapshot-fused) runs once eagerly
+and must give the bits of the order "none" (bmm alone, right after the cumsum): output and cache. Then every call,
+ours under each order and the peer's, is captured and timed by CUDA graph replay, round after round
+(``harness.bench.interleave``), and the best and median rounds are printed, with each against the peer's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import math
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+WORKLOADS = ["short-continuation", "prefill-4256", "continue-600", "mixed-3"]
+ORDERS = ("none", "state", "passing")
+
+
+@contextlib.contextmanager
+def bmm_beside(order: str):
+    from kernels import ssd
+
+    saved, ssd.BMM_BESIDE = ssd.BMM_BESIDE, order
+    try:
+        yield
+    finally:
+        ssd.BMM_BESIDE = saved
+
+
+def ordered_call(call, order: str):
+    """``call`` with ``BMM_BESIDE`` set to ``order`` while it launches (a graph captures the order it launched in)."""
+    def run():
+        with bmm_beside(order):
+            call()
+    return run
+
+
+def written(inputs) -> list:
+    return [inputs.out.clone(), inputs.state_cache.clone()]
+
+
+def same_bits(a: list, b: list) -> bool:
+    import torch
+
+    return all(torch.equal(x.contiguous().view(torch.uint8), y.contiguous().view(torch.uint8))
+               for x, y in zip(a, b, strict=True))
+
+
+def small_case(workload: str):
+    """The workload at an interpreter-sized shape with the same sequences' structure (two chunks a long sequence)."""
+    from harness.bench import workload_case
+    from harness.cases.model import Shape
+
+    case = workload_case(workload)
+    sequences = tuple(dataclasses.replace(s, context=min(s.context, 24), tokens=min(s.tokens, 20))
+                      for s in case.sequences)
+    return dataclasses.replace(case, shape=Shape(2, 16, 16, 1, 16), sequences=sequences)
+
+
+def run(workloads: list[str], rounds: int, reps: int, peer_spec: str | None, dry_run: bool) -> list[dict]:
+    import torch
+
+    from harness.bench import VARIANTS, Entry, _call, interleave, workload_case
+    from harness.cases.builder import build_inputs
+    from harness.checks.providers import load_provider
+    from kernels import provider
+
+    device = "cpu" if dry_run else "cuda"
+    peer = load_provider(peer_spec) if peer_spec else None
+    rows = []
+    for workload in workloads:
+        case = small_case(workload) if dry_run else workload_case(workload)
+        inputs = build_inputs(case, device)
+        variants = ["indexed", "snapshot-fused"] if len(case.sequences) == 1 else ["snapshot-fused"]
+        entries, fns = [], []
+        for variant in variants:
+            expected = None
+            for order in ORDERS:
+                call = ordered_call(_call(provider, inputs, VARIANTS[variant]), order)
+                call()
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                got = written(inputs)
+                expected = got if expected is None else expected
+                entry = Entry(workload, f"ours:{order}", variant, VARIANTS[variant])
+                if not same_bits(got, expected):
+                    entry.error = f"bits differ from the order 'none' ({variant})"
+                entries.append(entry)
+                fns.append(call)
+        if peer is not None:
+            for path in ("indexed", "snapshot") if len(case.sequences) == 1 else ("snapshot",):
+                entries.append(Entry(workload, "peer", path, {"path": path}))
+                fns.append(_call(peer, inputs, {"path": path}))
+        if not dry_run:
+            from harness.cuda_timing import GraphTimer
+
+            interleave(entries, fns, rounds, GraphTimer(reps))
+        rows += [dict(workload=e.workload, side=e.side, variant=e.variant, best=e.best, median=e.median,
+                      error=e.error) for e in entries]
+    return rows
+
+
+def print_rows(rows: list[dict]) -> None:
+    print(f"{'workload':<20} {'side':<14} {'variant':<15} {'best us':>8} {'median':>8} {'best/peer':>9}  error")
+    for r in rows:
+        peers = [p["best"] for p in rows if p["workload"] == r["workload"] and p["side"] == "peer"
+                 and p["best"] is not None]
+        best = math.nan if r["best"] is None else r["best"]
+        median = math.nan if r["median"] is None else r["median"]
+        ratio = best / min(peers) if peers and r["side"] != "peer" else math.nan
+        print(f"{r['workload']:<20} {r['side']:<14} {r['variant']:<15} {best:>8.1f} {median:>8.1f} {ratio:>9.3f}  "
+              f"{r['error'] or ''}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", action="append", choices=WORKLOADS)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=200)
+    parser.add_argument("--peer", help="a provider spec timed beside ours, e.g. peers.vllm_ssd:provider")
+    parser.add_argument("--dry-run", action="store_true", help="CPU, interpreter, small shapes: bits only")
+    args = parser.parse_args(argv)
+    if args.dry_run:
+        import os
+
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    rows = run(args.workload or WORKLOADS, args.rounds, args.reps, args.peer, args.dry_run)
+    print_rows(rows)
+    return 1 if any(r["error"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
