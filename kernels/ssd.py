@@ -115,8 +115,9 @@ def ssd_prefill(
     nchunks = dt_out.shape[1]
 
     if chosen == "indexed":
-        chunk_states = chunk_state(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, signal_next=beside == "state")
-        if beside == "state":
+        chunk_states = chunk_state(B, x, dt_out, dA_cumsum, cu_chunk_seqlens,
+                                   signal_next=beside in ("state", "state-scan"))
+        if beside in ("state", "state-scan"):
             CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens, overlaps_previous=True)
         initial_states = None
         workspace = torch.empty((nchunks, H, P, N), dtype=ws_dtype, device=x.device)
@@ -128,7 +129,7 @@ def ssd_prefill(
             has_initial_state=has_initial_states[:1],
             final_slot_index=final_state_indices[:1],
             out=workspace,
-            signal_next=beside == "passing",
+            signal_next=beside in ("passing", "state-scan"),
         )
         if beside == "passing":
             CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens, overlaps_previous=True)

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 WORKLOADS = ["short-continuation", "prefill-4256", "continue-600", "mixed-3"]
-ORDERS = ("none", "state", "passing")
+ORDERS = ("none", "state", "passing", "state-scan")
 
 
 @contextlib.contextmanager
@@ -98,7 +98,10 @@ def run(workloads: list[str], rounds: int, reps: int, peer_spec: str | None, dry
                 entries.append(entry)
                 fns.append(call)
         if peer is not None:
-            for path in ("indexed", "snapshot") if len(case.sequences) == 1 else ("snapshot",):
+            from harness.checks.providers import supported_paths
+
+            paths = [p for p in sorted(supported_paths(peer)) if len(case.sequences) == 1 or p != "indexed"]
+            for path in paths:
                 entries.append(Entry(workload, "peer", path, {"path": path}))
                 fns.append(_call(peer, inputs, {"path": path}))
         if not dry_run:
