@@ -6,8 +6,9 @@ workloads, one process, the peer's calls interleaved with ours.
 
 For each workload, each order's call (indexed where the workload has one sequence, snapshot-fused) runs once eagerly
 and must give the bits of the order "none" (bmm alone, right after the cumsum): output and cache. Then every call,
-ours under each order and the peer's, is captured and timed by CUDA graph replay, round after round
-(``harness.bench.interleave``), and the best and median rounds are printed, with each against the peer's.
+ours under each order and the peer's, is captured and timed by CUDA graph replay, round after round, every autotuner
+tuning afresh for each round as the bench's do (``harness.bench.interleave``, ``tuned_afresh``), and the best and
+median rounds are printed, with each against the peer's best.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import math
 import sys
 from pathlib import Path
@@ -70,13 +72,15 @@ def small_case(workload: str):
 def run(workloads: list[str], rounds: int, reps: int, peer_spec: str | None, dry_run: bool) -> list[dict]:
     import torch
 
-    from harness.bench import VARIANTS, Entry, _call, interleave, workload_case
+    from harness.bench import VARIANTS, Entry, _call, interleave, tuned_afresh, workload_case
     from harness.cases.builder import build_inputs
     from harness.checks.providers import load_provider
+    from harness.cuda_timing import GraphTimer
     from kernels import provider
 
     device = "cpu" if dry_run else "cuda"
     peer = load_provider(peer_spec) if peer_spec else None
+    providers = [provider] + ([peer] if peer is not None else [])
     rows = []
     for workload in workloads:
         case = small_case(workload) if dry_run else workload_case(workload)
@@ -105,9 +109,7 @@ def run(workloads: list[str], rounds: int, reps: int, peer_spec: str | None, dry
                 entries.append(Entry(workload, "peer", path, {"path": path}))
                 fns.append(_call(peer, inputs, {"path": path}))
         if not dry_run:
-            from harness.cuda_timing import GraphTimer
-
-            interleave(entries, fns, rounds, GraphTimer(reps))
+            interleave(entries, fns, rounds, GraphTimer(reps), fresh_tuning=functools.partial(tuned_afresh, providers))
         rows += [dict(workload=e.workload, side=e.side, variant=e.variant, best=e.best, median=e.median,
                       error=e.error) for e in entries]
     return rows
