@@ -15,7 +15,14 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from kernels.backend import AUTOTUNE_DO_BENCH, LOG2E, USE_LIBDEVICE, pdl_arguments, wait_for_previous_kernel
+from kernels.backend import (
+    AUTOTUNE_DO_BENCH,
+    LOG2E,
+    USE_LIBDEVICE,
+    let_next_kernel_start,
+    pdl_arguments,
+    wait_for_previous_kernel,
+)
 from kernels.interface import INDEX_DTYPES
 from kernels.tuned_configs import checked_in
 
@@ -25,7 +32,7 @@ CONFIGS = [triton.Config({"BLOCK_SIZE_H": 8}, num_warps=4), triton.Config({"BLOC
 SOFTPLUS_THRESHOLD = tl.constexpr(20.0)  # a constexpr: the GPU compiler rejects plain globals in @jit code
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("signal_next",))
 def _chunk_cumsum_kernel(
     dt_ptr,  # (T, H) any float dtype
     A_ptr,  # (H,) fp32
@@ -47,6 +54,7 @@ def _chunk_cumsum_kernel(
     stride_dA_cs_head,
     stride_dA_cs_chunk,
     stride_dA_cs_pos,
+    signal_next,  # nonzero: let the next kernel start early (kernels/backend.py)
     HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr,
     HAS_DT_LIMIT: tl.constexpr,
@@ -56,6 +64,7 @@ def _chunk_cumsum_kernel(
     BLOCK_SIZE_CHUNK: tl.constexpr,
 ):
     wait_for_previous_kernel(USE_PDL)
+    let_next_kernel_start(signal_next, USE_PDL)
     pid_c = tl.program_id(axis=0)
     pid_h = tl.program_id(axis=1)
     chunk_start = tl.load(cu_chunk_seqlens_ptr + pid_c).to(tl.int64)
@@ -126,11 +135,13 @@ def chunk_cumsum(
     dt_bias: torch.Tensor | None = None,
     dt_softplus: bool = False,
     dt_limit: tuple[float, float] = (0.0, math.inf),
+    signal_next: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """dt (T, H), A (H,) fp32, cu_chunk_seqlens (C + 1,) -> (dA_cumsum (H, C, Q) fp32, dt_out (H, C, Q) fp32).
 
     dt processing in fp32: + dt_bias, softplus ``log1p(exp(dt))`` where dt <= 20 (under the interpreter
     ``log(1 + exp(dt))``: no log1p there), clamp to dt_limit unless it is (0, inf); dt_out = 0 past the chunk's end.
+    ``signal_next``: the next kernel may start early (kernels/backend.py).
     """
     T, H = dt.shape
     assert A.shape == (H,) and A.dtype == torch.float32, f"A: expected ({H},) fp32, found {tuple(A.shape)} {A.dtype}"
@@ -146,13 +157,14 @@ def chunk_cumsum(
         return (nchunks, triton.cdiv(H, meta["BLOCK_SIZE_H"]))
 
     chunk_cumsum_kernel[grid](**launch_arguments(
-        dt, A, cu_chunk_seqlens, dt_out, dA_cumsum, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit))
+        dt, A, cu_chunk_seqlens, dt_out, dA_cumsum, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
+        signal_next=signal_next))
     return dA_cumsum, dt_out
 
 
 def launch_arguments(dt: torch.Tensor, A: torch.Tensor, cu_chunk_seqlens: torch.Tensor, dt_out: torch.Tensor,
                      dA_cumsum: torch.Tensor, *, dt_bias: torch.Tensor | None, dt_softplus: bool,
-                     dt_limit: tuple[float, float]) -> dict:
+                     dt_limit: tuple[float, float], signal_next: bool = False) -> dict:
     """The kernel's arguments by name for these tensors (the launcher's, and the warmup registry's on stand-ins),
     less the config's. Without dt_bias, A stands in for its pointer (never read) and its stride is 0."""
     H, _, chunk_size = dt_out.shape
@@ -165,6 +177,7 @@ def launch_arguments(dt: torch.Tensor, A: torch.Tensor, cu_chunk_seqlens: torch.
         stride_dt_out_head=dt_out.stride(0), stride_dt_out_chunk=dt_out.stride(1), stride_dt_out_pos=dt_out.stride(2),
         stride_dA_cs_head=dA_cumsum.stride(0), stride_dA_cs_chunk=dA_cumsum.stride(1),
         stride_dA_cs_pos=dA_cumsum.stride(2),
+        signal_next=int(signal_next),
         HAS_DT_BIAS=dt_bias is not None,
         DT_SOFTPLUS=bool(dt_softplus),
         HAS_DT_LIMIT=tuple(dt_limit) != (0.0, math.inf),

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import fixed_block, pdl_arguments, wait_for_previous_kernel
+from kernels.backend import fixed_block, pdl_arguments, wait_at_end_if_overlapping, wait_unless_overlapping
 from kernels.interface import INDEX_DTYPES, MASK_DTYPES
 
 # The fixed block over a row of H * P * N states on the GPU (under the interpreter a row is one block:
@@ -24,7 +24,7 @@ NUM_WARPS = 8
 # The index and mask are read one element per program: specializing on their alignment or stride class would only
 # multiply binaries (block-table column views come in every class), so they are compiled once for all classes.
 SCALAR_ONLY = {
-    "do_not_specialize": ("stride_idx", "stride_has"),
+    "do_not_specialize": ("stride_idx", "stride_has", "overlaps_previous"),
     "do_not_specialize_on_alignment": ("idx_ptr", "has_ptr"),
 }
 
@@ -40,10 +40,11 @@ def _gather_initial_states_kernel(
     stride_idx,
     stride_has,
     stride_out_batch,
+    overlaps_previous,  # nonzero: the kernel before it signalled early, and the copy reads nothing it writes
     USE_PDL: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
-    wait_for_previous_kernel(USE_PDL)
+    wait_unless_overlapping(overlaps_previous, USE_PDL)
     pid_m = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     offs = pid_m * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
@@ -55,10 +56,11 @@ def _gather_initial_states_kernel(
     slot = tl.where(has, tl.load(idx_ptr + b * stride_idx).to(tl.int64), 0)
     vals = tl.load(cache_ptr + slot * stride_cache_slot + offs, mask=mask & has, other=0.0)
     tl.store(out_ptr + b * stride_out_batch + offs, vals, mask=mask)
+    wait_at_end_if_overlapping(overlaps_previous, USE_PDL)
 
 
 def launch_arguments(state_cache: torch.Tensor, initial_state_indices: torch.Tensor, has_initial_states: torch.Tensor,
-                     out: torch.Tensor) -> dict:
+                     out: torch.Tensor, overlaps_previous: bool = False) -> dict:
     """The kernel's arguments by name for these tensors (the launcher's, and the warmup registry's on stand-ins)."""
     _, H, P, N = state_cache.shape
     # A same-width view, not a copy: the kernel reads the mask as bytes.
@@ -70,6 +72,7 @@ def launch_arguments(state_cache: torch.Tensor, initial_state_indices: torch.Ten
         stride_idx=initial_state_indices.stride(0),
         stride_has=has.stride(0),
         stride_out_batch=out.stride(0),
+        overlaps_previous=int(overlaps_previous),
         BLOCK_SIZE=fixed_block(H * P * N, BLOCK_SIZE),
         num_warps=NUM_WARPS,
         **pdl_arguments(),
@@ -93,13 +96,15 @@ def _check_inputs(state_cache: torch.Tensor, initial_state_indices: torch.Tensor
 
 
 def gather_initial_states(
-    state_cache: torch.Tensor, initial_state_indices: torch.Tensor, has_initial_states: torch.Tensor
+    state_cache: torch.Tensor, initial_state_indices: torch.Tensor, has_initial_states: torch.Tensor,
+    overlaps_previous: bool = False,
 ) -> torch.Tensor:
     """Dense copy of the initial states, by the fused kernel.
 
     state_cache (slots, H, P, N) with compact (H, P, N) (padded stride(0), storage offset allowed);
     initial_state_indices (Bt,) int32/int64 and has_initial_states (Bt,) bool/int, possibly strided views.
-    Returns (Bt, H, P, N) in the cache dtype, zeros where the mask is false.
+    Returns (Bt, H, P, N) in the cache dtype, zeros where the mask is false. ``overlaps_previous``: only right
+    after a kernel launched with ``signal_next`` (kernels/backend.py); the copy reads only the cache and indices.
     """
     _check_inputs(state_cache, initial_state_indices, has_initial_states)
     _, H, P, N = state_cache.shape
@@ -107,7 +112,7 @@ def gather_initial_states(
         f"state_cache: (H, P, N) must be compact, found strides {state_cache.stride()}")
     batch = initial_state_indices.shape[0]
     out = torch.empty((batch, H, P, N), dtype=state_cache.dtype, device=state_cache.device)
-    arguments = launch_arguments(state_cache, initial_state_indices, has_initial_states, out)
+    arguments = launch_arguments(state_cache, initial_state_indices, has_initial_states, out, overlaps_previous)
     grid = (triton.cdiv(H * P * N, arguments["BLOCK_SIZE"]), batch)
     _gather_initial_states_kernel[grid](**arguments)
     return out

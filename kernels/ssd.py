@@ -27,9 +27,12 @@ from kernels.gather import gather_initial_states, gather_initial_states_torch
 from kernels.interface import CallShape, choose_gather, choose_path
 from kernels.state_passing_indexed import state_passing_indexed
 
-# Which kernel bmm runs beside (kernels/backend.py: it reads only the call's inputs): "state", the chunk state
-# kernel (the fused kernel on the snapshot path); "passing", the indexed state passing (the fused kernel on the
-# snapshot path); "none", bmm launched right after the cumsum, alone.
+# The launch orders (kernels/backend.py: a kernel that reads only the call's inputs runs beside the one before it):
+# "none", each kernel alone, bmm right after the cumsum; "state", bmm beside the chunk state kernel (the fused kernel
+# on the snapshot path); "passing", bmm beside the indexed state passing (the fused kernel on the snapshot path);
+# "state-scan", as "state", and the chunk scan's programs placed early behind the indexed state passing;
+# "state+gather", as "state", and the fused gather beside the cumsum. scripts/order_lab.py times them.
+BMM_ORDERS = ("none", "state", "passing", "state-scan", "state+gather")
 BMM_BESIDE = "state"
 
 
@@ -106,18 +109,20 @@ def ssd_prefill(
     chosen = choose_path(path, call)
     copy = choose_gather(gather, call.on_cuda) if chosen == "snapshot" else None
 
-    dA_cumsum, dt_out = chunk_cumsum(
-        dt, A, chunk_size, cu_chunk_seqlens, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit
-    )
     beside = BMM_BESIDE
+    gather_beside = beside == "state+gather" and copy == "fused"
+    dA_cumsum, dt_out = chunk_cumsum(
+        dt, A, chunk_size, cu_chunk_seqlens, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
+        signal_next=gather_beside,
+    )
     if beside == "none":
         CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens)
     nchunks = dt_out.shape[1]
 
     if chosen == "indexed":
         chunk_states = chunk_state(B, x, dt_out, dA_cumsum, cu_chunk_seqlens,
-                                   signal_next=beside in ("state", "state-scan"))
-        if beside in ("state", "state-scan"):
+                                   signal_next=beside in ("state", "state-scan", "state+gather"))
+        if beside in ("state", "state-scan", "state+gather"):
             CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens, overlaps_previous=True)
         initial_states = None
         workspace = torch.empty((nchunks, H, P, N), dtype=ws_dtype, device=x.device)
@@ -135,8 +140,11 @@ def ssd_prefill(
             CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens, overlaps_previous=True)
         result = None
     else:
-        gather_copy = gather_initial_states if copy == "fused" else gather_initial_states_torch
-        initial_states = gather_copy(state_cache, initial_state_indices, has_initial_states)
+        if copy == "fused":
+            initial_states = gather_initial_states(state_cache, initial_state_indices, has_initial_states,
+                                                   overlaps_previous=gather_beside)
+        else:
+            initial_states = gather_initial_states_torch(state_cache, initial_state_indices, has_initial_states)
         result = None
         if call.mode == "direct":
             writeback = dict(

@@ -25,7 +25,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 WORKLOADS = ["short-continuation", "prefill-4256", "continue-600", "mixed-3"]
-ORDERS = ("none", "state", "passing", "state-scan")
 
 
 @contextlib.contextmanager
@@ -76,7 +75,7 @@ def run(workloads: list[str], rounds: int, reps: int, peer_spec: str | None, dry
     from harness.cases.builder import build_inputs
     from harness.checks.providers import load_provider
     from harness.cuda_timing import GraphTimer
-    from kernels import provider
+    from kernels import provider, ssd
 
     device = "cpu" if dry_run else "cuda"
     peer = load_provider(peer_spec) if peer_spec else None
@@ -89,7 +88,7 @@ def run(workloads: list[str], rounds: int, reps: int, peer_spec: str | None, dry
         entries, fns = [], []
         for variant in variants:
             expected = None
-            for order in ORDERS:
+            for order in ssd.BMM_ORDERS:
                 call = ordered_call(_call(provider, inputs, VARIANTS[variant]), order)
                 call()
                 if device == "cuda":

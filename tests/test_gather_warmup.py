@@ -223,7 +223,7 @@ def test_key_of_a_real_call_is_in_the_full_warmup(startup_warmup, device):
     cache, idx, mask, _ = build(case, device)
     row = SHAPE.nheads * SHAPE.headdim * SHAPE.dstate
     key = specialization_key(KERNEL, (cache, idx, mask.view(torch.uint8), torch.empty(1, dtype=case.state_dtype),
-                                      row, cache.stride(0), idx.stride(0), mask.stride(0), row),
+                                      row, cache.stride(0), idx.stride(0), mask.stride(0), row, 0),
                              {"BLOCK_SIZE": fixed_block(row, gather.BLOCK_SIZE), "num_warps": gather.NUM_WARPS,
                               **pdl_arguments()})
     assert key.key in {k.key for k in startup_warmup.keys}

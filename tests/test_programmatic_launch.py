@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from harness.compare import assert_bits_equal
-from kernels import backend
+from kernels import backend, ssd
 from kernels.specialization import base_jit_function, kernel_name
 from kernels.warmup import ModelShape, plan, watched_kernels
 
@@ -60,8 +60,8 @@ def _short_name(kernel) -> str:
 
 
 def test_which_kernels_signal_early_and_which_may_overlap():
-    """The early signal comes right after the wait, under ``signal_next``, in the kernels bmm may follow; only bmm
-    takes ``overlaps_previous`` (it reads only the call's inputs)."""
+    """The early signal comes right after the wait, under ``signal_next``, in the kernels an overlapping one may
+    follow; only bmm and the gather take ``overlaps_previous`` (they read only the call's inputs)."""
     signalling, overlapping = [], []
     for kernel in watched_kernels():
         fn = base_jit_function(kernel).fn
@@ -75,21 +75,22 @@ def test_which_kernels_signal_early_and_which_may_overlap():
             signalling.append(_short_name(kernel))
         if "overlaps_previous" in params:
             overlapping.append(_short_name(kernel))
-    assert sorted(signalling) == ["_chunk_state_kernel", "_chunk_state_passing_kernel",
+    assert sorted(signalling) == ["_chunk_cumsum_kernel", "_chunk_state_kernel", "_chunk_state_passing_kernel",
                                   "_state_passing_indexed_kernel"]
-    assert overlapping == ["_bmm_chunk_kernel"]
+    assert sorted(overlapping) == ["_bmm_chunk_kernel", "_gather_initial_states_kernel"]
 
 
-@pytest.mark.parametrize("beside", ["none", "state", "passing", "state-scan"])
+@pytest.mark.parametrize("beside", ssd.BMM_ORDERS)
 def test_ssd_prefill_launches_the_overlapping_bmm_right_after_a_signalling_kernel(monkeypatch, device, beside):
     """What makes bmm's late wait safe is its place: right after a kernel that waited for everything before it and
-    then signalled. Every ssd_prefill call, on both paths, launches an overlapping bmm only there, once."""
+    then signalled. Every ssd_prefill call, on both paths, launches an overlapping kernel (bmm, the gather) only
+    there, and bmm once."""
     import dataclasses
 
     from harness.bench import workload_case
     from harness.cases.builder import build_inputs
     from harness.cases.model import SequenceSpec, Shape
-    from kernels import provider, ssd
+    from kernels import provider
 
     # The short bench workload at an interpreter-sized shape: one sequence over two chunks, from an initial state.
     case = dataclasses.replace(workload_case("short-continuation"), shape=Shape(2, 16, 16, 1, 16),
@@ -108,12 +109,14 @@ def test_ssd_prefill_launches_the_overlapping_bmm_right_after_a_signalling_kerne
     monkeypatch.setattr(ssd, "BMM_BESIDE", beside)
     for path in ("snapshot", "indexed"):
         launches.clear()
-        provider.ssd_prefill(**build_inputs(case, device).kwargs(path=path))
+        extra = {"gather": "fused"} if path == "snapshot" else {}  # the copy that can overlap, on any device
+        provider.ssd_prefill(**build_inputs(case, device).kwargs(path=path), **extra)
         names = [n for n, _, _ in launches]
         assert names.count("bmm_chunk") == 1 and names.index("bmm_chunk") < names.index("chunk_scan"), (path, names)
         for i, (name, _, overlaps) in enumerate(launches):
             if overlaps:
-                assert name == "bmm_chunk" and i > 0 and launches[i - 1][1], (path, launches)
+                assert name in ("bmm_chunk", "gather_initial_states") and i > 0 and launches[i - 1][1], (
+                    path, launches)
         assert any(overlaps for _, _, overlaps in launches) is (beside != "none"), (path, launches)
 
 
@@ -190,16 +193,18 @@ def test_hopper_launches_programmatically(device):
 REPLAYS = 50
 
 
+@pytest.mark.parametrize("beside", ssd.BMM_ORDERS)
 @pytest.mark.parametrize(("workload", "variant"), [
     ("short-continuation", "indexed"), ("short-continuation", "snapshot-fused"), ("mixed-3", "snapshot-fused"),
     ("continue-600", "indexed"),
 ])
-def test_graph_replays_give_the_eager_calls_bits(device, workload, variant):
+def test_graph_replays_give_the_eager_calls_bits(device, monkeypatch, workload, variant, beside):
     """In a graph replay the five launches overlap as far as programmatic launch lets them: a stage that read
     ahead of its wait would see its input half written in some replays. Every replay's output and final states
-    must equal the eager call's, bit for bit."""
+    must equal the eager call's, bit for bit, in every launch order (``kernels.ssd.BMM_ORDERS``)."""
     if device != "cuda":
         pytest.skip("needs a CUDA device: CUDA graphs and programmatic launch exist only there")
+    monkeypatch.setattr(ssd, "BMM_BESIDE", beside)
     from harness.bench import VARIANTS, _call, workload_case
     from harness.cases.builder import build_inputs
     from harness.cuda_timing import capture_graph
@@ -218,6 +223,6 @@ def test_graph_replays_give_the_eager_calls_bits(device, workload, variant):
         inputs.state_cache[final_slots] = math.nan
         graph.replay()
         torch.cuda.synchronize()
-        context = f"{workload} {variant}, graph replay {replay} of {REPLAYS} against the eager call"
+        context = f"{workload} {variant}, order {beside}, graph replay {replay} of {REPLAYS} against the eager call"
         assert_bits_equal(inputs.out, out, what="out", context=context)
         assert_bits_equal(inputs.state_cache, cache, what="state_cache", context=context)
