@@ -32,10 +32,8 @@ from kernels.backend import (
     dot_acc,
     least_overshoot,
     pdl_arguments,
-    wait_at_end_if_overlapping,
-    wait_unless_overlapping,
+    wait_for_previous_kernel,
 )
-from kernels.chunk_ready import check_ready_counts, unused_ready_counts, wait_chunk_ready
 from kernels.interface import INDEX_DTYPES, STATE_DTYPES
 from kernels.tuned_configs import checked_in
 
@@ -73,8 +71,7 @@ def dstate_block(dstate: int) -> int:
 # D's strides are (1, 0) per head and (P, 1) per channel: not specialized, so both share one binary (the loads are
 # a few per program; kernels.warmup needs one D class fewer). The previous-state selectors are runtime values that
 # must not be specialized either (0 vs 1 would otherwise compile the two paths differently).
-@triton.jit(do_not_specialize=["stride_D_head", "stride_D_hdim", "prev_chunk_offset", "has_initial_states",
-                                "ready_count"])
+@triton.jit(do_not_specialize=["stride_D_head", "stride_D_hdim", "prev_chunk_offset", "has_initial_states"])
 def _chunk_scan_kernel(
     CB_ptr,  # (C, G, Q, Q) fp32
     x_ptr,  # (T, H, P) io dtype
@@ -88,8 +85,6 @@ def _chunk_scan_kernel(
     D_ptr,  # (H,) or (H, P), unused without HAS_D
     initial_states_ptr,  # (Bt, H, P, N) state dtype, same inner strides as states; read only if has_initial_states
     cu_chunk_seqlens_ptr,  # (C + 1,)
-    ready_ptr,  # (C, H) int32 per-chunk ready counts, read where ready_count (kernels/chunk_ready.py)
-    ready_count,  # nonzero: wait per chunk until ready[c, h] reaches it, not for the kernel before; chunk-major grid
     prev_chunk_offset,  # 0: states[c] enters chunk c (indexed path); 1: states[c - 1] exits the chunk before
     has_initial_states,  # nonzero: a sequence's first chunk starts from initial_states[seq] (else from zero)
     chunk_size: tl.constexpr,
@@ -136,15 +131,10 @@ def _chunk_scan_kernel(
     BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
 ):
-    wait_unless_overlapping(ready_count, USE_PDL)
+    wait_for_previous_kernel(USE_PDL)
     pid_mn = tl.program_id(axis=0)
-    # Waiting per chunk, the programs are placed chunk by chunk, in the order the states become ready.
-    if ready_count == 0:
-        pid_c = tl.program_id(axis=1)
-        pid_h = tl.program_id(axis=2)
-    else:
-        pid_h = tl.program_id(axis=1)
-        pid_c = tl.program_id(axis=2)
+    pid_c = tl.program_id(axis=1)
+    pid_h = tl.program_id(axis=2)
     num_pid_n = tl.cdiv(hdim, BLOCK_SIZE_N)
     pid_m = pid_mn // num_pid_n
     pid_n = pid_mn % num_pid_n
@@ -152,7 +142,6 @@ def _chunk_scan_kernel(
     chunk_len = tl.load(cu_chunk_seqlens_ptr + pid_c + 1).to(tl.int64) - chunk_start
     # A tile whose rows all lie past the chunk's end stores nothing (a continuation's short chunk, a sequence's last).
     if pid_m * BLOCK_SIZE_M >= chunk_len:
-        wait_at_end_if_overlapping(ready_count, USE_PDL)
         return
     group = pid_h // nheads_per_group
     io_dtype = x_ptr.dtype.element_ty
@@ -181,7 +170,6 @@ def _chunk_scan_kernel(
     dA_cs_m = tl.load(dA_cumsum_ptr + offs_m * stride_dA_cs_pos, mask=offs_m < chunk_size, other=0.0)
 
     # Inter-chunk term: (C . prev) * exp(dA_cs[l]).
-    wait_chunk_ready(ready_ptr, pid_c, pid_h, tl.num_programs(axis=1), ready_count)
     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     if from_states | (has_initial_states != 0):
         offs_s = tl.arange(0, BLOCK_SIZE_DSTATE)
@@ -244,7 +232,6 @@ def _chunk_scan_kernel(
         + offs_n[None, :] * stride_out_hdim
     )
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=tile_mask)
-    wait_at_end_if_overlapping(ready_count, USE_PDL)
 
 
 chunk_scan_kernel = triton.autotune(
@@ -269,14 +256,10 @@ def chunk_scan(
     z: torch.Tensor | None = None,
     initial_states: torch.Tensor | None = None,
     states_are_entering: bool = False,
-    ready: torch.Tensor | None = None,
-    ready_count: int = 0,
 ) -> None:
     """Write out (T, H, P) io dtype from CB (nchunks, G, Q, Q) fp32, x (T, H, P), dt_out and dA_cumsum (H, nchunks, Q)
     fp32, C (T, G, N), states (nchunks, H, P, N) state dtype, cu_chunk_seqlens (nchunks + 1,), seq_idx (nchunks,);
-    optional D (H,) or (H, P), z (T, H, P), initial_states (Bt, H, P, N) state dtype. ``ready`` (C, H) int32 and
-    ``ready_count`` > 0: each tile waits until ready[c, h] reaches ``ready_count`` instead of waiting for the kernel
-    before (kernels/chunk_ready.py); only for entering states, which a state passing counts there."""
+    optional D (H,) or (H, P), z (T, H, P), initial_states (Bt, H, P, N) state dtype."""
     T, H, P = x.shape
     nchunks, G, Q, _ = CB.shape
     N = C.shape[-1]
@@ -310,25 +293,16 @@ def chunk_scan(
             f"found {initial_states.stride()[2:]}")
     assert not (states_are_entering and initial_states is not None), "entering states already hold the initial states"
 
-    assert (ready is None) == (ready_count == 0), "ready and ready_count come together"
-    if ready is not None:
-        assert states_are_entering, "per-chunk readiness is counted for entering states only"
-        assert ready_count > 0, f"ready_count: expected > 0, found {ready_count}"
-        check_ready_counts(ready, nchunks, H)
-    # The kernel reads which grid axis is the chunk's from ready_count (its definition says why).
-    outer = (H, nchunks) if ready is not None else (nchunks, H)
-    grid = lambda META: (triton.cdiv(Q, META["BLOCK_SIZE_M"]) * triton.cdiv(P, META["BLOCK_SIZE_N"]), *outer)  # noqa: E731
+    grid = lambda META: (triton.cdiv(Q, META["BLOCK_SIZE_M"]) * triton.cdiv(P, META["BLOCK_SIZE_N"]), nchunks, H)  # noqa: E731
     chunk_scan_kernel[grid](**launch_arguments(
         CB, x, dt_out, dA_cumsum, C, states, cu_chunk_seqlens, seq_idx, out=out, D=D, z=z,
-        initial_states=initial_states, states_are_entering=states_are_entering, ready=ready,
-        ready_count=ready_count))
+        initial_states=initial_states, states_are_entering=states_are_entering))
 
 
 def launch_arguments(CB: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_cumsum: torch.Tensor,
                      C: torch.Tensor, states: torch.Tensor, cu_chunk_seqlens: torch.Tensor, seq_idx: torch.Tensor, *,
                      out: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None,
-                     initial_states: torch.Tensor | None, states_are_entering: bool,
-                     ready: torch.Tensor | None = None, ready_count: int = 0) -> dict:
+                     initial_states: torch.Tensor | None, states_are_entering: bool) -> dict:
     """The kernel's arguments by name for these tensors (the launcher's, and the warmup registry's on stand-ins);
     the block sizes other than dstate's come from the autotuner's config. Absent z, D or initial states are
     pointer placeholders of the same dtype (never read) with zero strides; D (H,) has stride 0 along headdim."""
@@ -341,7 +315,6 @@ def launch_arguments(CB: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA
     return dict(
         CB_ptr=CB, x_ptr=x, z_ptr=z_arg, out_ptr=out, dt_ptr=dt_out, dA_cumsum_ptr=dA_cumsum, seq_idx_ptr=seq_idx,
         C_ptr=C, states_ptr=states, D_ptr=D_arg, initial_states_ptr=init, cu_chunk_seqlens_ptr=cu_chunk_seqlens,
-        ready_ptr=ready if ready is not None else unused_ready_counts(x.device), ready_count=int(ready_count),
         prev_chunk_offset=0 if states_are_entering else 1,
         has_initial_states=int(initial_states is not None),
         chunk_size=Q, hdim=P, dstate=N, nheads_per_group=H // G,

@@ -20,23 +20,20 @@ import torch
 
 from kernels.bmm_chunk import bmm_chunk
 from kernels.chunk_cumsum import chunk_cumsum
-from kernels.chunk_ready import ready_counts
 from kernels.chunk_scan import chunk_scan
 from kernels.chunk_state import chunk_state
 from kernels.chunk_state_passing import chunk_state_passing
 from kernels.gather import gather_initial_states, gather_initial_states_torch
 from kernels.interface import CallShape, choose_gather, choose_path
-from kernels.state_passing_indexed import programs_per_head, state_passing_indexed
+from kernels.state_passing_indexed import state_passing_indexed
 
 # The launch orders (kernels/backend.py: a kernel that reads only the call's inputs runs beside the one before it):
 # "none", each kernel alone, bmm right after the cumsum; "state", bmm beside the chunk state kernel (the fused kernel
 # on the snapshot path); "passing", bmm beside the indexed state passing (the fused kernel on the snapshot path);
 # "state-scan", as "state", and the chunk scan's programs placed early behind the indexed state passing;
-# "state+gather", as "state", and the fused gather beside the cumsum; "chunks", as "state+gather", and on the indexed
-# path the chunk scan's tiles start chunk by chunk as the state passing stores each entering state
-# (kernels/chunk_ready.py). scripts/order_lab.py times them.
-BMM_ORDERS = ("none", "state", "passing", "state-scan", "state+gather", "chunks")
-BMM_BESIDE = "chunks"
+# "state+gather", as "state", and the fused gather beside the cumsum. scripts/order_lab.py times them.
+BMM_ORDERS = ("none", "state", "passing", "state-scan", "state+gather")
+BMM_BESIDE = "state"
 
 
 def ssd_prefill(
@@ -113,20 +110,19 @@ def ssd_prefill(
     copy = choose_gather(gather, call.on_cuda) if chosen == "snapshot" else None
 
     beside = BMM_BESIDE
-    gather_beside = beside in ("state+gather", "chunks") and copy == "fused"
-    bmm_beside_state = beside not in ("none", "passing")
-    nchunks = cu_chunk_seqlens.shape[0] - 1
-    ready = ready_counts(nchunks, H, x.device) if beside == "chunks" and chosen == "indexed" else None
+    gather_beside = beside == "state+gather" and copy == "fused"
     dA_cumsum, dt_out = chunk_cumsum(
         dt, A, chunk_size, cu_chunk_seqlens, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
-        signal_next=gather_beside, ready=ready,
+        signal_next=gather_beside,
     )
     if beside == "none":
         CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens)
+    nchunks = dt_out.shape[1]
 
     if chosen == "indexed":
-        chunk_states = chunk_state(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, signal_next=bmm_beside_state)
-        if bmm_beside_state:
+        chunk_states = chunk_state(B, x, dt_out, dA_cumsum, cu_chunk_seqlens,
+                                   signal_next=beside in ("state", "state-scan", "state+gather"))
+        if beside in ("state", "state-scan", "state+gather"):
             CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens, overlaps_previous=True)
         initial_states = None
         workspace = torch.empty((nchunks, H, P, N), dtype=ws_dtype, device=x.device)
@@ -138,8 +134,7 @@ def ssd_prefill(
             has_initial_state=has_initial_states[:1],
             final_slot_index=final_state_indices[:1],
             out=workspace,
-            signal_next=beside in ("passing", "state-scan", "chunks"),
-            ready=ready,
+            signal_next=beside in ("passing", "state-scan"),
         )
         if beside == "passing":
             CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens, overlaps_previous=True)
@@ -186,8 +181,6 @@ def ssd_prefill(
         z=z,
         initial_states=initial_states,
         states_are_entering=chosen == "indexed",
-        ready=ready,
-        ready_count=programs_per_head(P, N) if ready is not None else 0,
     )
     if workspace_out is not None:
         workspace_out.update(

@@ -184,12 +184,11 @@ for step in $steps; do
       run_step order $PY scripts/order_lab.py --peer peers.vllm_ssd:provider --rounds "${ROUNDS:-3}" \
         --reps "${LAB_REPS:-200}" ;;
     launch-tests)  # the tests of how the stages launch and what they compute, with the recompile guard: the graph
-      # replays against the eager call (programmatic launch, bmm beside another kernel, the scan waiting per chunk),
-      # the stages, both paths
+      # replays against the eager call (programmatic launch, bmm beside another kernel), the stages, both paths
       run_step launch-tests $PY -m pytest -q -n "$WORKERS" --workers-per-gpu "${WPG:-$WORKERS}" --device cuda \
         -p no:cacheprovider --recompile-guard -rfE --tb=short tests/test_programmatic_launch.py \
         tests/test_indexed_equivalence.py tests/test_ssd_prefill.py tests/test_kernel_stages.py \
-        tests/test_ssd_warmup.py tests/test_state_passing.py tests/test_order_lab.py tests/test_chunk_ready.py ;;
+        tests/test_ssd_warmup.py tests/test_state_passing.py tests/test_order_lab.py ;;
     fusion)  # chunk state + state passing as two kernels against the fused kernel under candidate tiles
       # (scripts/fusion_lab.py): bits against the pair, stability, graph-replay us, on the four bench workloads
       run_step fusion $PY scripts/fusion_lab.py --reps "${LAB_REPS:-200}" ;;

@@ -101,8 +101,7 @@ def test_comparison_catches_an_indexed_kernel_that_reads_a_masked_slot(monkeypat
 def test_comparison_catches_a_chunk_scan_reading_entering_states_as_exiting(monkeypatch, device):
     real = ssd_module.chunk_scan
 
-    def misreads(*args, states_are_entering=False, ready=None, ready_count=0, **kwargs):
-        # (waiting for the whole kernel: the launcher takes per-chunk readiness for entering states only)
+    def misreads(*args, states_are_entering=False, **kwargs):
         return real(*args, states_are_entering=False, **kwargs)
 
     monkeypatch.setattr(ssd_module, "chunk_scan", misreads)

@@ -28,17 +28,12 @@ def _is_call(stmt, name: str, args: list[str]) -> bool:
             and [getattr(a, "id", None) for a in stmt.value.args] == args)
 
 
-# The runtime switches that defer a kernel's wait: bmm's and the gather's ``overlaps_previous``, the chunk scan's
-# ``ready_count`` (it waits per chunk instead, kernels/chunk_ready.py).
-DEFERRING_SWITCHES = ("overlaps_previous", "ready_count")
-
-
 def statements_before_the_wait(fn) -> list[str]:
     """The statements of a ``@triton.jit`` function's body that come before ``wait_for_previous_kernel(USE_PDL)``
     (its docstring aside), or ``["no wait"]`` when the body never calls it at its top level. A kernel that may run
     beside the one before it (kernels/backend.py: bmm) opens with ``wait_unless_overlapping(overlaps_previous,
-    USE_PDL)`` instead (or another of ``DEFERRING_SWITCHES``) and must then close with
-    ``wait_at_end_if_overlapping`` on the same switch (else ``["no closing wait"]``)."""
+    USE_PDL)`` instead and must then close with ``wait_at_end_if_overlapping(overlaps_previous, USE_PDL)`` (else
+    ``["no closing wait"]``)."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
     body = tree.body[0].body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
@@ -46,11 +41,10 @@ def statements_before_the_wait(fn) -> list[str]:
     for i, stmt in enumerate(body):
         if _is_call(stmt, "wait_for_previous_kernel", ["USE_PDL"]):
             return [ast.unparse(s) for s in body[:i]]
-        for switch in DEFERRING_SWITCHES:
-            if _is_call(stmt, "wait_unless_overlapping", [switch, "USE_PDL"]):
-                if not _is_call(body[-1], "wait_at_end_if_overlapping", [switch, "USE_PDL"]):
-                    return ["no closing wait"]
-                return [ast.unparse(s) for s in body[:i]]
+        if _is_call(stmt, "wait_unless_overlapping", ["overlaps_previous", "USE_PDL"]):
+            if not _is_call(body[-1], "wait_at_end_if_overlapping", ["overlaps_previous", "USE_PDL"]):
+                return ["no closing wait"]
+            return [ast.unparse(s) for s in body[:i]]
     return ["no wait"]
 
 
@@ -105,9 +99,7 @@ def test_ssd_prefill_launches_the_overlapping_bmm_right_after_a_signalling_kerne
 
     def recording(name, fn):
         def wrapper(*args, **kwargs):
-            # The chunk scan waiting per chunk (kernels/chunk_ready.py) defers its wait as an overlapping kernel does.
-            overlaps = kwargs.get("overlaps_previous", False) or kwargs.get("ready_count", 0) > 0
-            launches.append((name, kwargs.get("signal_next", False), overlaps))
+            launches.append((name, kwargs.get("signal_next", False), kwargs.get("overlaps_previous", False)))
             return fn(*args, **kwargs)
         return wrapper
 
@@ -123,7 +115,7 @@ def test_ssd_prefill_launches_the_overlapping_bmm_right_after_a_signalling_kerne
         assert names.count("bmm_chunk") == 1 and names.index("bmm_chunk") < names.index("chunk_scan"), (path, names)
         for i, (name, _, overlaps) in enumerate(launches):
             if overlaps:
-                assert name in ("bmm_chunk", "gather_initial_states", "chunk_scan") and i > 0 and launches[i - 1][1], (
+                assert name in ("bmm_chunk", "gather_initial_states") and i > 0 and launches[i - 1][1], (
                     path, launches)
         assert any(overlaps for _, _, overlaps in launches) is (beside != "none"), (path, launches)
 
