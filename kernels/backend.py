@@ -143,13 +143,14 @@ def forced_config(kernel, config: triton.Config):
 # or store of a stage moves ahead of what it depends on, whoever launched the kernel before (a stage of ours, a torch
 # op, another engine's kernel), and the order is transitive along the call. What overlaps is launch and scheduling
 # latency, no arithmetic: the bits cannot change.
-# A kernel signals its dependents early (``let_next_kernel_start``) only where ``ssd_prefill`` launches bmm right
-# after it (``signal_next``): bmm reads nothing the stages before it write, so, launched with ``overlaps_previous``,
-# it computes beside this kernel and waits at its end instead of its start; it completes only after this kernel has,
-# and the order stays transitive for the kernels after it. The signal fires once every program of this kernel has
-# started, so bmm's tiles fill the multiprocessors this kernel's last wave leaves idle. Elsewhere an early signal only
-# places the next kernel's programs, waiting, where this one could run: a grid of about one wave then ran 30% slower
-# (docs/gpu-runs.md, run 53).
+# A kernel signals its dependents early (``let_next_kernel_start``, under ``signal_next``) where ``ssd_prefill``
+# launches a kernel that reads only the call's inputs right after it (``kernels.ssd.BMM_ORDERS``): bmm after chunk
+# state or the fused kernel, the fused gather after the cumsum. Launched with ``overlaps_previous``, that kernel
+# computes beside this one and waits at its end instead of its start; it completes only after this kernel has, and
+# the order stays transitive for the kernels after it. The signal fires once every program of this kernel has
+# started, so the overlapping kernel's programs fill the multiprocessors this kernel's last wave leaves idle. Elsewhere
+# an early signal only places the next kernel's programs, waiting, where this one could run: a grid of about one wave
+# then ran 30% slower (docs/gpu-runs.md, run 53).
 
 # The names in a launch's arguments that are launch options, not kernel parameters (the warmup registry passes them
 # through as options).

@@ -29,11 +29,10 @@ from kernels.state_passing_indexed import state_passing_indexed
 
 # The launch orders (kernels/backend.py: a kernel that reads only the call's inputs runs beside the one before it):
 # "none", each kernel alone, bmm right after the cumsum; "state", bmm beside the chunk state kernel (the fused kernel
-# on the snapshot path); "passing", bmm beside the indexed state passing (the fused kernel on the snapshot path);
-# "state-scan", as "state", and the chunk scan's programs placed early behind the indexed state passing;
-# "state+gather", as "state", and the fused gather beside the cumsum. scripts/order_lab.py times them.
-BMM_ORDERS = ("none", "state", "passing", "state-scan", "state+gather")
-BMM_BESIDE = "state"
+# on the snapshot path); "state-scan", as "state", and the chunk scan's programs placed early behind the indexed state
+# passing; "state+gather", as "state", and the fused gather beside the cumsum. scripts/order_lab.py times them.
+BMM_ORDERS = ("none", "state", "state-scan", "state+gather")
+BMM_BESIDE = "state+gather"
 
 
 def ssd_prefill(
@@ -134,10 +133,8 @@ def ssd_prefill(
             has_initial_state=has_initial_states[:1],
             final_slot_index=final_state_indices[:1],
             out=workspace,
-            signal_next=beside in ("passing", "state-scan"),
+            signal_next=beside == "state-scan",
         )
-        if beside == "passing":
-            CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens, overlaps_previous=True)
         result = None
     else:
         if copy == "fused":
