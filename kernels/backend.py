@@ -144,7 +144,7 @@ def forced_config(kernel, config: triton.Config):
 # op, another engine's kernel), and the order is transitive along the call. What overlaps is launch and scheduling
 # latency, no arithmetic: the bits cannot change.
 # A kernel signals its dependents early (``let_next_kernel_start``, under ``signal_next``) where ``ssd_prefill``
-# launches a kernel that reads only the call's inputs right after it (``kernels.ssd.BMM_ORDERS``): bmm after chunk
+# launches a kernel that reads only the call's inputs right after it (``kernels.ssd.LAUNCH_ORDERS``): bmm after chunk
 # state or the fused kernel, the fused gather after the cumsum. Launched with ``overlaps_previous``, that kernel
 # computes beside this one and waits at its end instead of its start; it completes only after this kernel has, and
 # the order stays transitive for the kernels after it. The signal fires once every program of this kernel has

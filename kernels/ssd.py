@@ -31,8 +31,8 @@ from kernels.state_passing_indexed import state_passing_indexed
 # "none", each kernel alone, bmm right after the cumsum; "state", bmm beside the chunk state kernel (the fused kernel
 # on the snapshot path); "state-scan", as "state", and the chunk scan's programs placed early behind the indexed state
 # passing; "state+gather", as "state", and the fused gather beside the cumsum. scripts/order_lab.py times them.
-BMM_ORDERS = ("none", "state", "state-scan", "state+gather")
-BMM_BESIDE = "state+gather"
+LAUNCH_ORDERS = ("none", "state", "state-scan", "state+gather")
+LAUNCH_ORDER = "state+gather"
 
 
 def ssd_prefill(
@@ -108,20 +108,19 @@ def ssd_prefill(
     chosen = choose_path(path, call)
     copy = choose_gather(gather, call.on_cuda) if chosen == "snapshot" else None
 
-    beside = BMM_BESIDE
-    gather_beside = beside == "state+gather" and copy == "fused"
+    order = LAUNCH_ORDER
+    gather_beside = order == "state+gather" and copy == "fused"
     dA_cumsum, dt_out = chunk_cumsum(
         dt, A, chunk_size, cu_chunk_seqlens, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
         signal_next=gather_beside,
     )
-    if beside == "none":
+    if order == "none":
         CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens)
     nchunks = dt_out.shape[1]
 
     if chosen == "indexed":
-        chunk_states = chunk_state(B, x, dt_out, dA_cumsum, cu_chunk_seqlens,
-                                   signal_next=beside in ("state", "state-scan", "state+gather"))
-        if beside in ("state", "state-scan", "state+gather"):
+        chunk_states = chunk_state(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, signal_next=order != "none")
+        if order != "none":
             CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens, overlaps_previous=True)
         initial_states = None
         workspace = torch.empty((nchunks, H, P, N), dtype=ws_dtype, device=x.device)
@@ -133,7 +132,7 @@ def ssd_prefill(
             has_initial_state=has_initial_states[:1],
             final_slot_index=final_state_indices[:1],
             out=workspace,
-            signal_next=beside == "state-scan",
+            signal_next=order == "state-scan",
         )
         result = None
     else:
@@ -158,8 +157,8 @@ def ssd_prefill(
         chunk_states = None  # never leave the chip
         workspace = torch.empty((nchunks, H, P, N), dtype=ws_dtype, device=x.device)
         chunk_state_passing(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, seq_idx, out=workspace,
-                            initial_states=initial_states, signal_next=beside != "none", **writeback)
-        if beside != "none":
+                            initial_states=initial_states, signal_next=order != "none", **writeback)
+        if order != "none":
             CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens, overlaps_previous=True)
         if call.mode == "checkpoint":
             result = workspace

@@ -179,8 +179,8 @@ for step in $steps; do
         "$OUT/fork-probe.json" | tee -a "$OUT/fork-probe-pytest.log" ;;
     context-probe)  # how long N processes take to create their CUDA contexts at once (driver API, no torch)
       run_step context-probe $PY scripts/context_probe.py 1 16 32 ;;
-    order)  # which kernel bmm runs beside in ssd_prefill (scripts/order_lab.py): each order's bits against bmm alone,
-      # then whole calls of every order and the peer's (carried .peers/), interleaved round by round
+    order)  # which kernels run beside which in ssd_prefill (scripts/order_lab.py): each order's bits against
+      # order "none", then whole calls of every order and the peer's (carried .peers/), interleaved round by round
       run_step order $PY scripts/order_lab.py --peer peers.vllm_ssd:provider --rounds "${ROUNDS:-3}" \
         --reps "${LAB_REPS:-200}" ;;
     launch-tests)  # the tests of how the stages launch and what they compute, with the recompile guard: the graph

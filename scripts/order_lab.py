@@ -1,5 +1,5 @@
-"""Order lab: which kernel bmm runs beside in ``ssd_prefill`` (``kernels.ssd.BMM_BESIDE``), whole calls on the bench
-workloads, one process, the peer's calls interleaved with ours.
+"""Order lab: which kernels run beside which in ``ssd_prefill`` (``kernels.ssd.LAUNCH_ORDER``), whole calls on the
+bench workloads, one process, the peer's calls interleaved with ours.
 
     python scripts/order_lab.py [--rounds 3] [--reps 200] [--peer peers.vllm_ssd:provider] [--workload W ...]
     python scripts/order_lab.py --dry-run    # the same plumbing on the CPU (interpreter, small shapes, no timing)
@@ -28,33 +28,38 @@ WORKLOADS = ["short-continuation", "prefill-4256", "continue-600", "mixed-3"]
 
 
 @contextlib.contextmanager
-def bmm_beside(order: str):
+def launch_order(order: str):
     from kernels import ssd
 
-    saved, ssd.BMM_BESIDE = ssd.BMM_BESIDE, order
+    saved, ssd.LAUNCH_ORDER = ssd.LAUNCH_ORDER, order
     try:
         yield
     finally:
-        ssd.BMM_BESIDE = saved
+        ssd.LAUNCH_ORDER = saved
 
 
 def ordered_call(call, order: str):
-    """``call`` with ``BMM_BESIDE`` set to ``order`` while it launches (a graph captures the order it launched in)."""
+    """``call`` with ``LAUNCH_ORDER`` set to ``order`` while it launches (a graph captures the order it launched in)."""
     def run():
-        with bmm_beside(order):
+        with launch_order(order):
             call()
     return run
 
 
-def written(inputs) -> list:
-    return [inputs.out.clone(), inputs.state_cache.clone()]
+def written(inputs) -> dict:
+    return {"out": inputs.out.clone(), "state cache": inputs.state_cache.clone()}
 
 
-def same_bits(a: list, b: list) -> bool:
-    import torch
+def bits_differ(got: dict, expected: dict, what: str) -> str | None:
+    """The first line of the exact check's report (how many elements, max ulp) for the first tensor that differs."""
+    from harness.compare import Mismatch, assert_bits_equal
 
-    return all(torch.equal(x.contiguous().view(torch.uint8), y.contiguous().view(torch.uint8))
-               for x, y in zip(a, b, strict=True))
+    try:
+        for name, tensor in got.items():
+            assert_bits_equal(tensor, expected[name], what=f"{name}, {what}")
+    except Mismatch as mismatch:
+        return str(mismatch).splitlines()[0]
+    return None
 
 
 def small_case(workload: str):
@@ -88,7 +93,7 @@ def run(workloads: list[str], rounds: int, reps: int, peer_spec: str | None, dry
         entries, fns = [], []
         for variant in variants:
             expected = None
-            for order in ssd.BMM_ORDERS:
+            for order in ssd.LAUNCH_ORDERS:
                 call = ordered_call(_call(provider, inputs, VARIANTS[variant]), order)
                 call()
                 if device == "cuda":
@@ -96,8 +101,7 @@ def run(workloads: list[str], rounds: int, reps: int, peer_spec: str | None, dry
                 got = written(inputs)
                 expected = got if expected is None else expected
                 entry = Entry(workload, f"ours:{order}", variant, VARIANTS[variant])
-                if not same_bits(got, expected):
-                    entry.error = f"bits differ from the order 'none' ({variant})"
+                entry.error = bits_differ(got, expected, f"order {order!r} against 'none' ({variant})")
                 entries.append(entry)
                 fns.append(call)
         if peer is not None:

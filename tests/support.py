@@ -8,8 +8,11 @@ every helper that makes tensors takes the device from its caller (the ``device``
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -96,3 +99,19 @@ def harness(*args: str) -> subprocess.CompletedProcess:
         except SystemExit as exc:  # argparse errors and --help
             code = exc.code if isinstance(exc.code, int) else 2
     return subprocess.CompletedProcess(["python", "-m", "harness", *args], code, out.getvalue(), err.getvalue())
+
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def loaded_script(name: str):
+    """A module fixture's body for ``scripts/<name>.py``: the script imported as module ``name`` (registered in
+    ``sys.modules`` while in use: dataclasses and pickling look their module up there), removed afterwards."""
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(name, None)

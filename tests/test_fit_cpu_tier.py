@@ -3,27 +3,15 @@ budget table it prints follows the tier's own plans (the constants restored afte
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
 from harness.checks import kernel_exact, tiers
-
-FIT_PATH = Path(__file__).resolve().parents[1] / "scripts" / "fit_cpu_tier.py"
+from tests.support import loaded_script
 
 
 @pytest.fixture(scope="module")
 def fit_tool():
-    spec = importlib.util.spec_from_file_location("fit_cpu_tier", FIT_PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fit_cpu_tier"] = module
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.modules.pop("fit_cpu_tier", None)
+    yield from loaded_script("fit_cpu_tier")
 
 
 def _synthetic_report(fit_tool, cases: dict, per_block: float, per_state: float) -> dict:

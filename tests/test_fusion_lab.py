@@ -5,26 +5,15 @@ fused kernel fed the chunk states (teacher-forced) gives ssd_prefill's workspace
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+from tests.support import loaded_script
 
 
 @pytest.fixture(scope="module")
 def fusion_lab():
-    spec = importlib.util.spec_from_file_location("fusion_lab", SCRIPTS / "fusion_lab.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fusion_lab"] = module
-    try:
-        spec.loader.exec_module(module)  # puts scripts/ on sys.path (kernel_lab)
-        yield module
-    finally:
-        sys.modules.pop("fusion_lab", None)
+    yield from loaded_script("fusion_lab")
 
 
 @pytest.mark.interpreter(reason="the lab's dry run is its plumbing under the interpreter, on CPU tensors")

@@ -4,27 +4,17 @@ variant as no faster), and its run mode's plumbing works end to end under the in
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
-LAB_PATH = Path(__file__).resolve().parents[1] / "scripts" / "kernel_lab.py"
+from tests.support import loaded_script
 
 
 @pytest.fixture(scope="module")
 def lab():
-    spec = importlib.util.spec_from_file_location("kernel_lab", LAB_PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["kernel_lab"] = module  # dataclasses look their module up there
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.modules.pop("kernel_lab", None)
+    yield from loaded_script("kernel_lab")
 
 
 def _def(kernel) -> str:

@@ -80,11 +80,10 @@ def test_which_kernels_signal_early_and_which_may_overlap():
     assert sorted(overlapping) == ["_bmm_chunk_kernel", "_gather_initial_states_kernel"]
 
 
-@pytest.mark.parametrize("beside", ssd.BMM_ORDERS)
-def test_ssd_prefill_launches_the_overlapping_bmm_right_after_a_signalling_kernel(monkeypatch, device, beside):
-    """What makes bmm's late wait safe is its place: right after a kernel that waited for everything before it and
-    then signalled. Every ssd_prefill call, on both paths, launches an overlapping kernel (bmm, the gather) only
-    there, and bmm once."""
+def recorded_launches(monkeypatch, device, path: str, tamper=None) -> list[tuple[str, bool, bool]]:
+    """(launcher, signal_next, overlaps_previous) of each stage launch of one ``ssd_prefill`` call on ``path``: the
+    short bench workload at an interpreter-sized shape (one sequence over two chunks, from an initial state).
+    ``tamper`` {launcher: wrap}: how ``ssd_prefill`` calls that launcher is changed before it is recorded."""
     import dataclasses
 
     from harness.bench import workload_case
@@ -92,7 +91,6 @@ def test_ssd_prefill_launches_the_overlapping_bmm_right_after_a_signalling_kerne
     from harness.cases.model import SequenceSpec, Shape
     from kernels import provider
 
-    # The short bench workload at an interpreter-sized shape: one sequence over two chunks, from an initial state.
     case = dataclasses.replace(workload_case("short-continuation"), shape=Shape(2, 16, 16, 1, 16),
                                sequences=(SequenceSpec(16, 20, 3, True, 5),))
     launches = []
@@ -106,18 +104,45 @@ def test_ssd_prefill_launches_the_overlapping_bmm_right_after_a_signalling_kerne
     for name in ("chunk_cumsum", "bmm_chunk", "chunk_state", "chunk_state_passing", "gather_initial_states",
                  "gather_initial_states_torch", "state_passing_indexed", "chunk_scan"):
         monkeypatch.setattr(ssd, name, recording(name, getattr(ssd, name)))
-    monkeypatch.setattr(ssd, "BMM_BESIDE", beside)
-    for path in ("snapshot", "indexed"):
-        launches.clear()
-        extra = {"gather": "fused"} if path == "snapshot" else {}  # the copy that can overlap, on any device
-        provider.ssd_prefill(**build_inputs(case, device).kwargs(path=path), **extra)
-        names = [n for n, _, _ in launches]
-        assert names.count("bmm_chunk") == 1 and names.index("bmm_chunk") < names.index("chunk_scan"), (path, names)
-        for i, (name, _, overlaps) in enumerate(launches):
-            if overlaps:
-                assert name in ("bmm_chunk", "gather_initial_states") and i > 0 and launches[i - 1][1], (
-                    path, launches)
-        assert any(overlaps for _, _, overlaps in launches) is (beside != "none"), (path, launches)
+    for name, wrap in (tamper or {}).items():
+        monkeypatch.setattr(ssd, name, wrap(getattr(ssd, name)))
+    extra = {"gather": "fused"} if path == "snapshot" else {}  # the copy that can overlap, on any device
+    provider.ssd_prefill(**build_inputs(case, device).kwargs(path=path), **extra)
+    return launches
+
+
+def misplaced_overlaps(launches: list[tuple[str, bool, bool]]) -> list[str]:
+    """The overlapping launches that are not bmm or the gather right after a launch that signalled."""
+    return [name for i, (name, _, overlaps) in enumerate(launches)
+            if overlaps and not (name in ("bmm_chunk", "gather_initial_states") and i > 0 and launches[i - 1][1])]
+
+
+@pytest.mark.parametrize("path", ["snapshot", "indexed"])
+@pytest.mark.parametrize("order", ssd.LAUNCH_ORDERS)
+def test_ssd_prefill_launches_the_overlapping_bmm_right_after_a_signalling_kernel(monkeypatch, device, order, path):
+    """What makes bmm's late wait safe is its place: right after a kernel that waited for everything before it and
+    then signalled. Every ssd_prefill call, on both paths, launches an overlapping kernel (bmm, the gather) only
+    there, and bmm once."""
+    monkeypatch.setattr(ssd, "LAUNCH_ORDER", order)
+    launches = recorded_launches(monkeypatch, device, path)
+    names = [n for n, _, _ in launches]
+    assert names.count("bmm_chunk") == 1 and names.index("bmm_chunk") < names.index("chunk_scan"), names
+    assert misplaced_overlaps(launches) == [], launches
+    assert any(overlaps for _, _, overlaps in launches) is (order != "none"), launches
+
+
+@pytest.mark.parametrize(("path", "kernel_before"), [("indexed", "chunk_state"), ("snapshot", "chunk_state_passing")])
+def test_the_launch_check_sees_an_overlapping_bmm_after_a_kernel_that_did_not_signal(monkeypatch, device, path,
+                                                                                      kernel_before):
+    """Negative control: ``ssd_prefill`` launching the kernel bmm runs beside without its early signal."""
+    def silent(launcher):
+        def launch(*args, signal_next=False, **kwargs):
+            return launcher(*args, **kwargs)
+        return launch
+
+    monkeypatch.setattr(ssd, "LAUNCH_ORDER", "state")
+    launches = recorded_launches(monkeypatch, device, path, tamper={kernel_before: silent})
+    assert misplaced_overlaps(launches) == ["bmm_chunk"], launches
 
 
 def _late_wait(x_ptr, USE_PDL):
@@ -193,18 +218,18 @@ def test_hopper_launches_programmatically(device):
 REPLAYS = 50
 
 
-@pytest.mark.parametrize("beside", ssd.BMM_ORDERS)
+@pytest.mark.parametrize("order", ssd.LAUNCH_ORDERS)
 @pytest.mark.parametrize(("workload", "variant"), [
     ("short-continuation", "indexed"), ("short-continuation", "snapshot-fused"), ("mixed-3", "snapshot-fused"),
     ("continue-600", "indexed"),
 ])
-def test_graph_replays_give_the_eager_calls_bits(device, monkeypatch, workload, variant, beside):
+def test_graph_replays_give_the_eager_calls_bits(device, monkeypatch, workload, variant, order):
     """In a graph replay the five launches overlap as far as programmatic launch lets them: a stage that read
     ahead of its wait would see its input half written in some replays. Every replay's output and final states
-    must equal the eager call's, bit for bit, in every launch order (``kernels.ssd.BMM_ORDERS``)."""
+    must equal the eager call's, bit for bit, in every launch order (``kernels.ssd.LAUNCH_ORDERS``)."""
     if device != "cuda":
         pytest.skip("needs a CUDA device: CUDA graphs and programmatic launch exist only there")
-    monkeypatch.setattr(ssd, "BMM_BESIDE", beside)
+    monkeypatch.setattr(ssd, "LAUNCH_ORDER", order)
     from harness.bench import VARIANTS, _call, workload_case
     from harness.cases.builder import build_inputs
     from harness.cuda_timing import capture_graph
@@ -223,6 +248,6 @@ def test_graph_replays_give_the_eager_calls_bits(device, monkeypatch, workload, 
         inputs.state_cache[final_slots] = math.nan
         graph.replay()
         torch.cuda.synchronize()
-        context = f"{workload} {variant}, order {beside}, graph replay {replay} of {REPLAYS} against the eager call"
+        context = f"{workload} {variant}, order {order}, graph replay {replay} of {REPLAYS} against the eager call"
         assert_bits_equal(inputs.out, out, what="out", context=context)
         assert_bits_equal(inputs.state_cache, cache, what="state_cache", context=context)
