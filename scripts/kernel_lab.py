@@ -132,6 +132,27 @@ SCAN_PREFETCH_X_EARLY = (
     SCAN_PREFETCH_X[1],
 )
 
+# chunk scan and chunk state: the grid's programs launched in another order (same tiles, same arithmetic). The grid
+# is (tiles, chunks, heads), launched tiles fastest, then chunks, then heads.
+PROGRAM_IDS = """    pid_mn = tl.program_id(axis=0)
+    pid_c = tl.program_id(axis=1)
+    pid_h = tl.program_id(axis=2)
+"""
+# chunk-major: heads fastest after the tiles, chunks slowest (the programs of one chunk, which share its B, C and CB
+# tiles, run together; a call's last chunk, often the shortest, runs last)
+CHUNK_MAJOR = (PROGRAM_IDS, """    pid_mn = tl.program_id(axis=0)
+    chunk_major = tl.program_id(axis=2) * tl.num_programs(axis=1) + tl.program_id(axis=1)
+    pid_c = chunk_major // tl.num_programs(axis=2)
+    pid_h = chunk_major % tl.num_programs(axis=2)
+""")
+# head-fastest: the programs of one (chunk, tile) for every head run one after another, then the next tile
+HEAD_FASTEST = (PROGRAM_IDS, """    launch_order = tl.program_id(axis=2) * tl.num_programs(axis=1)
+    launch_order = (launch_order + tl.program_id(axis=1)) * tl.num_programs(axis=0) + tl.program_id(axis=0)
+    pid_h = launch_order % tl.num_programs(axis=2)
+    pid_mn = (launch_order // tl.num_programs(axis=2)) % tl.num_programs(axis=0)
+    pid_c = launch_order // (tl.num_programs(axis=2) * tl.num_programs(axis=0))
+""")
+
 # stage -> variant -> rewrite of the shipped kernel
 VARIANTS: dict[str, dict[str, Rewrite]] = {
     "chunk_cumsum": {"cx": Rewrite(("nheads", "chunk_size"))},
@@ -139,7 +160,9 @@ VARIANTS: dict[str, dict[str, Rewrite]] = {
                   "cxdead": Rewrite(("dstate", "chunk_size"), (BMM_DEAD_TILES,))},
     "state_passing_indexed": {"cx": Rewrite(("dim", "chunk_size"))},
     "chunk_scan": {"pf": Rewrite((), SCAN_PREFETCH_ALL), "pfx": Rewrite((), SCAN_PREFETCH_X),
-                   "pfearly": Rewrite((), SCAN_PREFETCH_EARLY), "pfxearly": Rewrite((), SCAN_PREFETCH_X_EARLY)},
+                   "pfearly": Rewrite((), SCAN_PREFETCH_EARLY), "pfxearly": Rewrite((), SCAN_PREFETCH_X_EARLY),
+                   "cmaj": Rewrite((), (CHUNK_MAJOR,)), "hfast": Rewrite((), (HEAD_FASTEST,))},
+    "chunk_state": {"cmaj": Rewrite((), (CHUNK_MAJOR,)), "hfast": Rewrite((), (HEAD_FASTEST,))},
     "gather": {"cx": Rewrite(("row",))},
 }
 # stage -> (module, the jit kernel's attribute)
@@ -198,6 +221,18 @@ def load_variants(stages, kernels: dict = KERNELS, variants: dict = VARIANTS) ->
         generated = importlib.import_module(module_name)
         out[stage] = {"shipped": jit, **{v: getattr(generated, f"{stage}_{v}") for v in variants.get(stage, {})}}
     return out
+
+
+def chosen_variants(names: list[str] | None) -> dict:
+    """``VARIANTS`` less the variants not in ``names`` (all of them without ``names``); the shipped kernel always
+    runs. A name no stage has is an error, not an empty run."""
+    if not names:
+        return VARIANTS
+    unknown = set(names) - {v for stage in VARIANTS.values() for v in stage}
+    if unknown:
+        raise SystemExit(f"kernel_lab: no variant named {sorted(unknown)}; the variants: "
+                         f"{ {stage: sorted(vs) for stage, vs in VARIANTS.items()} }")
+    return {stage: {v: r for v, r in vs.items() if v in names} for stage, vs in VARIANTS.items()}
 
 
 def launch_options(config) -> dict:
@@ -326,7 +361,7 @@ def call_intermediates(case, device: str, path: str) -> tuple[dict, dict]:
 
 
 def run(stages: list[str], workloads: list[str], reps: int, dry_run: bool, limit: int | None,
-        like: list[str] | None = None) -> list[tuple]:
+        like: list[str] | None = None, variants: list[str] | None = None) -> list[tuple]:
     import torch
 
     from harness.bench import workload_case
@@ -338,7 +373,7 @@ def run(stages: list[str], workloads: list[str], reps: int, dry_run: bool, limit
             return 0.0
 
     device = "cpu" if dry_run else "cuda"
-    kernels = load_variants(stages)
+    kernels = load_variants(stages, variants=chosen_variants(variants))
     cases = small_cases() if dry_run else {w: workload_case(w) for w in workloads}
     rows = []
     for workload, case in cases.items():
@@ -466,7 +501,8 @@ def serving_intermediates(workload: str) -> tuple[dict, dict]:
     return kw, ws
 
 
-def compile_report(stages: list[str], workload: str, limit: int | None, like: list[str] | None = None) -> None:
+def compile_report(stages: list[str], workload: str, limit: int | None, like: list[str] | None = None,
+                   variants: list[str] | None = None) -> None:
     """Each (variant, config) compiled for sm_90 in this process (``TRITON_INTERPRET=0``; no driver needed):
     registers, stack (spills), shared memory, and the count of wgmma, mma and 16-byte global loads in its SASS."""
     import os
@@ -477,7 +513,7 @@ def compile_report(stages: list[str], workload: str, limit: int | None, like: li
     from kernels.specialization import kernel_name
 
     cuobjdump = Path(importlib.import_module("triton").__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    kernels = load_variants(stages)
+    kernels = load_variants(stages, variants=chosen_variants(variants))
     kw, ws = serving_intermediates(workload)
     print(f"{'stage':<22} {'variant':<10} {'config':<30} {'regs':>5} {'stack':>6} {'smem':>7} {'wgmma':>6} {'mma':>5} "
           f"{'ldg128':>6}")
@@ -507,18 +543,19 @@ def compile_report(stages: list[str], workload: str, limit: int | None, like: li
 # ---- profile: one launch of each for ncu -----------------------------------------------------------------------
 
 
-def profile(stage: str, workload: str) -> None:
-    """The shipped kernel and each variant under the stage's first config, launched twice each (the first compiles)
-    on the workload's snapshot intermediates, for ``ncu -k regex:<kernel>``: nothing autotunes under the profiler."""
+def profile(stage: str, workload: str, like: list[str] | None = None, variants: list[str] | None = None) -> None:
+    """The shipped kernel and each variant under the stage's first config (of those ``like`` selects), launched twice
+    each (the first compiles) on the workload's intermediates (snapshot, or indexed for the indexed state passing),
+    for ``ncu -k regex:<kernel>``: nothing autotunes under the profiler."""
     import torch
 
     from harness.bench import workload_case
 
-    kernels = load_variants([stage])
+    kernels = load_variants([stage], variants=chosen_variants(variants))
     path = "snapshot" if applies(stage, "snapshot") else "indexed"
     kw, ws = call_intermediates(workload_case(workload), "cuda", path)
     args, grid, _ = stage_launch(stage, kw, ws)
-    config = stage_configs(stage)[0]
+    config = stage_configs(stage, like=like)[0]
     for name, kernel in kernels[stage].items():
         for _ in range(2):
             kernel[grid(config)](**args, **config.kwargs, **launch_options(config))
@@ -536,21 +573,24 @@ def main() -> None:
     parser.add_argument("--like", action="append",
                         help="only the configs whose description starts with this (repeatable), e.g. "
                              "'M=64 N=64 K=32 s1 w4'")
+    parser.add_argument("--variant", action="append",
+                        help="only these variants beside the shipped kernel (repeatable; default every one)")
     parser.add_argument("--dry-run", action="store_true",
                         help="run mode's plumbing on the CPU under the interpreter, small shapes, nothing timed")
     args = parser.parse_args()
     stages = args.stage or list(KERNELS)
     workloads = args.workload or WORKLOADS
     if args.mode == "compile":
-        compile_report(stages, workloads[0] if args.workload else "prefill-4256", args.configs, args.like)
+        compile_report(stages, workloads[0] if args.workload else "prefill-4256", args.configs, args.like,
+                       args.variant)
     elif args.mode == "profile":
-        profile(stages[0], workloads[0] if args.workload else "prefill-4256")
+        profile(stages[0], workloads[0] if args.workload else "prefill-4256", args.like, args.variant)
     else:
         if args.dry_run:
             from harness.backend import configure
 
             configure("cpu")
-        print_rows(run(stages, workloads, args.reps, args.dry_run, args.configs, args.like))
+        print_rows(run(stages, workloads, args.reps, args.dry_run, args.configs, args.like, args.variant))
 
 
 if __name__ == "__main__":
