@@ -132,9 +132,14 @@ def _chunk_scan_kernel(
     BLOCK_SIZE_K: tl.constexpr,
 ):
     wait_for_previous_kernel(USE_PDL)
-    pid_mn = tl.program_id(axis=0)
-    pid_c = tl.program_id(axis=1)
-    pid_h = tl.program_id(axis=2)
+    # The grid is (tiles, chunks, heads). Programs start in launch order, and this one takes the tile of that place
+    # in head-fastest order: the heads of one (chunk, tile) one after another, then the next tile, then the next
+    # chunk, so the programs running at once cover the causal loop's short and long tiles alike (docs/gpu-runs.md).
+    launch_order = tl.program_id(axis=2) * tl.num_programs(axis=1) + tl.program_id(axis=1)
+    launch_order = launch_order * tl.num_programs(axis=0) + tl.program_id(axis=0)
+    pid_h = launch_order % tl.num_programs(axis=2)
+    pid_mn = (launch_order // tl.num_programs(axis=2)) % tl.num_programs(axis=0)
+    pid_c = launch_order // (tl.num_programs(axis=2) * tl.num_programs(axis=0))
     num_pid_n = tl.cdiv(hdim, BLOCK_SIZE_N)
     pid_m = pid_mn // num_pid_n
     pid_n = pid_mn % num_pid_n
@@ -167,7 +172,13 @@ def _chunk_scan_kernel(
     offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
     row_mask = offs_m < chunk_len
     col_mask = offs_n < hdim
-    dA_cs_m = tl.load(dA_cumsum_ptr + offs_m * stride_dA_cs_pos, mask=offs_m < chunk_size, other=0.0)
+    # Where the tiles divide the chunk (the serving shape) no tile reaches past it (the grid has chunk_size /
+    # BLOCK_SIZE_M row tiles, and the causal loop stops inside the chunk), so the chunk-indexed loads take no mask: a
+    # mask is a compare and a zero per element, in instructions and registers. The same values either way.
+    if chunk_size % BLOCK_SIZE_M == 0:
+        dA_cs_m = tl.load(dA_cumsum_ptr + offs_m * stride_dA_cs_pos)
+    else:
+        dA_cs_m = tl.load(dA_cumsum_ptr + offs_m * stride_dA_cs_pos, mask=offs_m < chunk_size, other=0.0)
 
     # Inter-chunk term: (C . prev) * exp(dA_cs[l]).
     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
@@ -192,10 +203,15 @@ def _chunk_scan_kernel(
     dA_cs_ptrs = dA_cumsum_ptr + offs_k * stride_dA_cs_pos
     k_max = tl.minimum((pid_m + 1) * BLOCK_SIZE_M, chunk_len)
     for k in range(0, k_max, BLOCK_SIZE_K):
-        k_in_q = offs_k < chunk_size - k
-        cb = tl.load(CB_ptrs, mask=(offs_m[:, None] < chunk_size) & k_in_q[None, :], other=0.0)
-        dA_cs_k = tl.load(dA_cs_ptrs, mask=k_in_q, other=0.0)
-        dt_k = tl.load(dt_ptrs, mask=k_in_q, other=0.0)
+        if (chunk_size % BLOCK_SIZE_M == 0) & (chunk_size % BLOCK_SIZE_K == 0):
+            cb = tl.load(CB_ptrs)
+            dA_cs_k = tl.load(dA_cs_ptrs)
+            dt_k = tl.load(dt_ptrs)
+        else:
+            k_in_q = offs_k < chunk_size - k
+            cb = tl.load(CB_ptrs, mask=(offs_m[:, None] < chunk_size) & k_in_q[None, :], other=0.0)
+            dA_cs_k = tl.load(dA_cs_ptrs, mask=k_in_q, other=0.0)
+            dt_k = tl.load(dt_ptrs, mask=k_in_q, other=0.0)
         cb = cb * tl.math.exp2((dA_cs_m[:, None] - dA_cs_k[None, :]) * LOG2E)
         cb = cb * dt_k[None, :]
         # Above the diagonal exp() may overflow (inf * 0 = NaN): select, don't multiply, to mask.

@@ -92,9 +92,13 @@ def _chunk_state_kernel(
 ):
     wait_for_previous_kernel(USE_PDL)
     let_next_kernel_start(signal_next, USE_PDL)
+    # The grid is (tiles, chunks, heads). Programs start in launch order, and this one takes the tile of that place
+    # in chunk-major order: every head of a chunk, then the next chunk, so the programs running at once share their
+    # chunk's B rows, and the call's last chunk, often short, runs last (docs/gpu-runs.md).
     pid_mn = tl.program_id(axis=0)
-    pid_c = tl.program_id(axis=1)
-    pid_h = tl.program_id(axis=2)
+    chunk_major = tl.program_id(axis=2) * tl.num_programs(axis=1) + tl.program_id(axis=1)
+    pid_c = chunk_major // tl.num_programs(axis=2)
+    pid_h = chunk_major % tl.num_programs(axis=2)
     num_pid_n = tl.cdiv(dstate, BLOCK_SIZE_N)
     pid_m = pid_mn // num_pid_n
     pid_n = pid_mn % num_pid_n

@@ -46,123 +46,82 @@ BMM_DEAD_TILES = ("    for k in range(0, dstate, BLOCK_SIZE_K):",
                   "    live = (pid_m * BLOCK_SIZE_M < chunk_len) & (pid_n * BLOCK_SIZE_N < chunk_len)\n"
                   "    for k in range(0, tl.where(live, dstate, 0), BLOCK_SIZE_K):")
 
-# chunk scan: the causal loop's next tiles loaded before this step's scaling and dot (a software pipeline by hand:
-# num_stages > 1 miscompiles the register-operand dot on sm90). The same operands, in the same order, to the dot.
-SCAN_LOOP = """    for k in range(0, k_max, BLOCK_SIZE_K):
-        k_in_q = offs_k < chunk_size - k
-        cb = tl.load(CB_ptrs, mask=(offs_m[:, None] < chunk_size) & k_in_q[None, :], other=0.0)
-        dA_cs_k = tl.load(dA_cs_ptrs, mask=k_in_q, other=0.0)
-        dt_k = tl.load(dt_ptrs, mask=k_in_q, other=0.0)
-        cb = cb * tl.math.exp2((dA_cs_m[:, None] - dA_cs_k[None, :]) * LOG2E)
+# indexed state passing: the first group's rows read before the initial state's slot and row (two dependent
+# latencies, then the store of that row, which later loads may not pass), not after them
+PASSING_SLOT_LOADS = "    has_init = tl.load(has_init_ptr) != 0\n"
+PASSING_FIRST_GROUP_EARLY = """    in_group = mask & (grouped_chunks(nchunks) > 0)
+    new0 = tl.load(states_ptr + offs, mask=in_group, other=0.0)
+    end0 = tl.load(dA_cs_ptr, mask=grouped_chunks(nchunks) > 0, other=0.0)
+    new1 = tl.load(states_ptr + stride_states_chunk + offs, mask=in_group, other=0.0)
+    end1 = tl.load(dA_cs_ptr + stride_dA_chunk, mask=grouped_chunks(nchunks) > 0, other=0.0)
+    new2 = tl.load(states_ptr + 2 * stride_states_chunk + offs, mask=in_group, other=0.0)
+    end2 = tl.load(dA_cs_ptr + 2 * stride_dA_chunk, mask=grouped_chunks(nchunks) > 0, other=0.0)
+    new3 = tl.load(states_ptr + 3 * stride_states_chunk + offs, mask=in_group, other=0.0)
+    end3 = tl.load(dA_cs_ptr + 3 * stride_dA_chunk, mask=grouped_chunks(nchunks) > 0, other=0.0)
+    has_init = tl.load(has_init_ptr) != 0
 """
-SCAN_LOOP_TAIL = """        xk = tl.load(x_ptrs, mask=(offs_k[:, None] < chunk_len - k) & col_mask[None, :], other=0.0)
-        acc = dot_acc(acc, cb, xk, DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
-        CB_ptrs += BLOCK_SIZE_K * stride_CB_k
-        x_ptrs += BLOCK_SIZE_K * stride_x_token
-        dt_ptrs += BLOCK_SIZE_K * stride_dt_pos
-        dA_cs_ptrs += BLOCK_SIZE_K * stride_dA_cs_pos
+PASSING_GROUP_LOAD = """        new0, end0, new1, end1, new2, end2, new3, end3 = load_chunks_ahead(
+            states_ptr, dA_cs_ptr, offs, mask, first, stride_states_chunk, stride_dA_chunk)
 """
-# every tile of the step prefetched
-SCAN_PREFETCH_ALL = (
-    (SCAN_LOOP, """    k_in_q = offs_k < chunk_size
-    cb_raw = tl.load(CB_ptrs, mask=(offs_m[:, None] < chunk_size) & k_in_q[None, :], other=0.0)
-    dA_cs_k = tl.load(dA_cs_ptrs, mask=k_in_q, other=0.0)
-    dt_k = tl.load(dt_ptrs, mask=k_in_q, other=0.0)
-    xk = tl.load(x_ptrs, mask=(offs_k[:, None] < chunk_len) & col_mask[None, :], other=0.0)
-    for k in range(0, k_max, BLOCK_SIZE_K):
-        CB_ptrs += BLOCK_SIZE_K * stride_CB_k
-        x_ptrs += BLOCK_SIZE_K * stride_x_token
-        dt_ptrs += BLOCK_SIZE_K * stride_dt_pos
-        dA_cs_ptrs += BLOCK_SIZE_K * stride_dA_cs_pos
-        more = k + BLOCK_SIZE_K < k_max
-        n_in_q = (offs_k < chunk_size - (k + BLOCK_SIZE_K)) & more
-        cb_next = tl.load(CB_ptrs, mask=(offs_m[:, None] < chunk_size) & n_in_q[None, :], other=0.0)
-        dA_next = tl.load(dA_cs_ptrs, mask=n_in_q, other=0.0)
-        dt_next = tl.load(dt_ptrs, mask=n_in_q, other=0.0)
-        x_next = tl.load(x_ptrs, mask=(offs_k[:, None] < chunk_len - (k + BLOCK_SIZE_K)) & more & col_mask[None, :],
-                         other=0.0)
-        cb = cb_raw * tl.math.exp2((dA_cs_m[:, None] - dA_cs_k[None, :]) * LOG2E)
-"""),
-    (SCAN_LOOP_TAIL, """        acc = dot_acc(acc, cb, xk, DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
-        cb_raw = cb_next
-        dA_cs_k = dA_next
-        dt_k = dt_next
-        xk = x_next
-"""),
-)
-# only x's tile prefetched (the dot's shared-memory operand; the CB tile stays a load of its own step)
-SCAN_PREFETCH_X = (
-    (SCAN_LOOP, """    xk = tl.load(x_ptrs, mask=(offs_k[:, None] < chunk_len) & col_mask[None, :], other=0.0)
-""" + SCAN_LOOP.replace("        cb = cb * tl.math.exp2", """        x_ptrs += BLOCK_SIZE_K * stride_x_token
-        x_next = tl.load(x_ptrs, mask=(offs_k[:, None] < chunk_len - (k + BLOCK_SIZE_K))
-                         & (k + BLOCK_SIZE_K < k_max) & col_mask[None, :], other=0.0)
-        cb = cb * tl.math.exp2""")),
-    (SCAN_LOOP_TAIL, """        acc = dot_acc(acc, cb, xk, DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
-        xk = x_next
-        CB_ptrs += BLOCK_SIZE_K * stride_CB_k
-        dt_ptrs += BLOCK_SIZE_K * stride_dt_pos
-        dA_cs_ptrs += BLOCK_SIZE_K * stride_dA_cs_pos
-"""),
-)
-# every tile prefetched, and the first step's tiles loaded before the inter-chunk term (C . prev), so that their
-# latency overlaps its loads and dot
-SCAN_INTRA_PREAMBLE = """    # Intra-chunk term: causal sum over s <= l, only up to this tile's last row.
-    offs_k = tl.arange(0, BLOCK_SIZE_K)
-    CB_ptrs = CB_ptr + offs_m[:, None] * stride_CB_m + offs_k[None, :] * stride_CB_k
-    x_ptrs = x_ptr + offs_k[:, None] * stride_x_token + offs_n[None, :] * stride_x_hdim
-    dt_ptrs = dt_ptr + offs_k * stride_dt_pos
-    dA_cs_ptrs = dA_cumsum_ptr + offs_k * stride_dA_cs_pos
-    k_max = tl.minimum((pid_m + 1) * BLOCK_SIZE_M, chunk_len)
+PASSING_LATER_GROUP_LOAD = """        if first > 0:
+            new0, end0, new1, end1, new2, end2, new3, end3 = load_chunks_ahead(
+                states_ptr, dA_cs_ptr, offs, mask, first, stride_states_chunk, stride_dA_chunk)
 """
-SCAN_FIRST_LOADS = SCAN_PREFETCH_ALL[0][1].split("    for k in range")[0]
-SCAN_PREFETCH_EARLY = (
-    (SCAN_INTRA_PREAMBLE, ""),
-    ("    # Inter-chunk term: (C . prev) * exp(dA_cs[l]).\n",
-     SCAN_INTRA_PREAMBLE + SCAN_FIRST_LOADS + "    # Inter-chunk term: (C . prev) * exp(dA_cs[l]).\n"),
-    (SCAN_LOOP, SCAN_PREFETCH_ALL[0][1][len(SCAN_FIRST_LOADS):]),
-    SCAN_PREFETCH_ALL[1],
-)
-# x's tile prefetched, its first one loaded before the inter-chunk term
-SCAN_X_FIRST_LOAD = SCAN_PREFETCH_X[0][1].split(SCAN_LOOP[:40])[0]
-SCAN_PREFETCH_X_EARLY = (
-    (SCAN_INTRA_PREAMBLE, ""),
-    ("    # Inter-chunk term: (C . prev) * exp(dA_cs[l]).\n",
-     SCAN_INTRA_PREAMBLE + SCAN_X_FIRST_LOAD + "    # Inter-chunk term: (C . prev) * exp(dA_cs[l]).\n"),
-    (SCAN_LOOP, SCAN_PREFETCH_X[0][1][len(SCAN_X_FIRST_LOAD):]),
-    SCAN_PREFETCH_X[1],
-)
+PASSING_EARLY = ((PASSING_SLOT_LOADS, PASSING_FIRST_GROUP_EARLY), (PASSING_GROUP_LOAD, PASSING_LATER_GROUP_LOAD))
 
-# chunk scan and chunk state: the grid's programs launched in another order (same tiles, same arithmetic). The grid
-# is (tiles, chunks, heads), launched tiles fastest, then chunks, then heads.
-PROGRAM_IDS = """    pid_mn = tl.program_id(axis=0)
-    pid_c = tl.program_id(axis=1)
-    pid_h = tl.program_id(axis=2)
-"""
-# chunk-major: heads fastest after the tiles, chunks slowest (the programs of one chunk, which share its B, C and CB
-# tiles, run together; a call's last chunk, often the shortest, runs last)
-CHUNK_MAJOR = (PROGRAM_IDS, """    pid_mn = tl.program_id(axis=0)
-    chunk_major = tl.program_id(axis=2) * tl.num_programs(axis=1) + tl.program_id(axis=1)
-    pid_c = chunk_major // tl.num_programs(axis=2)
-    pid_h = chunk_major % tl.num_programs(axis=2)
-""")
-# head-fastest: the programs of one (chunk, tile) for every head run one after another, then the next tile
-HEAD_FASTEST = (PROGRAM_IDS, """    launch_order = tl.program_id(axis=2) * tl.num_programs(axis=1)
-    launch_order = (launch_order + tl.program_id(axis=1)) * tl.num_programs(axis=0) + tl.program_id(axis=0)
+# chunk scan and chunk state: programs taking the tiles in the grid's own order (tiles fastest, then chunks, then
+# heads), as both kernels did before their launch orders of docs/gpu-runs.md run 90
+SCAN_LAUNCH_ORDER = """    launch_order = tl.program_id(axis=2) * tl.num_programs(axis=1) + tl.program_id(axis=1)
+    launch_order = launch_order * tl.num_programs(axis=0) + tl.program_id(axis=0)
     pid_h = launch_order % tl.num_programs(axis=2)
     pid_mn = (launch_order // tl.num_programs(axis=2)) % tl.num_programs(axis=0)
     pid_c = launch_order // (tl.num_programs(axis=2) * tl.num_programs(axis=0))
-""")
+"""
+STATE_LAUNCH_ORDER = """    pid_mn = tl.program_id(axis=0)
+    chunk_major = tl.program_id(axis=2) * tl.num_programs(axis=1) + tl.program_id(axis=1)
+    pid_c = chunk_major // tl.num_programs(axis=2)
+    pid_h = chunk_major % tl.num_programs(axis=2)
+"""
+GRID_ORDER = """    pid_mn = tl.program_id(axis=0)
+    pid_c = tl.program_id(axis=1)
+    pid_h = tl.program_id(axis=2)
+"""
+# chunk scan: its loads masked whatever the tiles (as before run 90); with the grid's order too
+SCAN_ROW_DECAY = """    if chunk_size % BLOCK_SIZE_M == 0:
+        dA_cs_m = tl.load(dA_cumsum_ptr + offs_m * stride_dA_cs_pos)
+    else:
+        dA_cs_m = tl.load(dA_cumsum_ptr + offs_m * stride_dA_cs_pos, mask=offs_m < chunk_size, other=0.0)
+"""
+SCAN_STEP_LOADS = """        if (chunk_size % BLOCK_SIZE_M == 0) & (chunk_size % BLOCK_SIZE_K == 0):
+            cb = tl.load(CB_ptrs)
+            dA_cs_k = tl.load(dA_cs_ptrs)
+            dt_k = tl.load(dt_ptrs)
+        else:
+            k_in_q = offs_k < chunk_size - k
+            cb = tl.load(CB_ptrs, mask=(offs_m[:, None] < chunk_size) & k_in_q[None, :], other=0.0)
+            dA_cs_k = tl.load(dA_cs_ptrs, mask=k_in_q, other=0.0)
+            dt_k = tl.load(dt_ptrs, mask=k_in_q, other=0.0)
+"""
+SCAN_MASKED = (
+    (SCAN_ROW_DECAY, "    dA_cs_m = tl.load(dA_cumsum_ptr + offs_m * stride_dA_cs_pos, mask=offs_m < chunk_size, "
+                     "other=0.0)\n"),
+    (SCAN_STEP_LOADS, """        k_in_q = offs_k < chunk_size - k
+        cb = tl.load(CB_ptrs, mask=(offs_m[:, None] < chunk_size) & k_in_q[None, :], other=0.0)
+        dA_cs_k = tl.load(dA_cs_ptrs, mask=k_in_q, other=0.0)
+        dt_k = tl.load(dt_ptrs, mask=k_in_q, other=0.0)
+"""),
+)
 
 # stage -> variant -> rewrite of the shipped kernel
 VARIANTS: dict[str, dict[str, Rewrite]] = {
     "chunk_cumsum": {"cx": Rewrite(("nheads", "chunk_size"))},
     "bmm_chunk": {"cx": Rewrite(("dstate", "chunk_size")), "dead": Rewrite((), (BMM_DEAD_TILES,)),
                   "cxdead": Rewrite(("dstate", "chunk_size"), (BMM_DEAD_TILES,))},
-    "state_passing_indexed": {"cx": Rewrite(("dim", "chunk_size"))},
-    "chunk_scan": {"pf": Rewrite((), SCAN_PREFETCH_ALL), "pfx": Rewrite((), SCAN_PREFETCH_X),
-                   "pfearly": Rewrite((), SCAN_PREFETCH_EARLY), "pfxearly": Rewrite((), SCAN_PREFETCH_X_EARLY),
-                   "cmaj": Rewrite((), (CHUNK_MAJOR,)), "hfast": Rewrite((), (HEAD_FASTEST,))},
-    "chunk_state": {"cmaj": Rewrite((), (CHUNK_MAJOR,)), "hfast": Rewrite((), (HEAD_FASTEST,))},
+    "state_passing_indexed": {"cx": Rewrite(("dim", "chunk_size")), "early": Rewrite((), PASSING_EARLY)},
+    "chunk_scan": {"gridorder": Rewrite((), ((SCAN_LAUNCH_ORDER, GRID_ORDER),)),
+                   "masked": Rewrite((), SCAN_MASKED),
+                   "before90": Rewrite((), ((SCAN_LAUNCH_ORDER, GRID_ORDER), *SCAN_MASKED))},
+    "chunk_state": {"gridorder": Rewrite((), ((STATE_LAUNCH_ORDER, GRID_ORDER),))},
     "gather": {"cx": Rewrite(("row",))},
 }
 # stage -> (module, the jit kernel's attribute)
