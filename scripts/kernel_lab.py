@@ -460,10 +460,27 @@ def serving_intermediates(workload: str) -> tuple[dict, dict]:
     return kw, ws
 
 
+# The H200's multiprocessor (sm_90): registers, shared memory a program may use, warps and programs at most.
+SM90_REGISTERS = 65536
+SM90_SHARED_MEMORY = 228 * 1024
+SM90_WARPS = 64
+SM90_PROGRAMS = 32
+
+
+def programs_per_multiprocessor(registers: int, num_warps: int, shared: int) -> int:
+    """How many programs of a kernel fit on one sm_90 multiprocessor at once: registers are allocated per warp in
+    units of 256, and each program takes 1 KB of shared memory beside its own (the driver's)."""
+    per_warp = -(-registers * 32 // 256) * 256
+    by_registers = SM90_REGISTERS // (per_warp * num_warps)
+    by_shared = SM90_SHARED_MEMORY // (shared + 1024)
+    return min(by_registers, by_shared, SM90_WARPS // num_warps, SM90_PROGRAMS)
+
+
 def compile_report(stages: list[str], workload: str, limit: int | None, like: list[str] | None = None,
                    variants: list[str] | None = None) -> None:
     """Each (variant, config) compiled for sm_90 in this process (``TRITON_INTERPRET=0``; no driver needed):
-    registers, stack (spills), shared memory, and the count of wgmma, mma and 16-byte global loads in its SASS."""
+    registers, stack (spills), shared memory, the count of wgmma, mma and 16-byte global loads in its SASS, and the
+    programs a multiprocessor holds at once (``programs_per_multiprocessor``)."""
     import os
 
     os.environ["TRITON_INTERPRET"] = "0"
@@ -475,7 +492,7 @@ def compile_report(stages: list[str], workload: str, limit: int | None, like: li
     kernels = load_variants(stages, variants=chosen_variants(variants))
     kw, ws = serving_intermediates(workload)
     print(f"{'stage':<22} {'variant':<10} {'config':<30} {'regs':>5} {'stack':>6} {'smem':>7} {'wgmma':>6} {'mma':>5} "
-          f"{'ldg128':>6}")
+          f"{'ldg128':>6} {'per_sm':>6}")
     for stage in stages:
         args, _, _ = stage_launch(stage, kw, ws)
         for config in stage_configs(stage, limit, like):
@@ -494,9 +511,11 @@ def compile_report(stages: list[str], workload: str, limit: int | None, like: li
                     sass = subprocess.run([str(cuobjdump), "-sass", fh.name], capture_output=True, text=True).stdout
                 regs = re.search(r"REG:(\d+)", res.stdout)
                 stack = re.search(r"STACK:(\d+)", res.stdout)
+                per_sm = (programs_per_multiprocessor(int(regs.group(1)), config.num_warps, compiled.metadata.shared)
+                          if regs else "?")
                 print(f"{stage:<22} {name:<10} {describe(config):<30} {regs.group(1) if regs else '?':>5} "
                       f"{stack.group(1) if stack else '?':>6} {compiled.metadata.shared:>7} {sass.count('HGMMA'):>6} "
-                      f"{sass.count('HMMA'):>5} {sass.count('LDG.E.128'):>6}")
+                      f"{sass.count('HMMA'):>5} {sass.count('LDG.E.128'):>6} {per_sm:>6}")
 
 
 # ---- profile: one launch of each for ncu -----------------------------------------------------------------------

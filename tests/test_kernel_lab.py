@@ -70,3 +70,51 @@ def test_like_keeps_only_the_configs_it_names(lab):
     assert sorted(lab.describe(c) for c in both) == ["M=64 N=64 K=32 s1 w4", "M=64 N=64 K=64 s1 w4"]
     assert lab.stage_configs("chunk_scan", like=["M=999"]) == []
     assert len(lab.stage_configs("chunk_scan")) > len(both)
+
+
+# The measured optimum at the serving shape on the H200: four programs a multiprocessor for both kernels (five ran
+# slower for the chunk scan, docs/gpu-runs.md runs 81, 84 and 90; three slower for chunk state, runs 47 and 81).
+SERVING_PROGRAMS_PER_SM = {"chunk_scan": (("sm90", 256, 64, 128), 4), "chunk_state": (("sm90", 64, 128, 256, 1), 4)}
+
+
+def _compile_rows(lab, stages: list[str], variants: list[str]) -> dict[tuple[str, str], int]:
+    """(stage, variant) -> programs a multiprocessor, from the lab's compile report (sm_90, no GPU needed) at each
+    stage's checked-in serving config, in a process of its own (the compiler needs TRITON_INTERPRET=0)."""
+    import os
+    import subprocess
+    import sys
+
+    import triton
+
+    from kernels.tuned_configs import TUNED
+
+    cmd = [sys.executable, str(lab.REPO / "scripts" / "kernel_lab.py"), "compile"]
+    for stage in stages:
+        key, _ = SERVING_PROGRAMS_PER_SM[stage]
+        blocks = dict(TUNED[stage][key])
+        config = triton.Config({k: v for k, v in blocks.items() if k.startswith("BLOCK")},
+                               num_warps=blocks["num_warps"], num_stages=blocks["num_stages"])
+        cmd += ["--stage", stage, "--like", lab.describe(config)]
+    for variant in variants:
+        cmd += ["--variant", variant]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TRITON_INTERPRET": "0"}, cwd=lab.REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {}
+    for line in done.stdout.splitlines():
+        fields = line.split()
+        if fields and fields[0] in stages and fields[-1].isdigit():
+            rows[(fields[0], fields[1])] = int(fields[-1])
+    return rows
+
+
+def test_the_serving_configs_hold_four_programs_a_multiprocessor(lab):
+    """Both kernels sit at a register boundary (the chunk scan at 121 of 128 registers, chunk state at 128): an
+    edit that crosses it changes their speed by 8-10% (docs/gpu-runs.md) and nothing on the CPU would show it. So
+    the CPU tier compiles them for sm_90 and holds the programs a multiprocessor to the measured optimum; a change
+    that moves it must be measured on the GPU (kernel lab) and this table updated with the run. The chunk scan's
+    grid-order variant (the same code in the grid's own order, 96 registers) reads five: the check tells them apart."""
+    rows = _compile_rows(lab, ["chunk_scan", "chunk_state"], ["gridorder"])
+    for stage, (_, expected) in SERVING_PROGRAMS_PER_SM.items():
+        assert rows[(stage, "shipped")] == expected, (stage, rows)
+    assert rows[("chunk_scan", "gridorder")] == 5, rows
