@@ -151,9 +151,6 @@ def forced_config(kernel, config: triton.Config):
 # started, so the overlapping kernel's programs fill the multiprocessors this kernel's last wave leaves idle. Elsewhere
 # an early signal only places the next kernel's programs, waiting, where this one could run: a grid of about one wave
 # then ran 30% slower (docs/gpu-runs.md, run 53).
-# An overlapping kernel has not waited for the kernels before it, so it signals only to another overlapping kernel:
-# in order "stream" bmm signals to the indexed state passing, which reads each chunk's states once chunk state has
-# counted them stored (kernels/chunk_ready.py) and waits at its end.
 
 # The names in a launch's arguments that are launch options, not kernel parameters (the warmup registry passes them
 # through as options).
