@@ -5,9 +5,7 @@ computes a (BLOCK_SIZE_M, BLOCK_SIZE_N) tile of one chunk and group, looping ove
 
 bmm reads only the call's inputs, so ``ssd_prefill`` launches it after a longer stage that signals early
 (``overlaps_previous``; kernels/backend.py): it computes beside that stage and waits for it at its end instead of its
-start. Launched alone it waits first, as every stage kernel does. In launch order "stream" it also signals at once
-(``signal_next``), so that the indexed state passing, which follows chunk state's progress chunk by chunk
-(kernels/chunk_ready.py), starts beside both.
+start. Launched alone it waits first, as every stage kernel does.
 """
 
 from __future__ import annotations
@@ -22,7 +20,6 @@ from kernels.backend import (
     FP32_DOT_PRECISION,
     dot_acc,
     least_overshoot,
-    let_next_kernel_start,
     pdl_arguments,
     wait_at_end_if_overlapping,
     wait_unless_overlapping,
@@ -41,7 +38,7 @@ CONFIGS = [
 ]
 
 
-@triton.jit(do_not_specialize=("overlaps_previous", "signal_next"))
+@triton.jit(do_not_specialize=("overlaps_previous",))
 def _bmm_chunk_kernel(
     C_ptr,  # (T, G, N) io dtype
     B_ptr,  # (T, G, N) io dtype
@@ -60,7 +57,6 @@ def _bmm_chunk_kernel(
     stride_CB_m,
     stride_CB_n,
     overlaps_previous,  # nonzero: the kernel before it signalled early, and bmm reads nothing it writes
-    signal_next,  # nonzero: let the next kernel start early, only to one that overlaps too (kernels/backend.py)
     DOT_FP32_OPERANDS: tl.constexpr,
     FP32_DOT_PRECISION: tl.constexpr,
     USE_PDL: tl.constexpr,
@@ -69,7 +65,6 @@ def _bmm_chunk_kernel(
     BLOCK_SIZE_K: tl.constexpr,
 ):
     wait_unless_overlapping(overlaps_previous, USE_PDL)
-    let_next_kernel_start(signal_next, USE_PDL)
     pid_mn = tl.program_id(axis=0)
     pid_c = tl.program_id(axis=1)
     pid_g = tl.program_id(axis=2)
@@ -116,11 +111,9 @@ bmm_chunk_kernel = triton.autotune(
 
 
 def bmm_chunk(C: torch.Tensor, B: torch.Tensor, chunk_size: int, cu_chunk_seqlens: torch.Tensor,
-              overlaps_previous: bool = False, signal_next: bool = False) -> torch.Tensor:
+              overlaps_previous: bool = False) -> torch.Tensor:
     """C, B (T, G, N) io dtype, cu_chunk_seqlens (C + 1,) -> CB (nchunks, G, Q, Q) fp32. ``overlaps_previous``:
-    only right after a stage launched with ``signal_next``, on the call's own inputs (the module docstring).
-    ``signal_next``: the next kernel may start at once; it must overlap too (it cannot rely on bmm's wait)."""
-    assert overlaps_previous or not signal_next, "bmm signals early only where it overlaps the stage before it"
+    only right after a stage launched with ``signal_next``, on the call's own inputs (the module docstring)."""
     T, G, N = C.shape
     assert B.shape == C.shape and B.dtype == C.dtype, (
         f"B: expected {tuple(C.shape)} {C.dtype}, found {tuple(B.shape)} {B.dtype}")
@@ -133,12 +126,12 @@ def bmm_chunk(C: torch.Tensor, B: torch.Tensor, chunk_size: int, cu_chunk_seqlen
         nchunks,
         G,
     )
-    bmm_chunk_kernel[grid](**launch_arguments(C, B, cu_chunk_seqlens, CB, overlaps_previous, signal_next))
+    bmm_chunk_kernel[grid](**launch_arguments(C, B, cu_chunk_seqlens, CB, overlaps_previous))
     return CB
 
 
 def launch_arguments(C: torch.Tensor, B: torch.Tensor, cu_chunk_seqlens: torch.Tensor, CB: torch.Tensor,
-                     overlaps_previous: bool = False, signal_next: bool = False) -> dict:
+                     overlaps_previous: bool = False) -> dict:
     """The kernel's arguments by name for these tensors (the launcher's, and the warmup registry's on stand-ins);
     the block sizes come from the autotuner's config."""
     return dict(
@@ -149,7 +142,6 @@ def launch_arguments(C: torch.Tensor, B: torch.Tensor, cu_chunk_seqlens: torch.T
         stride_CB_chunk=CB.stride(0), stride_CB_group=CB.stride(1), stride_CB_m=CB.stride(2),
         stride_CB_n=CB.stride(3),
         overlaps_previous=int(overlaps_previous),
-        signal_next=int(signal_next),
         DOT_FP32_OPERANDS=DOT_FP32_OPERANDS,
         FP32_DOT_PRECISION=FP32_DOT_PRECISION,
         **pdl_arguments(),

@@ -28,7 +28,6 @@ from kernels.backend import (
     pdl_arguments,
     wait_for_previous_kernel,
 )
-from kernels.chunk_ready import check_ready_counts, signal_states_stored, unused_ready_counts
 from kernels.interface import INDEX_DTYPES
 from kernels.tuned_configs import checked_in, chunk_count_class
 
@@ -54,7 +53,7 @@ def accumulate_tokens(acc, x, b, dA_cs_last, dA_cs_k, dt_k, DOT_FP32_OPERANDS: t
 
 # chunk_count_class is read by the autotuner only (its key), signal_next is a branch: specializing them would only
 # multiply binaries.
-@triton.jit(do_not_specialize=("chunk_count_class", "signal_next", "signal_ready"))
+@triton.jit(do_not_specialize=("chunk_count_class", "signal_next"))
 def _chunk_state_kernel(
     x_ptr,  # (T, H, P) io dtype
     B_ptr,  # (T, G, N) io dtype
@@ -62,7 +61,6 @@ def _chunk_state_kernel(
     dA_cumsum_ptr,  # (H, C, Q) fp32
     cu_chunk_seqlens_ptr,  # (C + 1,)
     states_ptr,  # (C, H, P, N) fp32
-    ready_ptr,  # (C, H) int32 states stored per (chunk, head) where signal_ready (kernels/chunk_ready.py)
     hdim: tl.constexpr,
     dstate: tl.constexpr,
     chunk_size: tl.constexpr,
@@ -85,7 +83,6 @@ def _chunk_state_kernel(
     stride_states_hdim,
     stride_states_dstate,
     signal_next,  # nonzero: let the next kernel start early (kernels/backend.py)
-    signal_ready,  # nonzero: count this tile's stored states in ready_ptr
     DOT_FP32_OPERANDS: tl.constexpr,
     FP32_DOT_PRECISION: tl.constexpr,
     USE_PDL: tl.constexpr,
@@ -145,18 +142,13 @@ def _chunk_state_kernel(
         + offs_n[None, :] * stride_states_dstate
     )
     tl.store(states_ptrs, acc, mask=(offs_m[:, None] < hdim) & (offs_n[None, :] < dstate))
-    tile_elements = (tl.minimum(BLOCK_SIZE_M, hdim - pid_m * BLOCK_SIZE_M)
-                     * tl.minimum(BLOCK_SIZE_N, dstate - pid_n * BLOCK_SIZE_N))
-    signal_states_stored(ready_ptr, pid_c, pid_h, tl.num_programs(axis=2), tile_elements, signal_ready)
 
 
 _prune = checked_in("chunk_state", ("hdim", "dstate", "chunk_size", "chunk_count_class"),
                     least_overshoot(BLOCK_SIZE_M="hdim", BLOCK_SIZE_N="dstate", BLOCK_SIZE_K="chunk_size"))
-# A tuning trial stores the same tiles and counts them too: the ready counts are put back after each trial, so that
-# only the launch that follows counts (kernels/chunk_ready.py).
 chunk_state_kernel = triton.autotune(
     configs=CONFIGS, key=["hdim", "dstate", "chunk_size", "chunk_count_class"], do_bench=AUTOTUNE_DO_BENCH,
-    prune_configs_by={"early_config_prune": _prune}, restore_value=["ready_ptr"],
+    prune_configs_by={"early_config_prune": _prune},
 )(_chunk_state_kernel)
 
 
@@ -176,22 +168,17 @@ def chunk_state(
     dA_cumsum: torch.Tensor,
     cu_chunk_seqlens: torch.Tensor,
     signal_next: bool = False,
-    ready: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """B (T, G, N), x (T, H, P), dt_out and dA_cumsum (H, C, Q) fp32, cu_chunk_seqlens (C + 1,)
-    -> states (C, H, P, N) fp32. ``signal_next``: the next kernel may start early (kernels/backend.py). ``ready``:
-    (C, H) int32 counts, zeroed, to which each program adds the states it stored (kernels/chunk_ready.py)."""
+    -> states (C, H, P, N) fp32. ``signal_next``: the next kernel may start early (kernels/backend.py)."""
     check_inputs(B, x, dt_out, dA_cumsum)
     _, H, P = x.shape
     N = B.shape[2]
     C = dt_out.shape[1]
     assert cu_chunk_seqlens.shape == (C + 1,) and cu_chunk_seqlens.dtype in INDEX_DTYPES
     states = torch.empty(C, H, P, N, device=x.device, dtype=torch.float32)
-    if ready is not None:
-        check_ready_counts(ready, C, H)
     grid = lambda META: (triton.cdiv(P, META["BLOCK_SIZE_M"]) * triton.cdiv(N, META["BLOCK_SIZE_N"]), C, H)  # noqa: E731
-    chunk_state_kernel[grid](**launch_arguments(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, states, signal_next,
-                                                ready))
+    chunk_state_kernel[grid](**launch_arguments(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, states, signal_next))
     return states
 
 
@@ -210,15 +197,14 @@ def check_inputs(B: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_cums
 
 
 def launch_arguments(B: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_cumsum: torch.Tensor,
-                     cu_chunk_seqlens: torch.Tensor, states: torch.Tensor, signal_next: bool = False,
-                     ready: torch.Tensor | None = None) -> dict:
+                     cu_chunk_seqlens: torch.Tensor, states: torch.Tensor, signal_next: bool = False) -> dict:
     """The kernel's arguments by name for these tensors (the launcher's, and the warmup registry's on stand-ins);
     the block sizes come from the autotuner's config."""
     _, H, P = x.shape
     _, G, N = B.shape
     return dict(
         x_ptr=x, B_ptr=B, dt_ptr=dt_out, dA_cumsum_ptr=dA_cumsum, cu_chunk_seqlens_ptr=cu_chunk_seqlens,
-        states_ptr=states, ready_ptr=ready if ready is not None else unused_ready_counts(x.device),
+        states_ptr=states,
         hdim=P, dstate=N, chunk_size=dt_out.shape[2], nheads_per_group=H // G,
         chunk_count_class=chunk_count_class(states.shape[0]),
         stride_x_token=x.stride(0), stride_x_head=x.stride(1), stride_x_hdim=x.stride(2),
@@ -229,7 +215,6 @@ def launch_arguments(B: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_
         stride_states_chunk=states.stride(0), stride_states_head=states.stride(1),
         stride_states_hdim=states.stride(2), stride_states_dstate=states.stride(3),
         signal_next=int(signal_next),
-        signal_ready=int(ready is not None),
         DOT_FP32_OPERANDS=DOT_FP32_OPERANDS,
         FP32_DOT_PRECISION=FP32_DOT_PRECISION,
         **pdl_arguments(),

@@ -20,7 +20,6 @@ import torch
 
 from kernels.bmm_chunk import bmm_chunk
 from kernels.chunk_cumsum import chunk_cumsum
-from kernels.chunk_ready import ready_counts
 from kernels.chunk_scan import chunk_scan
 from kernels.chunk_state import chunk_state
 from kernels.chunk_state_passing import chunk_state_passing
@@ -31,11 +30,9 @@ from kernels.state_passing_indexed import state_passing_indexed
 # The launch orders (kernels/backend.py: a kernel that reads only the call's inputs runs beside the one before it):
 # "none", each kernel alone, bmm right after the cumsum; "state", bmm beside the chunk state kernel (the fused kernel
 # on the snapshot path); "state-scan", as "state", and the chunk scan's programs placed early behind the indexed state
-# passing; "state+gather", as "state", and the fused gather beside the cumsum; "stream", as "state+gather", and on the
-# indexed path bmm signals at once and the state passing starts beside chunk state and bmm, reading each chunk's row
-# once chunk state has stored it (kernels/chunk_ready.py). scripts/order_lab.py times them.
-LAUNCH_ORDERS = ("none", "state", "state-scan", "state+gather", "stream")
-LAUNCH_ORDER = "stream"
+# passing; "state+gather", as "state", and the fused gather beside the cumsum. scripts/order_lab.py times them.
+LAUNCH_ORDERS = ("none", "state", "state-scan", "state+gather")
+LAUNCH_ORDER = "state+gather"
 
 
 def ssd_prefill(
@@ -112,23 +109,19 @@ def ssd_prefill(
     copy = choose_gather(gather, call.on_cuda) if chosen == "snapshot" else None
 
     order = LAUNCH_ORDER
-    gather_beside = order in ("state+gather", "stream") and copy == "fused"
-    nchunks = cu_chunk_seqlens.shape[0] - 1
-    # Counts of the chunk states stored, per (chunk, head): the cumsum zeroes them, chunk state adds to them, the
-    # indexed state passing waits on them (order "stream").
-    ready = ready_counts(nchunks, H, x.device) if order == "stream" and chosen == "indexed" else None
+    gather_beside = order == "state+gather" and copy == "fused"
     dA_cumsum, dt_out = chunk_cumsum(
         dt, A, chunk_size, cu_chunk_seqlens, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
-        signal_next=gather_beside, ready=ready,
+        signal_next=gather_beside,
     )
     if order == "none":
         CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens)
+    nchunks = dt_out.shape[1]
 
     if chosen == "indexed":
-        chunk_states = chunk_state(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, signal_next=order != "none",
-                                   ready=ready)
+        chunk_states = chunk_state(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, signal_next=order != "none")
         if order != "none":
-            CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens, overlaps_previous=True, signal_next=ready is not None)
+            CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens, overlaps_previous=True)
         initial_states = None
         workspace = torch.empty((nchunks, H, P, N), dtype=ws_dtype, device=x.device)
         state_passing_indexed(
@@ -140,7 +133,6 @@ def ssd_prefill(
             final_slot_index=final_state_indices[:1],
             out=workspace,
             signal_next=order == "state-scan",
-            ready=ready,
         )
         result = None
     else:

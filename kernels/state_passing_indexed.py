@@ -19,14 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import (
-    fixed_block,
-    let_next_kernel_start,
-    pdl_arguments,
-    wait_at_end_if_overlapping,
-    wait_unless_overlapping,
-)
-from kernels.chunk_ready import check_ready_counts, unused_ready_counts, wait_states_stored
+from kernels.backend import fixed_block, let_next_kernel_start, pdl_arguments, wait_for_previous_kernel
 from kernels.interface import INDEX_DTYPES, MASK_DTYPES
 from kernels.state_passing import (
     READ_AHEAD,
@@ -45,7 +38,7 @@ BLOCK_SIZE = 512
 # Slot indices and the mask are single scalars, nchunks a loop bound: specializing on them only multiplies
 # binaries, so they are compiled once for all classes.
 SCALAR_ONLY = {
-    "do_not_specialize": ("nchunks", "signal_next", "overlaps_previous"),
+    "do_not_specialize": ("nchunks", "signal_next"),
     "do_not_specialize_on_alignment": ("init_slot_ptr", "has_init_ptr", "final_slot_ptr"),
 }
 
@@ -69,7 +62,6 @@ def _state_passing_indexed_kernel(
     init_slot_ptr,  # (1,) int32/int64
     has_init_ptr,  # (1,) uint8/int: nonzero means read the initial state
     final_slot_ptr,  # (1,) int32/int64
-    ready_ptr,  # (C, H) int32 chunk states stored per (chunk, head), read where overlaps_previous (chunk_ready.py)
     dim,  # P * N
     nchunks,
     chunk_size,
@@ -83,12 +75,10 @@ def _state_passing_indexed_kernel(
     stride_cache_slot,
     stride_cache_head,
     signal_next,  # nonzero: let the next kernel start early (kernels/backend.py)
-    overlaps_previous,  # nonzero: started beside chunk state; reads a chunk's row once ready_ptr counts its head's
-    # dim states stored, and its grid-wide wait is its last statement
     USE_PDL: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
-    wait_unless_overlapping(overlaps_previous, USE_PDL)
+    wait_for_previous_kernel(USE_PDL)
     let_next_kernel_start(signal_next, USE_PDL)
     pid_m = tl.program_id(0)
     pid_h = tl.program_id(1)
@@ -117,8 +107,6 @@ def _state_passing_indexed_kernel(
     # (kernels.state_passing.recurrence_step says why); then the 0-3 chunks left, one at a time. Only a group that
     # ends at the last chunk skips its last store.
     for first in range(0, grouped_chunks(nchunks), READ_AHEAD):
-        for row in tl.static_range(READ_AHEAD):
-            wait_states_stored(ready_ptr, first + row, pid_h, tl.num_programs(axis=1), dim, overlaps_previous)
         new0, end0, new1, end1, new2, end2, new3, end3 = load_chunks_ahead(
             states_ptr, dA_cs_ptr, offs, mask, first, stride_states_chunk, stride_dA_chunk)
         out_group_ptr = chunk_row(out_ptr, first, stride_out_chunk)
@@ -127,13 +115,11 @@ def _state_passing_indexed_kernel(
         s = _step_and_store(s, new2, end2, out_group_ptr + 3 * stride_out_chunk, offs, mask, True)
         s = _step_and_store(s, new3, end3, out_group_ptr + 4 * stride_out_chunk, offs, mask, first + 4 < nchunks)
     for c in range(grouped_chunks(nchunks), nchunks):
-        wait_states_stored(ready_ptr, c, pid_h, tl.num_programs(axis=1), dim, overlaps_previous)
         new, dA_end = load_chunk_at(states_ptr, dA_cs_ptr, offs, mask, c, stride_states_chunk, stride_dA_chunk)
         s = _step_and_store(s, new, dA_end, chunk_row(out_ptr, c + 1, stride_out_chunk), offs, mask, c + 1 < nchunks)
 
     if final_slot >= 0:  # negative slot: padded sequence, write nothing
         tl.store(cache_ptr + final_slot * stride_cache_slot + offs, s.to(cache_ptr.dtype.element_ty), mask=mask)
-    wait_at_end_if_overlapping(overlaps_previous, USE_PDL)
 
 
 def _check_slot_view(name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> None:
@@ -151,16 +137,13 @@ def state_passing_indexed(
     final_slot_index: torch.Tensor,
     out: torch.Tensor,
     signal_next: bool = False,
-    ready: torch.Tensor | None = None,
 ) -> None:
     """Entering states into ``out`` and the final state into the cache, for one sequence.
 
     states (C, H, P, N) fp32; dA_cumsum (H, C, Q) fp32; state_cache (slots, H, P, N) with compact (H, P, N)
     (padded stride(0) and storage offset allowed); init_slot_index, final_slot_index (1,) int32/int64 and
     has_initial_state (1,) bool/int, each possibly a strided view; out (C, H, P, N) in the cache dtype.
-    ``signal_next``: the next kernel may start early (kernels/backend.py). ``ready``: chunk state's (C, H) counts
-    of stored states (kernels/chunk_ready.py): the kernel then starts beside the kernels before it (only right after
-    one launched with ``signal_next``) and reads each chunk's row once its head's count is complete.
+    ``signal_next``: the next kernel may start early (kernels/backend.py).
     """
     assert states.dim() == 4 and states.dtype == torch.float32, f"states: expected (C,H,P,N) fp32, found {states.dtype}"
     C, H, P, N = states.shape
@@ -182,18 +165,16 @@ def state_passing_indexed(
     for name, t in (("dA_cumsum", dA_cumsum), ("state_cache", state_cache), ("init_slot_index", init_slot_index),
                     ("has_initial_state", has_initial_state), ("final_slot_index", final_slot_index), ("out", out)):
         assert t.device == states.device, f"{name}: on {t.device}, states on {states.device}"
-    if ready is not None:
-        check_ready_counts(ready, C, H)
     arguments = launch_arguments(states, dA_cumsum, state_cache=state_cache, init_slot_index=init_slot_index,
                                  has_initial_state=has_initial_state, final_slot_index=final_slot_index, out=out,
-                                 signal_next=signal_next, ready=ready)
+                                 signal_next=signal_next)
     grid = (triton.cdiv(P * N, arguments["BLOCK_SIZE"]), H)
     _state_passing_indexed_kernel[grid](**arguments)
 
 
 def launch_arguments(states: torch.Tensor, dA_cumsum: torch.Tensor, *, state_cache: torch.Tensor,
                      init_slot_index: torch.Tensor, has_initial_state: torch.Tensor, final_slot_index: torch.Tensor,
-                     out: torch.Tensor, signal_next: bool = False, ready: torch.Tensor | None = None) -> dict:
+                     out: torch.Tensor, signal_next: bool = False) -> dict:
     """The kernel's arguments by name for these tensors (the launcher's, and the warmup registry's on stand-ins)."""
     nchunks, _, P, N = states.shape
     # A same-width view, not a copy: the kernel reads the mask as bytes.
@@ -201,14 +182,12 @@ def launch_arguments(states: torch.Tensor, dA_cumsum: torch.Tensor, *, state_cac
     return dict(
         states_ptr=states, out_ptr=out, dA_cs_ptr=dA_cumsum, cache_ptr=state_cache, init_slot_ptr=init_slot_index,
         has_init_ptr=has_init, final_slot_ptr=final_slot_index,
-        ready_ptr=ready if ready is not None else unused_ready_counts(states.device),
         dim=P * N, nchunks=nchunks, chunk_size=dA_cumsum.shape[2],
         stride_states_chunk=states.stride(0), stride_states_head=states.stride(1),
         stride_out_chunk=out.stride(0), stride_out_head=out.stride(1),
         stride_dA_head=dA_cumsum.stride(0), stride_dA_chunk=dA_cumsum.stride(1), stride_dA_q=dA_cumsum.stride(2),
         stride_cache_slot=state_cache.stride(0), stride_cache_head=state_cache.stride(1),
         signal_next=int(signal_next),
-        overlaps_previous=int(ready is not None),
         BLOCK_SIZE=fixed_block(P * N, BLOCK_SIZE),
         **pdl_arguments(),
     )

@@ -60,10 +60,8 @@ def _short_name(kernel) -> str:
 
 
 def test_which_kernels_signal_early_and_which_may_overlap():
-    """The early signal comes right after the kernel's opening statement (its wait, or the wait it defers), under
-    ``signal_next``, in the kernels an overlapping one may follow; bmm and the gather take ``overlaps_previous``
-    (they read only the call's inputs), and the indexed state passing (it reads chunk states once chunk state has
-    counted them stored, kernels/chunk_ready.py)."""
+    """The early signal comes right after the wait, under ``signal_next``, in the kernels an overlapping one may
+    follow; only bmm and the gather take ``overlaps_previous`` (they read only the call's inputs)."""
     signalling, overlapping = [], []
     for kernel in watched_kernels():
         fn = base_jit_function(kernel).fn
@@ -72,27 +70,20 @@ def test_which_kernels_signal_early_and_which_may_overlap():
         signals = [i for i, stmt in enumerate(body) if _is_call(stmt, "let_next_kernel_start", ["signal_next",
                                                                                                  "USE_PDL"])]
         if "signal_next" in params or signals:
-            waits = [i for i, stmt in enumerate(body)
-                     if _is_call(stmt, "wait_for_previous_kernel", ["USE_PDL"])
-                     or _is_call(stmt, "wait_unless_overlapping", ["overlaps_previous", "USE_PDL"])]
+            waits = [i for i, stmt in enumerate(body) if _is_call(stmt, "wait_for_previous_kernel", ["USE_PDL"])]
             assert signals and signals[0] == waits[0] + 1, f"{kernel_name(kernel)}: the signal must follow the wait"
             signalling.append(_short_name(kernel))
         if "overlaps_previous" in params:
             overlapping.append(_short_name(kernel))
-    assert sorted(signalling) == ["_bmm_chunk_kernel", "_chunk_cumsum_kernel", "_chunk_state_kernel",
-                                  "_chunk_state_passing_kernel", "_state_passing_indexed_kernel"]
-    assert sorted(overlapping) == ["_bmm_chunk_kernel", "_gather_initial_states_kernel",
-                                   "_state_passing_indexed_kernel"]
+    assert sorted(signalling) == ["_chunk_cumsum_kernel", "_chunk_state_kernel", "_chunk_state_passing_kernel",
+                                  "_state_passing_indexed_kernel"]
+    assert sorted(overlapping) == ["_bmm_chunk_kernel", "_gather_initial_states_kernel"]
 
 
-def recorded_launches(monkeypatch, device, path: str, tamper=None,
-                      not_launched=()) -> list[tuple[str, bool, bool, object]]:
-    """(launcher, signal_next, overlaps, ready) of each stage launch of one ``ssd_prefill`` call on ``path``: the
+def recorded_launches(monkeypatch, device, path: str, tamper=None) -> list[tuple[str, bool, bool]]:
+    """(launcher, signal_next, overlaps_previous) of each stage launch of one ``ssd_prefill`` call on ``path``: the
     short bench workload at an interpreter-sized shape (one sequence over two chunks, from an initial state).
-    ``overlaps``: ``overlaps_previous``, or for the indexed state passing a ``ready`` buffer (it then starts beside
-    the kernels before it); ``ready``: the ready-count buffer the launch got, or None. ``tamper`` {launcher: wrap}:
-    how ``ssd_prefill`` calls that launcher is changed before it is recorded; ``not_launched``: launchers recorded
-    but not run."""
+    ``tamper`` {launcher: wrap}: how ``ssd_prefill`` calls that launcher is changed before it is recorded."""
     import dataclasses
 
     from harness.bench import workload_case
@@ -106,16 +97,13 @@ def recorded_launches(monkeypatch, device, path: str, tamper=None,
 
     def recording(name, fn):
         def wrapper(*args, **kwargs):
-            ready = kwargs.get("ready")
-            overlaps = kwargs.get("overlaps_previous", False) or (name == "state_passing_indexed" and ready is not None)
-            launches.append((name, kwargs.get("signal_next", False), overlaps, ready))
+            launches.append((name, kwargs.get("signal_next", False), kwargs.get("overlaps_previous", False)))
             return fn(*args, **kwargs)
         return wrapper
 
     for name in ("chunk_cumsum", "bmm_chunk", "chunk_state", "chunk_state_passing", "gather_initial_states",
                  "gather_initial_states_torch", "state_passing_indexed", "chunk_scan"):
-        launcher = (lambda *args, **kwargs: None) if name in not_launched else getattr(ssd, name)
-        monkeypatch.setattr(ssd, name, recording(name, launcher))
+        monkeypatch.setattr(ssd, name, recording(name, getattr(ssd, name)))
     for name, wrap in (tamper or {}).items():
         monkeypatch.setattr(ssd, name, wrap(getattr(ssd, name)))
     extra = {"gather": "fused"} if path == "snapshot" else {}  # the copy that can overlap, on any device
@@ -123,25 +111,10 @@ def recorded_launches(monkeypatch, device, path: str, tamper=None,
     return launches
 
 
-OVERLAPPING = ("bmm_chunk", "gather_initial_states", "state_passing_indexed")
-
-
-def misplaced_overlaps(launches: list[tuple[str, bool, bool, object]]) -> list[str]:
-    """The overlapping launches that are not bmm, the gather or the indexed state passing right after a launch that
-    signalled; an overlapping launch that signals (it has not waited for the kernels before it) followed by one that
-    does not overlap; an indexed state passing that overlaps without the ready counts the cumsum zeroed and chunk
-    state added to."""
-    bad = [name for i, (name, _, overlaps, _) in enumerate(launches)
-           if overlaps and not (name in OVERLAPPING and i > 0 and launches[i - 1][1])]
-    bad += [f"{name} signals to {launches[i + 1][0] if i + 1 < len(launches) else 'nothing'}"
-            for i, (name, signals, overlaps, _) in enumerate(launches)
-            if overlaps and signals and not (i + 1 < len(launches) and launches[i + 1][2])]
-    for name, _, overlaps, ready in launches:
-        if name == "state_passing_indexed" and overlaps:
-            counted = [n for n, _, _, r in launches if r is ready and n in ("chunk_cumsum", "chunk_state")]
-            if counted != ["chunk_cumsum", "chunk_state"]:
-                bad.append(f"state_passing_indexed waits on counts only {counted} touched")
-    return bad
+def misplaced_overlaps(launches: list[tuple[str, bool, bool]]) -> list[str]:
+    """The overlapping launches that are not bmm or the gather right after a launch that signalled."""
+    return [name for i, (name, _, overlaps) in enumerate(launches)
+            if overlaps and not (name in ("bmm_chunk", "gather_initial_states") and i > 0 and launches[i - 1][1])]
 
 
 @pytest.mark.parametrize("path", ["snapshot", "indexed"])
@@ -152,10 +125,10 @@ def test_ssd_prefill_launches_the_overlapping_bmm_right_after_a_signalling_kerne
     there, and bmm once."""
     monkeypatch.setattr(ssd, "LAUNCH_ORDER", order)
     launches = recorded_launches(monkeypatch, device, path)
-    names = [n for n, _, _, _ in launches]
+    names = [n for n, _, _ in launches]
     assert names.count("bmm_chunk") == 1 and names.index("bmm_chunk") < names.index("chunk_scan"), names
     assert misplaced_overlaps(launches) == [], launches
-    assert any(overlaps for _, _, overlaps, _ in launches) is (order != "none"), launches
+    assert any(overlaps for _, _, overlaps in launches) is (order != "none"), launches
 
 
 @pytest.mark.parametrize(("path", "kernel_before"), [("indexed", "chunk_state"), ("snapshot", "chunk_state_passing")])
@@ -170,31 +143,6 @@ def test_the_launch_check_sees_an_overlapping_bmm_after_a_kernel_that_did_not_si
     monkeypatch.setattr(ssd, "LAUNCH_ORDER", "state")
     launches = recorded_launches(monkeypatch, device, path, tamper={kernel_before: silent})
     assert misplaced_overlaps(launches) == ["bmm_chunk"], launches
-
-
-def _without(keyword):
-    def wrap(launcher):
-        def launch(*args, **kwargs):
-            kwargs.pop(keyword, None)
-            return launcher(*args, **kwargs)
-        return launch
-    return wrap
-
-
-@pytest.mark.parametrize(("launcher", "expected"), [
-    # bmm signals (it has not waited), and the state passing after it waits first: the passing may start before
-    # chunk state has finished, reading chunk states nobody counted
-    ("state_passing_indexed", ["bmm_chunk signals to state_passing_indexed"]),
-    # the state passing waits on counts chunk state never adds to (not launched: it would spin forever)
-    ("chunk_state", ["state_passing_indexed waits on counts only ['chunk_cumsum'] touched"]),
-])
-def test_the_launch_check_sees_a_broken_stream_order(monkeypatch, device, launcher, expected):
-    """Negative controls for order "stream" (kernels/chunk_ready.py): ``ssd_prefill`` calling one launcher without
-    its ready counts."""
-    monkeypatch.setattr(ssd, "LAUNCH_ORDER", "stream")
-    launches = recorded_launches(monkeypatch, device, "indexed", tamper={launcher: _without("ready")},
-                                 not_launched=("state_passing_indexed",) if launcher == "chunk_state" else ())
-    assert misplaced_overlaps(launches) == expected, launches
 
 
 def _late_wait(x_ptr, USE_PDL):
@@ -303,55 +251,3 @@ def test_graph_replays_give_the_eager_calls_bits(device, monkeypatch, workload, 
         context = f"{workload} {variant}, order {order}, graph replay {replay} of {REPLAYS} against the eager call"
         assert_bits_equal(inputs.out, out, what="out", context=context)
         assert_bits_equal(inputs.state_cache, cache, what="state_cache", context=context)
-
-
-STREAM_REPLAYS = 20
-
-
-@pytest.mark.parametrize("counted", [True, False], ids=["counted", "control-uncounted"])
-def test_the_stream_order_reads_no_chunk_state_before_it_is_stored(device, monkeypatch, counted):
-    """Order "stream" on the 4256-token prefill, where the indexed state passing starts while chunk state still
-    runs (kernels/chunk_ready.py). Before each graph replay the chunk states and the workspace are poisoned with NaN
-    (a replay that read too early would otherwise find the previous replay's identical values), and every replay
-    must give the eager call's bits. The control gives the state passing counts that are already complete (the
-    cumsum does not zero them), so it never waits: some replay must then differ, or the check proves nothing."""
-    if device != "cuda":
-        pytest.skip("needs a CUDA device: only there do chunk state and the state passing run side by side")
-    from harness.bench import workload_case
-    from harness.cases.builder import build_inputs
-    from harness.cuda_timing import capture_graph
-    from kernels import provider
-
-    inputs = build_inputs(workload_case("prefill-4256"), device)
-    kwargs = inputs.kwargs(path="indexed")
-    workspace: dict = {}
-
-    def call():
-        provider.ssd_prefill(**kwargs, workspace_out=workspace)
-
-    # The bits to expect, from the grid-wide wait (order "state+gather"; the order lab checks every order's bits).
-    monkeypatch.setattr(ssd, "LAUNCH_ORDER", "state+gather")
-    call()
-    torch.cuda.synchronize()
-    out = inputs.out.clone()
-    monkeypatch.setattr(ssd, "LAUNCH_ORDER", "stream")
-    if not counted:
-        monkeypatch.setattr(ssd, "ready_counts", lambda n, h, dev: torch.full((n, h), 2**30, dtype=torch.int32,
-                                                                              device=dev))
-        monkeypatch.setattr(ssd, "chunk_cumsum", _without("ready")(ssd.chunk_cumsum))
-    graph = capture_graph(call, warmup=0)  # workspace now holds the captured call's intermediates
-    differing = []
-    for replay in range(STREAM_REPLAYS):
-        inputs.out.fill_(math.nan)
-        workspace["chunk_states"].fill_(math.nan)
-        workspace["states"].fill_(math.nan)
-        torch.cuda.synchronize()
-        graph.replay()
-        torch.cuda.synchronize()
-        if not torch.equal(inputs.out.view(torch.uint8), out.view(torch.uint8)):
-            differing.append(replay)
-            if counted:
-                assert_bits_equal(inputs.out, out, what="out",
-                                  context=f"prefill-4256 indexed, order stream, graph replay {replay}")
-    if not counted:
-        assert differing, f"no replay of {STREAM_REPLAYS} read a poisoned chunk state without the counts"
