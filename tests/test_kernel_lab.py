@@ -72,6 +72,16 @@ def test_like_keeps_only_the_configs_it_names(lab):
     assert len(lab.stage_configs("chunk_scan")) > len(both)
 
 
+def test_variant_keeps_only_the_named_variants_and_refuses_an_unknown_name(lab):
+    """``--variant``: the named variants of each stage stay (the shipped kernel always runs); a misspelt name is an
+    error, not a run that silently times the shipped kernel alone."""
+    chosen = lab.chosen_variants(["gridorder"])
+    assert chosen["chunk_scan"].keys() == {"gridorder"} and chosen["bmm_chunk"] == {}
+    assert lab.chosen_variants(None) is lab.VARIANTS
+    with pytest.raises(SystemExit, match=r"no variant named \['gridordr'\]"):
+        lab.chosen_variants(["gridordr"])
+
+
 # The measured optimum at the serving shape on the H200: four programs a multiprocessor for both kernels (five ran
 # slower for the chunk scan, docs/gpu-runs.md runs 81, 84 and 90; three slower for chunk state, runs 47 and 81).
 SERVING_PROGRAMS_PER_SM = {"chunk_scan": (("sm90", 256, 64, 128), 4), "chunk_state": (("sm90", 64, 128, 256, 1), 4)}
