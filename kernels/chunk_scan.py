@@ -20,6 +20,8 @@ the same code.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -30,11 +32,14 @@ from kernels.backend import (
     FP32_DOT_PRECISION,
     LOG2E,
     dot_acc,
+    fixed_block,
     least_overshoot,
     pdl_arguments,
     wait_for_previous_kernel,
 )
+from kernels.chunk_ready import check_ready_counts, unused_ready_counts, wait_states_stored
 from kernels.interface import INDEX_DTYPES, STATE_DTYPES
+from kernels.state_passing_indexed import check_indexed_walk, mask_bytes, walk_entering_states
 from kernels.tuned_configs import checked_in
 
 
@@ -71,7 +76,12 @@ def dstate_block(dstate: int) -> int:
 # D's strides are (1, 0) per head and (P, 1) per channel: not specialized, so both share one binary (the loads are
 # a few per program; kernels.warmup needs one D class fewer). The previous-state selectors are runtime values that
 # must not be specialized either (0 vs 1 would otherwise compile the two paths differently).
-@triton.jit(do_not_specialize=["stride_D_head", "stride_D_hdim", "prev_chunk_offset", "has_initial_states"])
+# The walk's arguments (launch order "walk", kernels/chunk_ready.py) are runtime values for the same reason: the
+# snapshot path passes placeholders (no walkers), and both paths must still run one binary; the cache and slot
+# pointers are read a row or a scalar per walker, so their alignment is not specialized either.
+@triton.jit(do_not_specialize=["stride_D_head", "stride_D_hdim", "prev_chunk_offset", "has_initial_states", "walkers",
+                               "nchunks", "nheads", "stride_cache_slot", "stride_cache_head"],
+            do_not_specialize_on_alignment=["cache_ptr", "init_slot_ptr", "has_init_ptr", "final_slot_ptr"])
 def _chunk_scan_kernel(
     CB_ptr,  # (C, G, Q, Q) fp32
     x_ptr,  # (T, H, P) io dtype
@@ -85,6 +95,15 @@ def _chunk_scan_kernel(
     D_ptr,  # (H,) or (H, P), unused without HAS_D
     initial_states_ptr,  # (Bt, H, P, N) state dtype, same inner strides as states; read only if has_initial_states
     cu_chunk_seqlens_ptr,  # (C + 1,)
+    chunk_states_ptr,  # (C, H, P*N) fp32 chunk states, read by the walkers
+    cache_ptr,  # (slots, H, P*N) state cache, read and written by the walkers
+    init_slot_ptr,  # (1,) int32/int64
+    has_init_ptr,  # (1,) uint8/int
+    final_slot_ptr,  # (1,) int32/int64
+    ready_ptr,  # (C, H) int32 entering states stored per (chunk, head) (kernels/chunk_ready.py)
+    walkers,  # the grid's first programs that walk the indexed state passing; 0: none (the states are given)
+    nchunks,
+    nheads,
     prev_chunk_offset,  # 0: states[c] enters chunk c (indexed path); 1: states[c - 1] exits the chunk before
     has_initial_states,  # nonzero: a sequence's first chunk starts from initial_states[seq] (else from zero)
     chunk_size: tl.constexpr,
@@ -121,6 +140,10 @@ def _chunk_scan_kernel(
     stride_init_head,
     stride_D_head,
     stride_D_hdim,
+    stride_chunk_states_chunk,
+    stride_chunk_states_head,
+    stride_cache_slot,
+    stride_cache_head,
     HAS_D: tl.constexpr,
     HAS_Z: tl.constexpr,
     DOT_FP32_OPERANDS: tl.constexpr,
@@ -130,17 +153,30 @@ def _chunk_scan_kernel(
     BLOCK_SIZE_M: tl.constexpr,
     BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
+    WALK_BLOCK: tl.constexpr,
 ):
     wait_for_previous_kernel(USE_PDL)
-    # The grid is (tiles, chunks, heads). Programs start in launch order, and this one takes the tile of that place
-    # in head-fastest order: the heads of one (chunk, tile) one after another, then the next tile, then the next
-    # chunk, so the programs running at once cover the causal loop's short and long tiles alike (docs/gpu-runs.md).
-    launch_order = tl.program_id(axis=2) * tl.num_programs(axis=1) + tl.program_id(axis=1)
-    launch_order = launch_order * tl.num_programs(axis=0) + tl.program_id(axis=0)
-    pid_h = launch_order % tl.num_programs(axis=2)
-    pid_mn = (launch_order // tl.num_programs(axis=2)) % tl.num_programs(axis=0)
-    pid_c = launch_order // (tl.num_programs(axis=2) * tl.num_programs(axis=0))
-    num_pid_n = tl.cdiv(hdim, BLOCK_SIZE_N)
+    # The grid is one-dimensional: first the walkers, if any (kernels/chunk_ready.py), each a WALK_BLOCK of one
+    # head's P * N states, then the tiles. Programs start in launch order, and a tile program takes the tile of
+    # its place in head-fastest order: the heads of one (chunk, tile) one after another, then the next tile, then
+    # the next chunk, so the programs running at once cover the causal loop's short and long tiles alike
+    # (docs/gpu-runs.md), and chunks start in the order the walkers finish them.
+    launch_order = tl.program_id(axis=0)
+    if launch_order < walkers:
+        walkers_per_head = tl.cdiv(hdim * dstate, WALK_BLOCK)
+        walk_entering_states(chunk_states_ptr, states_ptr, dA_cumsum_ptr, cache_ptr, init_slot_ptr, has_init_ptr,
+                             final_slot_ptr, ready_ptr, launch_order % walkers_per_head,
+                             launch_order // walkers_per_head, nheads, hdim * dstate, nchunks, chunk_size,
+                             stride_chunk_states_chunk, stride_chunk_states_head, stride_states_chunk,
+                             stride_states_head, stride_dA_cs_head, stride_dA_cs_chunk, stride_dA_cs_pos,
+                             stride_cache_slot, stride_cache_head, True, WALK_BLOCK)
+        return
+    launch_order -= walkers
+    num_pid_n = (hdim + BLOCK_SIZE_N - 1) // BLOCK_SIZE_N
+    num_pid_mn = (chunk_size + BLOCK_SIZE_M - 1) // BLOCK_SIZE_M * num_pid_n
+    pid_h = launch_order % nheads
+    pid_mn = (launch_order // nheads) % num_pid_mn
+    pid_c = launch_order // (nheads * num_pid_mn)
     pid_m = pid_mn // num_pid_n
     pid_n = pid_mn % num_pid_n
     chunk_start = tl.load(cu_chunk_seqlens_ptr + pid_c).to(tl.int64)
@@ -189,6 +225,9 @@ def _chunk_scan_kernel(
         for s in range(0, dstate, BLOCK_SIZE_DSTATE):
             s_mask = offs_s < dstate - s
             c = tl.load(C_ptrs, mask=row_mask[:, None] & s_mask[None, :], other=0.0)
+            # Walked in this launch: wait for the walkers to have stored this chunk's entering state (C is loaded
+            # first, so the two latencies overlap).
+            wait_states_stored(ready_ptr, pid_c, pid_h, nheads, hdim * dstate, (walkers != 0) & (s == 0))
             prev = tl.load(prev_ptrs, mask=s_mask[:, None] & col_mask[None, :], other=0.0).to(io_dtype)
             acc = dot_acc(acc, c, prev, DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
             C_ptrs += BLOCK_SIZE_DSTATE * stride_C_dstate
@@ -257,6 +296,30 @@ chunk_scan_kernel = triton.autotune(
 )(_chunk_scan_kernel)
 
 
+# A walker's block of one head's P * N states (kernels/chunk_ready.py): four warps hold a block's READ_AHEAD rows in
+# registers below the tiles' own count, so the walkers cost no tile a place on the multiprocessor.
+WALK_BLOCK = 2048
+
+
+@dataclass(frozen=True)
+class Walk:
+    """The indexed state passing run inside the chunk scan's launch (launch order "walk", kernels/chunk_ready.py),
+    with the arguments of ``kernels.state_passing_indexed.state_passing_indexed``. Without ``chunk_states`` there are
+    no walkers and the slot views only give the kernel's slot pointers their dtypes, so that a call's snapshot and
+    indexed paths run one binary."""
+
+    init_slot_index: torch.Tensor
+    has_initial_state: torch.Tensor
+    final_slot_index: torch.Tensor
+    chunk_states: torch.Tensor | None = None
+    state_cache: torch.Tensor | None = None
+    ready: torch.Tensor | None = None
+
+    @property
+    def walks(self) -> bool:
+        return self.chunk_states is not None
+
+
 def chunk_scan(
     CB: torch.Tensor,
     x: torch.Tensor,
@@ -272,10 +335,13 @@ def chunk_scan(
     z: torch.Tensor | None = None,
     initial_states: torch.Tensor | None = None,
     states_are_entering: bool = False,
+    walk: Walk | None = None,
 ) -> None:
     """Write out (T, H, P) io dtype from CB (nchunks, G, Q, Q) fp32, x (T, H, P), dt_out and dA_cumsum (H, nchunks, Q)
     fp32, C (T, G, N), states (nchunks, H, P, N) state dtype, cu_chunk_seqlens (nchunks + 1,), seq_idx (nchunks,);
-    optional D (H,) or (H, P), z (T, H, P), initial_states (Bt, H, P, N) state dtype."""
+    optional D (H,) or (H, P), z (T, H, P), initial_states (Bt, H, P, N) state dtype. ``walk``: its slot views, and
+    where it has chunk states, the indexed state passing run in this launch, which writes the entering ``states``
+    (``Walk``)."""
     T, H, P = x.shape
     nchunks, G, Q, _ = CB.shape
     N = C.shape[-1]
@@ -308,29 +374,55 @@ def chunk_scan(
             f"initial_states: expected inner strides {states.stride()[2:]} like states, "
             f"found {initial_states.stride()[2:]}")
     assert not (states_are_entering and initial_states is not None), "entering states already hold the initial states"
+    if walk is not None and walk.walks:
+        assert states_are_entering, "the walkers store entering states"
+        check_indexed_walk(walk.chunk_states, dA_cumsum, state_cache=walk.state_cache,
+                           init_slot_index=walk.init_slot_index, has_initial_state=walk.has_initial_state,
+                           final_slot_index=walk.final_slot_index, out=states)
+        check_ready_counts(walk.ready, nchunks, H)
 
-    grid = lambda META: (triton.cdiv(Q, META["BLOCK_SIZE_M"]) * triton.cdiv(P, META["BLOCK_SIZE_N"]), nchunks, H)  # noqa: E731
-    chunk_scan_kernel[grid](**launch_arguments(
-        CB, x, dt_out, dA_cumsum, C, states, cu_chunk_seqlens, seq_idx, out=out, D=D, z=z,
-        initial_states=initial_states, states_are_entering=states_are_entering))
+    arguments = launch_arguments(CB, x, dt_out, dA_cumsum, C, states, cu_chunk_seqlens, seq_idx, out=out, D=D, z=z,
+                                 initial_states=initial_states, states_are_entering=states_are_entering, walk=walk)
+    chunk_scan_kernel[launch_grid(arguments)](**arguments)
+
+
+def launch_grid(arguments: dict):
+    """The grid of a launch with ``arguments`` (``launch_arguments``), for a config's block sizes: the walkers, then
+    a program per tile, chunk and head."""
+    def grid(meta):
+        tiles = triton.cdiv(arguments["chunk_size"], meta["BLOCK_SIZE_M"]) * triton.cdiv(arguments["hdim"],
+                                                                                      meta["BLOCK_SIZE_N"])
+        return (arguments["walkers"] + tiles * arguments["nchunks"] * arguments["nheads"],)
+    return grid
 
 
 def launch_arguments(CB: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_cumsum: torch.Tensor,
                      C: torch.Tensor, states: torch.Tensor, cu_chunk_seqlens: torch.Tensor, seq_idx: torch.Tensor, *,
                      out: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None,
-                     initial_states: torch.Tensor | None, states_are_entering: bool) -> dict:
+                     initial_states: torch.Tensor | None, states_are_entering: bool, walk: Walk | None = None) -> dict:
     """The kernel's arguments by name for these tensors (the launcher's, and the warmup registry's on stand-ins);
     the block sizes other than dstate's come from the autotuner's config. Absent z, D or initial states are
-    pointer placeholders of the same dtype (never read) with zero strides; D (H,) has stride 0 along headdim."""
-    _, G, Q, _ = CB.shape
+    pointer placeholders of the same dtype (never read) with zero strides; D (H,) has stride 0 along headdim. Without
+    walkers the walk's tensors are placeholders of the dtypes a walk would pass: the chunk states fp32 (dt_out), the
+    cache the workspace's (states), the slot views ``walk``'s, else cu_chunk_seqlens."""
+    nchunks, G, Q, _ = CB.shape
     _, H, P = x.shape
     N = C.shape[-1]
     init = initial_states if initial_states is not None else states
+    walks = walk is not None and walk.walks
+    walk_block = fixed_block(P * N, WALK_BLOCK)
+    slots = ((walk.init_slot_index, mask_bytes(walk.has_initial_state), walk.final_slot_index) if walk is not None
+             else (cu_chunk_seqlens[:1],) * 3)
+    chunk_states = walk.chunk_states if walks else dt_out
+    cache = walk.state_cache if walks else states
     z_arg = z if z is not None else x
     D_arg = D if D is not None else dt_out
     return dict(
         CB_ptr=CB, x_ptr=x, z_ptr=z_arg, out_ptr=out, dt_ptr=dt_out, dA_cumsum_ptr=dA_cumsum, seq_idx_ptr=seq_idx,
         C_ptr=C, states_ptr=states, D_ptr=D_arg, initial_states_ptr=init, cu_chunk_seqlens_ptr=cu_chunk_seqlens,
+        chunk_states_ptr=chunk_states, cache_ptr=cache, init_slot_ptr=slots[0], has_init_ptr=slots[1],
+        final_slot_ptr=slots[2], ready_ptr=walk.ready if walks else unused_ready_counts(x.device),
+        walkers=H * triton.cdiv(P * N, walk_block) if walks else 0, nchunks=nchunks, nheads=H,
         prev_chunk_offset=0 if states_are_entering else 1,
         has_initial_states=int(initial_states is not None),
         chunk_size=Q, hdim=P, dstate=N, nheads_per_group=H // G,
@@ -350,10 +442,15 @@ def launch_arguments(CB: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA
         stride_init_head=initial_states.stride(1) if initial_states is not None else 0,
         stride_D_head=D.stride(0) if D is not None else 0,
         stride_D_hdim=D.stride(1) if D is not None and D.dim() == 2 else 0,
+        stride_chunk_states_chunk=chunk_states.stride(0) if walks else 0,
+        stride_chunk_states_head=chunk_states.stride(1) if walks else 0,
+        stride_cache_slot=cache.stride(0) if walks else 0,
+        stride_cache_head=cache.stride(1) if walks else 0,
         HAS_D=D is not None,
         HAS_Z=z is not None,
         DOT_FP32_OPERANDS=DOT_FP32_OPERANDS,
         FP32_DOT_PRECISION=FP32_DOT_PRECISION,
         BLOCK_SIZE_DSTATE=dstate_block(N),
+        WALK_BLOCK=walk_block,
         **pdl_arguments(),
     )

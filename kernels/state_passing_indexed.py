@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from kernels.backend import fixed_block, let_next_kernel_start, pdl_arguments, wait_for_previous_kernel
+from kernels.chunk_ready import signal_states_stored
 from kernels.interface import INDEX_DTYPES, MASK_DTYPES
 from kernels.state_passing import (
     READ_AHEAD,
@@ -44,13 +45,74 @@ SCALAR_ONLY = {
 
 
 @triton.jit
-def _step_and_store(s, new, dA_end, next_entering_ptr, offs, mask, store):
+def _step_and_store(s, new, dA_end, next_entering_ptr, offs, mask, store, ready_ptr, next_chunk, head, nheads,
+                    elements, SIGNAL: tl.constexpr):
     """A chunk's step of the recurrence (the snapshot kernel's arithmetic, same code) and the state exiting it stored
     as the next chunk's entering state (``next_entering_ptr``: a scalar pointer at that row of this program's head)
-    where ``store``: the last chunk's exiting state is not stored there but left to the final slot."""
+    where ``store``: the last chunk's exiting state is not stored there but left to the final slot. Where ``SIGNAL``,
+    the stored ``elements`` are counted for ``next_chunk`` (kernels/chunk_ready.py)."""
     s = recurrence_step(s, new, dA_end)
     tl.store(next_entering_ptr + offs, s.to(next_entering_ptr.dtype.element_ty), mask=mask & store)
+    if SIGNAL:
+        signal_states_stored(ready_ptr, next_chunk, head, nheads, elements, store)
     return s
+
+
+@triton.jit
+def walk_entering_states(states_ptr, out_ptr, dA_cs_ptr, cache_ptr, init_slot_ptr, has_init_ptr, final_slot_ptr,
+                         ready_ptr, pid_m, pid_h, nheads, dim, nchunks, chunk_size, stride_states_chunk,
+                         stride_states_head, stride_out_chunk, stride_out_head, stride_dA_head, stride_dA_chunk,
+                         stride_dA_q, stride_cache_slot, stride_cache_head, SIGNAL: tl.constexpr,
+                         BLOCK_SIZE: tl.constexpr):
+    """The indexed state passing of block ``pid_m`` of head ``pid_h``'s P * N states: this kernel's body, and the
+    walkers' in the chunk scan's launch (launch order "walk", kernels/chunk_ready.py), which count each entering
+    row they store (``SIGNAL``)."""
+    offs = pid_m * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offs < dim
+    elements = tl.minimum(BLOCK_SIZE, dim - pid_m * BLOCK_SIZE)
+
+    # Scalar bases (this program's head): the loops carry only scalars and the state (chunk_row says why).
+    states_ptr += pid_h * stride_states_head
+    out_ptr += pid_h * stride_out_head
+    dA_cs_ptr += pid_h * stride_dA_head + (chunk_size - 1) * stride_dA_q
+    cache_ptr += pid_h * stride_cache_head
+
+    # Read this program's slice of the initial state before any write (in-place safety). Mask and slot are loaded
+    # side by side and the row's load is masked by both (one latency before it, as in kernels.gather): a masked-off
+    # initial state is never read, since the slot may hold garbage or NaN.
+    has_init = tl.load(has_init_ptr) != 0
+    init_slot = tl.where(has_init, tl.load(init_slot_ptr).to(tl.int64), 0)
+    # Read with the others: after the loop's stores the compiler could not hoist it (the pointers may alias), and
+    # every call would end waiting on one more load.
+    final_slot = tl.load(final_slot_ptr).to(tl.int64)
+    entering = tl.load(cache_ptr + init_slot * stride_cache_slot + offs, mask=mask & has_init, other=0.0)
+    s = entering.to(tl.float32)
+    tl.store(out_ptr + offs, entering, mask=mask)
+    if SIGNAL:
+        signal_states_stored(ready_ptr, 0, pid_h, nheads, elements, True)
+
+    # Whole groups of READ_AHEAD chunks: their rows are read before their steps and stores
+    # (kernels.state_passing.recurrence_step says why); then the 0-3 chunks left, one at a time. Only a group that
+    # ends at the last chunk skips its last store.
+    for first in range(0, grouped_chunks(nchunks), READ_AHEAD):
+        new0, end0, new1, end1, new2, end2, new3, end3 = load_chunks_ahead(
+            states_ptr, dA_cs_ptr, offs, mask, first, stride_states_chunk, stride_dA_chunk)
+        out_group_ptr = chunk_row(out_ptr, first, stride_out_chunk)
+        s = _step_and_store(s, new0, end0, out_group_ptr + stride_out_chunk, offs, mask, True,
+                            ready_ptr, first + 1, pid_h, nheads, elements, SIGNAL)
+        s = _step_and_store(s, new1, end1, out_group_ptr + 2 * stride_out_chunk, offs, mask, True,
+                            ready_ptr, first + 2, pid_h, nheads, elements, SIGNAL)
+        s = _step_and_store(s, new2, end2, out_group_ptr + 3 * stride_out_chunk, offs, mask, True,
+                            ready_ptr, first + 3, pid_h, nheads, elements, SIGNAL)
+        s = _step_and_store(s, new3, end3, out_group_ptr + 4 * stride_out_chunk, offs, mask, first + 4 < nchunks,
+                            ready_ptr, first + 4, pid_h, nheads, elements, SIGNAL)
+    for c in range(grouped_chunks(nchunks), nchunks):
+        new, dA_end = load_chunk_at(states_ptr, dA_cs_ptr, offs, mask, c, stride_states_chunk, stride_dA_chunk)
+        s = _step_and_store(s, new, dA_end, chunk_row(out_ptr, c + 1, stride_out_chunk), offs, mask, c + 1 < nchunks,
+                            ready_ptr, c + 1, pid_h, nheads, elements, SIGNAL)
+
+    if final_slot >= 0:  # negative slot: padded sequence, write nothing
+        tl.store(cache_ptr + final_slot * stride_cache_slot + offs, s.to(cache_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit(**SCALAR_ONLY)
@@ -80,46 +142,10 @@ def _state_passing_indexed_kernel(
 ):
     wait_for_previous_kernel(USE_PDL)
     let_next_kernel_start(signal_next, USE_PDL)
-    pid_m = tl.program_id(0)
-    pid_h = tl.program_id(1)
-    offs = pid_m * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    mask = offs < dim
-
-    # Scalar bases (this program's head): the loops carry only scalars and the state (chunk_row says why).
-    states_ptr += pid_h * stride_states_head
-    out_ptr += pid_h * stride_out_head
-    dA_cs_ptr += pid_h * stride_dA_head + (chunk_size - 1) * stride_dA_q
-    cache_ptr += pid_h * stride_cache_head
-
-    # Read this program's slice of the initial state before any write (in-place safety). Mask and slot are loaded
-    # side by side and the row's load is masked by both (one latency before it, as in kernels.gather): a masked-off
-    # initial state is never read, since the slot may hold garbage or NaN.
-    has_init = tl.load(has_init_ptr) != 0
-    init_slot = tl.where(has_init, tl.load(init_slot_ptr).to(tl.int64), 0)
-    # Read with the others: after the loop's stores the compiler could not hoist it (the pointers may alias), and
-    # every call would end waiting on one more load.
-    final_slot = tl.load(final_slot_ptr).to(tl.int64)
-    entering = tl.load(cache_ptr + init_slot * stride_cache_slot + offs, mask=mask & has_init, other=0.0)
-    s = entering.to(tl.float32)
-    tl.store(out_ptr + offs, entering, mask=mask)
-
-    # Whole groups of READ_AHEAD chunks: their rows are read before their steps and stores
-    # (kernels.state_passing.recurrence_step says why); then the 0-3 chunks left, one at a time. Only a group that
-    # ends at the last chunk skips its last store.
-    for first in range(0, grouped_chunks(nchunks), READ_AHEAD):
-        new0, end0, new1, end1, new2, end2, new3, end3 = load_chunks_ahead(
-            states_ptr, dA_cs_ptr, offs, mask, first, stride_states_chunk, stride_dA_chunk)
-        out_group_ptr = chunk_row(out_ptr, first, stride_out_chunk)
-        s = _step_and_store(s, new0, end0, out_group_ptr + stride_out_chunk, offs, mask, True)
-        s = _step_and_store(s, new1, end1, out_group_ptr + 2 * stride_out_chunk, offs, mask, True)
-        s = _step_and_store(s, new2, end2, out_group_ptr + 3 * stride_out_chunk, offs, mask, True)
-        s = _step_and_store(s, new3, end3, out_group_ptr + 4 * stride_out_chunk, offs, mask, first + 4 < nchunks)
-    for c in range(grouped_chunks(nchunks), nchunks):
-        new, dA_end = load_chunk_at(states_ptr, dA_cs_ptr, offs, mask, c, stride_states_chunk, stride_dA_chunk)
-        s = _step_and_store(s, new, dA_end, chunk_row(out_ptr, c + 1, stride_out_chunk), offs, mask, c + 1 < nchunks)
-
-    if final_slot >= 0:  # negative slot: padded sequence, write nothing
-        tl.store(cache_ptr + final_slot * stride_cache_slot + offs, s.to(cache_ptr.dtype.element_ty), mask=mask)
+    walk_entering_states(states_ptr, out_ptr, dA_cs_ptr, cache_ptr, init_slot_ptr, has_init_ptr, final_slot_ptr,
+                         states_ptr, tl.program_id(0), tl.program_id(1), tl.num_programs(1), dim, nchunks, chunk_size,
+                         stride_states_chunk, stride_states_head, stride_out_chunk, stride_out_head, stride_dA_head,
+                         stride_dA_chunk, stride_dA_q, stride_cache_slot, stride_cache_head, False, BLOCK_SIZE)
 
 
 def _check_slot_view(name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> None:
@@ -127,24 +153,11 @@ def _check_slot_view(name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...]
     assert t.dtype in dtypes, f"{name}: expected one of {dtypes}, found {t.dtype}"
 
 
-def state_passing_indexed(
-    states: torch.Tensor,
-    dA_cumsum: torch.Tensor,
-    *,
-    state_cache: torch.Tensor,
-    init_slot_index: torch.Tensor,
-    has_initial_state: torch.Tensor,
-    final_slot_index: torch.Tensor,
-    out: torch.Tensor,
-    signal_next: bool = False,
-) -> None:
-    """Entering states into ``out`` and the final state into the cache, for one sequence.
-
-    states (C, H, P, N) fp32; dA_cumsum (H, C, Q) fp32; state_cache (slots, H, P, N) with compact (H, P, N)
-    (padded stride(0) and storage offset allowed); init_slot_index, final_slot_index (1,) int32/int64 and
-    has_initial_state (1,) bool/int, each possibly a strided view; out (C, H, P, N) in the cache dtype.
-    ``signal_next``: the next kernel may start early (kernels/backend.py).
-    """
+def check_indexed_walk(states: torch.Tensor, dA_cumsum: torch.Tensor, *, state_cache: torch.Tensor,
+                       init_slot_index: torch.Tensor, has_initial_state: torch.Tensor, final_slot_index: torch.Tensor,
+                       out: torch.Tensor) -> None:
+    """The arguments of ``state_passing_indexed`` (its docstring), for it and for the walkers in the chunk scan's
+    launch (kernels/chunk_ready.py)."""
     assert states.dim() == 4 and states.dtype == torch.float32, f"states: expected (C,H,P,N) fp32, found {states.dtype}"
     C, H, P, N = states.shape
     assert states.stride(3) == 1 and states.stride(2) == N, f"states: (P, N) must be compact, found {states.stride()}"
@@ -165,6 +178,34 @@ def state_passing_indexed(
     for name, t in (("dA_cumsum", dA_cumsum), ("state_cache", state_cache), ("init_slot_index", init_slot_index),
                     ("has_initial_state", has_initial_state), ("final_slot_index", final_slot_index), ("out", out)):
         assert t.device == states.device, f"{name}: on {t.device}, states on {states.device}"
+
+
+def mask_bytes(has_initial_state: torch.Tensor) -> torch.Tensor:
+    """The mask as the kernels read it: a bool mask as a same-width uint8 view, not a copy."""
+    return has_initial_state.view(torch.uint8) if has_initial_state.dtype == torch.bool else has_initial_state
+
+
+def state_passing_indexed(
+    states: torch.Tensor,
+    dA_cumsum: torch.Tensor,
+    *,
+    state_cache: torch.Tensor,
+    init_slot_index: torch.Tensor,
+    has_initial_state: torch.Tensor,
+    final_slot_index: torch.Tensor,
+    out: torch.Tensor,
+    signal_next: bool = False,
+) -> None:
+    """Entering states into ``out`` and the final state into the cache, for one sequence.
+
+    states (C, H, P, N) fp32; dA_cumsum (H, C, Q) fp32; state_cache (slots, H, P, N) with compact (H, P, N)
+    (padded stride(0) and storage offset allowed); init_slot_index, final_slot_index (1,) int32/int64 and
+    has_initial_state (1,) bool/int, each possibly a strided view; out (C, H, P, N) in the cache dtype.
+    ``signal_next``: the next kernel may start early (kernels/backend.py).
+    """
+    check_indexed_walk(states, dA_cumsum, state_cache=state_cache, init_slot_index=init_slot_index,
+                       has_initial_state=has_initial_state, final_slot_index=final_slot_index, out=out)
+    C, H, P, N = states.shape
     arguments = launch_arguments(states, dA_cumsum, state_cache=state_cache, init_slot_index=init_slot_index,
                                  has_initial_state=has_initial_state, final_slot_index=final_slot_index, out=out,
                                  signal_next=signal_next)
@@ -177,8 +218,7 @@ def launch_arguments(states: torch.Tensor, dA_cumsum: torch.Tensor, *, state_cac
                      out: torch.Tensor, signal_next: bool = False) -> dict:
     """The kernel's arguments by name for these tensors (the launcher's, and the warmup registry's on stand-ins)."""
     nchunks, _, P, N = states.shape
-    # A same-width view, not a copy: the kernel reads the mask as bytes.
-    has_init = has_initial_state.view(torch.uint8) if has_initial_state.dtype == torch.bool else has_initial_state
+    has_init = mask_bytes(has_initial_state)
     return dict(
         states_ptr=states, out_ptr=out, dA_cs_ptr=dA_cumsum, cache_ptr=state_cache, init_slot_ptr=init_slot_index,
         has_init_ptr=has_init, final_slot_ptr=final_slot_index,

@@ -73,11 +73,13 @@ PASSING_EARLY = ((PASSING_SLOT_LOADS, PASSING_FIRST_GROUP_EARLY), (PASSING_GROUP
 # heads), as both kernels did before their launch orders of docs/gpu-runs.md run 90 (the chunk scan's masked loads of
 # before then were measured in runs 90-91 and are not kept: a variant repeating the kernel's load block would only
 # restate it)
-SCAN_LAUNCH_ORDER = """    launch_order = tl.program_id(axis=2) * tl.num_programs(axis=1) + tl.program_id(axis=1)
-    launch_order = launch_order * tl.num_programs(axis=0) + tl.program_id(axis=0)
-    pid_h = launch_order % tl.num_programs(axis=2)
-    pid_mn = (launch_order // tl.num_programs(axis=2)) % tl.num_programs(axis=0)
-    pid_c = launch_order // (tl.num_programs(axis=2) * tl.num_programs(axis=0))
+SCAN_LAUNCH_ORDER = """    pid_h = launch_order % nheads
+    pid_mn = (launch_order // nheads) % num_pid_mn
+    pid_c = launch_order // (nheads * num_pid_mn)
+"""
+SCAN_GRID_ORDER = """    pid_mn = launch_order % num_pid_mn
+    pid_c = (launch_order // num_pid_mn) % nchunks
+    pid_h = launch_order // (num_pid_mn * nchunks)
 """
 STATE_LAUNCH_ORDER = """    pid_mn = tl.program_id(axis=0)
     chunk_major = tl.program_id(axis=2) * tl.num_programs(axis=1) + tl.program_id(axis=1)
@@ -95,7 +97,7 @@ VARIANTS: dict[str, dict[str, Rewrite]] = {
     "bmm_chunk": {"cx": Rewrite(("dstate", "chunk_size")), "dead": Rewrite((), (BMM_DEAD_TILES,)),
                   "cxdead": Rewrite(("dstate", "chunk_size"), (BMM_DEAD_TILES,))},
     "state_passing_indexed": {"cx": Rewrite(("dim", "chunk_size")), "early": Rewrite((), PASSING_EARLY)},
-    "chunk_scan": {"gridorder": Rewrite((), ((SCAN_LAUNCH_ORDER, GRID_ORDER),))},
+    "chunk_scan": {"gridorder": Rewrite((), ((SCAN_LAUNCH_ORDER, SCAN_GRID_ORDER),))},
     "chunk_state": {"gridorder": Rewrite((), ((STATE_LAUNCH_ORDER, GRID_ORDER),))},
     "gather": {"cx": Rewrite(("row",))},
 }
@@ -239,8 +241,8 @@ def stage_launch(stage: str, kw: dict, ws: dict):
         args = chunk_scan.launch_arguments(
             ws["CB"], x, dt_out, dA, C, ws["states"], cu, kw["seq_idx"], out=outs[0], D=kw["D"], z=kw["z"],
             initial_states=ws["initial_states"], states_are_entering=ws["path"] == "indexed")
-        return args, lambda c: (triton.cdiv(Q, c.kwargs["BLOCK_SIZE_M"]) * triton.cdiv(P, c.kwargs["BLOCK_SIZE_N"]),
-                                nchunks, H), outs
+        grid = chunk_scan.launch_grid(args)
+        return args, lambda c: grid(c.kwargs), outs
     if stage == "gather":
         batch = kw["initial_state_indices"].shape[0]
         outs = (torch.empty((batch, *kw["state_cache"].shape[1:]), dtype=kw["state_cache"].dtype, device=x.device),)

@@ -251,3 +251,67 @@ def test_graph_replays_give_the_eager_calls_bits(device, monkeypatch, workload, 
         context = f"{workload} {variant}, order {order}, graph replay {replay} of {REPLAYS} against the eager call"
         assert_bits_equal(inputs.out, out, what="out", context=context)
         assert_bits_equal(inputs.state_cache, cache, what="state_cache", context=context)
+
+
+def _without(keyword):
+    def wrap(launcher):
+        def launch(*args, **kwargs):
+            kwargs.pop(keyword, None)
+            return launcher(*args, **kwargs)
+        return launch
+    return wrap
+
+
+WALK_REPLAYS = 20
+
+
+@pytest.mark.parametrize("counted", [True, False], ids=["counted", "control-uncounted"])
+def test_the_walk_order_reads_no_entering_state_before_it_is_stored(device, monkeypatch, counted):
+    """Order "walk" on the 4256-token prefill, where the indexed state passing runs in the chunk scan's launch beside
+    its tiles (kernels/chunk_ready.py). Before each graph replay the workspace of entering states and the output are
+    poisoned with NaN (a tile that read too early would otherwise find the previous replay's identical values), and
+    every replay must give the bits of the separate state passing kernel. The control gives the tiles counts that
+    are already complete (the cumsum does not zero them), so they never wait: some replay must then differ, or the
+    check proves nothing."""
+    if device != "cuda":
+        pytest.skip("needs a CUDA device: only there do the walkers and the tiles run side by side")
+    from harness.bench import workload_case
+    from harness.cases.builder import build_inputs
+    from harness.cuda_timing import capture_graph
+    from kernels import provider
+
+    inputs = build_inputs(workload_case("prefill-4256"), device)
+    kwargs = inputs.kwargs(path="indexed")
+    workspace: dict = {}
+
+    def call():
+        provider.ssd_prefill(**kwargs, workspace_out=workspace)
+
+    # The bits to expect, from the separate state passing kernel (order "state+gather").
+    monkeypatch.setattr(ssd, "LAUNCH_ORDER", "state+gather")
+    call()
+    torch.cuda.synchronize()
+    out, cache = inputs.out.clone(), inputs.state_cache.clone()
+    monkeypatch.setattr(ssd, "LAUNCH_ORDER", "walk")
+    if not counted:
+        monkeypatch.setattr(ssd, "ready_counts", lambda n, h, dev: torch.full((n, h), 2**30, dtype=torch.int32,
+                                                                              device=dev))
+        monkeypatch.setattr(ssd, "chunk_cumsum", _without("ready")(ssd.chunk_cumsum))
+    graph = capture_graph(call, warmup=0)  # workspace now holds the captured call's intermediates
+    differing = []
+    for replay in range(WALK_REPLAYS):
+        inputs.out.fill_(math.nan)
+        workspace["states"].fill_(math.nan)
+        torch.cuda.synchronize()
+        graph.replay()
+        torch.cuda.synchronize()
+        if not torch.equal(inputs.out.view(torch.uint8), out.view(torch.uint8)):
+            differing.append(replay)
+            if counted:
+                assert_bits_equal(inputs.out, out, what="out",
+                                  context=f"prefill-4256 indexed, order walk, graph replay {replay}")
+        if counted:
+            assert_bits_equal(inputs.state_cache, cache, what="state_cache",
+                              context=f"prefill-4256 indexed, order walk, graph replay {replay}")
+    if not counted:
+        assert differing, f"no replay of {WALK_REPLAYS} read a poisoned entering state without the counts"
