@@ -46,11 +46,14 @@ def check_ready_counts(ready: torch.Tensor, nchunks: int, nheads: int) -> None:
 
 
 @triton.jit
-def signal_states_stored(ready_ptr, chunk, head, nheads, elements, signal):
-    """After this program's stores of ``elements`` states of (``chunk``, ``head``): that many more are stored."""
-    if signal != 0:
-        tl.debug_barrier()  # every thread's stores are performed before the one release below
-        tl.atomic_add(ready_ptr + chunk * nheads + head, elements, sem="release", scope="gpu")
+def signal_states_stored(ready_ptr, first, ROWS: tl.constexpr, last, head, nheads, elements):
+    """After this program's stores of ``elements`` states of ``head`` in each of the chunks ``first`` to ``first +
+    ROWS - 1`` (those up to ``last``): that many more are stored in each. One barrier, then one release add per
+    chunk, side by side in ROWS threads (the release fence is paid once per group of chunks, not per chunk)."""
+    chunks = first + tl.arange(0, ROWS)
+    tl.debug_barrier()  # every thread's stores are performed before the releases below
+    tl.atomic_add(ready_ptr + chunks * nheads + head, tl.full((ROWS,), elements, tl.int32), mask=chunks <= last,
+                  sem="release", scope="gpu")
 
 
 @triton.jit

@@ -39,7 +39,13 @@ from kernels.backend import (
 )
 from kernels.chunk_ready import check_ready_counts, unused_ready_counts, wait_states_stored
 from kernels.interface import INDEX_DTYPES, STATE_DTYPES
-from kernels.state_passing_indexed import check_indexed_walk, mask_bytes, walk_entering_states
+from kernels.state_passing_indexed import (
+    as_words,
+    check_indexed_walk,
+    load_mask_bytes,
+    load_slot_words,
+    walk_entering_states,
+)
 from kernels.tuned_configs import checked_in
 
 
@@ -77,10 +83,12 @@ def dstate_block(dstate: int) -> int:
 # a few per program; kernels.warmup needs one D class fewer). The previous-state selectors are runtime values that
 # must not be specialized either (0 vs 1 would otherwise compile the two paths differently).
 # The walk's arguments (launch order "walk", kernels/chunk_ready.py) are runtime values for the same reason: the
-# snapshot path passes placeholders (no walkers), and both paths must still run one binary; the cache and slot
-# pointers are read a row or a scalar per walker, so their alignment is not specialized either.
+# snapshot path passes placeholders (no walkers), and both paths must still run one binary. The slots and the mask
+# arrive as raw int32 and byte words (``as_words``), so no index or mask dtype makes a binary of its own; the cache and
+# slot pointers are read a row or a word per walker, so their alignment is not specialized either.
 @triton.jit(do_not_specialize=["stride_D_head", "stride_D_hdim", "prev_chunk_offset", "has_initial_states", "walkers",
-                               "nchunks", "nheads", "stride_cache_slot", "stride_cache_head"],
+                               "nchunks", "nheads", "stride_cache_slot", "stride_cache_head", "init_slot_words",
+                               "has_init_bytes", "final_slot_words"],
             do_not_specialize_on_alignment=["cache_ptr", "init_slot_ptr", "has_init_ptr", "final_slot_ptr"])
 def _chunk_scan_kernel(
     CB_ptr,  # (C, G, Q, Q) fp32
@@ -97,9 +105,12 @@ def _chunk_scan_kernel(
     cu_chunk_seqlens_ptr,  # (C + 1,)
     chunk_states_ptr,  # (C, H, P*N) fp32 chunk states, read by the walkers
     cache_ptr,  # (slots, H, P*N) state cache, read and written by the walkers
-    init_slot_ptr,  # (1,) int32/int64
-    has_init_ptr,  # (1,) uint8/int
-    final_slot_ptr,  # (1,) int32/int64
+    init_slot_ptr,  # the initial slot as int32 words
+    has_init_ptr,  # the has-initial-state mask as bytes
+    final_slot_ptr,  # the final slot as int32 words
+    init_slot_words,  # 1 (int32) or 2 (int64)
+    has_init_bytes,  # 1, 4 or 8
+    final_slot_words,
     ready_ptr,  # (C, H) int32 entering states stored per (chunk, head) (kernels/chunk_ready.py)
     walkers,  # the grid's first programs that walk the indexed state passing; 0: none (the states are given)
     nchunks,
@@ -154,6 +165,7 @@ def _chunk_scan_kernel(
     BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
     WALK_BLOCK: tl.constexpr,
+    WALK_STAGES: tl.constexpr,
 ):
     wait_for_previous_kernel(USE_PDL)
     # The grid is one-dimensional: first the walkers, if any (kernels/chunk_ready.py), each a WALK_BLOCK of one
@@ -164,12 +176,15 @@ def _chunk_scan_kernel(
     launch_order = tl.program_id(axis=0)
     if launch_order < walkers:
         walkers_per_head = tl.cdiv(hdim * dstate, WALK_BLOCK)
-        walk_entering_states(chunk_states_ptr, states_ptr, dA_cumsum_ptr, cache_ptr, init_slot_ptr, has_init_ptr,
-                             final_slot_ptr, ready_ptr, launch_order % walkers_per_head,
+        has_init = load_mask_bytes(has_init_ptr, has_init_bytes)
+        init_slot = load_slot_words(init_slot_ptr, init_slot_words)
+        final_slot = load_slot_words(final_slot_ptr, final_slot_words)
+        walk_entering_states(chunk_states_ptr, states_ptr, dA_cumsum_ptr, cache_ptr, has_init, init_slot, final_slot,
+                             ready_ptr, launch_order % walkers_per_head,
                              launch_order // walkers_per_head, nheads, hdim * dstate, nchunks, chunk_size,
                              stride_chunk_states_chunk, stride_chunk_states_head, stride_states_chunk,
                              stride_states_head, stride_dA_cs_head, stride_dA_cs_chunk, stride_dA_cs_pos,
-                             stride_cache_slot, stride_cache_head, True, WALK_BLOCK)
+                             stride_cache_slot, stride_cache_head, True, WALK_BLOCK, WALK_STAGES)
         return
     launch_order -= walkers
     num_pid_n = (hdim + BLOCK_SIZE_N - 1) // BLOCK_SIZE_N
@@ -217,6 +232,8 @@ def _chunk_scan_kernel(
         dA_cs_m = tl.load(dA_cumsum_ptr + offs_m * stride_dA_cs_pos, mask=offs_m < chunk_size, other=0.0)
 
     # Inter-chunk term: (C . prev) * exp(dA_cs[l]).
+    # Walked in this launch: wait until the walkers have stored this chunk's entering state.
+    wait_states_stored(ready_ptr, pid_c, pid_h, nheads, hdim * dstate, walkers)
     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     if from_states | (has_initial_states != 0):
         offs_s = tl.arange(0, BLOCK_SIZE_DSTATE)
@@ -225,9 +242,6 @@ def _chunk_scan_kernel(
         for s in range(0, dstate, BLOCK_SIZE_DSTATE):
             s_mask = offs_s < dstate - s
             c = tl.load(C_ptrs, mask=row_mask[:, None] & s_mask[None, :], other=0.0)
-            # Walked in this launch: wait for the walkers to have stored this chunk's entering state (C is loaded
-            # first, so the two latencies overlap).
-            wait_states_stored(ready_ptr, pid_c, pid_h, nheads, hdim * dstate, (walkers != 0) & (s == 0))
             prev = tl.load(prev_ptrs, mask=s_mask[:, None] & col_mask[None, :], other=0.0).to(io_dtype)
             acc = dot_acc(acc, c, prev, DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
             C_ptrs += BLOCK_SIZE_DSTATE * stride_C_dstate
@@ -296,28 +310,24 @@ chunk_scan_kernel = triton.autotune(
 )(_chunk_scan_kernel)
 
 
-# A walker's block of one head's P * N states (kernels/chunk_ready.py): four warps hold a block's READ_AHEAD rows in
-# registers below the tiles' own count, so the walkers cost no tile a place on the multiprocessor.
+# A walker's block of one head's P * N states and its software pipeline's stages (kernels/chunk_ready.py). The rows
+# in flight wait in shared memory, within the tiles' allocation, and take no registers; 2048-state walkers were
+# faster than 4096-state ones on the 600-token continuation and level elsewhere, smaller ones slower (docs/gpu-runs.md).
 WALK_BLOCK = 2048
+WALK_STAGES = 3
 
 
 @dataclass(frozen=True)
 class Walk:
-    """The indexed state passing run inside the chunk scan's launch (launch order "walk", kernels/chunk_ready.py),
-    with the arguments of ``kernels.state_passing_indexed.state_passing_indexed``. Without ``chunk_states`` there are
-    no walkers and the slot views only give the kernel's slot pointers their dtypes, so that a call's snapshot and
-    indexed paths run one binary."""
+    """The indexed state passing run inside the chunk scan's launch (launch order "walk", kernels/chunk_ready.py):
+    the arguments of ``kernels.state_passing_indexed.state_passing_indexed``, and the per-call ready counts."""
 
+    chunk_states: torch.Tensor
+    state_cache: torch.Tensor
     init_slot_index: torch.Tensor
     has_initial_state: torch.Tensor
     final_slot_index: torch.Tensor
-    chunk_states: torch.Tensor | None = None
-    state_cache: torch.Tensor | None = None
-    ready: torch.Tensor | None = None
-
-    @property
-    def walks(self) -> bool:
-        return self.chunk_states is not None
+    ready: torch.Tensor
 
 
 def chunk_scan(
@@ -374,7 +384,7 @@ def chunk_scan(
             f"initial_states: expected inner strides {states.stride()[2:]} like states, "
             f"found {initial_states.stride()[2:]}")
     assert not (states_are_entering and initial_states is not None), "entering states already hold the initial states"
-    if walk is not None and walk.walks:
+    if walk is not None:
         assert states_are_entering, "the walkers store entering states"
         check_indexed_walk(walk.chunk_states, dA_cumsum, state_cache=walk.state_cache,
                            init_slot_index=walk.init_slot_index, has_initial_state=walk.has_initial_state,
@@ -403,16 +413,22 @@ def launch_arguments(CB: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA
     """The kernel's arguments by name for these tensors (the launcher's, and the warmup registry's on stand-ins);
     the block sizes other than dstate's come from the autotuner's config. Absent z, D or initial states are
     pointer placeholders of the same dtype (never read) with zero strides; D (H,) has stride 0 along headdim. Without
-    walkers the walk's tensors are placeholders of the dtypes a walk would pass: the chunk states fp32 (dt_out), the
-    cache the workspace's (states), the slot views ``walk``'s, else cu_chunk_seqlens."""
+    a walk its tensors are placeholders of the dtypes a walk passes: the chunk states fp32 (dt_out), the cache the
+    workspace's (states), the ready counts and the slot and mask words int32 and bytes."""
     nchunks, G, Q, _ = CB.shape
     _, H, P = x.shape
     N = C.shape[-1]
     init = initial_states if initial_states is not None else states
-    walks = walk is not None and walk.walks
+    walks = walk is not None
     walk_block = fixed_block(P * N, WALK_BLOCK)
-    slots = ((walk.init_slot_index, mask_bytes(walk.has_initial_state), walk.final_slot_index) if walk is not None
-             else (cu_chunk_seqlens[:1],) * 3)
+    unused = unused_ready_counts(x.device)
+    if walks:
+        (init_words, init_n), (final_words, final_n) = (as_words(t, torch.int32) for t in (walk.init_slot_index,
+                                                                                           walk.final_slot_index))
+        has_bytes, has_n = as_words(walk.has_initial_state, torch.uint8)
+    else:
+        (init_words, init_n), (final_words, final_n), (has_bytes, has_n) = (unused, 1), (unused, 1), (
+            unused.view(torch.uint8), 1)
     chunk_states = walk.chunk_states if walks else dt_out
     cache = walk.state_cache if walks else states
     z_arg = z if z is not None else x
@@ -420,8 +436,9 @@ def launch_arguments(CB: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA
     return dict(
         CB_ptr=CB, x_ptr=x, z_ptr=z_arg, out_ptr=out, dt_ptr=dt_out, dA_cumsum_ptr=dA_cumsum, seq_idx_ptr=seq_idx,
         C_ptr=C, states_ptr=states, D_ptr=D_arg, initial_states_ptr=init, cu_chunk_seqlens_ptr=cu_chunk_seqlens,
-        chunk_states_ptr=chunk_states, cache_ptr=cache, init_slot_ptr=slots[0], has_init_ptr=slots[1],
-        final_slot_ptr=slots[2], ready_ptr=walk.ready if walks else unused_ready_counts(x.device),
+        chunk_states_ptr=chunk_states, cache_ptr=cache, init_slot_ptr=init_words, has_init_ptr=has_bytes,
+        final_slot_ptr=final_words, init_slot_words=init_n, has_init_bytes=has_n, final_slot_words=final_n,
+        ready_ptr=walk.ready if walks else unused,
         walkers=H * triton.cdiv(P * N, walk_block) if walks else 0, nchunks=nchunks, nheads=H,
         prev_chunk_offset=0 if states_are_entering else 1,
         has_initial_states=int(initial_states is not None),
@@ -452,5 +469,6 @@ def launch_arguments(CB: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA
         FP32_DOT_PRECISION=FP32_DOT_PRECISION,
         BLOCK_SIZE_DSTATE=dstate_block(N),
         WALK_BLOCK=walk_block,
+        WALK_STAGES=WALK_STAGES,
         **pdl_arguments(),
     )

@@ -35,7 +35,7 @@ from kernels.state_passing_indexed import state_passing_indexed
 # indexed path the state passing runs inside the chunk scan's launch, whose tiles read each chunk's entering state once
 # it is stored (kernels/chunk_ready.py). scripts/order_lab.py times them.
 LAUNCH_ORDERS = ("none", "state", "state-scan", "state+gather", "walk")
-LAUNCH_ORDER = "state+gather"
+LAUNCH_ORDER = "walk"
 
 
 def ssd_prefill(
@@ -136,7 +136,7 @@ def ssd_prefill(
         else:
             state_passing_indexed(chunk_states, dA_cumsum, state_cache=state_cache, out=workspace,
                                   signal_next=order == "state-scan", **slots)
-            walk = Walk(**slots)
+            walk = None
         result = None
     else:
         if copy == "fused":
@@ -158,10 +158,7 @@ def ssd_prefill(
         else:
             writeback = {}
         chunk_states = None  # never leave the chip
-        # The slot views a walk would pass, so that the chunk scan is the indexed path's binary (kernels.chunk_scan).
-        finals = final_state_indices if final_state_indices is not None else initial_state_indices
-        walk = Walk(init_slot_index=initial_state_indices[:1], has_initial_state=has_initial_states[:1],
-                    final_slot_index=finals[:1])
+        walk = None
         workspace = torch.empty((nchunks, H, P, N), dtype=ws_dtype, device=x.device)
         chunk_state_passing(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, seq_idx, out=workspace,
                             initial_states=initial_states, signal_next=order != "none", **writeback)

@@ -25,9 +25,7 @@ from kernels.interface import INDEX_DTYPES, MASK_DTYPES
 from kernels.state_passing import (
     READ_AHEAD,
     chunk_row,
-    grouped_chunks,
     load_chunk_at,
-    load_chunks_ahead,
     memory_overlaps,
     recurrence_step,
 )
@@ -35,6 +33,9 @@ from kernels.state_passing import (
 # The fixed block over a head's P * N states on the GPU (under the interpreter a head is one block:
 # kernels.backend.fixed_block; the recurrence is elementwise, so the bits do not depend on the block).
 BLOCK_SIZE = 512
+
+# The software pipeline's stages in this kernel's walk (``walk_entering_states``): rows in flight, plus one.
+STAGES = tl.constexpr(4)
 
 # Slot indices and the mask are single scalars, nchunks a loop bound: specializing on them only multiplies
 # binaries, so they are compiled once for all classes.
@@ -45,28 +46,26 @@ SCALAR_ONLY = {
 
 
 @triton.jit
-def _step_and_store(s, new, dA_end, next_entering_ptr, offs, mask, store, ready_ptr, next_chunk, head, nheads,
-                    elements, SIGNAL: tl.constexpr):
+def _step_and_store(s, new, dA_end, next_entering_ptr, offs, mask, store):
     """A chunk's step of the recurrence (the snapshot kernel's arithmetic, same code) and the state exiting it stored
     as the next chunk's entering state (``next_entering_ptr``: a scalar pointer at that row of this program's head)
-    where ``store``: the last chunk's exiting state is not stored there but left to the final slot. Where ``SIGNAL``,
-    the stored ``elements`` are counted for ``next_chunk`` (kernels/chunk_ready.py)."""
+    where ``store``: the last chunk's exiting state is not stored there but left to the final slot."""
     s = recurrence_step(s, new, dA_end)
     tl.store(next_entering_ptr + offs, s.to(next_entering_ptr.dtype.element_ty), mask=mask & store)
-    if SIGNAL:
-        signal_states_stored(ready_ptr, next_chunk, head, nheads, elements, store)
     return s
 
 
 @triton.jit
-def walk_entering_states(states_ptr, out_ptr, dA_cs_ptr, cache_ptr, init_slot_ptr, has_init_ptr, final_slot_ptr,
-                         ready_ptr, pid_m, pid_h, nheads, dim, nchunks, chunk_size, stride_states_chunk,
-                         stride_states_head, stride_out_chunk, stride_out_head, stride_dA_head, stride_dA_chunk,
-                         stride_dA_q, stride_cache_slot, stride_cache_head, SIGNAL: tl.constexpr,
-                         BLOCK_SIZE: tl.constexpr):
+def walk_entering_states(states_ptr, out_ptr, dA_cs_ptr, cache_ptr, has_init, init_slot, final_slot, ready_ptr,
+                         pid_m, pid_h, nheads, dim, nchunks, chunk_size, stride_states_chunk, stride_states_head,
+                         stride_out_chunk, stride_out_head, stride_dA_head, stride_dA_chunk, stride_dA_q,
+                         stride_cache_slot, stride_cache_head, SIGNAL: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                         STAGES: tl.constexpr):
     """The indexed state passing of block ``pid_m`` of head ``pid_h``'s P * N states: this kernel's body, and the
-    walkers' in the chunk scan's launch (launch order "walk", kernels/chunk_ready.py), which count each entering
-    row they store (``SIGNAL``)."""
+    walkers' in the chunk scan's launch (launch order "walk", kernels/chunk_ready.py), which count the entering rows
+    they store (``SIGNAL``), a group of rows at a time. The mask and the slots are the caller's loads (int1, int64):
+    the caller loads them together, the final slot with them (after the loop's stores the compiler could not hoist
+    that load, the pointers may alias, and every call would end waiting on one more load)."""
     offs = pid_m * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = offs < dim
     elements = tl.minimum(BLOCK_SIZE, dim - pid_m * BLOCK_SIZE)
@@ -77,39 +76,26 @@ def walk_entering_states(states_ptr, out_ptr, dA_cs_ptr, cache_ptr, init_slot_pt
     dA_cs_ptr += pid_h * stride_dA_head + (chunk_size - 1) * stride_dA_q
     cache_ptr += pid_h * stride_cache_head
 
-    # Read this program's slice of the initial state before any write (in-place safety). Mask and slot are loaded
-    # side by side and the row's load is masked by both (one latency before it, as in kernels.gather): a masked-off
-    # initial state is never read, since the slot may hold garbage or NaN.
-    has_init = tl.load(has_init_ptr) != 0
-    init_slot = tl.where(has_init, tl.load(init_slot_ptr).to(tl.int64), 0)
-    # Read with the others: after the loop's stores the compiler could not hoist it (the pointers may alias), and
-    # every call would end waiting on one more load.
-    final_slot = tl.load(final_slot_ptr).to(tl.int64)
+    # Read this program's slice of the initial state before any write (in-place safety), masked by the mask (one
+    # latency after the mask and slot, as in kernels.gather): a masked-off initial state is never read, since the
+    # slot may hold garbage or NaN.
+    init_slot = tl.where(has_init, init_slot, 0)
     entering = tl.load(cache_ptr + init_slot * stride_cache_slot + offs, mask=mask & has_init, other=0.0)
     s = entering.to(tl.float32)
     tl.store(out_ptr + offs, entering, mask=mask)
     if SIGNAL:
-        signal_states_stored(ready_ptr, 0, pid_h, nheads, elements, True)
+        signal_states_stored(ready_ptr, 0, 1, 0, pid_h, nheads, elements)
 
-    # Whole groups of READ_AHEAD chunks: their rows are read before their steps and stores
-    # (kernels.state_passing.recurrence_step says why); then the 0-3 chunks left, one at a time. Only a group that
-    # ends at the last chunk skips its last store.
-    for first in range(0, grouped_chunks(nchunks), READ_AHEAD):
-        new0, end0, new1, end1, new2, end2, new3, end3 = load_chunks_ahead(
-            states_ptr, dA_cs_ptr, offs, mask, first, stride_states_chunk, stride_dA_chunk)
-        out_group_ptr = chunk_row(out_ptr, first, stride_out_chunk)
-        s = _step_and_store(s, new0, end0, out_group_ptr + stride_out_chunk, offs, mask, True,
-                            ready_ptr, first + 1, pid_h, nheads, elements, SIGNAL)
-        s = _step_and_store(s, new1, end1, out_group_ptr + 2 * stride_out_chunk, offs, mask, True,
-                            ready_ptr, first + 2, pid_h, nheads, elements, SIGNAL)
-        s = _step_and_store(s, new2, end2, out_group_ptr + 3 * stride_out_chunk, offs, mask, True,
-                            ready_ptr, first + 3, pid_h, nheads, elements, SIGNAL)
-        s = _step_and_store(s, new3, end3, out_group_ptr + 4 * stride_out_chunk, offs, mask, first + 4 < nchunks,
-                            ready_ptr, first + 4, pid_h, nheads, elements, SIGNAL)
-    for c in range(grouped_chunks(nchunks), nchunks):
-        new, dA_end = load_chunk_at(states_ptr, dA_cs_ptr, offs, mask, c, stride_states_chunk, stride_dA_chunk)
-        s = _step_and_store(s, new, dA_end, chunk_row(out_ptr, c + 1, stride_out_chunk), offs, mask, c + 1 < nchunks,
-                            ready_ptr, c + 1, pid_h, nheads, elements, SIGNAL)
+    # Groups of READ_AHEAD chunks, one chunk an iteration, its row read STAGES - 1 iterations ahead by Triton's
+    # software pipeline (asynchronous copies into shared memory: the rows in flight take no registers); the rows a
+    # group stored are counted after it (kernels/chunk_ready.py), so the release fence is paid once a group.
+    for first in range(0, nchunks, READ_AHEAD):
+        for c in tl.range(first, tl.minimum(first + READ_AHEAD, nchunks), num_stages=STAGES):
+            new, dA_end = load_chunk_at(states_ptr, dA_cs_ptr, offs, mask, c, stride_states_chunk, stride_dA_chunk)
+            s = _step_and_store(s, new, dA_end, chunk_row(out_ptr, c + 1, stride_out_chunk), offs, mask,
+                                c + 1 < nchunks)
+        if SIGNAL:
+            signal_states_stored(ready_ptr, first + 1, READ_AHEAD, nchunks - 1, pid_h, nheads, elements)
 
     if final_slot >= 0:  # negative slot: padded sequence, write nothing
         tl.store(cache_ptr + final_slot * stride_cache_slot + offs, s.to(cache_ptr.dtype.element_ty), mask=mask)
@@ -142,10 +128,13 @@ def _state_passing_indexed_kernel(
 ):
     wait_for_previous_kernel(USE_PDL)
     let_next_kernel_start(signal_next, USE_PDL)
-    walk_entering_states(states_ptr, out_ptr, dA_cs_ptr, cache_ptr, init_slot_ptr, has_init_ptr, final_slot_ptr,
-                         states_ptr, tl.program_id(0), tl.program_id(1), tl.num_programs(1), dim, nchunks, chunk_size,
+    has_init = tl.load(has_init_ptr) != 0
+    init_slot = tl.load(init_slot_ptr).to(tl.int64)
+    final_slot = tl.load(final_slot_ptr).to(tl.int64)
+    walk_entering_states(states_ptr, out_ptr, dA_cs_ptr, cache_ptr, has_init, init_slot, final_slot, states_ptr,
+                         tl.program_id(0), tl.program_id(1), tl.num_programs(1), dim, nchunks, chunk_size,
                          stride_states_chunk, stride_states_head, stride_out_chunk, stride_out_head, stride_dA_head,
-                         stride_dA_chunk, stride_dA_q, stride_cache_slot, stride_cache_head, False, BLOCK_SIZE)
+                         stride_dA_chunk, stride_dA_q, stride_cache_slot, stride_cache_head, False, BLOCK_SIZE, STAGES)
 
 
 def _check_slot_view(name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> None:
@@ -183,6 +172,31 @@ def check_indexed_walk(states: torch.Tensor, dA_cumsum: torch.Tensor, *, state_c
 def mask_bytes(has_initial_state: torch.Tensor) -> torch.Tensor:
     """The mask as the kernels read it: a bool mask as a same-width uint8 view, not a copy."""
     return has_initial_state.view(torch.uint8) if has_initial_state.dtype == torch.bool else has_initial_state
+
+
+def as_words(t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, int]:
+    """A (1,) index or mask view as ``dtype`` words (int32 or uint8; a view, no copy) and how many words hold its
+    value: a kernel that reads them (``load_slot_words``, ``load_mask_bytes``) is one binary for every index and
+    mask dtype (the chunk scan's walkers: kernels/chunk_ready.py). The narrow view of one element spans its bytes
+    whatever the view's stride."""
+    words = t.element_size() // torch.empty((), dtype=dtype).element_size()
+    single = t.as_strided((1,), (1,))  # a dtype view needs a unit stride
+    return (single.view(torch.uint8) if t.dtype == torch.bool else single).view(dtype), words
+
+
+@triton.jit
+def load_slot_words(words_ptr, words):
+    """An int32 or int64 slot from its ``words`` (1 or 2) little-endian int32 words, as int64."""
+    low = tl.load(words_ptr).to(tl.int64)
+    high = tl.load(words_ptr + 1, mask=words == 2, other=0).to(tl.int64)
+    return tl.where(words == 2, (high << 32) | (low & 0xFFFFFFFF), low)
+
+
+@triton.jit
+def load_mask_bytes(bytes_ptr, nbytes):
+    """Whether a mask element of ``nbytes`` (1, 4 or 8) bytes is nonzero."""
+    offs = tl.arange(0, 8)
+    return tl.max(tl.load(bytes_ptr + offs, mask=offs < nbytes, other=0).to(tl.int32), axis=0) != 0
 
 
 def state_passing_indexed(
