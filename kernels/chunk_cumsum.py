@@ -23,7 +23,6 @@ from kernels.backend import (
     pdl_arguments,
     wait_for_previous_kernel,
 )
-from kernels.chunk_ready import check_ready_counts, unused_ready_counts
 from kernels.interface import INDEX_DTYPES
 from kernels.tuned_configs import checked_in
 
@@ -33,7 +32,7 @@ CONFIGS = [triton.Config({"BLOCK_SIZE_H": 8}, num_warps=4), triton.Config({"BLOC
 SOFTPLUS_THRESHOLD = tl.constexpr(20.0)  # a constexpr: the GPU compiler rejects plain globals in @jit code
 
 
-@triton.jit(do_not_specialize=("signal_next", "zero_ready"))
+@triton.jit(do_not_specialize=("signal_next",))
 def _chunk_cumsum_kernel(
     dt_ptr,  # (T, H) any float dtype
     A_ptr,  # (H,) fp32
@@ -41,7 +40,6 @@ def _chunk_cumsum_kernel(
     cu_chunk_seqlens_ptr,  # (C + 1,) int32/int64
     dt_out_ptr,  # (H, C, Q) fp32
     dA_cumsum_ptr,  # (H, C, Q) fp32
-    ready_ptr,  # (C, H) int32, zeroed where zero_ready (kernels/chunk_ready.py); else a placeholder, never touched
     nheads,
     chunk_size,
     dt_min,
@@ -57,7 +55,6 @@ def _chunk_cumsum_kernel(
     stride_dA_cs_chunk,
     stride_dA_cs_pos,
     signal_next,  # nonzero: let the next kernel start early (kernels/backend.py)
-    zero_ready,  # nonzero: zero this program's ready counts
     HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr,
     HAS_DT_LIMIT: tl.constexpr,
@@ -113,9 +110,6 @@ def _chunk_cumsum_kernel(
         dA_cumsum,
         mask=store_mask,
     )
-    # After the wait above: the kernels of the previous call that read these counts have completed.
-    if zero_ready != 0:
-        tl.store(ready_ptr + pid_c * nheads + offs_h, tl.zeros((BLOCK_SIZE_H,), dtype=tl.int32), mask=head_mask)
 
 
 def _first_config(configs, named_args, **kwargs):
@@ -142,14 +136,12 @@ def chunk_cumsum(
     dt_softplus: bool = False,
     dt_limit: tuple[float, float] = (0.0, math.inf),
     signal_next: bool = False,
-    ready: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """dt (T, H), A (H,) fp32, cu_chunk_seqlens (C + 1,) -> (dA_cumsum (H, C, Q) fp32, dt_out (H, C, Q) fp32).
 
     dt processing in fp32: + dt_bias, softplus ``log1p(exp(dt))`` where dt <= 20 (under the interpreter
     ``log(1 + exp(dt))``: no log1p there), clamp to dt_limit unless it is (0, inf); dt_out = 0 past the chunk's end.
-    ``signal_next``: the next kernel may start early (kernels/backend.py). ``ready``: (C, H) int32 per-chunk ready
-    counts to zero (kernels/chunk_ready.py).
+    ``signal_next``: the next kernel may start early (kernels/backend.py).
     """
     T, H = dt.shape
     assert A.shape == (H,) and A.dtype == torch.float32, f"A: expected ({H},) fp32, found {tuple(A.shape)} {A.dtype}"
@@ -161,29 +153,24 @@ def chunk_cumsum(
     nchunks = cu_chunk_seqlens.numel() - 1
     dt_out = torch.empty(H, nchunks, chunk_size, device=dt.device, dtype=torch.float32)
     dA_cumsum = torch.empty_like(dt_out)
-    if ready is not None:
-        check_ready_counts(ready, nchunks, H)
-
     def grid(meta):
         return (nchunks, triton.cdiv(H, meta["BLOCK_SIZE_H"]))
 
     chunk_cumsum_kernel[grid](**launch_arguments(
         dt, A, cu_chunk_seqlens, dt_out, dA_cumsum, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
-        signal_next=signal_next, ready=ready))
+        signal_next=signal_next))
     return dA_cumsum, dt_out
 
 
 def launch_arguments(dt: torch.Tensor, A: torch.Tensor, cu_chunk_seqlens: torch.Tensor, dt_out: torch.Tensor,
                      dA_cumsum: torch.Tensor, *, dt_bias: torch.Tensor | None, dt_softplus: bool,
-                     dt_limit: tuple[float, float], signal_next: bool = False,
-                     ready: torch.Tensor | None = None) -> dict:
+                     dt_limit: tuple[float, float], signal_next: bool = False) -> dict:
     """The kernel's arguments by name for these tensors (the launcher's, and the warmup registry's on stand-ins),
     less the config's. Without dt_bias, A stands in for its pointer (never read) and its stride is 0."""
     H, _, chunk_size = dt_out.shape
     return dict(
         dt_ptr=dt, A_ptr=A, dt_bias_ptr=dt_bias if dt_bias is not None else A,
         cu_chunk_seqlens_ptr=cu_chunk_seqlens, dt_out_ptr=dt_out, dA_cumsum_ptr=dA_cumsum,
-        ready_ptr=ready if ready is not None else unused_ready_counts(dt.device),
         nheads=H, chunk_size=chunk_size, dt_min=float(dt_limit[0]), dt_max=float(dt_limit[1]),
         stride_dt_token=dt.stride(0), stride_dt_head=dt.stride(1), stride_A_head=A.stride(0),
         stride_dt_bias_head=dt_bias.stride(0) if dt_bias is not None else 0,
@@ -191,7 +178,6 @@ def launch_arguments(dt: torch.Tensor, A: torch.Tensor, cu_chunk_seqlens: torch.
         stride_dA_cs_head=dA_cumsum.stride(0), stride_dA_cs_chunk=dA_cumsum.stride(1),
         stride_dA_cs_pos=dA_cumsum.stride(2),
         signal_next=int(signal_next),
-        zero_ready=int(ready is not None),
         HAS_DT_BIAS=dt_bias is not None,
         DT_SOFTPLUS=bool(dt_softplus),
         HAS_DT_LIMIT=tuple(dt_limit) != (0.0, math.inf),

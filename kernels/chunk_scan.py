@@ -20,8 +20,6 @@ the same code.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
@@ -32,20 +30,11 @@ from kernels.backend import (
     FP32_DOT_PRECISION,
     LOG2E,
     dot_acc,
-    fixed_block,
     least_overshoot,
     pdl_arguments,
     wait_for_previous_kernel,
 )
-from kernels.chunk_ready import check_ready_counts, unused_ready_counts, wait_states_stored
 from kernels.interface import INDEX_DTYPES, STATE_DTYPES
-from kernels.state_passing_indexed import (
-    as_words,
-    check_indexed_walk,
-    load_mask_bytes,
-    load_slot_words,
-    walk_entering_states,
-)
 from kernels.tuned_configs import checked_in
 
 
@@ -82,14 +71,7 @@ def dstate_block(dstate: int) -> int:
 # D's strides are (1, 0) per head and (P, 1) per channel: not specialized, so both share one binary (the loads are
 # a few per program; kernels.warmup needs one D class fewer). The previous-state selectors are runtime values that
 # must not be specialized either (0 vs 1 would otherwise compile the two paths differently).
-# The walk's arguments (launch order "walk", kernels/chunk_ready.py) are runtime values for the same reason: the
-# snapshot path passes placeholders (no walkers), and both paths must still run one binary. The slots and the mask
-# arrive as raw int32 and byte words (``as_words``), so no index or mask dtype makes a binary of its own; the cache and
-# slot pointers are read a row or a word per walker, so their alignment is not specialized either.
-@triton.jit(do_not_specialize=["stride_D_head", "stride_D_hdim", "prev_chunk_offset", "has_initial_states", "walkers",
-                               "nchunks", "nheads", "stride_cache_slot", "stride_cache_head", "init_slot_words",
-                               "has_init_bytes", "final_slot_words"],
-            do_not_specialize_on_alignment=["cache_ptr", "init_slot_ptr", "has_init_ptr", "final_slot_ptr"])
+@triton.jit(do_not_specialize=["stride_D_head", "stride_D_hdim", "prev_chunk_offset", "has_initial_states"])
 def _chunk_scan_kernel(
     CB_ptr,  # (C, G, Q, Q) fp32
     x_ptr,  # (T, H, P) io dtype
@@ -103,18 +85,6 @@ def _chunk_scan_kernel(
     D_ptr,  # (H,) or (H, P), unused without HAS_D
     initial_states_ptr,  # (Bt, H, P, N) state dtype, same inner strides as states; read only if has_initial_states
     cu_chunk_seqlens_ptr,  # (C + 1,)
-    chunk_states_ptr,  # (C, H, P*N) fp32 chunk states, read by the walkers
-    cache_ptr,  # (slots, H, P*N) state cache, read and written by the walkers
-    init_slot_ptr,  # the initial slot as int32 words
-    has_init_ptr,  # the has-initial-state mask as bytes
-    final_slot_ptr,  # the final slot as int32 words
-    init_slot_words,  # 1 (int32) or 2 (int64)
-    has_init_bytes,  # 1, 4 or 8
-    final_slot_words,
-    ready_ptr,  # (C, H) int32 entering states stored per (chunk, head) (kernels/chunk_ready.py)
-    walkers,  # the grid's first programs that walk the indexed state passing; 0: none (the states are given)
-    nchunks,
-    nheads,
     prev_chunk_offset,  # 0: states[c] enters chunk c (indexed path); 1: states[c - 1] exits the chunk before
     has_initial_states,  # nonzero: a sequence's first chunk starts from initial_states[seq] (else from zero)
     chunk_size: tl.constexpr,
@@ -151,10 +121,6 @@ def _chunk_scan_kernel(
     stride_init_head,
     stride_D_head,
     stride_D_hdim,
-    stride_chunk_states_chunk,
-    stride_chunk_states_head,
-    stride_cache_slot,
-    stride_cache_head,
     HAS_D: tl.constexpr,
     HAS_Z: tl.constexpr,
     DOT_FP32_OPERANDS: tl.constexpr,
@@ -164,34 +130,17 @@ def _chunk_scan_kernel(
     BLOCK_SIZE_M: tl.constexpr,
     BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
-    WALK_BLOCK: tl.constexpr,
-    WALK_STAGES: tl.constexpr,
 ):
     wait_for_previous_kernel(USE_PDL)
-    # The grid is one-dimensional: first the walkers, if any (kernels/chunk_ready.py), each a WALK_BLOCK of one
-    # head's P * N states, then the tiles. Programs start in launch order, and a tile program takes the tile of
-    # its place in head-fastest order: the heads of one (chunk, tile) one after another, then the next tile, then
-    # the next chunk, so the programs running at once cover the causal loop's short and long tiles alike
-    # (docs/gpu-runs.md), and chunks start in the order the walkers finish them.
-    launch_order = tl.program_id(axis=0)
-    if launch_order < walkers:
-        walkers_per_head = tl.cdiv(hdim * dstate, WALK_BLOCK)
-        has_init = load_mask_bytes(has_init_ptr, has_init_bytes)
-        init_slot = load_slot_words(init_slot_ptr, init_slot_words)
-        final_slot = load_slot_words(final_slot_ptr, final_slot_words)
-        walk_entering_states(chunk_states_ptr, states_ptr, dA_cumsum_ptr, cache_ptr, has_init, init_slot, final_slot,
-                             ready_ptr, launch_order % walkers_per_head,
-                             launch_order // walkers_per_head, nheads, hdim * dstate, nchunks, chunk_size,
-                             stride_chunk_states_chunk, stride_chunk_states_head, stride_states_chunk,
-                             stride_states_head, stride_dA_cs_head, stride_dA_cs_chunk, stride_dA_cs_pos,
-                             stride_cache_slot, stride_cache_head, True, WALK_BLOCK, WALK_STAGES)
-        return
-    launch_order -= walkers
-    num_pid_n = (hdim + BLOCK_SIZE_N - 1) // BLOCK_SIZE_N
-    num_pid_mn = (chunk_size + BLOCK_SIZE_M - 1) // BLOCK_SIZE_M * num_pid_n
-    pid_h = launch_order % nheads
-    pid_mn = (launch_order // nheads) % num_pid_mn
-    pid_c = launch_order // (nheads * num_pid_mn)
+    # The grid is (tiles, chunks, heads). Programs start in launch order, and this one takes the tile of that place
+    # in head-fastest order: the heads of one (chunk, tile) one after another, then the next tile, then the next
+    # chunk, so the programs running at once cover the causal loop's short and long tiles alike (docs/gpu-runs.md).
+    launch_order = tl.program_id(axis=2) * tl.num_programs(axis=1) + tl.program_id(axis=1)
+    launch_order = launch_order * tl.num_programs(axis=0) + tl.program_id(axis=0)
+    pid_h = launch_order % tl.num_programs(axis=2)
+    pid_mn = (launch_order // tl.num_programs(axis=2)) % tl.num_programs(axis=0)
+    pid_c = launch_order // (tl.num_programs(axis=2) * tl.num_programs(axis=0))
+    num_pid_n = tl.cdiv(hdim, BLOCK_SIZE_N)
     pid_m = pid_mn // num_pid_n
     pid_n = pid_mn % num_pid_n
     chunk_start = tl.load(cu_chunk_seqlens_ptr + pid_c).to(tl.int64)
@@ -232,8 +181,6 @@ def _chunk_scan_kernel(
         dA_cs_m = tl.load(dA_cumsum_ptr + offs_m * stride_dA_cs_pos, mask=offs_m < chunk_size, other=0.0)
 
     # Inter-chunk term: (C . prev) * exp(dA_cs[l]).
-    # Walked in this launch: wait until the walkers have stored this chunk's entering state.
-    wait_states_stored(ready_ptr, pid_c, pid_h, nheads, hdim * dstate, walkers)
     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     if from_states | (has_initial_states != 0):
         offs_s = tl.arange(0, BLOCK_SIZE_DSTATE)
@@ -310,26 +257,6 @@ chunk_scan_kernel = triton.autotune(
 )(_chunk_scan_kernel)
 
 
-# A walker's block of one head's P * N states and its software pipeline's stages (kernels/chunk_ready.py). The rows
-# in flight wait in shared memory, within the tiles' allocation, and take no registers; 2048-state walkers were
-# faster than 4096-state ones on the 600-token continuation and level elsewhere, smaller ones slower (docs/gpu-runs.md).
-WALK_BLOCK = 2048
-WALK_STAGES = 3
-
-
-@dataclass(frozen=True)
-class Walk:
-    """The indexed state passing run inside the chunk scan's launch (launch order "walk", kernels/chunk_ready.py):
-    the arguments of ``kernels.state_passing_indexed.state_passing_indexed``, and the per-call ready counts."""
-
-    chunk_states: torch.Tensor
-    state_cache: torch.Tensor
-    init_slot_index: torch.Tensor
-    has_initial_state: torch.Tensor
-    final_slot_index: torch.Tensor
-    ready: torch.Tensor
-
-
 def chunk_scan(
     CB: torch.Tensor,
     x: torch.Tensor,
@@ -345,13 +272,10 @@ def chunk_scan(
     z: torch.Tensor | None = None,
     initial_states: torch.Tensor | None = None,
     states_are_entering: bool = False,
-    walk: Walk | None = None,
 ) -> None:
     """Write out (T, H, P) io dtype from CB (nchunks, G, Q, Q) fp32, x (T, H, P), dt_out and dA_cumsum (H, nchunks, Q)
     fp32, C (T, G, N), states (nchunks, H, P, N) state dtype, cu_chunk_seqlens (nchunks + 1,), seq_idx (nchunks,);
-    optional D (H,) or (H, P), z (T, H, P), initial_states (Bt, H, P, N) state dtype. ``walk``: its slot views, and
-    where it has chunk states, the indexed state passing run in this launch, which writes the entering ``states``
-    (``Walk``)."""
+    optional D (H,) or (H, P), z (T, H, P), initial_states (Bt, H, P, N) state dtype."""
     T, H, P = x.shape
     nchunks, G, Q, _ = CB.shape
     N = C.shape[-1]
@@ -384,62 +308,29 @@ def chunk_scan(
             f"initial_states: expected inner strides {states.stride()[2:]} like states, "
             f"found {initial_states.stride()[2:]}")
     assert not (states_are_entering and initial_states is not None), "entering states already hold the initial states"
-    if walk is not None:
-        assert states_are_entering, "the walkers store entering states"
-        check_indexed_walk(walk.chunk_states, dA_cumsum, state_cache=walk.state_cache,
-                           init_slot_index=walk.init_slot_index, has_initial_state=walk.has_initial_state,
-                           final_slot_index=walk.final_slot_index, out=states)
-        check_ready_counts(walk.ready, nchunks, H)
 
-    arguments = launch_arguments(CB, x, dt_out, dA_cumsum, C, states, cu_chunk_seqlens, seq_idx, out=out, D=D, z=z,
-                                 initial_states=initial_states, states_are_entering=states_are_entering, walk=walk)
-    chunk_scan_kernel[launch_grid(arguments)](**arguments)
-
-
-def launch_grid(arguments: dict):
-    """The grid of a launch with ``arguments`` (``launch_arguments``), for a config's block sizes: the walkers, then
-    a program per tile, chunk and head."""
-    def grid(meta):
-        tiles = triton.cdiv(arguments["chunk_size"], meta["BLOCK_SIZE_M"]) * triton.cdiv(arguments["hdim"],
-                                                                                      meta["BLOCK_SIZE_N"])
-        return (arguments["walkers"] + tiles * arguments["nchunks"] * arguments["nheads"],)
-    return grid
+    grid = lambda META: (triton.cdiv(Q, META["BLOCK_SIZE_M"]) * triton.cdiv(P, META["BLOCK_SIZE_N"]), nchunks, H)  # noqa: E731
+    chunk_scan_kernel[grid](**launch_arguments(
+        CB, x, dt_out, dA_cumsum, C, states, cu_chunk_seqlens, seq_idx, out=out, D=D, z=z,
+        initial_states=initial_states, states_are_entering=states_are_entering))
 
 
 def launch_arguments(CB: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_cumsum: torch.Tensor,
                      C: torch.Tensor, states: torch.Tensor, cu_chunk_seqlens: torch.Tensor, seq_idx: torch.Tensor, *,
                      out: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None,
-                     initial_states: torch.Tensor | None, states_are_entering: bool, walk: Walk | None = None) -> dict:
+                     initial_states: torch.Tensor | None, states_are_entering: bool) -> dict:
     """The kernel's arguments by name for these tensors (the launcher's, and the warmup registry's on stand-ins);
     the block sizes other than dstate's come from the autotuner's config. Absent z, D or initial states are
-    pointer placeholders of the same dtype (never read) with zero strides; D (H,) has stride 0 along headdim. Without
-    a walk its tensors are placeholders of the dtypes a walk passes: the chunk states fp32 (dt_out), the cache the
-    workspace's (states), the ready counts and the slot and mask words int32 and bytes."""
-    nchunks, G, Q, _ = CB.shape
+    pointer placeholders of the same dtype (never read) with zero strides; D (H,) has stride 0 along headdim."""
+    _, G, Q, _ = CB.shape
     _, H, P = x.shape
     N = C.shape[-1]
     init = initial_states if initial_states is not None else states
-    walks = walk is not None
-    walk_block = fixed_block(P * N, WALK_BLOCK)
-    unused = unused_ready_counts(x.device)
-    if walks:
-        (init_words, init_n), (final_words, final_n) = (as_words(t, torch.int32) for t in (walk.init_slot_index,
-                                                                                           walk.final_slot_index))
-        has_bytes, has_n = as_words(walk.has_initial_state, torch.uint8)
-    else:
-        (init_words, init_n), (final_words, final_n), (has_bytes, has_n) = (unused, 1), (unused, 1), (
-            unused.view(torch.uint8), 1)
-    chunk_states = walk.chunk_states if walks else dt_out
-    cache = walk.state_cache if walks else states
     z_arg = z if z is not None else x
     D_arg = D if D is not None else dt_out
     return dict(
         CB_ptr=CB, x_ptr=x, z_ptr=z_arg, out_ptr=out, dt_ptr=dt_out, dA_cumsum_ptr=dA_cumsum, seq_idx_ptr=seq_idx,
         C_ptr=C, states_ptr=states, D_ptr=D_arg, initial_states_ptr=init, cu_chunk_seqlens_ptr=cu_chunk_seqlens,
-        chunk_states_ptr=chunk_states, cache_ptr=cache, init_slot_ptr=init_words, has_init_ptr=has_bytes,
-        final_slot_ptr=final_words, init_slot_words=init_n, has_init_bytes=has_n, final_slot_words=final_n,
-        ready_ptr=walk.ready if walks else unused,
-        walkers=H * triton.cdiv(P * N, walk_block) if walks else 0, nchunks=nchunks, nheads=H,
         prev_chunk_offset=0 if states_are_entering else 1,
         has_initial_states=int(initial_states is not None),
         chunk_size=Q, hdim=P, dstate=N, nheads_per_group=H // G,
@@ -459,16 +350,10 @@ def launch_arguments(CB: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA
         stride_init_head=initial_states.stride(1) if initial_states is not None else 0,
         stride_D_head=D.stride(0) if D is not None else 0,
         stride_D_hdim=D.stride(1) if D is not None and D.dim() == 2 else 0,
-        stride_chunk_states_chunk=chunk_states.stride(0) if walks else 0,
-        stride_chunk_states_head=chunk_states.stride(1) if walks else 0,
-        stride_cache_slot=cache.stride(0) if walks else 0,
-        stride_cache_head=cache.stride(1) if walks else 0,
         HAS_D=D is not None,
         HAS_Z=z is not None,
         DOT_FP32_OPERANDS=DOT_FP32_OPERANDS,
         FP32_DOT_PRECISION=FP32_DOT_PRECISION,
         BLOCK_SIZE_DSTATE=dstate_block(N),
-        WALK_BLOCK=walk_block,
-        WALK_STAGES=WALK_STAGES,
         **pdl_arguments(),
     )

@@ -20,8 +20,7 @@ import torch
 
 from kernels.bmm_chunk import bmm_chunk
 from kernels.chunk_cumsum import chunk_cumsum
-from kernels.chunk_ready import ready_counts
-from kernels.chunk_scan import Walk, chunk_scan
+from kernels.chunk_scan import chunk_scan
 from kernels.chunk_state import chunk_state
 from kernels.chunk_state_passing import chunk_state_passing
 from kernels.gather import gather_initial_states, gather_initial_states_torch
@@ -31,11 +30,9 @@ from kernels.state_passing_indexed import state_passing_indexed
 # The launch orders (kernels/backend.py: a kernel that reads only the call's inputs runs beside the one before it):
 # "none", each kernel alone, bmm right after the cumsum; "state", bmm beside the chunk state kernel (the fused kernel
 # on the snapshot path); "state-scan", as "state", and the chunk scan's programs placed early behind the indexed state
-# passing; "state+gather", as "state", and the fused gather beside the cumsum; "walk", as "state+gather", and on the
-# indexed path the state passing runs inside the chunk scan's launch, whose tiles read each chunk's entering state once
-# it is stored (kernels/chunk_ready.py). scripts/order_lab.py times them.
-LAUNCH_ORDERS = ("none", "state", "state-scan", "state+gather", "walk")
-LAUNCH_ORDER = "walk"
+# passing; "state+gather", as "state", and the fused gather beside the cumsum. scripts/order_lab.py times them.
+LAUNCH_ORDERS = ("none", "state", "state-scan", "state+gather")
+LAUNCH_ORDER = "state+gather"
 
 
 def ssd_prefill(
@@ -112,12 +109,10 @@ def ssd_prefill(
     copy = choose_gather(gather, call.on_cuda) if chosen == "snapshot" else None
 
     order = LAUNCH_ORDER
-    gather_beside = order in ("state+gather", "walk") and copy == "fused"
-    walking = order == "walk" and chosen == "indexed"
-    ready = ready_counts(cu_chunk_seqlens.shape[0] - 1, H, x.device) if walking else None
+    gather_beside = order == "state+gather" and copy == "fused"
     dA_cumsum, dt_out = chunk_cumsum(
         dt, A, chunk_size, cu_chunk_seqlens, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
-        signal_next=gather_beside, ready=ready,
+        signal_next=gather_beside,
     )
     if order == "none":
         CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens)
@@ -129,14 +124,16 @@ def ssd_prefill(
             CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens, overlaps_previous=True)
         initial_states = None
         workspace = torch.empty((nchunks, H, P, N), dtype=ws_dtype, device=x.device)
-        slots = dict(init_slot_index=initial_state_indices[:1], has_initial_state=has_initial_states[:1],
-                     final_slot_index=final_state_indices[:1])
-        if walking:
-            walk = Walk(**slots, chunk_states=chunk_states, state_cache=state_cache, ready=ready)
-        else:
-            state_passing_indexed(chunk_states, dA_cumsum, state_cache=state_cache, out=workspace,
-                                  signal_next=order == "state-scan", **slots)
-            walk = None
+        state_passing_indexed(
+            chunk_states,
+            dA_cumsum,
+            state_cache=state_cache,
+            init_slot_index=initial_state_indices[:1],
+            has_initial_state=has_initial_states[:1],
+            final_slot_index=final_state_indices[:1],
+            out=workspace,
+            signal_next=order == "state-scan",
+        )
         result = None
     else:
         if copy == "fused":
@@ -158,7 +155,6 @@ def ssd_prefill(
         else:
             writeback = {}
         chunk_states = None  # never leave the chip
-        walk = None
         workspace = torch.empty((nchunks, H, P, N), dtype=ws_dtype, device=x.device)
         chunk_state_passing(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, seq_idx, out=workspace,
                             initial_states=initial_states, signal_next=order != "none", **writeback)
@@ -181,7 +177,6 @@ def ssd_prefill(
         z=z,
         initial_states=initial_states,
         states_are_entering=chosen == "indexed",
-        walk=walk,
     )
     if workspace_out is not None:
         workspace_out.update(

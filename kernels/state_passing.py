@@ -7,8 +7,8 @@ one expression so that Triton contracts it into an FMA on CUDA, which equals ``t
 
 The kernels: the snapshot path's, fused with the chunk state stage (``kernels.chunk_state_passing``, whose
 teacher-forced mode is the stage function ``state_passing``); the indexed path's (``kernels.state_passing_indexed``),
-which reads the chunk states written by ``kernels.chunk_state`` a row at a time through a software pipeline, in
-groups of ``READ_AHEAD`` chunks (the helpers below).
+which reads the chunk states written by ``kernels.chunk_state`` in groups of ``READ_AHEAD`` chunks (the helpers
+below).
 """
 
 from __future__ import annotations
@@ -22,9 +22,16 @@ from kernels.interface import INDEX_DTYPES
 
 # Kernels may only read constexpr globals.
 _LOG2E = tl.constexpr(LOG2E)
-# Chunks a group of the indexed walk (``kernels.state_passing_indexed.walk_entering_states``): their rows are read
-# through one pipeline, and their entering states counted together.
+# Chunks whose rows each program reads at once (the loops are written out for four).
 READ_AHEAD = tl.constexpr(4)
+
+
+@triton.jit
+def grouped_chunks(nchunks):
+    """Where the kernels' first loop ends: it runs whole groups of ``READ_AHEAD`` chunks, none past the last chunk,
+    so it reads without masks; the 0-3 chunks after them go one at a time through the second loop (a one-chunk call
+    then reads one row and runs one step, not four)."""
+    return nchunks - nchunks % READ_AHEAD
 
 
 @triton.jit
@@ -32,7 +39,7 @@ def chunk_row(ptr, c, stride_chunk):
     """The scalar pointer ``c`` chunks past the scalar ``ptr``, in int64 (chunks x stride can pass 2**31 elements).
     The kernels form every row's pointer from scalars at its load or store, so their loops carry no pointer tensor:
     one carried through both loops has its layout converted between them (through shared memory, with more
-    registers)."""
+    registers). Within a group of chunks the offsets from its first (at most ``READ_AHEAD`` strides) stay int32."""
     return ptr + tl.cast(c, tl.int64) * stride_chunk
 
 
@@ -46,8 +53,22 @@ def load_chunk(states_ptr, dA_cs_ptr, offs, mask):
 
 
 @triton.jit
+def load_chunks_ahead(states_ptr, dA_cs_ptr, offs, mask, first, stride_states_chunk, stride_dA_chunk):
+    """The ``READ_AHEAD`` (four) chunks from ``first``, each as ``load_chunk``, all issued before any of their steps:
+    one group of the kernels' first loop (whole groups only, so none is past the last chunk). One 64-bit product
+    per group, not per chunk: fewer registers."""
+    states_ptr = chunk_row(states_ptr, first, stride_states_chunk)
+    dA_cs_ptr = chunk_row(dA_cs_ptr, first, stride_dA_chunk)
+    new0, end0 = load_chunk(states_ptr, dA_cs_ptr, offs, mask)
+    new1, end1 = load_chunk(states_ptr + stride_states_chunk, dA_cs_ptr + stride_dA_chunk, offs, mask)
+    new2, end2 = load_chunk(states_ptr + 2 * stride_states_chunk, dA_cs_ptr + 2 * stride_dA_chunk, offs, mask)
+    new3, end3 = load_chunk(states_ptr + 3 * stride_states_chunk, dA_cs_ptr + 3 * stride_dA_chunk, offs, mask)
+    return new0, end0, new1, end1, new2, end2, new3, end3
+
+
+@triton.jit
 def load_chunk_at(states_ptr, dA_cs_ptr, offs, mask, c, stride_states_chunk, stride_dA_chunk):
-    """Chunk ``c`` as ``load_chunk``, counted from the scalar pointers at chunk 0."""
+    """Chunk ``c`` as ``load_chunk``, counted from the scalar pointers at chunk 0: one step of the second loop."""
     return load_chunk(chunk_row(states_ptr, c, stride_states_chunk), chunk_row(dA_cs_ptr, c, stride_dA_chunk), offs,
                       mask)
 
@@ -59,9 +80,11 @@ def recurrence_step(s, new, dA_end):
     ``exp2(LOG2E * x)`` (equal to torch.exp2 on CUDA); the multiply-add is one expression so CUDA contracts it to an
     FMA (torch.addcmul).
 
-    The indexed kernel's loop is bound by memory latency: Triton's software pipeline reads the next chunks' rows
-    while it steps and stores this one's, moving those loads ahead of this chunk's stores whether or not the
-    pointers alias. So the chunk states must not overlap its outputs (``memory_overlaps``).
+    The indexed kernel reads ``READ_AHEAD`` chunks' rows (``load_chunks_ahead``; the 0-3 left after the whole groups
+    one at a time: ``grouped_chunks``) before those chunks' steps and stores: the loop is bound by memory latency
+    (each program has one chunk's row in flight otherwise, and every program of the grid is resident at once), and a
+    load that follows a store cannot be hoisted by the compiler (the pointers may alias). So the chunk states must
+    not overlap its outputs (``memory_overlaps``).
     """
     return tl.math.exp2(_LOG2E * dA_end) * s + new
 

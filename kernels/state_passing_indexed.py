@@ -20,12 +20,13 @@ import triton
 import triton.language as tl
 
 from kernels.backend import fixed_block, let_next_kernel_start, pdl_arguments, wait_for_previous_kernel
-from kernels.chunk_ready import signal_states_stored
 from kernels.interface import INDEX_DTYPES, MASK_DTYPES
 from kernels.state_passing import (
     READ_AHEAD,
     chunk_row,
+    grouped_chunks,
     load_chunk_at,
+    load_chunks_ahead,
     memory_overlaps,
     recurrence_step,
 )
@@ -33,9 +34,6 @@ from kernels.state_passing import (
 # The fixed block over a head's P * N states on the GPU (under the interpreter a head is one block:
 # kernels.backend.fixed_block; the recurrence is elementwise, so the bits do not depend on the block).
 BLOCK_SIZE = 512
-
-# The software pipeline's stages in this kernel's walk (``walk_entering_states``): rows in flight, plus one.
-STAGES = tl.constexpr(4)
 
 # Slot indices and the mask are single scalars, nchunks a loop bound: specializing on them only multiplies
 # binaries, so they are compiled once for all classes.
@@ -53,52 +51,6 @@ def _step_and_store(s, new, dA_end, next_entering_ptr, offs, mask, store):
     s = recurrence_step(s, new, dA_end)
     tl.store(next_entering_ptr + offs, s.to(next_entering_ptr.dtype.element_ty), mask=mask & store)
     return s
-
-
-@triton.jit
-def walk_entering_states(states_ptr, out_ptr, dA_cs_ptr, cache_ptr, has_init, init_slot, final_slot, ready_ptr,
-                         pid_m, pid_h, nheads, dim, nchunks, chunk_size, stride_states_chunk, stride_states_head,
-                         stride_out_chunk, stride_out_head, stride_dA_head, stride_dA_chunk, stride_dA_q,
-                         stride_cache_slot, stride_cache_head, SIGNAL: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                         STAGES: tl.constexpr):
-    """The indexed state passing of block ``pid_m`` of head ``pid_h``'s P * N states: this kernel's body, and the
-    walkers' in the chunk scan's launch (launch order "walk", kernels/chunk_ready.py), which count the entering rows
-    they store (``SIGNAL``), a group of rows at a time. The mask and the slots are the caller's loads (int1, int64):
-    the caller loads them together, the final slot with them (after the loop's stores the compiler could not hoist
-    that load, the pointers may alias, and every call would end waiting on one more load)."""
-    offs = pid_m * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    mask = offs < dim
-    elements = tl.minimum(BLOCK_SIZE, dim - pid_m * BLOCK_SIZE)
-
-    # Scalar bases (this program's head): the loops carry only scalars and the state (chunk_row says why).
-    states_ptr += pid_h * stride_states_head
-    out_ptr += pid_h * stride_out_head
-    dA_cs_ptr += pid_h * stride_dA_head + (chunk_size - 1) * stride_dA_q
-    cache_ptr += pid_h * stride_cache_head
-
-    # Read this program's slice of the initial state before any write (in-place safety), masked by the mask (one
-    # latency after the mask and slot, as in kernels.gather): a masked-off initial state is never read, since the
-    # slot may hold garbage or NaN.
-    init_slot = tl.where(has_init, init_slot, 0)
-    entering = tl.load(cache_ptr + init_slot * stride_cache_slot + offs, mask=mask & has_init, other=0.0)
-    s = entering.to(tl.float32)
-    tl.store(out_ptr + offs, entering, mask=mask)
-    if SIGNAL:
-        signal_states_stored(ready_ptr, 0, 1, 0, pid_h, nheads, elements)
-
-    # Groups of READ_AHEAD chunks, one chunk an iteration, its row read STAGES - 1 iterations ahead by Triton's
-    # software pipeline (asynchronous copies into shared memory: the rows in flight take no registers); the rows a
-    # group stored are counted after it (kernels/chunk_ready.py), so the release fence is paid once a group.
-    for first in range(0, nchunks, READ_AHEAD):
-        for c in tl.range(first, tl.minimum(first + READ_AHEAD, nchunks), num_stages=STAGES):
-            new, dA_end = load_chunk_at(states_ptr, dA_cs_ptr, offs, mask, c, stride_states_chunk, stride_dA_chunk)
-            s = _step_and_store(s, new, dA_end, chunk_row(out_ptr, c + 1, stride_out_chunk), offs, mask,
-                                c + 1 < nchunks)
-        if SIGNAL:
-            signal_states_stored(ready_ptr, first + 1, READ_AHEAD, nchunks - 1, pid_h, nheads, elements)
-
-    if final_slot >= 0:  # negative slot: padded sequence, write nothing
-        tl.store(cache_ptr + final_slot * stride_cache_slot + offs, s.to(cache_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit(**SCALAR_ONLY)
@@ -128,75 +80,51 @@ def _state_passing_indexed_kernel(
 ):
     wait_for_previous_kernel(USE_PDL)
     let_next_kernel_start(signal_next, USE_PDL)
+    pid_m = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    offs = pid_m * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offs < dim
+
+    # Scalar bases (this program's head): the loops carry only scalars and the state (chunk_row says why).
+    states_ptr += pid_h * stride_states_head
+    out_ptr += pid_h * stride_out_head
+    dA_cs_ptr += pid_h * stride_dA_head + (chunk_size - 1) * stride_dA_q
+    cache_ptr += pid_h * stride_cache_head
+
+    # Read this program's slice of the initial state before any write (in-place safety). Mask and slot are loaded
+    # side by side and the row's load is masked by both (one latency before it, as in kernels.gather): a masked-off
+    # initial state is never read, since the slot may hold garbage or NaN.
     has_init = tl.load(has_init_ptr) != 0
-    init_slot = tl.load(init_slot_ptr).to(tl.int64)
+    init_slot = tl.where(has_init, tl.load(init_slot_ptr).to(tl.int64), 0)
+    # Read with the others: after the loop's stores the compiler could not hoist it (the pointers may alias), and
+    # every call would end waiting on one more load.
     final_slot = tl.load(final_slot_ptr).to(tl.int64)
-    walk_entering_states(states_ptr, out_ptr, dA_cs_ptr, cache_ptr, has_init, init_slot, final_slot, states_ptr,
-                         tl.program_id(0), tl.program_id(1), tl.num_programs(1), dim, nchunks, chunk_size,
-                         stride_states_chunk, stride_states_head, stride_out_chunk, stride_out_head, stride_dA_head,
-                         stride_dA_chunk, stride_dA_q, stride_cache_slot, stride_cache_head, False, BLOCK_SIZE, STAGES)
+    entering = tl.load(cache_ptr + init_slot * stride_cache_slot + offs, mask=mask & has_init, other=0.0)
+    s = entering.to(tl.float32)
+    tl.store(out_ptr + offs, entering, mask=mask)
+
+    # Whole groups of READ_AHEAD chunks: their rows are read before their steps and stores
+    # (kernels.state_passing.recurrence_step says why); then the 0-3 chunks left, one at a time. Only a group that
+    # ends at the last chunk skips its last store.
+    for first in range(0, grouped_chunks(nchunks), READ_AHEAD):
+        new0, end0, new1, end1, new2, end2, new3, end3 = load_chunks_ahead(
+            states_ptr, dA_cs_ptr, offs, mask, first, stride_states_chunk, stride_dA_chunk)
+        out_group_ptr = chunk_row(out_ptr, first, stride_out_chunk)
+        s = _step_and_store(s, new0, end0, out_group_ptr + stride_out_chunk, offs, mask, True)
+        s = _step_and_store(s, new1, end1, out_group_ptr + 2 * stride_out_chunk, offs, mask, True)
+        s = _step_and_store(s, new2, end2, out_group_ptr + 3 * stride_out_chunk, offs, mask, True)
+        s = _step_and_store(s, new3, end3, out_group_ptr + 4 * stride_out_chunk, offs, mask, first + 4 < nchunks)
+    for c in range(grouped_chunks(nchunks), nchunks):
+        new, dA_end = load_chunk_at(states_ptr, dA_cs_ptr, offs, mask, c, stride_states_chunk, stride_dA_chunk)
+        s = _step_and_store(s, new, dA_end, chunk_row(out_ptr, c + 1, stride_out_chunk), offs, mask, c + 1 < nchunks)
+
+    if final_slot >= 0:  # negative slot: padded sequence, write nothing
+        tl.store(cache_ptr + final_slot * stride_cache_slot + offs, s.to(cache_ptr.dtype.element_ty), mask=mask)
 
 
 def _check_slot_view(name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> None:
     assert t.dim() == 1 and t.shape[0] == 1, f"{name}: expected a (1,) view, found {tuple(t.shape)}"
     assert t.dtype in dtypes, f"{name}: expected one of {dtypes}, found {t.dtype}"
-
-
-def check_indexed_walk(states: torch.Tensor, dA_cumsum: torch.Tensor, *, state_cache: torch.Tensor,
-                       init_slot_index: torch.Tensor, has_initial_state: torch.Tensor, final_slot_index: torch.Tensor,
-                       out: torch.Tensor) -> None:
-    """The arguments of ``state_passing_indexed`` (its docstring), for it and for the walkers in the chunk scan's
-    launch (kernels/chunk_ready.py)."""
-    assert states.dim() == 4 and states.dtype == torch.float32, f"states: expected (C,H,P,N) fp32, found {states.dtype}"
-    C, H, P, N = states.shape
-    assert states.stride(3) == 1 and states.stride(2) == N, f"states: (P, N) must be compact, found {states.stride()}"
-    assert dA_cumsum.dim() == 3 and tuple(dA_cumsum.shape[:2]) == (H, C), (
-        f"dA_cumsum: expected ({H}, {C}, Q), found {tuple(dA_cumsum.shape)}")
-    assert dA_cumsum.dtype == torch.float32, f"dA_cumsum: expected fp32, found {dA_cumsum.dtype}"
-    assert state_cache.dim() == 4 and tuple(state_cache.shape[1:]) == (H, P, N), (
-        f"state_cache: expected (slots, {H}, {P}, {N}), found {tuple(state_cache.shape)}")
-    assert state_cache.stride(3) == 1 and state_cache.stride(2) == N and state_cache.stride(1) == P * N, (
-        f"state_cache: (H, P, N) must be compact, found strides {state_cache.stride()}")
-    assert tuple(out.shape) == (C, H, P, N) and out.dtype == state_cache.dtype, (
-        f"out: expected ({C}, {H}, {P}, {N}) {state_cache.dtype}, found {tuple(out.shape)} {out.dtype}")
-    assert out.stride(3) == 1 and out.stride(2) == N, f"out: (P, N) must be compact, found {out.stride()}"
-    assert not memory_overlaps(out, states), "out: must not overlap states (the kernel reads chunks before its stores)"
-    _check_slot_view("init_slot_index", init_slot_index, INDEX_DTYPES)
-    _check_slot_view("final_slot_index", final_slot_index, INDEX_DTYPES)
-    _check_slot_view("has_initial_state", has_initial_state, MASK_DTYPES)
-    for name, t in (("dA_cumsum", dA_cumsum), ("state_cache", state_cache), ("init_slot_index", init_slot_index),
-                    ("has_initial_state", has_initial_state), ("final_slot_index", final_slot_index), ("out", out)):
-        assert t.device == states.device, f"{name}: on {t.device}, states on {states.device}"
-
-
-def mask_bytes(has_initial_state: torch.Tensor) -> torch.Tensor:
-    """The mask as the kernels read it: a bool mask as a same-width uint8 view, not a copy."""
-    return has_initial_state.view(torch.uint8) if has_initial_state.dtype == torch.bool else has_initial_state
-
-
-def as_words(t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, int]:
-    """A (1,) index or mask view as ``dtype`` words (int32 or uint8; a view, no copy) and how many words hold its
-    value: a kernel that reads them (``load_slot_words``, ``load_mask_bytes``) is one binary for every index and
-    mask dtype (the chunk scan's walkers: kernels/chunk_ready.py). The narrow view of one element spans its bytes
-    whatever the view's stride."""
-    words = t.element_size() // torch.empty((), dtype=dtype).element_size()
-    single = t.as_strided((1,), (1,))  # a dtype view needs a unit stride
-    return (single.view(torch.uint8) if t.dtype == torch.bool else single).view(dtype), words
-
-
-@triton.jit
-def load_slot_words(words_ptr, words):
-    """An int32 or int64 slot from its ``words`` (1 or 2) little-endian int32 words, as int64."""
-    low = tl.load(words_ptr).to(tl.int64)
-    high = tl.load(words_ptr + 1, mask=words == 2, other=0).to(tl.int64)
-    return tl.where(words == 2, (high << 32) | (low & 0xFFFFFFFF), low)
-
-
-@triton.jit
-def load_mask_bytes(bytes_ptr, nbytes):
-    """Whether a mask element of ``nbytes`` (1, 4 or 8) bytes is nonzero."""
-    offs = tl.arange(0, 8)
-    return tl.max(tl.load(bytes_ptr + offs, mask=offs < nbytes, other=0).to(tl.int32), axis=0) != 0
 
 
 def state_passing_indexed(
@@ -217,9 +145,26 @@ def state_passing_indexed(
     has_initial_state (1,) bool/int, each possibly a strided view; out (C, H, P, N) in the cache dtype.
     ``signal_next``: the next kernel may start early (kernels/backend.py).
     """
-    check_indexed_walk(states, dA_cumsum, state_cache=state_cache, init_slot_index=init_slot_index,
-                       has_initial_state=has_initial_state, final_slot_index=final_slot_index, out=out)
+    assert states.dim() == 4 and states.dtype == torch.float32, f"states: expected (C,H,P,N) fp32, found {states.dtype}"
     C, H, P, N = states.shape
+    assert states.stride(3) == 1 and states.stride(2) == N, f"states: (P, N) must be compact, found {states.stride()}"
+    assert dA_cumsum.dim() == 3 and tuple(dA_cumsum.shape[:2]) == (H, C), (
+        f"dA_cumsum: expected ({H}, {C}, Q), found {tuple(dA_cumsum.shape)}")
+    assert dA_cumsum.dtype == torch.float32, f"dA_cumsum: expected fp32, found {dA_cumsum.dtype}"
+    assert state_cache.dim() == 4 and tuple(state_cache.shape[1:]) == (H, P, N), (
+        f"state_cache: expected (slots, {H}, {P}, {N}), found {tuple(state_cache.shape)}")
+    assert state_cache.stride(3) == 1 and state_cache.stride(2) == N and state_cache.stride(1) == P * N, (
+        f"state_cache: (H, P, N) must be compact, found strides {state_cache.stride()}")
+    assert tuple(out.shape) == (C, H, P, N) and out.dtype == state_cache.dtype, (
+        f"out: expected ({C}, {H}, {P}, {N}) {state_cache.dtype}, found {tuple(out.shape)} {out.dtype}")
+    assert out.stride(3) == 1 and out.stride(2) == N, f"out: (P, N) must be compact, found {out.stride()}"
+    assert not memory_overlaps(out, states), "out: must not overlap states (the kernel reads chunks before its stores)"
+    _check_slot_view("init_slot_index", init_slot_index, INDEX_DTYPES)
+    _check_slot_view("final_slot_index", final_slot_index, INDEX_DTYPES)
+    _check_slot_view("has_initial_state", has_initial_state, MASK_DTYPES)
+    for name, t in (("dA_cumsum", dA_cumsum), ("state_cache", state_cache), ("init_slot_index", init_slot_index),
+                    ("has_initial_state", has_initial_state), ("final_slot_index", final_slot_index), ("out", out)):
+        assert t.device == states.device, f"{name}: on {t.device}, states on {states.device}"
     arguments = launch_arguments(states, dA_cumsum, state_cache=state_cache, init_slot_index=init_slot_index,
                                  has_initial_state=has_initial_state, final_slot_index=final_slot_index, out=out,
                                  signal_next=signal_next)
@@ -232,7 +177,8 @@ def launch_arguments(states: torch.Tensor, dA_cumsum: torch.Tensor, *, state_cac
                      out: torch.Tensor, signal_next: bool = False) -> dict:
     """The kernel's arguments by name for these tensors (the launcher's, and the warmup registry's on stand-ins)."""
     nchunks, _, P, N = states.shape
-    has_init = mask_bytes(has_initial_state)
+    # A same-width view, not a copy: the kernel reads the mask as bytes.
+    has_init = has_initial_state.view(torch.uint8) if has_initial_state.dtype == torch.bool else has_initial_state
     return dict(
         states_ptr=states, out_ptr=out, dA_cs_ptr=dA_cumsum, cache_ptr=state_cache, init_slot_ptr=init_slot_index,
         has_init_ptr=has_init, final_slot_ptr=final_slot_index,

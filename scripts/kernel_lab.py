@@ -46,28 +46,43 @@ BMM_DEAD_TILES = ("    for k in range(0, dstate, BLOCK_SIZE_K):",
                   "    live = (pid_m * BLOCK_SIZE_M < chunk_len) & (pid_n * BLOCK_SIZE_N < chunk_len)\n"
                   "    for k in range(0, tl.where(live, dstate, 0), BLOCK_SIZE_K):")
 
+# indexed state passing: the first group's rows read before the initial state's slot and row (two dependent
+# latencies, then the store of that row, which later loads may not pass), not after them
+PASSING_SLOT_LOADS = "    has_init = tl.load(has_init_ptr) != 0\n"
+PASSING_FIRST_GROUP_EARLY = """    in_group = mask & (grouped_chunks(nchunks) > 0)
+    new0 = tl.load(states_ptr + offs, mask=in_group, other=0.0)
+    end0 = tl.load(dA_cs_ptr, mask=grouped_chunks(nchunks) > 0, other=0.0)
+    new1 = tl.load(states_ptr + stride_states_chunk + offs, mask=in_group, other=0.0)
+    end1 = tl.load(dA_cs_ptr + stride_dA_chunk, mask=grouped_chunks(nchunks) > 0, other=0.0)
+    new2 = tl.load(states_ptr + 2 * stride_states_chunk + offs, mask=in_group, other=0.0)
+    end2 = tl.load(dA_cs_ptr + 2 * stride_dA_chunk, mask=grouped_chunks(nchunks) > 0, other=0.0)
+    new3 = tl.load(states_ptr + 3 * stride_states_chunk + offs, mask=in_group, other=0.0)
+    end3 = tl.load(dA_cs_ptr + 3 * stride_dA_chunk, mask=grouped_chunks(nchunks) > 0, other=0.0)
+    has_init = tl.load(has_init_ptr) != 0
+"""
+PASSING_GROUP_LOAD = """        new0, end0, new1, end1, new2, end2, new3, end3 = load_chunks_ahead(
+            states_ptr, dA_cs_ptr, offs, mask, first, stride_states_chunk, stride_dA_chunk)
+"""
+PASSING_LATER_GROUP_LOAD = """        if first > 0:
+            new0, end0, new1, end1, new2, end2, new3, end3 = load_chunks_ahead(
+                states_ptr, dA_cs_ptr, offs, mask, first, stride_states_chunk, stride_dA_chunk)
+"""
+PASSING_EARLY = ((PASSING_SLOT_LOADS, PASSING_FIRST_GROUP_EARLY), (PASSING_GROUP_LOAD, PASSING_LATER_GROUP_LOAD))
+
 # chunk scan and chunk state: programs taking the tiles in the grid's own order (tiles fastest, then chunks, then
 # heads), as both kernels did before their launch orders of docs/gpu-runs.md run 90 (the chunk scan's masked loads of
 # before then were measured in runs 90-91 and are not kept: a variant repeating the kernel's load block would only
 # restate it)
-SCAN_LAUNCH_ORDER = """    pid_h = launch_order % nheads
-    pid_mn = (launch_order // nheads) % num_pid_mn
-    pid_c = launch_order // (nheads * num_pid_mn)
-"""
-SCAN_GRID_ORDER = """    pid_mn = launch_order % num_pid_mn
-    pid_c = (launch_order // num_pid_mn) % nchunks
-    pid_h = launch_order // (num_pid_mn * nchunks)
+SCAN_LAUNCH_ORDER = """    launch_order = tl.program_id(axis=2) * tl.num_programs(axis=1) + tl.program_id(axis=1)
+    launch_order = launch_order * tl.num_programs(axis=0) + tl.program_id(axis=0)
+    pid_h = launch_order % tl.num_programs(axis=2)
+    pid_mn = (launch_order // tl.num_programs(axis=2)) % tl.num_programs(axis=0)
+    pid_c = launch_order // (tl.num_programs(axis=2) * tl.num_programs(axis=0))
 """
 STATE_LAUNCH_ORDER = """    pid_mn = tl.program_id(axis=0)
     chunk_major = tl.program_id(axis=2) * tl.num_programs(axis=1) + tl.program_id(axis=1)
     pid_c = chunk_major // tl.num_programs(axis=2)
     pid_h = chunk_major % tl.num_programs(axis=2)
-"""
-# chunk scan: without the walk's code (kernels/chunk_ready.py), what it costs the tiles: without the tiles' wait on
-# the walkers' counts, and without the walkers' branch
-SCAN_TILE_WAIT = """    wait_states_stored(ready_ptr, pid_c, pid_h, nheads, hdim * dstate, walkers)
-"""
-SCAN_WALKERS = """    if launch_order < walkers:
 """
 GRID_ORDER = """    pid_mn = tl.program_id(axis=0)
     pid_c = tl.program_id(axis=1)
@@ -79,10 +94,8 @@ VARIANTS: dict[str, dict[str, Rewrite]] = {
     "chunk_cumsum": {"cx": Rewrite(("nheads", "chunk_size"))},
     "bmm_chunk": {"cx": Rewrite(("dstate", "chunk_size")), "dead": Rewrite((), (BMM_DEAD_TILES,)),
                   "cxdead": Rewrite(("dstate", "chunk_size"), (BMM_DEAD_TILES,))},
-    "state_passing_indexed": {"cx": Rewrite(("dim", "chunk_size"))},
-    "chunk_scan": {"gridorder": Rewrite((), ((SCAN_LAUNCH_ORDER, SCAN_GRID_ORDER),)),
-                   "nowait": Rewrite((), ((SCAN_TILE_WAIT, ""),)),
-                   "nowalkers": Rewrite((), ((SCAN_WALKERS, "    if False:\n"),))},
+    "state_passing_indexed": {"cx": Rewrite(("dim", "chunk_size")), "early": Rewrite((), PASSING_EARLY)},
+    "chunk_scan": {"gridorder": Rewrite((), ((SCAN_LAUNCH_ORDER, GRID_ORDER),))},
     "chunk_state": {"gridorder": Rewrite((), ((STATE_LAUNCH_ORDER, GRID_ORDER),))},
     "gather": {"cx": Rewrite(("row",))},
 }
@@ -226,8 +239,8 @@ def stage_launch(stage: str, kw: dict, ws: dict):
         args = chunk_scan.launch_arguments(
             ws["CB"], x, dt_out, dA, C, ws["states"], cu, kw["seq_idx"], out=outs[0], D=kw["D"], z=kw["z"],
             initial_states=ws["initial_states"], states_are_entering=ws["path"] == "indexed")
-        grid = chunk_scan.launch_grid(args)
-        return args, lambda c: grid(c.kwargs), outs
+        return args, lambda c: (triton.cdiv(Q, c.kwargs["BLOCK_SIZE_M"]) * triton.cdiv(P, c.kwargs["BLOCK_SIZE_N"]),
+                                nchunks, H), outs
     if stage == "gather":
         batch = kw["initial_state_indices"].shape[0]
         outs = (torch.empty((batch, *kw["state_cache"].shape[1:]), dtype=kw["state_cache"].dtype, device=x.device),)

@@ -5,15 +5,12 @@ on an ineligible call is the snapshot path."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 from harness.cases.builder import build_inputs
 from harness.cases.model import IndicesSpec
 from harness.compare import Mismatch, assert_bits_equal, storage_bytes
-from kernels import chunk_scan as chunk_scan_module
 from kernels import ssd as ssd_module
 from kernels.interface import CallShape, choose_path
 from kernels.ssd import ssd_prefill
@@ -89,41 +86,25 @@ def test_indexed_equals_snapshot_with_either_gather(gather, device):
 
 # ---- negative controls -------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("order", ["walk", "state+gather"])
-def test_comparison_catches_an_indexed_kernel_that_reads_a_masked_slot(monkeypatch, device, order):
-    """Negative control, in both forms of the indexed state passing: its walkers in the chunk scan's launch (order
-    "walk", the shipped one) and its own kernel."""
-    monkeypatch.setattr(ssd_module, "LAUNCH_ORDER", order)
-    if order == "walk":
-        real = ssd_module.chunk_scan
+def test_comparison_catches_an_indexed_kernel_that_reads_a_masked_slot(monkeypatch, device):
+    real = ssd_module.state_passing_indexed
 
-        def ignores_mask(*args, walk=None, **kwargs):
-            if walk is not None:  # the indexed path's walk
-                walk = dataclasses.replace(walk, has_initial_state=torch.ones_like(walk.has_initial_state))
-            return real(*args, walk=walk, **kwargs)
+    def ignores_mask(*args, has_initial_state, **kwargs):
+        return real(*args, has_initial_state=torch.ones_like(has_initial_state), **kwargs)
 
-        monkeypatch.setattr(ssd_module, "chunk_scan", ignores_mask)
-    else:
-        real = ssd_module.state_passing_indexed
-
-        def ignores_mask(*args, has_initial_state, **kwargs):
-            return real(*args, has_initial_state=torch.ones_like(has_initial_state), **kwargs)
-
-        monkeypatch.setattr(ssd_module, "state_passing_indexed", ignores_mask)
+    monkeypatch.setattr(ssd_module, "state_passing_indexed", ignores_mask)
     case = make_case([EQUIVALENCE_CASES["masked-nan-slot"][0]], io="bfloat16", state="bfloat16")
     with pytest.raises(Mismatch, match="out, indexed vs snapshot"):
         assert_indexed_equals_snapshot(*run_both(case, device))
 
 
 def test_comparison_catches_a_chunk_scan_reading_entering_states_as_exiting(monkeypatch, device):
-    """Negative control: the chunk scan's tiles taking the workspace's rows as exiting states (the snapshot path's
-    reading) on the indexed path."""
-    real = chunk_scan_module.launch_arguments
+    real = ssd_module.chunk_scan
 
-    def misreads(*args, **kwargs):
-        return {**real(*args, **kwargs), "prev_chunk_offset": 1}
+    def misreads(*args, states_are_entering=False, **kwargs):
+        return real(*args, states_are_entering=False, **kwargs)
 
-    monkeypatch.setattr(chunk_scan_module, "launch_arguments", misreads)
+    monkeypatch.setattr(ssd_module, "chunk_scan", misreads)
     case = make_case([(70, 150, 2, True, 5)], io="float32", state="float32")
     with pytest.raises(Mismatch, match="out, indexed vs snapshot"):
         assert_indexed_equals_snapshot(*run_both(case, device))

@@ -87,32 +87,24 @@ def test_variant_keeps_only_the_named_variants_and_refuses_an_unknown_name(lab):
 SERVING_PROGRAMS_PER_SM = {"chunk_scan": (("sm90", 256, 64, 128), 4), "chunk_state": (("sm90", 64, 128, 256, 1), 4)}
 
 
-def _describe_tuned(lab, blocks: dict) -> str:
-    """A checked-in config (kernels.tuned_configs.TUNED) as the lab describes configs."""
-    import triton
-
-    config = triton.Config({k: v for k, v in blocks.items() if k.startswith("BLOCK")},
-                           num_warps=blocks["num_warps"], num_stages=blocks["num_stages"])
-    return lab.describe(config)
-
-
-def _compile_rows(lab, stages: list[str], variants: list[str],
-                  also: tuple[str, ...] = ()) -> dict[tuple[str, str, str], int]:
-    """(stage, variant, config) -> programs a multiprocessor, from the lab's compile report (sm_90, no GPU needed)
-    at each stage's checked-in serving config and the configs ``also`` names, in a process of its own (the compiler
-    needs TRITON_INTERPRET=0)."""
+def _compile_rows(lab, stages: list[str], variants: list[str]) -> dict[tuple[str, str], int]:
+    """(stage, variant) -> programs a multiprocessor, from the lab's compile report (sm_90, no GPU needed) at each
+    stage's checked-in serving config, in a process of its own (the compiler needs TRITON_INTERPRET=0)."""
     import os
     import subprocess
     import sys
+
+    import triton
 
     from kernels.tuned_configs import TUNED
 
     cmd = [sys.executable, str(lab.REPO / "scripts" / "kernel_lab.py"), "compile"]
     for stage in stages:
         key, _ = SERVING_PROGRAMS_PER_SM[stage]
-        cmd += ["--stage", stage, "--like", _describe_tuned(lab, TUNED[stage][key])]
-    for config in also:
-        cmd += ["--like", config]
+        blocks = dict(TUNED[stage][key])
+        config = triton.Config({k: v for k, v in blocks.items() if k.startswith("BLOCK")},
+                               num_warps=blocks["num_warps"], num_stages=blocks["num_stages"])
+        cmd += ["--stage", stage, "--like", lab.describe(config)]
     for variant in variants:
         cmd += ["--variant", variant]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
@@ -122,7 +114,7 @@ def _compile_rows(lab, stages: list[str], variants: list[str],
     for line in done.stdout.splitlines():
         fields = line.split()
         if fields and fields[0] in stages and fields[-1].isdigit():
-            rows[(fields[0], fields[1], " ".join(fields[2:-7]))] = int(fields[-1])
+            rows[(fields[0], fields[1])] = int(fields[-1])
     return rows
 
 
@@ -131,13 +123,8 @@ def test_the_serving_configs_hold_four_programs_a_multiprocessor(lab):
     edit that crosses it changes their speed by 8-10% (docs/gpu-runs.md) and nothing on the CPU would show it. So
     the CPU tier compiles them for sm_90 and holds the programs a multiprocessor to the measured optimum; a change
     that moves it must be measured on the GPU (kernel lab) and this table updated with the run. The chunk scan's
-    K64 tile (168 registers) reads three: the check tells them apart."""
-    from kernels.tuned_configs import TUNED
-
-    control = "M=64 N=64 K=64 s1 w4"
-    rows = _compile_rows(lab, ["chunk_scan", "chunk_state"], [], also=(control,))
-    for stage, (key, expected) in SERVING_PROGRAMS_PER_SM.items():
-        shipped = {name: n for (st, name, config), n in rows.items()
-                   if st == stage and name == "shipped" and config == _describe_tuned(lab, TUNED[stage][key])}
-        assert shipped == {"shipped": expected}, (stage, rows)
-    assert rows[("chunk_scan", "shipped", control)] == 3, rows
+    grid-order variant (the same code in the grid's own order, 96 registers) reads five: the check tells them apart."""
+    rows = _compile_rows(lab, ["chunk_scan", "chunk_state"], ["gridorder"])
+    for stage, (_, expected) in SERVING_PROGRAMS_PER_SM.items():
+        assert rows[(stage, "shipped")] == expected, (stage, rows)
+    assert rows[("chunk_scan", "gridorder")] == 5, rows

@@ -80,12 +80,10 @@ def test_which_kernels_signal_early_and_which_may_overlap():
     assert sorted(overlapping) == ["_bmm_chunk_kernel", "_gather_initial_states_kernel"]
 
 
-def recorded_launches(monkeypatch, device, path: str, tamper=None) -> list[tuple[str, bool, bool, object]]:
-    """(launcher, signal_next, overlaps_previous, ready) of each stage launch of one ``ssd_prefill`` call on
-    ``path``: the short bench workload at an interpreter-sized shape (one sequence over two chunks, from an initial
-    state). ``ready``: the ready counts the launch zeroes (the cumsum) or its walk waits on (the chunk scan,
-    kernels/chunk_ready.py), else None. ``tamper`` {launcher: wrap}: how ``ssd_prefill`` calls that launcher is
-    changed before it is recorded."""
+def recorded_launches(monkeypatch, device, path: str, tamper=None) -> list[tuple[str, bool, bool]]:
+    """(launcher, signal_next, overlaps_previous) of each stage launch of one ``ssd_prefill`` call on ``path``: the
+    short bench workload at an interpreter-sized shape (one sequence over two chunks, from an initial state).
+    ``tamper`` {launcher: wrap}: how ``ssd_prefill`` calls that launcher is changed before it is recorded."""
     import dataclasses
 
     from harness.bench import workload_case
@@ -99,9 +97,7 @@ def recorded_launches(monkeypatch, device, path: str, tamper=None) -> list[tuple
 
     def recording(name, fn):
         def wrapper(*args, **kwargs):
-            walk = kwargs.get("walk")
-            ready = kwargs.get("ready") if walk is None else walk.ready
-            launches.append((name, kwargs.get("signal_next", False), kwargs.get("overlaps_previous", False), ready))
+            launches.append((name, kwargs.get("signal_next", False), kwargs.get("overlaps_previous", False)))
             return fn(*args, **kwargs)
         return wrapper
 
@@ -115,23 +111,10 @@ def recorded_launches(monkeypatch, device, path: str, tamper=None) -> list[tuple
     return launches
 
 
-def misplaced_overlaps(launches: list[tuple[str, bool, bool, object]]) -> list[str]:
+def misplaced_overlaps(launches: list[tuple[str, bool, bool]]) -> list[str]:
     """The overlapping launches that are not bmm or the gather right after a launch that signalled."""
-    return [name for i, (name, _, overlaps, _) in enumerate(launches)
+    return [name for i, (name, _, overlaps) in enumerate(launches)
             if overlaps and not (name in ("bmm_chunk", "gather_initial_states") and i > 0 and launches[i - 1][1])]
-
-
-def unsound_walks(launches: list[tuple[str, bool, bool, object]]) -> list[str]:
-    """What makes the chunk scan's tiles' spin sound (kernels/chunk_ready.py): counts the cumsum zeroed earlier in
-    the call, and no separate state passing writing the same entering states."""
-    zeroed = [ready for name, _, _, ready in launches if name == "chunk_cumsum" and ready is not None]
-    walks = [ready for name, _, _, ready in launches if name == "chunk_scan" and ready is not None]
-    problems = ["chunk_scan waits on counts the cumsum did not zero" for ready in walks
-                if not any(ready is z for z in zeroed)]
-    problems += ["the cumsum zeroes counts no walk waits on" for z in zeroed if not any(z is w for w in walks)]
-    if walks and any(name == "state_passing_indexed" for name, *_ in launches):
-        problems.append("a separate state passing beside the walk")
-    return problems
 
 
 @pytest.mark.parametrize("path", ["snapshot", "indexed"])
@@ -142,13 +125,10 @@ def test_ssd_prefill_launches_the_overlapping_bmm_right_after_a_signalling_kerne
     there, and bmm once."""
     monkeypatch.setattr(ssd, "LAUNCH_ORDER", order)
     launches = recorded_launches(monkeypatch, device, path)
-    names = [n for n, *_ in launches]
+    names = [n for n, _, _ in launches]
     assert names.count("bmm_chunk") == 1 and names.index("bmm_chunk") < names.index("chunk_scan"), names
     assert misplaced_overlaps(launches) == [], launches
-    assert any(overlaps for _, _, overlaps, _ in launches) is (order != "none"), launches
-    assert unsound_walks(launches) == [], launches
-    walked = any(name == "chunk_scan" and ready is not None for name, _, _, ready in launches)
-    assert walked is (order == "walk" and path == "indexed"), launches
+    assert any(overlaps for _, _, overlaps in launches) is (order != "none"), launches
 
 
 @pytest.mark.parametrize(("path", "kernel_before"), [("indexed", "chunk_state"), ("snapshot", "chunk_state_passing")])
@@ -163,14 +143,6 @@ def test_the_launch_check_sees_an_overlapping_bmm_after_a_kernel_that_did_not_si
     monkeypatch.setattr(ssd, "LAUNCH_ORDER", "state")
     launches = recorded_launches(monkeypatch, device, path, tamper={kernel_before: silent})
     assert misplaced_overlaps(launches) == ["bmm_chunk"], launches
-
-
-def test_the_launch_check_sees_a_walk_on_counts_nobody_zeroed(monkeypatch, device):
-    """Negative control for order "walk": ``ssd_prefill`` calling the cumsum without the ready counts (the tiles
-    would then read counts left by the previous call, complete, and never wait)."""
-    monkeypatch.setattr(ssd, "LAUNCH_ORDER", "walk")
-    launches = recorded_launches(monkeypatch, device, "indexed", tamper={"chunk_cumsum": _without("ready")})
-    assert unsound_walks(launches) == ["chunk_scan waits on counts the cumsum did not zero"], launches
 
 
 def _late_wait(x_ptr, USE_PDL):
@@ -279,67 +251,3 @@ def test_graph_replays_give_the_eager_calls_bits(device, monkeypatch, workload, 
         context = f"{workload} {variant}, order {order}, graph replay {replay} of {REPLAYS} against the eager call"
         assert_bits_equal(inputs.out, out, what="out", context=context)
         assert_bits_equal(inputs.state_cache, cache, what="state_cache", context=context)
-
-
-def _without(keyword):
-    def wrap(launcher):
-        def launch(*args, **kwargs):
-            kwargs.pop(keyword, None)
-            return launcher(*args, **kwargs)
-        return launch
-    return wrap
-
-
-WALK_REPLAYS = 20
-
-
-@pytest.mark.parametrize("counted", [True, False], ids=["counted", "control-uncounted"])
-def test_the_walk_order_reads_no_entering_state_before_it_is_stored(device, monkeypatch, counted):
-    """Order "walk" on the 4256-token prefill, where the indexed state passing runs in the chunk scan's launch beside
-    its tiles (kernels/chunk_ready.py). Before each graph replay the workspace of entering states and the output are
-    poisoned with NaN (a tile that read too early would otherwise find the previous replay's identical values), and
-    every replay must give the bits of the separate state passing kernel. The control gives the tiles counts that
-    are already complete (the cumsum does not zero them), so they never wait: some replay must then differ, or the
-    check proves nothing."""
-    if device != "cuda":
-        pytest.skip("needs a CUDA device: only there do the walkers and the tiles run side by side")
-    from harness.bench import workload_case
-    from harness.cases.builder import build_inputs
-    from harness.cuda_timing import capture_graph
-    from kernels import provider
-
-    inputs = build_inputs(workload_case("prefill-4256"), device)
-    kwargs = inputs.kwargs(path="indexed")
-    workspace: dict = {}
-
-    def call():
-        provider.ssd_prefill(**kwargs, workspace_out=workspace)
-
-    # The bits to expect, from the separate state passing kernel (order "state+gather").
-    monkeypatch.setattr(ssd, "LAUNCH_ORDER", "state+gather")
-    call()
-    torch.cuda.synchronize()
-    out, cache = inputs.out.clone(), inputs.state_cache.clone()
-    monkeypatch.setattr(ssd, "LAUNCH_ORDER", "walk")
-    if not counted:
-        monkeypatch.setattr(ssd, "ready_counts", lambda n, h, dev: torch.full((n, h), 2**30, dtype=torch.int32,
-                                                                              device=dev))
-        monkeypatch.setattr(ssd, "chunk_cumsum", _without("ready")(ssd.chunk_cumsum))
-    graph = capture_graph(call, warmup=0)  # workspace now holds the captured call's intermediates
-    differing = []
-    for replay in range(WALK_REPLAYS):
-        inputs.out.fill_(math.nan)
-        workspace["states"].fill_(math.nan)
-        torch.cuda.synchronize()
-        graph.replay()
-        torch.cuda.synchronize()
-        if not torch.equal(inputs.out.view(torch.uint8), out.view(torch.uint8)):
-            differing.append(replay)
-            if counted:
-                assert_bits_equal(inputs.out, out, what="out",
-                                  context=f"prefill-4256 indexed, order walk, graph replay {replay}")
-        if counted:
-            assert_bits_equal(inputs.state_cache, cache, what="state_cache",
-                              context=f"prefill-4256 indexed, order walk, graph replay {replay}")
-    if not counted:
-        assert differing, f"no replay of {WALK_REPLAYS} read a poisoned entering state without the counts"

@@ -50,11 +50,9 @@ KERNELS = {
 
 
 def _call(device, *, io=torch.float32, state=torch.float32, contexts=(3,), tokens=(13,), D="none", z=False, bias=False,
-          softplus=False, limit=False, mode="direct", path="snapshot", table=None, row_pad=0, offset=0, seed=0,
-          order=None):
+          softplus=False, limit=False, mode="direct", path="snapshot", table=None, row_pad=0, offset=0, seed=0):
     """One ssd_prefill call on a padded/offset cache; ``table=(columns, column, rows_before)`` takes the index
-    tensors as int64 block-table columns (strided, possibly unaligned views); ``order``: the launch order it runs in
-    (``kernels.ssd.LAUNCH_ORDERS``; default the shipped one)."""
+    tensors as int64 block-table columns (strided, possibly unaligned views)."""
     g = torch.Generator().manual_seed(seed)
     meta = build_varlen_metadata(list(contexts), list(tokens), Q)
     T, batch = meta.total_tokens, len(contexts)
@@ -83,15 +81,7 @@ def _call(device, *, io=torch.float32, state=torch.float32, contexts=(3,), token
     x, dt = args[0], args[1].float()
     A = (-torch.rand(H, generator=g) - 0.5).to(device)
     B, C = (r(T, G, N).to(io).to(device) for _ in range(2))
-
-    def call():
-        saved = ssd.LAUNCH_ORDER
-        ssd.LAUNCH_ORDER = order or saved
-        try:
-            ssd.ssd_prefill(x, dt, A, B, C, **kw)
-        finally:
-            ssd.LAUNCH_ORDER = saved
-    return call
+    return lambda: ssd.ssd_prefill(x, dt, A, B, C, **kw)
 
 
 # Together these launch every registered kernel, both paths, all three modes, every D kind, both nchunks parities
@@ -101,9 +91,6 @@ CALLS = {
         io=torch.float16, state=torch.bfloat16, contexts=(3, 0), tokens=(13, 9), D="per_channel", z=True, bias=True,
         softplus=True, limit=True, table=(5, 1, 1), row_pad=3, offset=1),
     "indexed-direct-fp32-Dhead": dict(contexts=(5,), tokens=(19,), D="per_head", path="indexed"),
-    # the indexed path's separate state passing kernel (the shipped order walks inside the chunk scan's launch)
-    "indexed-direct-fp32-separate-passing": dict(contexts=(5,), tokens=(19,), path="indexed", order="state+gather",
-                                                  seed=1),
     "snapshot-returned-bf16-fp16state": dict(io=torch.bfloat16, state=torch.float16, contexts=(0,), tokens=(8,)),
     "snapshot-checkpoint-fp32": dict(contexts=(2, 4), tokens=(7, 12), mode="checkpoint", softplus=True),
 }

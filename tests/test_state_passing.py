@@ -157,15 +157,16 @@ def test_indexed_kernel_single_chunk(device):
                                                              tokens=(9,)))
 
 
-# Chunk counts 1-9 (8 twice; last chunk full or partial): one, two and three groups of READ_AHEAD chunks, the last
-# of 1, 2, 3 or 4 chunks (kernels.state_passing_indexed.walk_entering_states).
+# Chunk counts 1-9 (8 twice; last chunk full or partial): no, one and two whole groups of READ_AHEAD chunks, each
+# followed by 0, 1, 2 and 3 chunks one at a time (kernels.state_passing.grouped_chunks).
 GROUP_AND_TAIL_TOKENS = (Q - 3, 2 * Q, 3 * Q - 1, 4 * Q, 4 * Q + 1, 6 * Q, 7 * Q - 2, 7 * Q + 5, 8 * Q, 8 * Q + 5)
 
 
 @pytest.mark.parametrize("tokens", GROUP_AND_TAIL_TOKENS, ids=lambda t: f"{t}tokens")
 def test_indexed_kernel_across_read_ahead_groups(tokens, device):
-    """The indexed kernel walks groups of ``READ_AHEAD`` (4) chunks, the last one short: every chunk's entering
-    state, the last exiting state in the final slot only (nothing stored past the last chunk)."""
+    """The indexed kernel reads ``READ_AHEAD`` (4) chunks at once in whole groups, then the 0-3 left one at a time:
+    every chunk's entering state, the last exiting state in the final slot only (nothing stored past the last
+    chunk)."""
     assert sp_module.READ_AHEAD == 4
     assert_indexed_equals_snapshot(*run_indexed_and_snapshot(torch.bfloat16, 3, True, 5, device, contexts=(0,),
                                                              tokens=(tokens,)))
