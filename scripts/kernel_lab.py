@@ -4,6 +4,7 @@ the bench workloads (``harness.bench.WORKLOADS``), in one process; for chunk sca
     python scripts/kernel_lab.py compile [--stage S]          # CPU: registers, spills, shared memory per config
     python scripts/kernel_lab.py run [--stage S] [--reps 200]  # GPU: bits against the shipped kernel, stability, us
     python scripts/kernel_lab.py run --dry-run                 # the same plumbing on the CPU (interpreter, small)
+    python scripts/kernel_lab.py chain [--variant V]           # GPU: the indexed path's kernels one after another
     ncu ... python scripts/kernel_lab.py profile --stage S     # GPU: each variant launched twice (compile, measure)
 
 A variant is the shipped kernel's source with named parameters made constexprs and/or exact text substitutions
@@ -92,6 +93,14 @@ GRID_ORDER = """    pid_mn = tl.program_id(axis=0)
     pid_h = tl.program_id(axis=2)
 """
 
+# chunk state: x streamed through L2 (read once here; evicted first) and the chunk states kept there (evicted last),
+# so that the indexed state passing, which reads them next, may find them in L2 (measured with ``chain``: the gain,
+# if any, is the next kernel's)
+STATE_X_LOAD = "        x = tl.load(x_ptrs, mask=(offs_m[:, None] < hdim) & k_mask[None, :], other=0.0)\n"
+STATE_STORE = "    tl.store(states_ptrs, acc, mask=(offs_m[:, None] < hdim) & (offs_n[None, :] < dstate))\n"
+STATE_X_EVICT_FIRST = (STATE_X_LOAD, STATE_X_LOAD.replace("other=0.0)", 'other=0.0, eviction_policy="evict_first")'))
+STATE_STORE_EVICT_LAST = (STATE_STORE, STATE_STORE.replace("))\n", '), eviction_policy="evict_last")\n'))
+
 # stage -> variant -> rewrite of the shipped kernel
 VARIANTS: dict[str, dict[str, Rewrite]] = {
     "chunk_cumsum": {"cx": Rewrite(("nheads", "chunk_size"))},
@@ -102,7 +111,10 @@ VARIANTS: dict[str, dict[str, Rewrite]] = {
                    **{f"pipe{n}": Rewrite((), ((SCAN_CAUSAL_LOOP, SCAN_CAUSAL_LOOP.replace(
                        "range(0, k_max, BLOCK_SIZE_K)", f"tl.range(0, k_max, BLOCK_SIZE_K, num_stages={n})")),))
                       for n in (2, 3, 4)}},
-    "chunk_state": {"gridorder": Rewrite((), ((STATE_LAUNCH_ORDER, GRID_ORDER),))},
+    "chunk_state": {"gridorder": Rewrite((), ((STATE_LAUNCH_ORDER, GRID_ORDER),)),
+                    "evict": Rewrite((), (STATE_X_EVICT_FIRST, STATE_STORE_EVICT_LAST)),
+                    "evictx": Rewrite((), (STATE_X_EVICT_FIRST,)),
+                    "evicts": Rewrite((), (STATE_STORE_EVICT_LAST,))},
     "gather": {"cx": Rewrite(("row",))},
 }
 # stage -> (module, the jit kernel's attribute)
@@ -354,6 +366,82 @@ def run(stages: list[str], workloads: list[str], reps: int, dry_run: bool, limit
     return rows
 
 
+# The indexed path's chain of kernels that hand each other the chunk states: what one kernel leaves in L2 (or takes
+# from the next one's share of the multiprocessors) shows only when they run one after another.
+CHAIN = ("chunk_state", "state_passing_indexed", "chunk_scan")
+AUTOTUNED = {"chunk_state": "chunk_state_kernel", "chunk_scan": "chunk_scan_kernel"}
+
+
+def checked_in_config(stage: str, args: dict):
+    """The config the provider runs ``stage`` under for these arguments: its autotuner's pruning (on the H200 the
+    checked-in config of ``kernels.tuned_configs``, elsewhere the first left); the indexed state passing's fixed
+    block at the launch defaults (four warps, three stages)."""
+    import triton
+
+    from kernels import state_passing_indexed
+    from kernels.backend import fixed_block
+
+    if stage == "state_passing_indexed":
+        return triton.Config({"BLOCK_SIZE": fixed_block(args["dim"], state_passing_indexed.BLOCK_SIZE)},
+                             num_warps=4, num_stages=3)
+    tuner = getattr(importlib.import_module(KERNELS[stage][0]), AUTOTUNED[stage])
+    return tuner.early_config_prune(tuner.configs, args)[0]
+
+
+def chain(workloads: list[str], reps: int, dry_run: bool, variants: list[str] | None = None) -> list[tuple]:
+    """The indexed path's ``CHAIN`` timed as one graph per single-sequence workload at the checked-in configs: the
+    shipped kernels, then per variant name the chain with each stage that has a variant of that name running it (the
+    others shipped). Each kernel reads what the one before it wrote; the chain's three outputs (chunk states,
+    entering states, the scan's output) are compared bit for bit with the shipped chain's, three runs each."""
+    import torch
+
+    from harness.bench import workload_case
+    from harness.cuda_timing import time_graph
+
+    device = "cpu" if dry_run else "cuda"
+    kernels = load_variants(CHAIN, variants=chosen_variants(variants))
+    names = ["shipped", *sorted({v for stage in CHAIN for v in kernels[stage]} - {"shipped"})]
+    cases = small_cases() if dry_run else {w: workload_case(w) for w in workloads}
+    rows = []
+    for workload, case in cases.items():
+        if len(case.sequences) != 1:  # the indexed path takes one sequence
+            continue
+        kw, ws = call_intermediates(case, device, "indexed")
+        launches = {stage: stage_launch(stage, kw, ws) for stage in CHAIN}
+        chunk_states = launches["chunk_state"][2][0]
+        entering = launches["state_passing_indexed"][2][0]
+        launches["state_passing_indexed"][0]["states_ptr"] = chunk_states
+        launches["chunk_scan"][0]["states_ptr"] = entering
+        outs = [chunk_states, entering, launches["chunk_scan"][2][0]]
+        configs = {stage: checked_in_config(stage, args) for stage, (args, _, _) in launches.items()}
+        label = " | ".join(describe(configs[s]) for s in CHAIN if s in AUTOTUNED)
+        shipped = None
+        for name in names:
+            chosen = {stage: kernels[stage].get(name, kernels[stage]["shipped"]) for stage in CHAIN}
+
+            def launch(chosen=chosen, launches=launches, configs=configs):
+                for stage, (args, grid, _) in launches.items():
+                    config = configs[stage]
+                    chosen[stage][grid(config)](**args, **config.kwargs, **launch_options(config))
+
+            results = []
+            for _ in range(3):
+                for o in outs:
+                    o.fill_(float("nan"))
+                launch()
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                results.append([o.clone() for o in outs])
+            us = (0.0 if dry_run else time_graph(launch, reps))
+            stable = all(_same_bits(r, results[0]) for r in results)
+            if name == "shipped":
+                shipped, same = results[0], "-"
+            else:
+                same = str(_same_bits(results[0], shipped))
+            rows.append((f"{workload}/indexed", "chain", name, label, us, same, stable))
+    return rows
+
+
 def _same_bits(a: list, b: list) -> bool:
     import torch
 
@@ -524,7 +612,7 @@ def profile(stage: str, workload: str, like: list[str] | None = None, variants: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=("compile", "run", "profile"))
+    parser.add_argument("mode", choices=("compile", "run", "chain", "profile"))
     parser.add_argument("--stage", action="append", choices=sorted(KERNELS), help="stages (default: every one)")
     parser.add_argument("--workload", action="append", choices=WORKLOADS, help="bench workloads (default: all four)")
     parser.add_argument("--reps", type=int, default=200, help="graph replays per timing")
@@ -549,7 +637,10 @@ def main() -> None:
             from harness.backend import configure
 
             configure("cpu")
-        print_rows(run(stages, workloads, args.reps, args.dry_run, args.configs, args.like, args.variant))
+        if args.mode == "chain":
+            print_rows(chain(workloads, args.reps, args.dry_run, args.variant))
+        else:
+            print_rows(run(stages, workloads, args.reps, args.dry_run, args.configs, args.like, args.variant))
 
 
 if __name__ == "__main__":
