@@ -61,6 +61,20 @@ def test_the_dry_run_compares_every_variant_with_the_shipped_kernel(lab):
         assert same == ("-" if name == "shipped" else "True"), (tag, stage, name, config, same)
 
 
+@pytest.mark.interpreter(reason="the lab's dry run is its plumbing under the interpreter, on CPU tensors")
+def test_the_chain_runs_each_variant_name_against_the_shipped_chain(lab, monkeypatch):
+    """``chain``: one row per single-sequence workload and variant name of the chain's stages, each chain's three
+    outputs compared with the shipped chain's; a variant of one stage runs with the other stages shipped."""
+    doubled = ("    tl.store(out_ptrs, acc.to(", "    tl.store(out_ptrs, (acc * 2).to(")  # a wrong output, to be caught
+    monkeypatch.setitem(lab.VARIANTS, "chunk_scan",
+                        {**lab.VARIANTS["chunk_scan"], "doubled": lab.Rewrite((), (doubled,))})
+    rows = lab.chain(lab.WORKLOADS, reps=1, dry_run=True, variants=["evict", "pipe2", "doubled"])
+    assert [(r[0], r[2]) for r in rows] == [("one/indexed", name) for name in ("shipped", "doubled", "evict", "pipe2")]
+    for tag, _stage, name, _config, _us, same, stable in rows:
+        assert stable, (tag, name)
+        assert same == {"shipped": "-", "doubled": "False"}.get(name, "True"), (tag, name, same)
+
+
 def test_like_keeps_only_the_configs_it_names(lab):
     """``--like``: each prefix keeps the configs whose description starts with it; one that names none keeps none
     (the lab then times nothing for that stage, rather than everything)."""
