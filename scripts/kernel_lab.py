@@ -100,6 +100,11 @@ STATE_X_LOAD = "        x = tl.load(x_ptrs, mask=(offs_m[:, None] < hdim) & k_ma
 STATE_STORE = "    tl.store(states_ptrs, acc, mask=(offs_m[:, None] < hdim) & (offs_n[None, :] < dstate))\n"
 STATE_X_EVICT_FIRST = (STATE_X_LOAD, STATE_X_LOAD.replace("other=0.0)", 'other=0.0, eviction_policy="evict_first")'))
 STATE_STORE_EVICT_LAST = (STATE_STORE, STATE_STORE.replace("))\n", '), eviction_policy="evict_last")\n'))
+# chunk state: the chunks taken last first, so that the first chunks' states, which the state passing reads first,
+# are the ones most recently written when it starts
+STATE_CHUNK = "    pid_c = chunk_major // tl.num_programs(axis=2)\n"
+STATE_LAST_CHUNK_FIRST = (STATE_CHUNK,
+                          "    pid_c = tl.num_programs(axis=1) - 1 - chunk_major // tl.num_programs(axis=2)\n")
 
 # stage -> variant -> rewrite of the shipped kernel
 VARIANTS: dict[str, dict[str, Rewrite]] = {
@@ -114,7 +119,8 @@ VARIANTS: dict[str, dict[str, Rewrite]] = {
     "chunk_state": {"gridorder": Rewrite((), ((STATE_LAUNCH_ORDER, GRID_ORDER),)),
                     "evict": Rewrite((), (STATE_X_EVICT_FIRST, STATE_STORE_EVICT_LAST)),
                     "evictx": Rewrite((), (STATE_X_EVICT_FIRST,)),
-                    "evicts": Rewrite((), (STATE_STORE_EVICT_LAST,))},
+                    "evicts": Rewrite((), (STATE_STORE_EVICT_LAST,)),
+                    "revx": Rewrite((), (STATE_X_EVICT_FIRST, STATE_LAST_CHUNK_FIRST))},
     "gather": {"cx": Rewrite(("row",))},
 }
 # stage -> (module, the jit kernel's attribute)
