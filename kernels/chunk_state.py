@@ -124,7 +124,10 @@ def _chunk_state_kernel(
     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     for k in range(0, chunk_len, BLOCK_SIZE_K):
         k_mask = offs_k < chunk_len - k
-        x = tl.load(x_ptrs, mask=(offs_m[:, None] < hdim) & k_mask[None, :], other=0.0)
+        # x is read once here: streamed out of L2 first, so that the chunk states this kernel writes stay there for
+        # the state passing, which reads them next (docs/gpu-runs.md). A hint on what L2 keeps; the same values.
+        x = tl.load(x_ptrs, mask=(offs_m[:, None] < hdim) & k_mask[None, :], other=0.0,
+                    eviction_policy="evict_first")
         b = tl.load(B_ptrs, mask=k_mask[:, None] & (offs_n[None, :] < dstate), other=0.0).to(tl.float32)
         dA_cs_k = tl.load(dA_cs_ptrs, mask=k_mask, other=0.0)
         dt_k = tl.load(dt_ptrs, mask=k_mask, other=0.0)
