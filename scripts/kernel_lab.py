@@ -93,7 +93,7 @@ GRID_ORDER = """    pid_mn = tl.program_id(axis=0)
     pid_h = tl.program_id(axis=2)
 """
 
-# chunk state: x loaded without the shipped kernel's L2 hint (its form before docs/gpu-runs.md run 98), and the chunk
+# chunk state: x loaded without the shipped kernel's L2 hint (its former form), and the chunk
 # states stored to be evicted last; the gain or loss of either is the next kernel's (measured with ``chain``)
 STATE_X_LOAD = """        x = tl.load(x_ptrs, mask=(offs_m[:, None] < hdim) & k_mask[None, :], other=0.0,
                     eviction_policy="evict_first")
