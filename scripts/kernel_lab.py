@@ -85,28 +85,18 @@ STATE_LAUNCH_ORDER = """    pid_mn = tl.program_id(axis=0)
     pid_c = chunk_major // tl.num_programs(axis=2)
     pid_h = chunk_major % tl.num_programs(axis=2)
 """
-# chunk scan: the causal loop software-pipelined by Triton at the loop's level (the kernel's num_stages stays 1,
-# which the sm90 miscompile of docs/exactness.md is keyed on): its loads go through shared memory ahead of use
-SCAN_CAUSAL_LOOP = "    for k in range(0, k_max, BLOCK_SIZE_K):\n"
 GRID_ORDER = """    pid_mn = tl.program_id(axis=0)
     pid_c = tl.program_id(axis=1)
     pid_h = tl.program_id(axis=2)
 """
 
-# chunk state: x loaded without the shipped kernel's L2 hint (its former form), and the chunk
-# states stored to be evicted last; the gain or loss of either is the next kernel's (measured with ``chain``)
+# chunk state: x loaded without the shipped kernel's L2 hint (its former form); the gain or loss is the next kernel's,
+# so ``chain`` measures it (the chain's other forms measured and dropped: docs/architecture.md, what L2 keeps)
 STATE_X_LOAD = """        x = tl.load(x_ptrs, mask=(offs_m[:, None] < hdim) & k_mask[None, :], other=0.0,
                     eviction_policy="evict_first")
 """
-STATE_STORE = "    tl.store(states_ptrs, acc, mask=(offs_m[:, None] < hdim) & (offs_n[None, :] < dstate))\n"
 STATE_X_NO_HINT = (STATE_X_LOAD,
                    "        x = tl.load(x_ptrs, mask=(offs_m[:, None] < hdim) & k_mask[None, :], other=0.0)\n")
-STATE_STORE_EVICT_LAST = (STATE_STORE, STATE_STORE.replace("))\n", '), eviction_policy="evict_last")\n'))
-# chunk state: the chunks taken last first, so that the first chunks' states, which the state passing reads first,
-# are the ones most recently written when it starts
-STATE_CHUNK = "    pid_c = chunk_major // tl.num_programs(axis=2)\n"
-STATE_LAST_CHUNK_FIRST = (STATE_CHUNK,
-                          "    pid_c = tl.num_programs(axis=1) - 1 - chunk_major // tl.num_programs(axis=2)\n")
 
 # stage -> variant -> rewrite of the shipped kernel
 VARIANTS: dict[str, dict[str, Rewrite]] = {
@@ -114,14 +104,9 @@ VARIANTS: dict[str, dict[str, Rewrite]] = {
     "bmm_chunk": {"cx": Rewrite(("dstate", "chunk_size")), "dead": Rewrite((), (BMM_DEAD_TILES,)),
                   "cxdead": Rewrite(("dstate", "chunk_size"), (BMM_DEAD_TILES,))},
     "state_passing_indexed": {"cx": Rewrite(("dim", "chunk_size")), "early": Rewrite((), PASSING_EARLY)},
-    "chunk_scan": {"gridorder": Rewrite((), ((SCAN_LAUNCH_ORDER, GRID_ORDER),)),
-                   **{f"pipe{n}": Rewrite((), ((SCAN_CAUSAL_LOOP, SCAN_CAUSAL_LOOP.replace(
-                       "range(0, k_max, BLOCK_SIZE_K)", f"tl.range(0, k_max, BLOCK_SIZE_K, num_stages={n})")),))
-                      for n in (2, 3, 4)}},
+    "chunk_scan": {"gridorder": Rewrite((), ((SCAN_LAUNCH_ORDER, GRID_ORDER),))},
     "chunk_state": {"gridorder": Rewrite((), ((STATE_LAUNCH_ORDER, GRID_ORDER),)),
-                    "keepx": Rewrite((), (STATE_X_NO_HINT,)),
-                    "evicts": Rewrite((), (STATE_STORE_EVICT_LAST,)),
-                    "rev": Rewrite((), (STATE_LAST_CHUNK_FIRST,))},
+                    "keepx": Rewrite((), (STATE_X_NO_HINT,))},
     "gather": {"cx": Rewrite(("row",))},
 }
 # stage -> (module, the jit kernel's attribute)
@@ -321,7 +306,6 @@ def call_intermediates(case, device: str, path: str) -> tuple[dict, dict]:
 
 def run(stages: list[str], workloads: list[str], reps: int, dry_run: bool, limit: int | None,
         like: list[str] | None = None, variants: list[str] | None = None) -> list[tuple]:
-    import torch
 
     from harness.bench import workload_case
     from harness.cuda_timing import time_graph
@@ -350,24 +334,16 @@ def run(stages: list[str], workloads: list[str], reps: int, dry_run: bool, limit
                             kernel[grid(config)](**args, **config.kwargs, **launch_options(config))
 
                         try:
-                            results = []
-                            for _ in range(3):
-                                outs[0].fill_(float("nan"))
-                                launch()
-                                if device == "cuda":
-                                    torch.cuda.synchronize()
-                                results.append([o.clone() for o in outs])
+                            # the indexed state passing's second output is the cache it also reads: not poisoned
+                            results = three_runs(launch, outs, outs[:1], device)
                             us = time_graph(launch, reps)
                         except Exception as exc:  # out of resources, a compile error: reported, the rest go on
                             rows.append((tag, stage, name, f"{describe(config)} ({type(exc).__name__})", math.nan,
                                          "-", False))
                             continue
-                        stable = all(_same_bits(r, results[0]) for r in results)
                         if name == "shipped":
-                            shipped, same = results[0], "-"
-                        else:
-                            same = str(shipped is not None and _same_bits(results[0], shipped))
-                        rows.append((tag, stage, name, describe(config), us, same, stable))
+                            shipped = results[0]
+                        rows.append((tag, stage, name, describe(config), us, *verdict(name, results, shipped)))
             if "chunk_scan" in stages and path == "snapshot" and not dry_run:
                 rows.extend(time_vllm_scan(tag, kw, ws, reps))
     return rows
@@ -400,7 +376,6 @@ def chain(workloads: list[str], reps: int, dry_run: bool, variants: list[str] | 
     shipped kernels, then per variant name the chain with each stage that has a variant of that name running it (the
     others shipped). Each kernel reads what the one before it wrote; the chain's three outputs (chunk states,
     entering states, the scan's output) are compared bit for bit with the shipped chain's, three runs each."""
-    import torch
 
     from harness.bench import workload_case
     from harness.cuda_timing import time_graph
@@ -431,22 +406,35 @@ def chain(workloads: list[str], reps: int, dry_run: bool, variants: list[str] | 
                     config = configs[stage]
                     chosen[stage][grid(config)](**args, **config.kwargs, **launch_options(config))
 
-            results = []
-            for _ in range(3):
-                for o in outs:
-                    o.fill_(float("nan"))
-                launch()
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                results.append([o.clone() for o in outs])
-            us = (0.0 if dry_run else time_graph(launch, reps))
-            stable = all(_same_bits(r, results[0]) for r in results)
+            results = three_runs(launch, outs, outs, device)
+            us = 0.0 if dry_run else time_graph(launch, reps)
             if name == "shipped":
-                shipped, same = results[0], "-"
-            else:
-                same = str(_same_bits(results[0], shipped))
-            rows.append((f"{workload}/indexed", "chain", name, label, us, same, stable))
+                shipped = results[0]
+            rows.append((f"{workload}/indexed", "chain", name, label, us, *verdict(name, results, shipped)))
     return rows
+
+
+def three_runs(launch, outs: list, poisoned: list, device: str) -> list[list]:
+    """Copies of ``outs`` after each of three runs of ``launch``, ``poisoned`` filled with NaN before each run (an
+    output a variant leaves unwritten then differs)."""
+    import torch
+
+    results = []
+    for _ in range(3):
+        for t in poisoned:
+            t.fill_(float("nan"))
+        launch()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        results.append([t.clone() for t in outs])
+    return results
+
+
+def verdict(name: str, results: list[list], shipped: list | None) -> tuple[str, bool]:
+    """A row's "bits=shipped" ("-" for the shipped kernel itself; False when the shipped run failed) and "stable" (the
+    three runs gave the same bits; a result that moves is a race)."""
+    same = "-" if name == "shipped" else str(shipped is not None and _same_bits(results[0], shipped))
+    return same, all(_same_bits(r, results[0]) for r in results)
 
 
 def _same_bits(a: list, b: list) -> bool:

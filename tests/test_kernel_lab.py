@@ -66,13 +66,17 @@ def test_the_chain_runs_each_variant_name_against_the_shipped_chain(lab, monkeyp
     """``chain``: one row per single-sequence workload and variant name of the chain's stages, each chain's three
     outputs compared with the shipped chain's; a variant of one stage runs with the other stages shipped."""
     doubled = ("    tl.store(out_ptrs, acc.to(", "    tl.store(out_ptrs, (acc * 2).to(")  # a wrong output, to be caught
-    monkeypatch.setitem(lab.VARIANTS, "chunk_scan",
-                        {**lab.VARIANTS["chunk_scan"], "doubled": lab.Rewrite((), (doubled,))})
-    rows = lab.chain(lab.WORKLOADS, reps=1, dry_run=True, variants=["keepx", "pipe2", "doubled"])
-    assert [(r[0], r[2]) for r in rows] == [("one/indexed", name) for name in ("shipped", "doubled", "keepx", "pipe2")]
+    unwritten = ("acc.to(out_ptr.dtype.element_ty), mask=tile_mask)",  # stores nothing: the NaN poison must show
+                 "acc.to(out_ptr.dtype.element_ty), mask=tile_mask & (pid_m < 0))")
+    monkeypatch.setitem(lab.VARIANTS, "chunk_scan", {**lab.VARIANTS["chunk_scan"],
+                                                     "doubled": lab.Rewrite((), (doubled,)),
+                                                     "unwritten": lab.Rewrite((), (unwritten,))})
+    rows = lab.chain(lab.WORKLOADS, reps=1, dry_run=True, variants=["keepx", "gridorder", "doubled", "unwritten"])
+    names = ("shipped", "doubled", "gridorder", "keepx", "unwritten")  # gridorder: chunk state's and the scan's
+    assert [(r[0], r[2]) for r in rows] == [("one/indexed", name) for name in names]
     for tag, _stage, name, _config, _us, same, stable in rows:
         assert stable, (tag, name)
-        assert same == {"shipped": "-", "doubled": "False"}.get(name, "True"), (tag, name, same)
+        assert same == {"shipped": "-", "doubled": "False", "unwritten": "False"}.get(name, "True"), (tag, name, same)
 
 
 def test_like_keeps_only_the_configs_it_names(lab):
