@@ -40,6 +40,15 @@ STAGES = tuple(stage for stage, _ in STAGE_PATTERNS)
 # A stage that does the work of others in one kernel -> those stages. Where one side of a comparison runs the fused
 # kernel, the other its parts, a row compares the two sides' sums over the fused stage and its parts.
 FUSED_STAGES: dict[str, tuple[str, ...]] = {"chunk_state_passing": ("chunk_state", "state_passing")}
+# Stages whose kernels a launch order may run side by side (ours: the fused gather beside the cumsum, bmm beside the
+# chunk state kernel, ``kernels.ssd.LAUNCH_ORDERS``). Kernels that share the GPU slow each other, and the added-time
+# attribution (``kernel_times``) leaves the shared time with the kernel that started first: its row reads what it
+# took beside the other, the other's row only what it ran past it. A group's row sums its stages on each side: what
+# those stages cost the call, whichever ran beside which. Any provider's kernels fall into the groups by stage name.
+SIDE_BY_SIDE: dict[str, tuple[str, ...]] = {
+    "gather + chunk_cumsum": ("gather", "chunk_cumsum"),
+    "states + bmm_chunk": ("chunk_state", "chunk_state_passing", "state_passing", "bmm_chunk"),
+}
 _COMPILED = tuple((stage, re.compile(rf"{pattern}(_\w+)?")) for stage, pattern in STAGE_PATTERNS)
 
 
@@ -168,8 +177,9 @@ def ratio(ours: float | None, peer: float | None) -> float | None:
 
 def compare(ours: dict, peer: dict) -> list[dict]:
     """Stage rows of two ``summarize_calls`` results: known stages in call order, then other names, then (where one
-    side fused stages the other runs apart: ``FUSED_STAGES``) a row of their sums, then the total. A stage one side
-    lacks has None there (and no ratio)."""
+    side fused stages the other runs apart: ``FUSED_STAGES``) a row of their sums, then a row per group of stages
+    that may run side by side (``SIDE_BY_SIDE``) where a side has more than one of them, then the total. A stage one
+    side lacks has None there (and no ratio)."""
     stages = sorted(set(ours["stages"]) | set(peer["stages"]), key=_stage_order)
     rows = []
     for stage in stages:
@@ -177,11 +187,24 @@ def compare(ours: dict, peer: dict) -> list[dict]:
         rows.append({"stage": stage, "ours_us": o, "peer_us": p, "ratio": ratio(o, p)})
     for fused, parts in FUSED_STAGES.items():
         if (fused in ours["stages"]) != (fused in peer["stages"]):
-            o, p = (sum(side["stages"].get(s, 0.0) for s in (fused, *parts)) for side in (ours, peer))
-            rows.append({"stage": " + ".join(parts), "ours_us": o, "peer_us": p, "ratio": ratio(o, p)})
+            rows.append(_sum_row(" + ".join(parts), (fused, *parts), ours, peer))
+    for label, group in SIDE_BY_SIDE.items():
+        if any(sum(s in side["stages"] for s in group) > 1 for side in (ours, peer)):
+            rows.append(_sum_row(label, group, ours, peer))
     for stage, key in (("total", "total_us"), ("idle between kernels", "idle_us"), ("span", "span_us")):
         rows.append({"stage": stage, "ours_us": ours[key], "peer_us": peer[key], "ratio": ratio(ours[key], peer[key])})
     return rows
+
+
+def _sum_row(label: str, stages: tuple[str, ...], ours: dict, peer: dict) -> dict:
+    """A row of each side's summed time over ``stages`` (0 for a stage a side lacks)."""
+    o, p = (sum(side["stages"].get(s, 0.0) for s in stages) for side in (ours, peer))
+    return {"stage": label, "ours_us": o, "peer_us": p, "ratio": ratio(o, p)}
+
+
+def rows_above(rows: list[dict]) -> list[dict]:
+    """The rows where ours took longer than the peer's (both measured)."""
+    return [r for r in rows if r["ours_us"] is not None and r["peer_us"] is not None and r["ours_us"] > r["peer_us"]]
 
 
 def timeline_line(summary: dict) -> str:
@@ -208,6 +231,9 @@ def print_comparison(report: dict) -> None:
             p = "-" if row["peer_us"] is None else f"{row['peer_us']:.1f}"
             r = "-" if row["ratio"] is None else f"{row['ratio']:.2f}x"
             print(f"{short_name(row['stage']):<28} {o:>9} {p:>9} {r:>7}")
+        above = rows_above(table["rows"])
+        print("above the peer's: " + (", ".join(f"{r['stage']} (+{r['ours_us'] - r['peer_us']:.1f} us)" for r in above)
+                                      or "none"))
         print(f"timeline ours: {timeline_line(table['ours'])}")
         print(f"timeline peer: {timeline_line(table['peer'])}")
     for line in report.get("skipped", []):

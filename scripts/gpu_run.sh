@@ -129,12 +129,13 @@ for step in $steps; do
       run_step profile-warmup bash -c "$PY -m cProfile -o $OUT/warmup.prof -m harness warmup --device cuda --jobs 1 | tail -n 3; $PY -c \"import pstats; p = pstats.Stats('$OUT/warmup.prof'); p.sort_stats('cumulative').print_stats(45); p.sort_stats('tottime').print_stats(25)\" | grep -v '^$' | tail -n 80" ;;
     peer-bench)  # ours against vLLM's kernels (peers.vllm_ssd: ops from the carried .peers/ or an installed vllm) in one
       # process on the same inputs, calls alternating round by round: whole calls by graph replay (peer-bench), then
-      # each stage's device time in one whole call, from torch.profiler (peer-stages); all four workloads
+      # each stage's device time in one whole call, from torch.profiler (peer-stages); all four workloads, both of our
+      # variants that the whole calls compare (indexed where a workload has one sequence, snapshot-fused)
       workloads="--workload short-continuation --workload prefill-4256 --workload continue-600 --workload mixed-3"
       run_step peer-bench $PY -m harness bench --peer peers.vllm_ssd:provider --rounds 3 $workloads \
         --json "$OUT/peer-bench.json"
       run_step peer-stages $PY -m harness bench --stages --peer peers.vllm_ssd:provider --rounds 3 $workloads \
-        --json "$OUT/peer-stages.json" ;;
+        --variant indexed --variant snapshot-fused --json "$OUT/peer-stages.json" ;;
     bench-twice)  # the peer bench in two fresh processes: whole calls twice, and whether our kernels ran the same
       # configs in both (issue 18: configs must not depend on timing noise)
       workloads="--workload short-continuation --workload prefill-4256 --workload continue-600 --workload mixed-3"
@@ -145,7 +146,7 @@ for step in $steps; do
       run_step configs-diff bash -c "diff <(grep '^config ' $OUT/peer-bench-1.log) <(grep '^config ' $OUT/peer-bench-2.log) \
         && echo \"configs: the same $(grep -c '^config ' $OUT/peer-bench-1.log) tuning keys and configs in both processes\""
       run_step peer-stages $PY -m harness bench --stages --peer peers.vllm_ssd:provider --rounds 3 $workloads \
-        --json "$OUT/peer-stages.json" ;;
+        --variant indexed --variant snapshot-fused --json "$OUT/peer-stages.json" ;;
     bench-nopdl)  # the peer bench and its stage profile with programmatic dependent launch off (SSD_PDL=0): what
       # the overlap of launches saves, against the same peer in the same process
       workloads="--workload short-continuation --workload prefill-4256 --workload continue-600 --workload mixed-3"

@@ -390,8 +390,8 @@ def test_peer_stage_comparison_profiles_graph_replays_of_both(capsys):
         ("snapshot-fused", "snapshot", "graph", "graph"), ("indexed", "snapshot", "graph", "graph")]
     rows = {r["stage"]: r for r in report["tables"][0]["rows"]}
     assert list(rows) == ["gather", "chunk_cumsum", "chunk_state", "chunk_state_passing", "state_passing",
-                          "bmm_chunk", "chunk_scan", "chunk_state + state_passing", "total", "idle between kernels",
-                          "span"]
+                          "bmm_chunk", "chunk_scan", "chunk_state + state_passing", "gather + chunk_cumsum",
+                          "states + bmm_chunk", "total", "idle between kernels", "span"]
     assert (rows["chunk_scan"]["ours_us"], rows["chunk_scan"]["peer_us"]) == (98.0, 100.0)
     # our fused kernel against the peer's two stages it does the work of
     assert (rows["chunk_state_passing"]["ours_us"], rows["chunk_state_passing"]["peer_us"]) == (62.0, None)
@@ -404,6 +404,29 @@ def test_peer_stage_comparison_profiles_graph_replays_of_both(capsys):
     out = capsys.readouterr().out
     assert "== short-continuation: ours snapshot-fused vs peer snapshot" in out
     assert "chunk_scan                        98.0     100.0   0.98x" in out
+    assert "above the peer's: none" in out
+    sums = {r["stage"]: (r["ours_us"], r["peer_us"]) for r in report["tables"][0]["rows"]}
+    assert sums["gather + chunk_cumsum"] == (13.0, 14.0) and sums["states + bmm_chunk"] == (73.0, 77.0)
+
+
+def test_a_kernel_slowed_by_one_beside_it_reads_above_the_peer_while_its_group_does_not(capsys):
+    """Ours runs the gather beside the cumsum: the cumsum, sharing the GPU, takes 12 us against the peer's 11 alone,
+    and the gather adds only the 0.5 us it runs past the cumsum's end. The cumsum's row is above the peer's and is
+    reported so; the group's row (12.5 against the peer's 3 + 11) is not."""
+    ours_events = [kernel("_chunk_cumsum_kernel", 12.0), kernel("_gather_initial_states_kernel", 11.5, start=1.0),
+                   kernel("_chunk_scan_kernel", 50.0, start=12.5)]
+    peer_events = in_sequence([("_gather_initial_states_kernel", 3.0), ("_chunk_cumsum_fwd_kernel", 11.0),
+                               ("_chunk_scan_fwd_kernel", 60.0)])
+    ours, peer = (kernel_profile.summarize_calls([kernel_profile.call_profile(e)]) for e in (ours_events, peer_events))
+    rows = kernel_profile.compare(ours, peer)
+    by_stage = {r["stage"]: (r["ours_us"], r["peer_us"]) for r in rows}
+    assert by_stage["chunk_cumsum"] == (12.0, 11.0) and by_stage["gather"] == (0.5, 3.0)
+    assert by_stage["gather + chunk_cumsum"] == (12.5, 14.0) and "states + bmm_chunk" not in by_stage
+    assert [r["stage"] for r in kernel_profile.rows_above(rows)] == ["chunk_cumsum"]
+    table = {"workload": "w", "variant": "v", "peer_variant": "snapshot", "ours_source": "graph",
+             "peer_source": "graph", "rounds": 1, "rows": rows, "ours": ours, "peer": peer}
+    kernel_profile.print_comparison({"tables": [table], "peer_name": "peer"})
+    assert "above the peer's: chunk_cumsum (+1.0 us)" in capsys.readouterr().out
 
 
 def test_a_call_whose_graph_cannot_be_profiled_is_profiled_eagerly():
