@@ -253,7 +253,7 @@ def test_the_table_has_peer_columns_only_with_a_peer(capsys):
     bench.print_table(bench.summarize([e, p], ["bench-mixed-3 indexed: one sequence only"]))
     out = capsys.readouterr().out
     assert "ratio: ours / the peer's variant named" in out
-    row = "short-continuation   ours  indexed               20.0     20.0         -  snapshot     0.80x      0.80x"
+    row = "short-continuation   ours  indexed               20.0     20.0         -  snapshot    0.800x     0.800x"
     assert row in out
     assert "skipped: bench-mixed-3 indexed: one sequence only" in out
     bench.print_table(bench.summarize([e]))
@@ -513,7 +513,7 @@ def test_main_times_ours_against_the_peer_and_fails_when_nothing_was_timed(monke
             "config _bmm_chunk_kernel (256, 128): BLOCK_SIZE_M: 32\n") in out
     ours_entry.update(samples=[2.0], error=None)
     assert bench.main(["--peer", "reference:provider", "--workload", "prefill-4256"]) == 0
-    assert "2.00x" in capsys.readouterr().out
+    assert "2.000x" in capsys.readouterr().out
     ours_entry.update(samples=[], error="RuntimeError: capture refused")
     peer_samples = []
     assert bench.main(["--peer", "reference:provider"]) == 2  # nothing was timed
