@@ -236,7 +236,13 @@ def test_bench_gives_both_providers_the_same_inputs_and_the_peer_its_paths_only(
     assert "ratio" not in rows[("mixed-3", "peer", "snapshot")]
     targets = summary["targets"]
     assert targets["short-continuation: indexed speedup vs torch.where (target >= 1.2)"] == pytest.approx(1.5)
-    assert not any(k.startswith("mixed-3") for k in targets)
+    assert targets["short-continuation: our fastest (indexed) / the peer's, bests (target <= 0.9)"] == pytest.approx(
+        20.0 / 25.0)
+    # mixed-3 has no indexed variant: only our fastest call against the peer's, ratio of the bests
+    assert [k for k in targets if k.startswith("mixed-3")] == [
+        "mixed-3: our fastest (snapshot-fused) / the peer's, bests (target <= 0.9)"]
+    assert targets["mixed-3: our fastest (snapshot-fused) / the peer's, bests (target <= 0.9)"] == pytest.approx(
+        24.0 / 25.0)
 
 
 def test_ratios_are_of_medians_and_of_bests():
