@@ -232,7 +232,7 @@ def print_comparison(report: dict) -> None:
             r = "-" if row["ratio"] is None else f"{row['ratio']:.2f}x"
             print(f"{short_name(row['stage']):<28} {o:>9} {p:>9} {r:>7}")
         above = rows_above(table["rows"])
-        print("above the peer's: " + (", ".join(f"{r['stage']} (+{r['ours_us'] - r['peer_us']:.1f} us)" for r in above)
+        print("above the peer's: " + (", ".join(f"{r['stage']} (+{r['ours_us'] - r['peer_us']:.2f} us)" for r in above)
                                       or "none"))
         print(f"timeline ours: {timeline_line(table['ours'])}")
         print(f"timeline peer: {timeline_line(table['peer'])}")

@@ -432,7 +432,7 @@ def test_a_kernel_slowed_by_one_beside_it_reads_above_the_peer_while_its_group_d
     table = {"workload": "w", "variant": "v", "peer_variant": "snapshot", "ours_source": "graph",
              "peer_source": "graph", "rounds": 1, "rows": rows, "ours": ours, "peer": peer}
     kernel_profile.print_comparison({"tables": [table], "peer_name": "peer"})
-    assert "above the peer's: chunk_cumsum (+1.0 us)" in capsys.readouterr().out
+    assert "above the peer's: chunk_cumsum (+1.00 us)" in capsys.readouterr().out
 
 
 def test_a_call_whose_graph_cannot_be_profiled_is_profiled_eagerly():
