@@ -27,6 +27,16 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
+# The kernel lab's machinery: variants, a call's intermediates, the exact comparison and the three-run loop.
+from kernel_lab import (  # noqa: E402
+    Rewrite,
+    call_intermediates,
+    load_variants,
+    same_bits,
+    small_cases,
+    three_runs,
+)
+
 WORKLOADS = ["short-continuation", "prefill-4256", "continue-600", "mixed-3"]
 # (BLOCK_SIZE_M headdim, BLOCK_SIZE_N dstate, BLOCK_SIZE_K tokens, warps, stages): the best of docs/gpu-runs.md
 # runs 60 and 76 (64, 64, 256, 8, 2) and its neighbours with deeper pipelines, more or fewer programs (each program
@@ -53,8 +63,6 @@ INIT_EARLY = ((SWITCH, ""), (SEQ_LOAD, SEQ_LOAD + SWITCH.replace("\n    ", "\n")
 
 def fused_variants() -> dict:
     """{"shipped": the fused kernel, variant: its rewrite}."""
-    from kernel_lab import Rewrite, load_variants
-
     return load_variants(["fused"], FUSED, {"fused": {"initearly": Rewrite((), INIT_EARLY)}})["fused"]
 
 
@@ -118,17 +126,7 @@ def launches(kw: dict, ws: dict, path: str):
     return pair, fused, (pair_out, pair_cache), (fused_out, fused_cache)
 
 
-def same_bits(a, b) -> bool:
-    import torch
-
-    return all(torch.equal(x.contiguous().view(torch.uint8), y.contiguous().view(torch.uint8))
-               for x, y in zip(a, b, strict=True))
-
-
 def run(workloads: list[str], reps: int, dry_run: bool, like: list[str] | None = None) -> list[tuple]:
-    import torch
-    from kernel_lab import call_intermediates, small_cases
-
     from harness.bench import workload_case
     from harness.cuda_timing import time_graph
 
@@ -163,14 +161,8 @@ def run(workloads: list[str], reps: int, dry_run: bool, like: list[str] | None =
                 for name, kernel in variants.items():
                     label = describe(cand) if name == "shipped" else f"{describe(cand)} {name}"
                     launch = functools.partial(fused, config_of(cand), None if name == "shipped" else kernel)
-                    try:
-                        results = []
-                        for _ in range(3):
-                            fused_outs[0].fill_(float("nan"))
-                            launch()
-                            if device == "cuda":
-                                torch.cuda.synchronize()
-                            results.append([o.clone() for o in fused_outs])
+                    try:  # the workspace poisoned before each run; the cache is what the call writes into
+                        results = three_runs(launch, list(fused_outs), [fused_outs[0]], device)
                         us = time_graph(launch, reps)
                     except Exception as exc:  # out of resources, a compile error: reported, the rest go on
                         rows.append((tag, "fused", f"{label} ({type(exc).__name__}: {str(exc)[:40]})", math.nan,

@@ -47,29 +47,6 @@ BMM_DEAD_TILES = ("    for k in range(0, dstate, BLOCK_SIZE_K):",
                   "    live = (pid_m * BLOCK_SIZE_M < chunk_len) & (pid_n * BLOCK_SIZE_N < chunk_len)\n"
                   "    for k in range(0, tl.where(live, dstate, 0), BLOCK_SIZE_K):")
 
-# indexed state passing: the first group's rows read before the initial state's slot and row (two dependent
-# latencies, then the store of that row, which later loads may not pass), not after them
-PASSING_SLOT_LOADS = "    has_init = tl.load(has_init_ptr) != 0\n"
-PASSING_FIRST_GROUP_EARLY = """    in_group = mask & (grouped_chunks(nchunks) > 0)
-    new0 = tl.load(states_ptr + offs, mask=in_group, other=0.0)
-    end0 = tl.load(dA_cs_ptr, mask=grouped_chunks(nchunks) > 0, other=0.0)
-    new1 = tl.load(states_ptr + stride_states_chunk + offs, mask=in_group, other=0.0)
-    end1 = tl.load(dA_cs_ptr + stride_dA_chunk, mask=grouped_chunks(nchunks) > 0, other=0.0)
-    new2 = tl.load(states_ptr + 2 * stride_states_chunk + offs, mask=in_group, other=0.0)
-    end2 = tl.load(dA_cs_ptr + 2 * stride_dA_chunk, mask=grouped_chunks(nchunks) > 0, other=0.0)
-    new3 = tl.load(states_ptr + 3 * stride_states_chunk + offs, mask=in_group, other=0.0)
-    end3 = tl.load(dA_cs_ptr + 3 * stride_dA_chunk, mask=grouped_chunks(nchunks) > 0, other=0.0)
-    has_init = tl.load(has_init_ptr) != 0
-"""
-PASSING_GROUP_LOAD = """        new0, end0, new1, end1, new2, end2, new3, end3 = load_chunks_ahead(
-            states_ptr, dA_cs_ptr, offs, mask, first, stride_states_chunk, stride_dA_chunk)
-"""
-PASSING_LATER_GROUP_LOAD = """        if first > 0:
-            new0, end0, new1, end1, new2, end2, new3, end3 = load_chunks_ahead(
-                states_ptr, dA_cs_ptr, offs, mask, first, stride_states_chunk, stride_dA_chunk)
-"""
-PASSING_EARLY = ((PASSING_SLOT_LOADS, PASSING_FIRST_GROUP_EARLY), (PASSING_GROUP_LOAD, PASSING_LATER_GROUP_LOAD))
-
 # chunk scan and chunk state: programs taking the tiles in the grid's own order (tiles fastest, then chunks, then
 # heads), as both kernels did before their launch orders of docs/gpu-runs.md run 90 (the chunk scan's masked loads of
 # before then were measured in runs 90-91 and are not kept: a variant repeating the kernel's load block would only
@@ -103,7 +80,7 @@ VARIANTS: dict[str, dict[str, Rewrite]] = {
     "chunk_cumsum": {"cx": Rewrite(("nheads", "chunk_size"))},
     "bmm_chunk": {"cx": Rewrite(("dstate", "chunk_size")), "dead": Rewrite((), (BMM_DEAD_TILES,)),
                   "cxdead": Rewrite(("dstate", "chunk_size"), (BMM_DEAD_TILES,))},
-    "state_passing_indexed": {"cx": Rewrite(("dim", "chunk_size")), "early": Rewrite((), PASSING_EARLY)},
+    "state_passing_indexed": {"cx": Rewrite(("dim", "chunk_size"))},
     "chunk_scan": {"gridorder": Rewrite((), ((SCAN_LAUNCH_ORDER, GRID_ORDER),))},
     "chunk_state": {"gridorder": Rewrite((), ((STATE_LAUNCH_ORDER, GRID_ORDER),)),
                     "keepx": Rewrite((), (STATE_X_NO_HINT,))},
@@ -306,7 +283,6 @@ def call_intermediates(case, device: str, path: str) -> tuple[dict, dict]:
 
 def run(stages: list[str], workloads: list[str], reps: int, dry_run: bool, limit: int | None,
         like: list[str] | None = None, variants: list[str] | None = None) -> list[tuple]:
-
     from harness.bench import workload_case
     from harness.cuda_timing import time_graph
 
@@ -433,14 +409,16 @@ def three_runs(launch, outs: list, poisoned: list, device: str) -> list[list]:
 def verdict(name: str, results: list[list], shipped: list | None) -> tuple[str, bool]:
     """A row's "bits=shipped" ("-" for the shipped kernel itself; False when the shipped run failed) and "stable" (the
     three runs gave the same bits; a result that moves is a race)."""
-    same = "-" if name == "shipped" else str(shipped is not None and _same_bits(results[0], shipped))
-    return same, all(_same_bits(r, results[0]) for r in results)
+    same = "-" if name == "shipped" else str(shipped is not None and same_bits(results[0], shipped))
+    return same, all(same_bits(r, results[0]) for r in results)
 
 
-def _same_bits(a: list, b: list) -> bool:
+def same_bits(a: list, b: list) -> bool:
+    """Whether two lists of tensors hold the same bytes, pairwise (the labs' exact comparison)."""
     import torch
 
-    return all(torch.equal(x.view(torch.uint8), y.view(torch.uint8)) for x, y in zip(a, b, strict=True))
+    return all(torch.equal(x.contiguous().view(torch.uint8), y.contiguous().view(torch.uint8))
+               for x, y in zip(a, b, strict=True))
 
 
 def time_vllm_scan(tag: str, kw: dict, ws: dict, reps: int) -> list[tuple]:
