@@ -144,10 +144,13 @@ def forced_config(kernel, config: triton.Config):
 # op, another engine's kernel), and the order is transitive along the call. What overlaps is launch and scheduling
 # latency, no arithmetic: the bits cannot change.
 # A kernel signals its dependents early (``let_next_kernel_start``, under ``signal_next``) where ``ssd_prefill``
-# launches a kernel that reads only the call's inputs right after it (``kernels.ssd.LAUNCH_ORDERS``): bmm after chunk
-# state or the fused kernel, the fused gather after the cumsum. Launched with ``overlaps_previous``, that kernel
-# computes beside this one and waits at its end instead of its start; it completes only after this kernel has, and
-# the order stays transitive for the kernels after it. The signal fires once every program of this kernel has
+# launches right after it a kernel that reads nothing it writes (``kernels.ssd.LAUNCH_ORDERS``): bmm after chunk
+# state or the fused kernel, or the chunk state kernel after bmm; the fused gather after the cumsum. Launched with
+# ``overlaps_previous``, that kernel computes beside this one and waits at its end instead of its start; it completes
+# only after this kernel has, and the order stays transitive for the kernels after it. What it reads from earlier
+# kernels is complete: the signalling kernel waited for them before it signalled. An overlapping kernel never
+# signals (``check_overlap_flags``): its own wait comes last, and a kernel it let start would not be ordered after
+# the kernel this one overlaps. The signal fires once every program of this kernel has
 # started, so the overlapping kernel's programs fill the multiprocessors this kernel's last wave leaves idle. Elsewhere
 # an early signal only places the next kernel's programs, waiting, where this one could run: a grid of about one wave
 # then ran 30% slower (docs/gpu-runs.md, run 53).
@@ -183,6 +186,12 @@ def pdl_arguments() -> dict:
     always equal (a kernel launched with ``launch_pdl`` must wait; one that waits without it pays nothing)."""
     on = programmatic_launch()
     return {"USE_PDL": on, "launch_pdl": on}
+
+
+def check_overlap_flags(signal_next: bool, overlaps_previous: bool) -> None:
+    """A launch may signal early or overlap the kernel before it, not both (above)."""
+    assert not (signal_next and overlaps_previous), (
+        "a kernel launched with overlaps_previous waits at its end, so it cannot also signal the next one early")
 
 
 @triton.jit

@@ -3,9 +3,10 @@
 The full (Q, Q) matrix (not only its causal half), fp32, zero where l or s lies past the chunk's length. One program
 computes a (BLOCK_SIZE_M, BLOCK_SIZE_N) tile of one chunk and group, looping over dstate.
 
-bmm reads only the call's inputs, so ``ssd_prefill`` launches it after a longer stage that signals early
-(``overlaps_previous``; kernels/backend.py): it computes beside that stage and waits for it at its end instead of its
-start. Launched alone it waits first, as every stage kernel does.
+bmm reads only the call's inputs, so ``ssd_prefill`` runs it beside the chunk state kernel (kernels/backend.py):
+launched after it (``overlaps_previous``), bmm computes beside it and waits for it at its end instead of its start;
+launched before it (``signal_next``), bmm lets it start early. Launched alone it waits first, as every stage kernel
+does.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from kernels.backend import (
     AUTOTUNE_DO_BENCH,
     DOT_FP32_OPERANDS,
     FP32_DOT_PRECISION,
+    check_overlap_flags,
     dot_acc,
     least_overshoot,
+    let_next_kernel_start,
     pdl_arguments,
     wait_at_end_if_overlapping,
     wait_unless_overlapping,
@@ -38,7 +41,7 @@ CONFIGS = [
 ]
 
 
-@triton.jit(do_not_specialize=("overlaps_previous",))
+@triton.jit(do_not_specialize=("signal_next", "overlaps_previous"))
 def _bmm_chunk_kernel(
     C_ptr,  # (T, G, N) io dtype
     B_ptr,  # (T, G, N) io dtype
@@ -56,6 +59,7 @@ def _bmm_chunk_kernel(
     stride_CB_group,
     stride_CB_m,
     stride_CB_n,
+    signal_next,  # nonzero: let the next kernel start early (kernels/backend.py)
     overlaps_previous,  # nonzero: the kernel before it signalled early, and bmm reads nothing it writes
     DOT_FP32_OPERANDS: tl.constexpr,
     FP32_DOT_PRECISION: tl.constexpr,
@@ -65,6 +69,7 @@ def _bmm_chunk_kernel(
     BLOCK_SIZE_K: tl.constexpr,
 ):
     wait_unless_overlapping(overlaps_previous, USE_PDL)
+    let_next_kernel_start(signal_next, USE_PDL)
     pid_mn = tl.program_id(axis=0)
     pid_c = tl.program_id(axis=1)
     pid_g = tl.program_id(axis=2)
@@ -111,9 +116,10 @@ bmm_chunk_kernel = triton.autotune(
 
 
 def bmm_chunk(C: torch.Tensor, B: torch.Tensor, chunk_size: int, cu_chunk_seqlens: torch.Tensor,
-              overlaps_previous: bool = False) -> torch.Tensor:
-    """C, B (T, G, N) io dtype, cu_chunk_seqlens (C + 1,) -> CB (nchunks, G, Q, Q) fp32. ``overlaps_previous``:
-    only right after a stage launched with ``signal_next``, on the call's own inputs (the module docstring)."""
+              signal_next: bool = False, overlaps_previous: bool = False) -> torch.Tensor:
+    """C, B (T, G, N) io dtype, cu_chunk_seqlens (C + 1,) -> CB (nchunks, G, Q, Q) fp32. ``signal_next``: the next
+    kernel may start early; ``overlaps_previous``: only right after a stage launched with ``signal_next`` (the module
+    docstring)."""
     T, G, N = C.shape
     assert B.shape == C.shape and B.dtype == C.dtype, (
         f"B: expected {tuple(C.shape)} {C.dtype}, found {tuple(B.shape)} {B.dtype}")
@@ -126,14 +132,15 @@ def bmm_chunk(C: torch.Tensor, B: torch.Tensor, chunk_size: int, cu_chunk_seqlen
         nchunks,
         G,
     )
-    bmm_chunk_kernel[grid](**launch_arguments(C, B, cu_chunk_seqlens, CB, overlaps_previous))
+    bmm_chunk_kernel[grid](**launch_arguments(C, B, cu_chunk_seqlens, CB, signal_next, overlaps_previous))
     return CB
 
 
 def launch_arguments(C: torch.Tensor, B: torch.Tensor, cu_chunk_seqlens: torch.Tensor, CB: torch.Tensor,
-                     overlaps_previous: bool = False) -> dict:
+                     signal_next: bool = False, overlaps_previous: bool = False) -> dict:
     """The kernel's arguments by name for these tensors (the launcher's, and the warmup registry's on stand-ins);
     the block sizes come from the autotuner's config."""
+    check_overlap_flags(signal_next, overlaps_previous)
     return dict(
         C_ptr=C, B_ptr=B, cu_chunk_seqlens_ptr=cu_chunk_seqlens, CB_ptr=CB,
         dstate=C.shape[2], chunk_size=CB.shape[2],
@@ -141,7 +148,7 @@ def launch_arguments(C: torch.Tensor, B: torch.Tensor, cu_chunk_seqlens: torch.T
         stride_B_token=B.stride(0), stride_B_group=B.stride(1), stride_B_dstate=B.stride(2),
         stride_CB_chunk=CB.stride(0), stride_CB_group=CB.stride(1), stride_CB_m=CB.stride(2),
         stride_CB_n=CB.stride(3),
-        overlaps_previous=int(overlaps_previous),
+        signal_next=int(signal_next), overlaps_previous=int(overlaps_previous),
         DOT_FP32_OPERANDS=DOT_FP32_OPERANDS,
         FP32_DOT_PRECISION=FP32_DOT_PRECISION,
         **pdl_arguments(),

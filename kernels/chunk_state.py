@@ -22,11 +22,13 @@ from kernels.backend import (
     FP32_DOT_PRECISION,
     INTERPRET,
     LOG2E,
+    check_overlap_flags,
     dot_acc,
     least_overshoot,
     let_next_kernel_start,
     pdl_arguments,
-    wait_for_previous_kernel,
+    wait_at_end_if_overlapping,
+    wait_unless_overlapping,
 )
 from kernels.interface import INDEX_DTYPES
 from kernels.tuned_configs import checked_in, chunk_count_class
@@ -51,9 +53,9 @@ def accumulate_tokens(acc, x, b, dA_cs_last, dA_cs_k, dt_k, DOT_FP32_OPERANDS: t
     return dot_acc(acc, x, b, DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
 
 
-# chunk_count_class is read by the autotuner only (its key), signal_next is a branch: specializing them would only
-# multiply binaries.
-@triton.jit(do_not_specialize=("chunk_count_class", "signal_next"))
+# chunk_count_class is read by the autotuner only (its key), signal_next and overlaps_previous are branches:
+# specializing them would only multiply binaries.
+@triton.jit(do_not_specialize=("chunk_count_class", "signal_next", "overlaps_previous"))
 def _chunk_state_kernel(
     x_ptr,  # (T, H, P) io dtype
     B_ptr,  # (T, G, N) io dtype
@@ -83,6 +85,7 @@ def _chunk_state_kernel(
     stride_states_hdim,
     stride_states_dstate,
     signal_next,  # nonzero: let the next kernel start early (kernels/backend.py)
+    overlaps_previous,  # nonzero: the kernel before it signalled early, and this one reads nothing it writes
     DOT_FP32_OPERANDS: tl.constexpr,
     FP32_DOT_PRECISION: tl.constexpr,
     USE_PDL: tl.constexpr,
@@ -90,7 +93,7 @@ def _chunk_state_kernel(
     BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
 ):
-    wait_for_previous_kernel(USE_PDL)
+    wait_unless_overlapping(overlaps_previous, USE_PDL)
     let_next_kernel_start(signal_next, USE_PDL)
     # The grid is (tiles, chunks, heads). Programs start in launch order, and this one takes the tile of that place
     # in chunk-major order: every head of a chunk, then the next chunk, so the programs running at once share their
@@ -145,6 +148,7 @@ def _chunk_state_kernel(
         + offs_n[None, :] * stride_states_dstate
     )
     tl.store(states_ptrs, acc, mask=(offs_m[:, None] < hdim) & (offs_n[None, :] < dstate))
+    wait_at_end_if_overlapping(overlaps_previous, USE_PDL)
 
 
 _prune = checked_in("chunk_state", ("hdim", "dstate", "chunk_size", "chunk_count_class"),
@@ -171,9 +175,11 @@ def chunk_state(
     dA_cumsum: torch.Tensor,
     cu_chunk_seqlens: torch.Tensor,
     signal_next: bool = False,
+    overlaps_previous: bool = False,
 ) -> torch.Tensor:
     """B (T, G, N), x (T, H, P), dt_out and dA_cumsum (H, C, Q) fp32, cu_chunk_seqlens (C + 1,)
-    -> states (C, H, P, N) fp32. ``signal_next``: the next kernel may start early (kernels/backend.py)."""
+    -> states (C, H, P, N) fp32. ``signal_next``: the next kernel may start early; ``overlaps_previous``: only
+    right after a kernel launched with ``signal_next`` that writes nothing this one reads (kernels/backend.py)."""
     check_inputs(B, x, dt_out, dA_cumsum)
     _, H, P = x.shape
     N = B.shape[2]
@@ -181,7 +187,8 @@ def chunk_state(
     assert cu_chunk_seqlens.shape == (C + 1,) and cu_chunk_seqlens.dtype in INDEX_DTYPES
     states = torch.empty(C, H, P, N, device=x.device, dtype=torch.float32)
     grid = lambda META: (triton.cdiv(P, META["BLOCK_SIZE_M"]) * triton.cdiv(N, META["BLOCK_SIZE_N"]), C, H)  # noqa: E731
-    chunk_state_kernel[grid](**launch_arguments(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, states, signal_next))
+    chunk_state_kernel[grid](**launch_arguments(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, states, signal_next,
+                                                overlaps_previous))
     return states
 
 
@@ -200,9 +207,11 @@ def check_inputs(B: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_cums
 
 
 def launch_arguments(B: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_cumsum: torch.Tensor,
-                     cu_chunk_seqlens: torch.Tensor, states: torch.Tensor, signal_next: bool = False) -> dict:
+                     cu_chunk_seqlens: torch.Tensor, states: torch.Tensor, signal_next: bool = False,
+                     overlaps_previous: bool = False) -> dict:
     """The kernel's arguments by name for these tensors (the launcher's, and the warmup registry's on stand-ins);
     the block sizes come from the autotuner's config."""
+    check_overlap_flags(signal_next, overlaps_previous)
     _, H, P = x.shape
     _, G, N = B.shape
     return dict(
@@ -217,7 +226,7 @@ def launch_arguments(B: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_
         stride_dA_cs_pos=dA_cumsum.stride(2),
         stride_states_chunk=states.stride(0), stride_states_head=states.stride(1),
         stride_states_hdim=states.stride(2), stride_states_dstate=states.stride(3),
-        signal_next=int(signal_next),
+        signal_next=int(signal_next), overlaps_previous=int(overlaps_previous),
         DOT_FP32_OPERANDS=DOT_FP32_OPERANDS,
         FP32_DOT_PRECISION=FP32_DOT_PRECISION,
         **pdl_arguments(),

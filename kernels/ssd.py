@@ -27,11 +27,13 @@ from kernels.gather import gather_initial_states, gather_initial_states_torch
 from kernels.interface import CallShape, choose_gather, choose_path
 from kernels.state_passing_indexed import state_passing_indexed
 
-# The launch orders (kernels/backend.py: a kernel that reads only the call's inputs runs beside the one before it):
+# The launch orders (kernels/backend.py: a kernel that reads nothing the one before it writes runs beside it):
 # "none", each kernel alone, bmm right after the cumsum; "state", bmm beside the chunk state kernel (the fused kernel
-# on the snapshot path); "state-scan", as "state", and the chunk scan's programs placed early behind the indexed state
-# passing; "state+gather", as "state", and the fused gather beside the cumsum. scripts/order_lab.py times them.
-LAUNCH_ORDERS = ("none", "state", "state-scan", "state+gather")
+# on the snapshot path), launched after it; "state-scan", as "state", and the chunk scan's programs placed early
+# behind the indexed state passing; "state+gather", as "state", and the fused gather beside the cumsum; "bmm-first",
+# as "state+gather" with bmm launched before the chunk state kernel, so that bmm's programs are placed first and the
+# chunk state kernel's fill the slots around them. scripts/order_lab.py times them.
+LAUNCH_ORDERS = ("none", "state", "state-scan", "state+gather", "bmm-first")
 LAUNCH_ORDER = "state+gather"
 
 
@@ -109,7 +111,9 @@ def ssd_prefill(
     copy = choose_gather(gather, call.on_cuda) if chosen == "snapshot" else None
 
     order = LAUNCH_ORDER
-    gather_beside = order == "state+gather" and copy == "fused"
+    gather_beside = order in ("state+gather", "bmm-first") and copy == "fused"
+    bmm_first = order == "bmm-first"
+    bmm_after = order not in ("none", "bmm-first")
     dA_cumsum, dt_out = chunk_cumsum(
         dt, A, chunk_size, cu_chunk_seqlens, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
         signal_next=gather_beside,
@@ -119,8 +123,11 @@ def ssd_prefill(
     nchunks = dt_out.shape[1]
 
     if chosen == "indexed":
-        chunk_states = chunk_state(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, signal_next=order != "none")
-        if order != "none":
+        if bmm_first:
+            CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens, signal_next=True)
+        chunk_states = chunk_state(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, signal_next=bmm_after,
+                                   overlaps_previous=bmm_first)
+        if bmm_after:
             CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens, overlaps_previous=True)
         initial_states = None
         workspace = torch.empty((nchunks, H, P, N), dtype=ws_dtype, device=x.device)
@@ -156,9 +163,12 @@ def ssd_prefill(
             writeback = {}
         chunk_states = None  # never leave the chip
         workspace = torch.empty((nchunks, H, P, N), dtype=ws_dtype, device=x.device)
+        if bmm_first:
+            CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens, signal_next=True)
         chunk_state_passing(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, seq_idx, out=workspace,
-                            initial_states=initial_states, signal_next=order != "none", **writeback)
-        if order != "none":
+                            initial_states=initial_states, signal_next=bmm_after, overlaps_previous=bmm_first,
+                            **writeback)
+        if bmm_after:
             CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens, overlaps_previous=True)
         if call.mode == "checkpoint":
             result = workspace

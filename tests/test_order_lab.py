@@ -26,14 +26,15 @@ def test_every_order_gives_the_same_bits(order_lab):
 
 @pytest.mark.interpreter(reason="the lab's dry run is its plumbing under the interpreter, on CPU tensors")
 def test_an_order_whose_bmm_differs_is_flagged(order_lab, monkeypatch):
-    """Negative control: bmm launched beside another kernel returns a CB off by one in its first chunk."""
+    """Negative control: bmm launched beside another kernel (after it or before it) returns a CB off by one in its
+    first chunk."""
     from kernels import ssd
 
     real = ssd.bmm_chunk
 
-    def off_by_one_when_overlapping(*args, overlaps_previous=False, **kwargs):
-        CB = real(*args, overlaps_previous=overlaps_previous, **kwargs)
-        if overlaps_previous:
+    def off_by_one_when_overlapping(*args, signal_next=False, overlaps_previous=False, **kwargs):
+        CB = real(*args, signal_next=signal_next, overlaps_previous=overlaps_previous, **kwargs)
+        if signal_next or overlaps_previous:
             CB[0] += 1.0
         return CB
 

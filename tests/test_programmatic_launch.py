@@ -60,8 +60,9 @@ def _short_name(kernel) -> str:
 
 
 def test_which_kernels_signal_early_and_which_may_overlap():
-    """The early signal comes right after the wait, under ``signal_next``, in the kernels an overlapping one may
-    follow; only bmm and the gather take ``overlaps_previous`` (they read only the call's inputs)."""
+    """The early signal comes right after the (opening) wait, under ``signal_next``, in the kernels an overlapping
+    one may follow; only bmm, the gather and the two chunk state kernels take ``overlaps_previous`` (each may follow a
+    kernel that writes nothing it reads: ``READS_FROM`` below)."""
     signalling, overlapping = [], []
     for kernel in watched_kernels():
         fn = base_jit_function(kernel).fn
@@ -70,14 +71,16 @@ def test_which_kernels_signal_early_and_which_may_overlap():
         signals = [i for i, stmt in enumerate(body) if _is_call(stmt, "let_next_kernel_start", ["signal_next",
                                                                                                  "USE_PDL"])]
         if "signal_next" in params or signals:
-            waits = [i for i, stmt in enumerate(body) if _is_call(stmt, "wait_for_previous_kernel", ["USE_PDL"])]
+            waits = [i for i, stmt in enumerate(body) if _is_call(stmt, "wait_for_previous_kernel", ["USE_PDL"])
+                     or _is_call(stmt, "wait_unless_overlapping", ["overlaps_previous", "USE_PDL"])]
             assert signals and signals[0] == waits[0] + 1, f"{kernel_name(kernel)}: the signal must follow the wait"
             signalling.append(_short_name(kernel))
         if "overlaps_previous" in params:
             overlapping.append(_short_name(kernel))
-    assert sorted(signalling) == ["_chunk_cumsum_kernel", "_chunk_state_kernel", "_chunk_state_passing_kernel",
-                                  "_state_passing_indexed_kernel"]
-    assert sorted(overlapping) == ["_bmm_chunk_kernel", "_gather_initial_states_kernel"]
+    assert sorted(signalling) == ["_bmm_chunk_kernel", "_chunk_cumsum_kernel", "_chunk_state_kernel",
+                                  "_chunk_state_passing_kernel", "_state_passing_indexed_kernel"]
+    assert sorted(overlapping) == ["_bmm_chunk_kernel", "_chunk_state_kernel", "_chunk_state_passing_kernel",
+                                   "_gather_initial_states_kernel"]
 
 
 def recorded_launches(monkeypatch, device, path: str, tamper=None) -> list[tuple[str, bool, bool]]:
@@ -111,18 +114,36 @@ def recorded_launches(monkeypatch, device, path: str, tamper=None) -> list[tuple
     return launches
 
 
+# The launchers whose outputs each launcher reads, within one ``ssd_prefill`` call (a launcher absent reads none).
+READS_FROM = {
+    "chunk_state": {"chunk_cumsum"},
+    "chunk_state_passing": {"chunk_cumsum", "gather_initial_states", "gather_initial_states_torch"},
+    "state_passing_indexed": {"chunk_cumsum", "chunk_state"},
+    "chunk_scan": {"chunk_cumsum", "bmm_chunk", "chunk_state_passing", "state_passing_indexed",
+                   "gather_initial_states", "gather_initial_states_torch"},
+}
+
+
 def misplaced_overlaps(launches: list[tuple[str, bool, bool]]) -> list[str]:
-    """The overlapping launches that are not bmm or the gather right after a launch that signalled."""
+    """The overlapping launches that do not come right after a launch that signalled, or that read what it
+    writes."""
     return [name for i, (name, _, overlaps) in enumerate(launches)
-            if overlaps and not (name in ("bmm_chunk", "gather_initial_states") and i > 0 and launches[i - 1][1])]
+            if overlaps and not (i > 0 and launches[i - 1][1]
+                                 and launches[i - 1][0] not in READS_FROM.get(name, set()))]
+
+
+def test_the_launch_check_sees_an_overlap_on_what_the_kernel_before_writes():
+    """Negative control of the data-flow half: the chunk state kernel beside the cumsum, whose output it reads."""
+    assert misplaced_overlaps([("chunk_cumsum", True, False), ("chunk_state", False, True)]) == ["chunk_state"]
+    assert misplaced_overlaps([("bmm_chunk", True, False), ("chunk_state", False, True)]) == []
 
 
 @pytest.mark.parametrize("path", ["snapshot", "indexed"])
 @pytest.mark.parametrize("order", ssd.LAUNCH_ORDERS)
 def test_ssd_prefill_launches_the_overlapping_bmm_right_after_a_signalling_kernel(monkeypatch, device, order, path):
-    """What makes bmm's late wait safe is its place: right after a kernel that waited for everything before it and
-    then signalled. Every ssd_prefill call, on both paths, launches an overlapping kernel (bmm, the gather) only
-    there, and bmm once."""
+    """What makes a late wait safe is the overlapping kernel's place: right after a kernel that waited for
+    everything before it, then signalled, and writes nothing the overlapping one reads. Every ssd_prefill call, on
+    both paths, launches an overlapping kernel (bmm, the gather, a chunk state kernel) only there, and bmm once."""
     monkeypatch.setattr(ssd, "LAUNCH_ORDER", order)
     launches = recorded_launches(monkeypatch, device, path)
     names = [n for n, _, _ in launches]
@@ -131,18 +152,23 @@ def test_ssd_prefill_launches_the_overlapping_bmm_right_after_a_signalling_kerne
     assert any(overlaps for _, _, overlaps in launches) is (order != "none"), launches
 
 
-@pytest.mark.parametrize(("path", "kernel_before"), [("indexed", "chunk_state"), ("snapshot", "chunk_state_passing")])
-def test_the_launch_check_sees_an_overlapping_bmm_after_a_kernel_that_did_not_signal(monkeypatch, device, path,
-                                                                                      kernel_before):
-    """Negative control: ``ssd_prefill`` launching the kernel bmm runs beside without its early signal."""
+@pytest.mark.parametrize(("order", "path", "kernel_before", "overlapping"), [
+    ("state", "indexed", "chunk_state", "bmm_chunk"),
+    ("state", "snapshot", "chunk_state_passing", "bmm_chunk"),
+    ("bmm-first", "indexed", "bmm_chunk", "chunk_state"),
+    ("bmm-first", "snapshot", "bmm_chunk", "chunk_state_passing"),
+])
+def test_the_launch_check_sees_an_overlapping_kernel_after_one_that_did_not_signal(monkeypatch, device, order, path,
+                                                                                    kernel_before, overlapping):
+    """Negative control: ``ssd_prefill`` launching the kernel another runs beside without its early signal."""
     def silent(launcher):
         def launch(*args, signal_next=False, **kwargs):
             return launcher(*args, **kwargs)
         return launch
 
-    monkeypatch.setattr(ssd, "LAUNCH_ORDER", "state")
+    monkeypatch.setattr(ssd, "LAUNCH_ORDER", order)
     launches = recorded_launches(monkeypatch, device, path, tamper={kernel_before: silent})
-    assert misplaced_overlaps(launches) == ["bmm_chunk"], launches
+    assert misplaced_overlaps(launches) == [overlapping], launches
 
 
 def _late_wait(x_ptr, USE_PDL):
