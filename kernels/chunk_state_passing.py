@@ -41,11 +41,9 @@ from kernels.backend import (
     DOT_FP32_OPERANDS,
     FP32_DOT_PRECISION,
     INTERPRET,
-    check_overlap_flags,
     let_next_kernel_start,
     pdl_arguments,
-    wait_at_end_if_overlapping,
-    wait_unless_overlapping,
+    wait_for_previous_kernel,
 )
 from kernels.chunk_state import accumulate_tokens, check_inputs, interpreter_config
 from kernels.interface import MASK_DTYPES
@@ -58,7 +56,7 @@ INIT_NONE, INIT_DENSE, INIT_BY_SLOT = 0, 1, 2
 SCALAR_ONLY = {
     "do_not_specialize": ("nchunks", "stride_seq_idx", "stride_init_slot", "stride_has_init", "stride_final_idx",
                           "stride_last_chunk", "init_mode", "store_entering", "write_cache", "read_chunk_states",
-                          "signal_next", "overlaps_previous"),
+                          "signal_next"),
     "do_not_specialize_on_alignment": ("cu_chunk_seqlens_ptr", "seq_idx_ptr", "init_slot_ptr", "has_init_ptr",
                                        "final_idx_ptr", "last_chunk_ptr"),
 }
@@ -124,10 +122,10 @@ def _chunk_state_passing_kernel(
     stride_seq_idx, stride_chunk_states_chunk, stride_chunk_states_head, stride_out_chunk, stride_out_head,
     stride_init_row, stride_init_head, stride_init_slot, stride_has_init, stride_cache_slot, stride_cache_head,
     stride_final_idx, stride_last_chunk, init_mode, store_entering, write_cache, read_chunk_states, signal_next,
-    overlaps_previous, DOT_FP32_OPERANDS: tl.constexpr, FP32_DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
+    DOT_FP32_OPERANDS: tl.constexpr, FP32_DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
 ):
-    wait_unless_overlapping(overlaps_previous, USE_PDL)
+    wait_for_previous_kernel(USE_PDL)
     let_next_kernel_start(signal_next, USE_PDL)
     pid_mn = tl.program_id(axis=0)
     pid_h = tl.program_id(axis=1)
@@ -204,7 +202,6 @@ def _chunk_state_passing_kernel(
                         tl.store(cache_ptr + slot * stride_cache_slot + tile, s.to(cache_ptr.dtype.element_ty),
                                  mask=mask)
             acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-    wait_at_end_if_overlapping(overlaps_previous, USE_PDL)
 
 
 # The fixed config per shape class (arch, headdim, dstate, chunk size, io dtype's bytes) -> blocks, warps, stages;
@@ -261,7 +258,6 @@ def chunk_state_passing(
     chunk_states: torch.Tensor | None = None,
     config: dict | None = None,
     signal_next: bool = False,
-    overlaps_previous: bool = False,
 ) -> None:
     """Each chunk's state contribution and the inter-chunk recurrence, into ``out`` (C, H, P, N).
 
@@ -271,8 +267,7 @@ def chunk_state_passing(
     gets entering states and must be in the cache dtype); or neither (zeros, exiting states). Writeback:
     ``final_state_indices`` and ``last_chunk_indices`` (Bt,) with ``state_cache``. ``chunk_states`` (C, H, P, N)
     fp32: read instead of computed. ``config``: blocks, warps and stages (default ``tile_config``). ``signal_next``:
-    the next kernel may start early; ``overlaps_previous``: only right after a kernel launched with ``signal_next``
-    that writes nothing this one reads (kernels/backend.py).
+    the next kernel may start early (kernels/backend.py).
     """
     check_inputs(B, x, dt_out, dA_cumsum)
     _, H, P = x.shape
@@ -318,7 +313,7 @@ def chunk_state_passing(
         B, x, dt_out, dA_cumsum, cu_chunk_seqlens, seq_idx, out=out, initial_states=initial_states,
         state_cache=state_cache, initial_state_indices=initial_state_indices, has_initial_states=has_initial_states,
         final_state_indices=final_state_indices, last_chunk_indices=last_chunk_indices, chunk_states=chunk_states,
-        config=config, signal_next=signal_next, overlaps_previous=overlaps_previous)
+        config=config, signal_next=signal_next)
     grid = (triton.cdiv(P, arguments["BLOCK_SIZE_M"]) * triton.cdiv(N, arguments["BLOCK_SIZE_N"]), H)
     _chunk_state_passing_kernel[grid](**arguments)
 
@@ -331,10 +326,9 @@ def launch_arguments(B: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_
                      final_state_indices: torch.Tensor | None = None,
                      last_chunk_indices: torch.Tensor | None = None,
                      chunk_states: torch.Tensor | None = None, config: dict | None = None,
-                     signal_next: bool = False, overlaps_previous: bool = False) -> dict:
+                     signal_next: bool = False) -> dict:
     """The kernel's arguments by name, config and launch options included (the launcher's, and the warmup
     registry's on stand-ins). Pointers the call does not read or write are filled with placeholders."""
-    check_overlap_flags(signal_next, overlaps_previous)
     _, H, P = x.shape
     _, G, N = B.shape
     Q = dt_out.shape[2]
@@ -375,7 +369,7 @@ def launch_arguments(B: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_
         stride_final_idx=final_idx.stride(0), stride_last_chunk=last_chunk.stride(0),
         init_mode=init_mode, store_entering=int(init_mode == INIT_BY_SLOT), write_cache=int(write_cache),
         read_chunk_states=int(chunk_states is not None), signal_next=int(signal_next),
-        overlaps_previous=int(overlaps_previous), DOT_FP32_OPERANDS=DOT_FP32_OPERANDS,
+        DOT_FP32_OPERANDS=DOT_FP32_OPERANDS,
         FP32_DOT_PRECISION=FP32_DOT_PRECISION,
         **cfg,
         **pdl_arguments(),

@@ -31,10 +31,12 @@ from kernels.state_passing_indexed import state_passing_indexed
 # "none", each kernel alone, bmm right after the cumsum; "state", bmm beside the chunk state kernel (the fused kernel
 # on the snapshot path), launched after it; "state-scan", as "state", and the chunk scan's programs placed early
 # behind the indexed state passing; "state+gather", as "state", and the fused gather beside the cumsum; "bmm-first",
-# as "state+gather" with bmm launched before the chunk state kernel, so that bmm's programs are placed first and the
-# chunk state kernel's fill the slots around them. scripts/order_lab.py times them.
+# as "state+gather" with bmm launched before the indexed path's chunk state kernel: bmm's programs are placed first
+# and chunk state's fill the slots around them, instead of bmm's waiting for chunk state's last partial wave and
+# outlasting it. The snapshot path keeps "state+gather" there: its fused kernel's few programs, each walking every
+# chunk, lost time placed behind bmm's (docs/gpu-runs.md). scripts/order_lab.py times them.
 LAUNCH_ORDERS = ("none", "state", "state-scan", "state+gather", "bmm-first")
-LAUNCH_ORDER = "state+gather"
+LAUNCH_ORDER = "bmm-first"
 
 
 def ssd_prefill(
@@ -112,8 +114,8 @@ def ssd_prefill(
 
     order = LAUNCH_ORDER
     gather_beside = order in ("state+gather", "bmm-first") and copy == "fused"
-    bmm_first = order == "bmm-first"
-    bmm_after = order not in ("none", "bmm-first")
+    bmm_first = order == "bmm-first" and chosen == "indexed"
+    bmm_after = order != "none" and not bmm_first
     dA_cumsum, dt_out = chunk_cumsum(
         dt, A, chunk_size, cu_chunk_seqlens, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
         signal_next=gather_beside,
@@ -163,11 +165,8 @@ def ssd_prefill(
             writeback = {}
         chunk_states = None  # never leave the chip
         workspace = torch.empty((nchunks, H, P, N), dtype=ws_dtype, device=x.device)
-        if bmm_first:
-            CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens, signal_next=True)
         chunk_state_passing(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, seq_idx, out=workspace,
-                            initial_states=initial_states, signal_next=bmm_after, overlaps_previous=bmm_first,
-                            **writeback)
+                            initial_states=initial_states, signal_next=bmm_after, **writeback)
         if bmm_after:
             CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens, overlaps_previous=True)
         if call.mode == "checkpoint":

@@ -61,7 +61,7 @@ def _short_name(kernel) -> str:
 
 def test_which_kernels_signal_early_and_which_may_overlap():
     """The early signal comes right after the (opening) wait, under ``signal_next``, in the kernels an overlapping
-    one may follow; only bmm, the gather and the two chunk state kernels take ``overlaps_previous`` (each may follow a
+    one may follow; only bmm, the gather and the chunk state kernel take ``overlaps_previous`` (each may follow a
     kernel that writes nothing it reads: ``READS_FROM`` below)."""
     signalling, overlapping = [], []
     for kernel in watched_kernels():
@@ -79,8 +79,7 @@ def test_which_kernels_signal_early_and_which_may_overlap():
             overlapping.append(_short_name(kernel))
     assert sorted(signalling) == ["_bmm_chunk_kernel", "_chunk_cumsum_kernel", "_chunk_state_kernel",
                                   "_chunk_state_passing_kernel", "_state_passing_indexed_kernel"]
-    assert sorted(overlapping) == ["_bmm_chunk_kernel", "_chunk_state_kernel", "_chunk_state_passing_kernel",
-                                   "_gather_initial_states_kernel"]
+    assert sorted(overlapping) == ["_bmm_chunk_kernel", "_chunk_state_kernel", "_gather_initial_states_kernel"]
 
 
 def recorded_launches(monkeypatch, device, path: str, tamper=None) -> list[tuple[str, bool, bool]]:
@@ -143,7 +142,7 @@ def test_the_launch_check_sees_an_overlap_on_what_the_kernel_before_writes():
 def test_ssd_prefill_launches_the_overlapping_bmm_right_after_a_signalling_kernel(monkeypatch, device, order, path):
     """What makes a late wait safe is the overlapping kernel's place: right after a kernel that waited for
     everything before it, then signalled, and writes nothing the overlapping one reads. Every ssd_prefill call, on
-    both paths, launches an overlapping kernel (bmm, the gather, a chunk state kernel) only there, and bmm once."""
+    both paths, launches an overlapping kernel (bmm, the gather, chunk state) only there, and bmm once."""
     monkeypatch.setattr(ssd, "LAUNCH_ORDER", order)
     launches = recorded_launches(monkeypatch, device, path)
     names = [n for n, _, _ in launches]
@@ -156,7 +155,6 @@ def test_ssd_prefill_launches_the_overlapping_bmm_right_after_a_signalling_kerne
     ("state", "indexed", "chunk_state", "bmm_chunk"),
     ("state", "snapshot", "chunk_state_passing", "bmm_chunk"),
     ("bmm-first", "indexed", "bmm_chunk", "chunk_state"),
-    ("bmm-first", "snapshot", "bmm_chunk", "chunk_state_passing"),
 ])
 def test_the_launch_check_sees_an_overlapping_kernel_after_one_that_did_not_signal(monkeypatch, device, order, path,
                                                                                     kernel_before, overlapping):
