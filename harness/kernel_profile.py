@@ -40,11 +40,12 @@ STAGES = tuple(stage for stage, _ in STAGE_PATTERNS)
 # A stage that does the work of others in one kernel -> those stages. Where one side of a comparison runs the fused
 # kernel, the other its parts, a row compares the two sides' sums over the fused stage and its parts.
 FUSED_STAGES: dict[str, tuple[str, ...]] = {"chunk_state_passing": ("chunk_state", "state_passing")}
-# Stages whose kernels a launch order may run side by side (ours: the fused gather beside the cumsum, bmm beside the
-# chunk state kernel, ``kernels.ssd.LAUNCH_ORDERS``). Kernels that share the GPU slow each other, and the added-time
-# attribution (``kernel_times``) leaves the shared time with the kernel that started first: its row reads what it
-# took beside the other, the other's row only what it ran past it. A group's row sums its stages on each side: what
-# those stages cost the call, whichever ran beside which. Any provider's kernels fall into the groups by stage name.
+# Stages whose kernels a launch order may run side by side (ours: the fused gather beside the cumsum, bmm and the
+# chunk state kernel beside each other, ``kernels.ssd.LAUNCH_ORDERS``). Kernels that share the GPU slow each other,
+# and the added-time attribution (``kernel_times``) leaves the shared time with the kernel that started first: its
+# row reads what it took beside the other, the other's row only what it ran past it. A group's row sums its stages on
+# each side: what those stages cost the call, whichever ran beside which. Any provider's kernels fall into the groups
+# by stage name.
 SIDE_BY_SIDE: dict[str, tuple[str, ...]] = {
     "gather + chunk_cumsum": ("gather", "chunk_cumsum"),
     "states + bmm_chunk": ("chunk_state", "chunk_state_passing", "state_passing", "bmm_chunk"),
