@@ -12,6 +12,12 @@ is timed; the fused kernel teacher-forced on the snapshot path, the bits only) a
 candidate config, into fresh outputs (the indexed path writes its final slot, never its initial one, so repeated
 launches are idempotent). Each fused launch is compared with the pair bit for bit (workspace and cache), launched
 three times (a result that moves is a race) and timed by CUDA graph replay (``harness.cuda_timing``).
+
+On the snapshot path a third candidate, ``many``: chunk_state, then a state passing over many sequences in the
+indexed kernel's shape (``scripts/state_passing_many.py``: blocks of states, chunk rows read ahead, the state reset to
+the dense snapshot where the sequence changes, exiting states stored, each final state written at its sequence's
+last chunk), timed against the fused kernel and compared with the pair's bits: whether a pair like vLLM's wins on
+calls of many chunks (docs/gpu-runs.md, the plan).
 """
 
 from __future__ import annotations
@@ -77,8 +83,9 @@ def describe(c: tuple) -> str:
 
 
 def launches(kw: dict, ws: dict, path: str):
-    """(pair launch, fused launch by config, the tensors each writes): fresh workspace and, on the snapshot path, a
-    fresh cache copy per launcher; the indexed path writes the call's cache in place (its final slot only)."""
+    """(pair launch, fused launch by config, the tensors each writes, and on the snapshot path the ``many`` pair's
+    launch and tensors, else None): fresh workspace and, on the snapshot path, a fresh cache copy per launcher; the
+    indexed path writes the call's cache in place (its final slot only)."""
     import torch
     import triton
 
@@ -123,7 +130,20 @@ def launches(kw: dict, ws: dict, path: str):
         P, N = x.shape[2], B.shape[2]
         kernel[(triton.cdiv(P, config["BLOCK_SIZE_M"]) * triton.cdiv(N, config["BLOCK_SIZE_N"]), x.shape[1])](**args)
 
-    return pair, fused, (pair_out, pair_cache), (fused_out, fused_cache)
+    many = None
+    if path == "snapshot":
+        from state_passing_many import state_passing_many
+
+        many_out, many_cache = torch.empty_like(ws["states"]), kw["state_cache"].clone()
+
+        def many_pair():
+            states = chunk_state(B, x, dt_out, dA, cu)
+            state_passing_many(states, dA, seq_idx, initial_states=ws["initial_states"], out=many_out,
+                               state_cache=many_cache, final_state_indices=kw["final_state_indices"],
+                               last_chunk_indices=kw["last_chunk_indices"])
+
+        many = (many_pair, (many_out, many_cache))
+    return pair, fused, (pair_out, pair_cache), (fused_out, fused_cache), many
 
 
 def run(workloads: list[str], reps: int, dry_run: bool, like: list[str] | None = None) -> list[tuple]:
@@ -149,7 +169,7 @@ def run(workloads: list[str], reps: int, dry_run: bool, like: list[str] | None =
     for workload, case in cases.items():
         for path in ("snapshot", "indexed") if len(case.sequences) == 1 else ("snapshot",):
             kw, ws = call_intermediates(case, device, path)
-            pair, fused, pair_outs, fused_outs = launches(kw, ws, path)
+            pair, fused, pair_outs, fused_outs, many = launches(kw, ws, path)
             pair()
             expected = [o.clone() for o in pair_outs]
             tag = f"{workload}/{path}"
@@ -157,6 +177,11 @@ def run(workloads: list[str], reps: int, dry_run: bool, like: list[str] | None =
                 rows.append((tag, "pair", "chunk_state + state_passing", time_graph(pair, reps), "-", True))
             else:  # the snapshot path ships the fused kernel: the pair (its teacher-forced mode) is the bits only
                 rows.append((tag, "pair", "chunk_state + teacher-forced", math.nan, "-", True))
+                many_pair, many_outs = many
+                results = three_runs(many_pair, list(many_outs), [many_outs[0]], device)
+                stable = all(same_bits(r, results[0]) for r in results)
+                rows.append((tag, "many", "chunk_state + state_passing_many", time_graph(many_pair, reps),
+                             str(same_bits(results[0], expected)), stable))
             for cand in candidates:
                 for name, kernel in variants.items():
                     label = describe(cand) if name == "shipped" else f"{describe(cand)} {name}"
@@ -177,14 +202,16 @@ def print_rows(rows: list[tuple]) -> None:
     print(f"{'workload/path':<28} {'kernel':<6} {'config':<30} {'us':>8} {'bits=pair':>9} {'stable':>6}")
     for tag, kind, config, us, same, stable in rows:
         print(f"{tag:<28} {kind:<6} {config:<30} {us:>8.1f} {same:>9} {str(stable):>6}")
-    print("== per workload/path: the pair (timed where it ships), and the fastest three fused configs (stable only)")
+    print("== per workload/path: the pair (timed where it ships; on the snapshot path the many-sequence pair, its "
+          "bits against the pair's), and the fastest three fused configs (stable only)")
     tags = dict.fromkeys(r[0] for r in rows)
     for tag in tags:
         pair = [r for r in rows if r[0] == tag and r[1] == "pair"][0]
+        many = [f"many {r[3]:.1f} ({r[4]}, stable {r[5]})" for r in rows if r[0] == tag and r[1] == "many"]
         best = sorted((r for r in rows if r[0] == tag and r[1] == "fused" and r[5] and not math.isnan(r[3])),
                       key=lambda r: r[3])[:3]
         shipped = "-" if math.isnan(pair[3]) else f"{pair[3]:.1f}"
-        print(f"{tag:<28} pair {shipped} | " + " | ".join(f"{r[2]} {r[3]:.1f} ({r[4]})" for r in best))
+        print(f"{tag:<28} pair {shipped} | " + " | ".join(many + [f"{r[2]} {r[3]:.1f} ({r[4]})" for r in best]))
     print("== summed over the workload paths, per fused config (the proposal for the module's TUNED); in brackets "
           "the indexed paths alone, fused against the pair")
     sums: dict = {}
