@@ -131,6 +131,35 @@ def misplaced_overlaps(launches: list[tuple[str, bool, bool]]) -> list[str]:
                                  and launches[i - 1][0] not in READS_FROM.get(name, set()))]
 
 
+@pytest.mark.parametrize("launcher", ["bmm_chunk", "chunk_state"])
+def test_a_launch_that_would_overlap_and_signal_is_refused(launcher, device):
+    """``check_overlap_flags`` in each launcher that takes both flags: an overlapping kernel waits at its end, so an
+    early signal from it would let the next kernel start before the kernel it overlaps is done. Either flag alone,
+    or neither, launches."""
+    from kernels.bmm_chunk import bmm_chunk
+    from kernels.chunk_cumsum import chunk_cumsum
+    from kernels.chunk_state import chunk_state
+
+    T, H, P, G, N, Q = 8, 2, 16, 1, 16, 16
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(T, H, P, generator=g).to(device=device, dtype=torch.float16)
+    B = torch.randn(T, G, N, generator=g).to(device=device, dtype=torch.float16)
+    cu = torch.tensor([0, T], dtype=torch.int32, device=device)
+    dA_cumsum, dt_out = chunk_cumsum(torch.rand(T, H, device=device), -torch.rand(H, device=device), Q, cu)
+
+    def launch(**flags):
+        if device == "cuda":  # nothing before it signalled: let the inputs be complete before an overlapping launch
+            torch.cuda.synchronize()
+        if launcher == "bmm_chunk":
+            return bmm_chunk(B, B, Q, cu, **flags)
+        return chunk_state(B, x, dt_out, dA_cumsum, cu, **flags)
+
+    with pytest.raises(AssertionError, match="cannot also signal the next one early"):
+        launch(signal_next=True, overlaps_previous=True)
+    for flags in ({}, {"signal_next": True}, {"overlaps_previous": True}):
+        launch(**flags)
+
+
 def test_the_launch_check_sees_an_overlap_on_what_the_kernel_before_writes():
     """Negative control of the data-flow half: the chunk state kernel beside the cumsum, whose output it reads."""
     assert misplaced_overlaps([("chunk_cumsum", True, False), ("chunk_state", False, True)]) == ["chunk_state"]
