@@ -17,7 +17,8 @@ back to back, and one synchronized call's latency), so drift over the run, and t
 alike. Reported: the median and the best of the per-round figures, ours / the peer's (the peer's run of the same
 path, or of its first path when it lacks ours), and the config each of our autotuned kernels ran. ``--stages``
 times each stage of ours alone (``harness.stage_bench``); ``--stages --peer`` compares the stages of one whole call
-of each by profiling (``harness.kernel_profile``). Performance is measured here, never in timed tests.
+of each by profiling (``harness.kernel_profile``), then each stage launched alone where both providers have the
+``stage_launches`` hook (``bench_stages_alone``). Performance is measured here, never in timed tests.
 """
 
 from __future__ import annotations
@@ -390,6 +391,92 @@ def bench_peer_stages(workloads: list[str], our_variants: list[str], provider, p
     return {"peer_name": provider_name(peer), "tables": tables, "skipped": skipped}
 
 
+# ---- stages against a peer, each alone -------------------------------------------------------------------------------
+
+
+def time_stage_alone(fn, reps: int) -> float:
+    """Device us per launch of one stage: ``STAGE_CALLS`` launches in one CUDA graph (``harness.stage_bench`` says
+    why one launch a graph would read the device's floor instead)."""
+    from harness.cuda_timing import time_graph
+    from harness.stage_bench import STAGE_CALLS
+
+    return time_graph(fn, reps, calls=STAGE_CALLS)
+
+
+def bench_stages_alone(workloads: list[str], our_variants: list[str], provider, peer, rounds: int, reps: int,
+                       timer=time_stage_alone, build_inputs=None, device: str = "cuda") -> dict:
+    """Per workload and variant of ours: each stage launched alone (the ``stage_launches`` hook of both providers),
+    ours against the peer's counterpart variant (``counterpart``). In each of ``rounds`` rounds both providers tune
+    afresh (``tuned_afresh``) and every stage of every call is launched once (its tuning, outside any graph) and
+    timed (``timer(fn, reps)``); a stage's figure is its median over the rounds. A stage alone neither waits for
+    another kernel nor shares the GPU with one: where a call runs kernels side by side, the profiled comparison
+    splits their shared time by start order, this one not at all. A provider without the hook, or whose hook
+    refuses a call (NotImplementedError), gets a line saying so and no table."""
+    from harness import kernel_profile
+    from harness.checks.hooks import stage_launches_hook
+    from harness.checks.providers import provider_name
+
+    if build_inputs is None:
+        from harness.cases.builder import build_inputs
+    report = {"peer_name": provider_name(peer), "rounds": rounds, "tables": [], "skipped": []}
+    hooks = {}
+    for side, p in (("ours", provider), ("peer", peer)):
+        hooks[side], why = stage_launches_hook(p)
+        if hooks[side] is None:
+            report["skipped"].append(why)
+    if None in hooks.values():
+        return report
+    for workload in workloads:
+        entries, lines = workload_entries(workload, provider, our_variants, peer)
+        report["skipped"] += lines
+        if not any(e.side == "peer" for e in entries):
+            report["skipped"].append(f"{workload}: the peer runs no variant of it")
+            continue
+        inputs = build_inputs(workload_case(workload), device)
+        launches = {}
+        for e in entries:
+            label = f"{e.side} {e.variant}"
+            extra = {k: v for k, v in e.call.items() if k != "path"}
+            try:
+                launches[label] = hooks[e.side](**inputs.kwargs(path=e.call["path"]), **extra)
+            except NotImplementedError as exc:
+                report["skipped"].append(f"{workload} {label}: no stage launches: {exc}")
+        samples: dict[str, dict[str, list[float]]] = {label: {} for label in launches}
+        for _ in range(rounds):
+            with tuned_afresh([provider, peer]):
+                for label, stages in launches.items():
+                    for stage, fn in stages.items():
+                        fn()
+                        samples[label].setdefault(stage, []).append(timer(fn, reps))
+        medians = {label: {stage: statistics.median(us) for stage, us in stages.items()}
+                   for label, stages in samples.items()}
+        peer_variants = [label.split(" ", 1)[1] for label in medians if label.startswith("peer ")]
+        for e in entries:
+            ours = f"ours {e.variant}"
+            theirs = f"peer {counterpart(e.call['path'], peer_variants)}"
+            if e.side != "ours" or ours not in medians or theirs not in medians:
+                continue
+            rows = kernel_profile.stage_rows(medians[ours], medians[theirs], side_by_side=False)
+            o, p = sum(medians[ours].values()), sum(medians[theirs].values())
+            rows.append({"stage": "sum of stages", "ours_us": o, "peer_us": p, "ratio": ratio(o, p)})
+            report["tables"].append({"workload": workload, "variant": e.variant, "peer_variant": theirs[5:],
+                                     "rows": rows, "ours": medians[ours], "peer": medians[theirs]})
+    return report
+
+
+def print_stages_alone(report: dict) -> None:
+    from harness import kernel_profile
+    from harness.stage_bench import STAGE_CALLS
+
+    for table in report["tables"]:
+        print(f"== {table['workload']}: ours {table['variant']} vs {report['peer_name']} {table['peer_variant']} "
+              f"(each stage alone: {STAGE_CALLS} launches a graph, us per launch, median of {report['rounds']} "
+              "rounds)")
+        kernel_profile.print_rows(table["rows"])
+    for line in report["skipped"]:
+        print(f"skipped (stages alone): {line}")
+
+
 # ---- the command -----------------------------------------------------------------------------------------------------
 
 
@@ -456,7 +543,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--stages", action="store_true",
                         help="without --peer: time each stage of ours alone, as tuned and with every candidate "
                              "config forced (harness.stage_bench); with --peer: device time per stage of one whole "
-                             "call of each, from torch.profiler (harness.kernel_profile)")
+                             "call of each, from torch.profiler (harness.kernel_profile), then each stage of each "
+                             "launched alone (the stage_launches hook)")
     return parser
 
 
@@ -512,10 +600,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.stages:
         from harness import kernel_profile
 
-        report = bench_peer_stages(workloads, args.variant or ["snapshot-fused"], provider, peer, args.rounds)
+        variants = args.variant or ["snapshot-fused"]
+        report = bench_peer_stages(workloads, variants, provider, peer, args.rounds)
+        report["alone"] = bench_stages_alone(workloads, variants, provider, peer, args.rounds, args.reps)
         report["meta"] = _meta(args, peer)
         _write(args.json, report)
         kernel_profile.print_comparison(report)
+        print_stages_alone(report["alone"])
         return 0 if report["tables"] else 2
     from harness.cuda_timing import GraphTimer
 

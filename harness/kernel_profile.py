@@ -177,29 +177,35 @@ def ratio(ours: float | None, peer: float | None) -> float | None:
 
 
 def compare(ours: dict, peer: dict) -> list[dict]:
-    """Stage rows of two ``summarize_calls`` results: known stages in call order, then other names, then (where one
-    side fused stages the other runs apart: ``FUSED_STAGES``) a row of their sums, then a row per group of stages
-    that may run side by side (``SIDE_BY_SIDE``) where a side has more than one of them, then the total. A stage one
-    side lacks has None there (and no ratio)."""
-    stages = sorted(set(ours["stages"]) | set(peer["stages"]), key=_stage_order)
-    rows = []
-    for stage in stages:
-        o, p = ours["stages"].get(stage), peer["stages"].get(stage)
-        rows.append({"stage": stage, "ours_us": o, "peer_us": p, "ratio": ratio(o, p)})
-    for fused, parts in FUSED_STAGES.items():
-        if (fused in ours["stages"]) != (fused in peer["stages"]):
-            rows.append(_sum_row(" + ".join(parts), (fused, *parts), ours, peer))
-    for label, group in SIDE_BY_SIDE.items():
-        if any(sum(s in side["stages"] for s in group) > 1 for side in (ours, peer)):
-            rows.append(_sum_row(label, group, ours, peer))
+    """Stage rows of two ``summarize_calls`` results (``stage_rows``), then the total, the idle time between
+    kernels and the span."""
+    rows = stage_rows(ours["stages"], peer["stages"])
     for stage, key in (("total", "total_us"), ("idle between kernels", "idle_us"), ("span", "span_us")):
         rows.append({"stage": stage, "ours_us": ours[key], "peer_us": peer[key], "ratio": ratio(ours[key], peer[key])})
     return rows
 
 
-def _sum_row(label: str, stages: tuple[str, ...], ours: dict, peer: dict) -> dict:
+def stage_rows(ours: dict[str, float], peer: dict[str, float], side_by_side: bool = True) -> list[dict]:
+    """Rows of two sides' stage times (stage -> us): known stages in call order, then other names, then (where one
+    side fused stages the other runs apart: ``FUSED_STAGES``) a row of their sums, then, with ``side_by_side``, a
+    row per group of stages that may run side by side (``SIDE_BY_SIDE``) where a side has more than one of them. A
+    stage one side lacks has None there (and no ratio)."""
+    rows = []
+    for stage in sorted(set(ours) | set(peer), key=_stage_order):
+        o, p = ours.get(stage), peer.get(stage)
+        rows.append({"stage": stage, "ours_us": o, "peer_us": p, "ratio": ratio(o, p)})
+    for fused, parts in FUSED_STAGES.items():
+        if (fused in ours) != (fused in peer):
+            rows.append(_sum_row(" + ".join(parts), (fused, *parts), ours, peer))
+    for label, group in SIDE_BY_SIDE.items():
+        if side_by_side and any(sum(s in side for s in group) > 1 for side in (ours, peer)):
+            rows.append(_sum_row(label, group, ours, peer))
+    return rows
+
+
+def _sum_row(label: str, stages: tuple[str, ...], ours: dict[str, float], peer: dict[str, float]) -> dict:
     """A row of each side's summed time over ``stages`` (0 for a stage a side lacks)."""
-    o, p = (sum(side["stages"].get(s, 0.0) for s in stages) for side in (ours, peer))
+    o, p = (sum(side.get(s, 0.0) for s in stages) for side in (ours, peer))
     return {"stage": label, "ours_us": o, "peer_us": p, "ratio": ratio(o, p)}
 
 
@@ -226,16 +232,21 @@ def print_comparison(report: dict) -> None:
         sources = f"ours: {how[table['ours_source']]}, peer: {how[table['peer_source']]}"
         print(f"== {table['workload']}: ours {table['variant']} vs {report['peer_name']} {table['peer_variant']} "
               f"(device time per call by stage, median of {table['rounds']} profiled calls; {sources})")
-        print(f"{'stage':<28} {'ours us':>9} {'peer us':>9} {'ratio':>7}")
-        for row in table["rows"]:
-            o = "-" if row["ours_us"] is None else f"{row['ours_us']:.1f}"
-            p = "-" if row["peer_us"] is None else f"{row['peer_us']:.1f}"
-            r = "-" if row["ratio"] is None else f"{row['ratio']:.2f}x"
-            print(f"{short_name(row['stage']):<28} {o:>9} {p:>9} {r:>7}")
-        above = rows_above(table["rows"])
-        print("above the peer's: " + (", ".join(f"{r['stage']} (+{r['ours_us'] - r['peer_us']:.2f} us)" for r in above)
-                                      or "none"))
+        print_rows(table["rows"])
         print(f"timeline ours: {timeline_line(table['ours'])}")
         print(f"timeline peer: {timeline_line(table['peer'])}")
     for line in report.get("skipped", []):
         print(f"skipped: {line}")
+
+
+def print_rows(rows: list[dict]) -> None:
+    """A stage table (``stage_rows``' rows and any totals), then the rows where ours took longer."""
+    print(f"{'stage':<28} {'ours us':>9} {'peer us':>9} {'ratio':>7}")
+    for row in rows:
+        o = "-" if row["ours_us"] is None else f"{row['ours_us']:.1f}"
+        p = "-" if row["peer_us"] is None else f"{row['peer_us']:.1f}"
+        r = "-" if row["ratio"] is None else f"{row['ratio']:.2f}x"
+        print(f"{short_name(row['stage']):<28} {o:>9} {p:>9} {r:>7}")
+    above = rows_above(rows)
+    print("above the peer's: " + (", ".join(f"{r['stage']} (+{r['ours_us'] - r['peer_us']:.2f} us)" for r in above)
+                                  or "none"))

@@ -93,57 +93,16 @@ def describe(config: triton.Config) -> str:
 
 def stage_calls(provider, inputs, path: str, **extra) -> dict:
     """One closure per stage of ``path`` (``extra``: the variant's other ``ssd_prefill`` arguments, e.g.
-    ``gather``) on the intermediates of one real call: name -> (fn returning the stage's output, the autotuned
-    kernel or None, its module's CONFIGS or [])."""
-    from kernels import (
-        bmm_chunk,
-        chunk_cumsum,
-        chunk_scan,
-        chunk_state,
-        chunk_state_passing,
-        gather,
-        state_passing_indexed,
-    )
+    ``gather``) on the intermediates of one real call (the provider's ``stage_launches`` hook): name -> (fn
+    returning the stage's output, the autotuned kernel or None, its module's CONFIGS or [])."""
+    from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state
 
-    kw = inputs.kwargs(path=path)
-    ws: dict = {}
-    provider.ssd_prefill(**kw, **extra, workspace_out=ws)
-    cu, seq_idx, Q = kw["cu_chunk_seqlens"], kw["seq_idx"], kw["chunk_size"]
-    dA, dt_out, states = ws["dA_cumsum"], ws["dt_out"], ws["states"]
-    CB = bmm_chunk.bmm_chunk(kw["C"], kw["B"], Q, cu)
-    calls = {
-        "chunk_cumsum": (lambda: chunk_cumsum.chunk_cumsum(
-            kw["dt"], kw["A"], Q, cu, dt_bias=kw["dt_bias"], dt_softplus=kw["dt_softplus"],
-            dt_limit=kw["dt_limit"])[0], chunk_cumsum.chunk_cumsum_kernel, chunk_cumsum.CONFIGS),
-        "bmm_chunk": (lambda: bmm_chunk.bmm_chunk(kw["C"], kw["B"], Q, cu),
-                      bmm_chunk.bmm_chunk_kernel, bmm_chunk.CONFIGS),
-    }
-    if ws["path"] == "indexed":
-        calls["chunk_state"] = (lambda: chunk_state.chunk_state(kw["B"], kw["x"], dt_out, dA, cu),
-                                chunk_state.chunk_state_kernel, chunk_state.CONFIGS)
-        calls["state_passing_indexed"] = (lambda: state_passing_indexed.state_passing_indexed(
-            ws["chunk_states"], dA, state_cache=kw["state_cache"],
-            init_slot_index=kw["initial_state_indices"][:1], has_initial_state=kw["has_initial_states"][:1],
-            final_slot_index=kw["final_state_indices"][:1], out=states) or states, None, [])
-    else:
-        # The snapshot copy the call made: the fused Triton gather or the same copy in PyTorch ops.
-        copy = gather.gather_initial_states if ws["gather"] == "fused" else gather.gather_initial_states_torch
-        calls[f"gather ({ws['gather']})"] = (lambda: copy(
-            kw["state_cache"], kw["initial_state_indices"], kw["has_initial_states"]), None, [])
-        # Every launch reads the gathered copy, so writing the final slots again does the same work.
-        calls["chunk_state_passing"] = (lambda: chunk_state_passing.chunk_state_passing(
-            kw["B"], kw["x"], dt_out, dA, cu, seq_idx, out=states, initial_states=ws["initial_states"],
-            state_cache=kw["state_cache"], final_state_indices=kw["final_state_indices"],
-            last_chunk_indices=kw["last_chunk_indices"]) or states, None, [])
-
-    def scan():
-        chunk_scan.chunk_scan(CB, kw["x"], dt_out, dA, kw["C"], states, cu, seq_idx, out=kw["out"], D=kw["D"],
-                              z=kw["z"], initial_states=ws["initial_states"],
-                              states_are_entering=ws["path"] == "indexed")
-        return kw["out"]
-
-    calls["chunk_scan"] = (scan, chunk_scan.chunk_scan_kernel, chunk_scan.CONFIGS)
-    return calls
+    tuned = {"chunk_cumsum": (chunk_cumsum.chunk_cumsum_kernel, chunk_cumsum.CONFIGS),
+             "bmm_chunk": (bmm_chunk.bmm_chunk_kernel, bmm_chunk.CONFIGS),
+             "chunk_state": (chunk_state.chunk_state_kernel, chunk_state.CONFIGS),
+             "chunk_scan": (chunk_scan.chunk_scan_kernel, chunk_scan.CONFIGS)}
+    launches = provider.stage_launches(**inputs.kwargs(path=path), **extra)
+    return {name: (fn, *tuned.get(name, (None, []))) for name, fn in launches.items()}
 
 
 def _finite(t: torch.Tensor) -> bool:

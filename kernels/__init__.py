@@ -13,9 +13,10 @@ settle_interpreter()
 
 
 class TritonSSDProvider:
-    """The provider interface (docs/provider.md): a name, the paths it has, ``ssd_prefill``, and both optional
-    hooks: ``warmup(requests)`` (the warmup registry, ``kernels.warmup``) and ``stages`` (the stage functions the
-    stage-level checks call, with docs/architecture.md's stage contracts)."""
+    """The provider interface (docs/provider.md): a name, the paths it has, ``ssd_prefill``, and the optional hooks
+    ``warmup(requests)`` (the warmup registry, ``kernels.warmup``), ``stages`` (the stage functions the stage-level
+    checks call, with docs/architecture.md's stage contracts) and ``stage_launches`` (each stage of a call alone,
+    for the stage bench: ``kernels.stage_launches``)."""
 
     name = "triton-ssd"
     supported_paths = frozenset({"snapshot", "indexed"})
@@ -39,6 +40,12 @@ class TritonSSDProvider:
         from kernels.warmup import warmup_models
 
         return warmup_models(requests)
+
+    def stage_launches(self, **call) -> dict:
+        """Each stage of ``ssd_prefill(**call)`` as a closure launching it alone on the call's intermediates."""
+        from kernels.stage_launches import stage_launches
+
+        return stage_launches(self.ssd_prefill, **call)
 
     def __repr__(self) -> str:
         return f"<provider {self.name}>"

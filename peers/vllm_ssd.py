@@ -23,7 +23,9 @@ checkpoint mode passes ``return_intermediate_states=True`` and no cache, so noth
 The optional hooks (docs/provider.md#optional-hooks): ``warmup(requests)`` makes representative calls per model
 configuration, as a vLLM server's startup dummy runs do (``VllmSSDProvider.warmup`` lists what they cover; the
 recompile guard names whatever a real call needs beyond that); ``stages`` offers vLLM's gather, whose contract is
-the harness's, and not its state passing, whose contract is not (the comment at ``VllmSSDProvider.stages``).
+the harness's, and not its state passing, whose contract is not (the comment at ``VllmSSDProvider.stages``);
+``tuning_caches`` names vLLM's own cache of tuned configs; ``stage_launches`` launches each of vLLM's stages alone
+for the stage bench, through vLLM's private stage functions (``STAGE_FUNCTIONS`` says which, and the gate).
 
 Where our contract and vLLM 0.33's differ:
 
@@ -178,6 +180,80 @@ def _refuse_stores_outside_the_storage(state_cache: torch.Tensor, final_state_in
             "on CPU tensors (on a GPU it passes it through)")
 
 
+# ---- the stage_launches hook: each of vLLM's stages alone ---------------------------------------------------------
+# vLLM's stage functions are private (underscored) names that ssd_combined.py imports from its stage modules and
+# calls in ``_mamba_chunk_scan_combined_fwd``: the only way to launch one stage alone. Each is used only where it has
+# the keywords named here (vLLM 0.33's); a vLLM without them gets no stage launches (the hook says which name is
+# missing) and keeps the profiled stage comparison, which needs no hook.
+STAGE_FUNCTIONS = {
+    "_chunk_cumsum_fwd": ("dt_bias", "dt_softplus", "dt_limit"),
+    "_chunk_state_fwd": ("states_in_fp32",),
+    "_state_passing_fwd": ("initial_states", "out_dtype", "final_states", "final_state_indices"),
+    "_bmm_chunk_fwd": ("output_dtype",),
+    "_chunk_scan_fwd": ("D", "z", "initial_states"),
+}
+
+
+def _stage_functions() -> SimpleNamespace:
+    """vLLM's stage functions as ssd_combined.py calls them; NotImplementedError naming what this vLLM lacks."""
+    found = {}
+    for name, keywords in STAGE_FUNCTIONS.items():
+        fn = getattr(_combined, name, None)
+        missing = [k for k in keywords if fn is None or k not in inspect.signature(fn).parameters]
+        if fn is None or missing:
+            raise NotImplementedError(
+                f"{SOURCE}: ssd_combined has no {name}" + (f" with keyword(s) {missing}" if fn is not None else "")
+                + f"; the stage launches follow vLLM {VLLM_VERSION}'s _mamba_chunk_scan_combined_fwd")
+        found[name.strip("_").removesuffix("_fwd")] = fn
+    return SimpleNamespace(**found)
+
+
+def _vllm_stage_launches(x, dt, A, B, C, *, chunk_size, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx,
+                         out, D=None, z=None, dt_bias=None, dt_softplus=False, dt_limit=(0.0, math.inf),
+                         state_cache, initial_state_indices, has_initial_states, final_state_indices=None,
+                         return_intermediate_states=False, path="auto") -> dict:
+    """The stages of the adapter's call (``VllmSSDProvider.ssd_prefill``), each a closure launching it alone on
+    the intermediates, in the order and with the arguments of vLLM's ``_mamba_chunk_scan_combined_fwd``."""
+    if path not in ("auto", "snapshot"):
+        raise ValueError(f"path={path!r}: vLLM {VERSION} has the snapshot path only")
+    if return_intermediate_states or final_state_indices is None:
+        raise NotImplementedError("stage launches: direct writeback only (final_state_indices given, no "
+                                  "intermediate states), the mode a serving engine's call runs")
+    f = _stage_functions()
+    B = B if B.stride(-1) == 1 else B.contiguous()  # the combined function's own layout fixes, so the stages
+    C = C if C.stride(-1) == 1 else C.contiguous()  # read what they read in a call
+    x = x if x.stride(-1) == 1 or x.stride(0) == 1 else x.contiguous()
+    z = z if z is None or z.stride(-1) == 1 or z.stride(0) == 1 else z.contiguous()
+    D = D if D is None or D.stride(-1) == 1 else D.contiguous()
+    P, N = x.shape[-1], B.shape[-1]
+    initial = _snapshot(state_cache, initial_state_indices, has_initial_states)
+    dA, dt_out = f.chunk_cumsum(dt, A, chunk_size, cu_chunk_seqlens, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                                dt_limit=dt_limit)
+    chunk_states = f.chunk_state(B, x, dt_out, dA, cu_chunk_seqlens, states_in_fp32=True)
+
+    def passing():
+        return f.state_passing(chunk_states.flatten(-2), dA, last_chunk_indices, initial_states=initial.flatten(-2),
+                               out_dtype=state_cache.dtype, final_states=state_cache.flatten(-2),
+                               final_state_indices=final_state_indices)
+
+    states = passing().unflatten(-1, (P, N))
+    CB = f.bmm_chunk(C, B, chunk_size, cu_chunk_seqlens, output_dtype=torch.float32)
+
+    def scan():
+        f.chunk_scan(CB, x, dt_out, dA, C, states, cu_chunk_seqlens, out, seq_idx, D=D, z=z, initial_states=initial)
+        return out
+
+    return {
+        "gather": lambda: _snapshot(state_cache, initial_state_indices, has_initial_states),
+        "chunk_cumsum": lambda: f.chunk_cumsum(dt, A, chunk_size, cu_chunk_seqlens, dt_bias=dt_bias,
+                                               dt_softplus=dt_softplus, dt_limit=dt_limit)[0],
+        "chunk_state": lambda: f.chunk_state(B, x, dt_out, dA, cu_chunk_seqlens, states_in_fp32=True),
+        "state_passing": passing,
+        "bmm_chunk": lambda: f.bmm_chunk(C, B, chunk_size, cu_chunk_seqlens, output_dtype=torch.float32),
+        "chunk_scan": scan,
+    }
+
+
 # ---- the warmup hook: representative calls, as a vLLM server warms --------------------------------------------------
 # A vLLM server does not enumerate Triton specializations: it runs dummy forward passes at startup (profiling, and
 # the compile sizes), and whatever those launches compiled is warm. The hook does the same with representative calls
@@ -236,7 +312,8 @@ def _warmup_call(config, sequences, mode: str, row_pad: int, device: str) -> dic
 
 class VllmSSDProvider:
     """vLLM's ``mamba_chunk_scan_combined_varlen`` behind the harness's ``ssd_prefill`` (snapshot path only), with
-    the optional hooks (docs/provider.md#optional-hooks): ``warmup(requests)``, ``stages`` and ``tuning_caches``."""
+    the optional hooks (docs/provider.md#optional-hooks): ``warmup(requests)``, ``stages``, ``tuning_caches`` and
+    ``stage_launches``."""
 
     name = f"vllm-{VERSION}-ssd"
     supported_paths = frozenset({"snapshot"})
@@ -257,6 +334,12 @@ class VllmSSDProvider:
         helpers = sys.modules.get(f"{OPS}.triton_helpers")
         cache = getattr(helpers, "_autotuned_configs", None)
         return [cache] if isinstance(cache, dict) else []
+
+    def stage_launches(self, **call) -> dict:
+        """Each of vLLM's stages in this call as a closure launching it alone on the call's intermediates (the
+        optional hook of docs/provider.md; direct writeback calls only). NotImplementedError where this vLLM lacks
+        a stage function the launches need (``STAGE_FUNCTIONS``)."""
+        return _vllm_stage_launches(**call)
 
     def warmup(self, requests) -> int:
         """What a vLLM server's startup dummy runs compile, for each model configuration: representative calls

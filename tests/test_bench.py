@@ -460,6 +460,82 @@ def test_a_call_whose_graph_cannot_be_profiled_is_profiled_eagerly():
     assert any("saw no device activity" in s for s in silent["skipped"])
 
 
+# ---- stages alone, against a peer ------------------------------------------------------------------------------------
+
+
+class StagedProvider(FakeProvider):
+    """A fake provider with the ``stage_launches`` hook: per path the stages it launches and, per round, each
+    stage's time (us) for the fake timer. Every launch of a closure is recorded."""
+
+    def __init__(self, name, paths, extension, stage_us):
+        super().__init__(name, paths, extension)
+        self.stage_us, self.launched = stage_us, []
+
+    def stage_launches(self, *, x, case, path, gather=None):
+        if path not in self.stage_us:
+            raise NotImplementedError(f"no stage launches on the {path} path")
+        return {stage: (lambda stage=stage: self.launched.append((path, stage)) or (self.name, path, stage))
+                for stage in self.stage_us[path]}
+
+
+def round_timer(providers):
+    """``timer(fn, reps)``: the stage's time in the round this is (a stage is timed once a round)."""
+    timed: dict = {}
+
+    def timer(fn, reps):
+        name, path, stage = fn()
+        n = timed[(name, path, stage)] = timed.get((name, path, stage), -1) + 1
+        return providers[name].stage_us[path][stage][n]
+    return timer
+
+
+def test_stages_alone_compare_each_stage_with_the_fused_pair_summed_and_no_side_by_side_groups(capsys):
+    a = StagedProvider("ours", {"snapshot", "indexed"}, True, {
+        "snapshot": {"gather": [1.0, 1.0, 1.0], "chunk_cumsum": [2.0, 9.0, 3.0], "bmm_chunk": [4.0, 4.0, 4.0],
+                     "chunk_state_passing": [30.0, 31.0, 29.0], "chunk_scan": [50.0, 50.0, 50.0]},
+        "indexed": {"chunk_cumsum": [2.0, 2.0, 2.0], "bmm_chunk": [4.0, 4.0, 4.0], "chunk_state": [20.0, 20.0, 20.0],
+                    "state_passing": [9.0, 9.0, 9.0], "chunk_scan": [50.0, 50.0, 50.0]}})
+    b = StagedProvider("peer", {"snapshot"}, False, {
+        "snapshot": {"gather": [2.0, 2.0, 2.0], "chunk_cumsum": [2.5, 2.5, 2.5], "chunk_state": [21.0, 21.0, 21.0],
+                     "state_passing": [10.0, 10.0, 10.0], "bmm_chunk": [3.0, 3.0, 3.0],
+                     "chunk_scan": [60.0, 60.0, 60.0]}})
+    report = bench.bench_stages_alone(["short-continuation"], ["snapshot-fused", "indexed"], a, b, rounds=3, reps=7,
+                                      timer=round_timer({"ours": a, "peer": b}),
+                                      build_inputs=lambda c, d: FakeInputs(c), device="cpu")
+    assert [(t["variant"], t["peer_variant"]) for t in report["tables"]] == [
+        ("snapshot-fused", "snapshot"), ("indexed", "snapshot")]
+    rows = {r["stage"]: (r["ours_us"], r["peer_us"]) for r in report["tables"][0]["rows"]}
+    assert list(rows) == ["gather", "chunk_cumsum", "chunk_state", "chunk_state_passing", "state_passing",
+                          "bmm_chunk", "chunk_scan", "chunk_state + state_passing", "sum of stages"]
+    assert rows["chunk_cumsum"] == (3.0, 2.5)  # the median of the rounds: 2, 9, 3
+    assert rows["chunk_state + state_passing"] == (30.0, 31.0) and rows["sum of stages"] == (88.0, 98.5)
+    indexed = {r["stage"]: (r["ours_us"], r["peer_us"]) for r in report["tables"][1]["rows"]}
+    assert indexed["state_passing"] == (9.0, 10.0) and indexed["gather"] == (None, 2.0)
+    # Each round launches every stage once before timing it (its tuning), ours then the peer's.
+    assert a.launched.count(("snapshot", "chunk_scan")) == 6 and b.launched.count(("snapshot", "gather")) == 6
+    bench.print_stages_alone(report)
+    out = capsys.readouterr().out
+    assert "each stage alone: 20 launches a graph, us per launch, median of 3 rounds" in out
+    assert "above the peer's: chunk_cumsum (+0.50 us), bmm_chunk (+1.00 us)" in out
+
+
+def test_stages_alone_without_the_hook_or_with_a_refusal_say_so_and_give_no_table():
+    a = StagedProvider("ours", {"snapshot", "indexed"}, True, {"snapshot": {"chunk_scan": [1.0]}})
+    hookless = vllm_like()
+    report = bench.bench_stages_alone(["prefill-4256"], ["snapshot-fused"], a, hookless, rounds=1, reps=1,
+                                      timer=round_timer({"ours": a}), build_inputs=lambda c, d: FakeInputs(c),
+                                      device="cpu")
+    assert report["tables"] == [] and report["skipped"] == [
+        "provider 'peer' has no stage_launches hook (docs/provider.md#optional-hooks): its stages are not timed alone"]
+    refusing = StagedProvider("peer", {"snapshot"}, False, {})
+    report = bench.bench_stages_alone(["prefill-4256"], ["snapshot-fused"], a, refusing, rounds=1, reps=1,
+                                      timer=round_timer({"ours": a}), build_inputs=lambda c, d: FakeInputs(c),
+                                      device="cpu")
+    assert report["tables"] == []
+    assert report["skipped"] == ["prefill-4256 peer snapshot: no stage launches: no stage launches on the snapshot "
+                                 "path"]
+
+
 # ---- the command -----------------------------------------------------------------------------------------------------
 
 

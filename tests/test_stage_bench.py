@@ -33,8 +33,8 @@ def test_stage_closures_reproduce_the_call(path, extra, sequences, device):
 
     calls = stage_bench.stage_calls(provider, inputs, path, **extra)
     # The indexed path runs chunk state and state passing apart, the snapshot path fused.
-    passing = ["chunk_state", "state_passing_indexed"] if path == "indexed" else ["chunk_state_passing"]
-    gather = f"gather ({extra['gather']})" if "gather" in extra else None
+    passing = ["chunk_state", "state_passing"] if path == "indexed" else ["chunk_state_passing"]
+    gather = "gather" if "gather" in extra else None
     assert set(calls) == {"chunk_cumsum", "bmm_chunk", "chunk_scan", *passing} | (
         {gather} if gather else set()), sorted(calls)
     assert_bits_equal(calls["chunk_cumsum"][0](), workspace["dA_cumsum"], what="chunk_cumsum closure: dA_cumsum")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import importlib.util
+import math
 import sys
 import zipfile
 from pathlib import Path
@@ -24,6 +25,7 @@ import torch
 from harness.cases.loader import load_case_file
 from harness.checks import ProviderError, Status, load_provider, run_check
 from harness.compare import assert_bits_equal
+from reference.snapshot import gather_initial_states
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = "peers.vllm_ssd:provider"
@@ -440,6 +442,49 @@ def test_stage_hooks_are_the_ones_with_our_contract(cases, vllm_provider, device
     result = run_check(cases["vllm-direct"], "state_passing_exact", vllm_provider, device=device, provider_spec=SPEC)
     assert result.status is Status.UNSUPPORTED and "lacks stage hook stages.state_passing" in result.reason, \
         result.reason
+
+
+@needs_ops
+@pytest.mark.parametrize("case_id", ["vllm-direct", "vllm-batch-fp16"])
+def test_stage_launches_reproduce_the_adapters_call(cases, vllm_provider, device, case_id):
+    """Each of vLLM's stages launched alone (the ``stage_launches`` hook the stage bench times) does the work of the
+    adapter's call: the chunk scan's launch writes the call's output bit for bit on the hook's intermediates, the
+    state passing's launch the call's final states into the cache, the gather's the snapshot copy."""
+    from harness.cases.builder import build_inputs
+
+    case = cases[case_id]
+    called, launched = build_inputs(case, device), build_inputs(case, device)
+    vllm_provider.ssd_prefill(**called.kwargs(path="snapshot"))
+    kw = launched.kwargs(path="snapshot")
+    launches = vllm_provider.stage_launches(**kw)
+    assert set(launches) == {"gather", "chunk_cumsum", "chunk_state", "state_passing", "bmm_chunk", "chunk_scan"}
+    # The hook's own call wrote the final slots (crossed slots: one is another sequence's initial slot), so the
+    # gather's launch copies the cache as it is now: compare it before anything else writes.
+    assert_bits_equal(launches["gather"](), gather_initial_states(launched.state_cache, kw["initial_state_indices"],
+                                                                  kw["has_initial_states"]),
+                      what=f"{case_id}: gather launched alone")
+    launched.out.fill_(math.nan)
+    launched.state_cache.fill_(math.nan)  # the final slots must be written by the state passing's launch itself
+    assert_bits_equal(launches["chunk_scan"](), called.out, what=f"{case_id}: chunk scan launched alone: out")
+    launches["state_passing"]()
+    slots = kw["final_state_indices"].long()
+    assert_bits_equal(launched.state_cache[slots], called.state_cache[slots],
+                      what=f"{case_id}: state passing launched alone: final states")
+
+
+@needs_ops
+def test_stage_launches_refuse_what_they_do_not_mirror(cases, vllm_provider, device, monkeypatch):
+    """The hook mirrors direct writeback only, and needs vLLM's private stage functions with the keywords it passes:
+    anything else is NotImplementedError naming why (the stage bench then reports the peer's stages as not timed)."""
+    from harness.cases.builder import build_inputs
+    from peers import vllm_ssd
+
+    kw = build_inputs(cases["vllm-direct"], device).kwargs(path="snapshot")
+    with pytest.raises(NotImplementedError, match="direct writeback only"):
+        vllm_provider.stage_launches(**{**kw, "final_state_indices": None})
+    monkeypatch.setattr(vllm_ssd._combined, "_state_passing_fwd", lambda states, dA_cumsum: None)
+    with pytest.raises(NotImplementedError, match=r"_state_passing_fwd with keyword\(s\) \['initial_states'"):
+        vllm_provider.stage_launches(**kw)
 
 
 @needs_ops

@@ -9,6 +9,9 @@
   Triton's autotuners (a launcher that remembers the chosen config and then launches the kernel directly, which
   Triton's autotuner never sees again). ``autotune_idempotent`` empties them for its tuned call and restores them
   after; without the hook only Triton's own caches are reset (``tuning_caches`` returns []).
+- ``provider.stage_launches(**call)``: each stage of one call as a closure launching it alone on that call's
+  intermediates, for ``harness bench --stages`` (``stage_launches_hook``); a provider without it is timed by
+  profiling its whole calls only.
 
 A ``ModelConfig`` is a plain value, read by attribute: a provider needs nothing of the harness to take one.
 """
@@ -100,5 +103,14 @@ def stage_hook(provider, name: str) -> tuple[Callable | None, str]:
                   "hooks); the stage-level check cannot run, so it is not passed")
 
 
-__all__ = ["ModelConfig", "model_config", "model_configs", "warmup_hook", "stage_hook", "tuning_caches", "STAGE_HOOKS",
-           "D_KINDS"]
+def stage_launches_hook(provider) -> tuple[Callable | None, str]:
+    """(``provider.stage_launches``, "") or (None, why its stages cannot be timed alone)."""
+    hook = getattr(provider, "stage_launches", None)
+    if callable(hook):
+        return hook, ""
+    return None, (f"provider {provider_name(provider)!r} has no stage_launches hook (docs/provider.md#optional-hooks): "
+                  "its stages are not timed alone")
+
+
+__all__ = ["ModelConfig", "model_config", "model_configs", "warmup_hook", "stage_hook", "stage_launches_hook",
+           "tuning_caches", "STAGE_HOOKS", "D_KINDS"]
