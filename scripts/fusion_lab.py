@@ -44,6 +44,9 @@ from kernel_lab import (  # noqa: E402
 )
 
 WORKLOADS = ["short-continuation", "prefill-4256", "continue-600", "mixed-3"]
+# States a program of the batched candidate (scripts/state_passing_many.py) walks: the indexed kernel's 512, and
+# vLLM's autotuned range.
+BATCHED_BLOCKS = (256, 512, 1024, 2048)
 # (BLOCK_SIZE_M headdim, BLOCK_SIZE_N dstate, BLOCK_SIZE_K tokens, warps, stages): the best of docs/gpu-runs.md
 # runs 60 and 76 (64, 64, 256, 8, 2) and its neighbours with deeper pipelines, more or fewer programs (each program
 # walks every chunk of one tile: a latency-bound loop, one or two programs per multiprocessor).
@@ -132,7 +135,7 @@ def launches(kw: dict, ws: dict, path: str):
 
     many = None
     if path == "snapshot":
-        from state_passing_many import state_passing_many
+        from state_passing_many import state_passing_batched, state_passing_many
 
         many_out, many_cache = torch.empty_like(ws["states"]), kw["state_cache"].clone()
 
@@ -142,7 +145,17 @@ def launches(kw: dict, ws: dict, path: str):
                                state_cache=many_cache, final_state_indices=kw["final_state_indices"],
                                last_chunk_indices=kw["last_chunk_indices"])
 
-        many = (many_pair, (many_out, many_cache))
+        many = {"many": (many_pair, (many_out, many_cache))}
+        for block in BATCHED_BLOCKS:
+            out, cache = torch.empty_like(ws["states"]), kw["state_cache"].clone()
+
+            def batched_pair(out=out, cache=cache, block=block):
+                states = chunk_state(B, x, dt_out, dA, cu)
+                state_passing_batched(states, dA, initial_states=ws["initial_states"], out=out, state_cache=cache,
+                                      final_state_indices=kw["final_state_indices"],
+                                      last_chunk_indices=kw["last_chunk_indices"], block=block)
+
+            many[f"batched{block}"] = (batched_pair, (out, cache))
     return pair, fused, (pair_out, pair_cache), (fused_out, fused_cache), many
 
 
@@ -177,11 +190,11 @@ def run(workloads: list[str], reps: int, dry_run: bool, like: list[str] | None =
                 rows.append((tag, "pair", "chunk_state + state_passing", time_graph(pair, reps), "-", True))
             else:  # the snapshot path ships the fused kernel: the pair (its teacher-forced mode) is the bits only
                 rows.append((tag, "pair", "chunk_state + teacher-forced", math.nan, "-", True))
-                many_pair, many_outs = many
-                results = three_runs(many_pair, list(many_outs), [many_outs[0]], device)
-                stable = all(same_bits(r, results[0]) for r in results)
-                rows.append((tag, "many", "chunk_state + state_passing_many", time_graph(many_pair, reps),
-                             str(same_bits(results[0], expected)), stable))
+                for kind, (many_pair, many_outs) in many.items():
+                    results = three_runs(many_pair, list(many_outs), [many_outs[0]], device)
+                    stable = all(same_bits(r, results[0]) for r in results)
+                    rows.append((tag, kind, f"chunk_state + state_passing_{kind}", time_graph(many_pair, reps),
+                                 str(same_bits(results[0], expected)), stable))
             for cand in candidates:
                 for name, kernel in variants.items():
                     label = describe(cand) if name == "shipped" else f"{describe(cand)} {name}"
@@ -207,7 +220,8 @@ def print_rows(rows: list[tuple]) -> None:
     tags = dict.fromkeys(r[0] for r in rows)
     for tag in tags:
         pair = [r for r in rows if r[0] == tag and r[1] == "pair"][0]
-        many = [f"many {r[3]:.1f} ({r[4]}, stable {r[5]})" for r in rows if r[0] == tag and r[1] == "many"]
+        many = [f"{r[1]} {r[3]:.1f} ({r[4]}, stable {r[5]})" for r in rows
+                if r[0] == tag and r[1] not in ("pair", "fused")]
         best = sorted((r for r in rows if r[0] == tag and r[1] == "fused" and r[5] and not math.isnan(r[3])),
                       key=lambda r: r[3])[:3]
         shipped = "-" if math.isnan(pair[3]) else f"{pair[3]:.1f}"

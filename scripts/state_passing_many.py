@@ -113,3 +113,72 @@ def state_passing_many(states: torch.Tensor, dA_cumsum: torch.Tensor, seq_idx: t
         dA_cumsum.stride(0), dA_cumsum.stride(1), dA_cumsum.stride(2), seq_idx.stride(0), initial_states.stride(0),
         initial_states.stride(1), state_cache.stride(0), state_cache.stride(1), final_state_indices.stride(0),
         last_chunk_indices.stride(0), USE_PDL=pdl["USE_PDL"], BLOCK_SIZE=block, launch_pdl=pdl["launch_pdl"])
+
+
+# ---- the batched candidate: one program per (block of states, sequence, head) ---------------------------------------
+# vLLM's state passing grid: each program walks only its own sequence's chunks (found from last_chunk_indices), so a
+# call's longest sequence, not its chunk count, is the loop's length; no resets inside the loop.
+
+
+@triton.jit
+def _state_passing_batched_kernel(
+    states_ptr, out_ptr, dA_cs_ptr, init_ptr, cache_ptr, final_idx_ptr, last_chunk_ptr,
+    dim, chunk_size, stride_states_chunk, stride_states_head, stride_out_chunk, stride_out_head,
+    stride_dA_head, stride_dA_chunk, stride_dA_q, stride_init_row, stride_init_head,
+    stride_cache_slot, stride_cache_head, stride_final_idx, stride_last_chunk,
+    USE_PDL: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+):
+    wait_for_previous_kernel(USE_PDL)
+    pid_m = tl.program_id(0)
+    b = tl.program_id(1)
+    pid_h = tl.program_id(2)
+    offs = pid_m * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offs < dim
+    row = b.to(tl.int64)
+    end = tl.load(last_chunk_ptr + row * stride_last_chunk).to(tl.int64) + 1
+    start = tl.load(last_chunk_ptr + (row - 1) * stride_last_chunk, mask=b > 0, other=-1).to(tl.int64) + 1
+    slot = tl.load(final_idx_ptr + row * stride_final_idx).to(tl.int64)
+    s = tl.load(init_ptr + row * stride_init_row + pid_h * stride_init_head + offs, mask=mask,
+                other=0.0).to(tl.float32)
+    states_ptr = chunk_row(states_ptr + pid_h * stride_states_head, start, stride_states_chunk)
+    out_ptr = chunk_row(out_ptr + pid_h * stride_out_head, start, stride_out_chunk)
+    dA_cs_ptr = chunk_row(dA_cs_ptr + pid_h * stride_dA_head + (chunk_size - 1) * stride_dA_q, start, stride_dA_chunk)
+    n = (end - start).to(tl.int32)
+    for first in range(0, grouped_chunks(n), READ_AHEAD):
+        new0, end0, new1, end1, new2, end2, new3, end3 = load_chunks_ahead(
+            states_ptr, dA_cs_ptr, offs, mask, first, stride_states_chunk, stride_dA_chunk)
+        group = chunk_row(out_ptr, first, stride_out_chunk)
+        s = recurrence_step(s, new0, end0)
+        tl.store(group + offs, s.to(out_ptr.dtype.element_ty), mask=mask)
+        s = recurrence_step(s, new1, end1)
+        tl.store(group + stride_out_chunk + offs, s.to(out_ptr.dtype.element_ty), mask=mask)
+        s = recurrence_step(s, new2, end2)
+        tl.store(group + 2 * stride_out_chunk + offs, s.to(out_ptr.dtype.element_ty), mask=mask)
+        s = recurrence_step(s, new3, end3)
+        tl.store(group + 3 * stride_out_chunk + offs, s.to(out_ptr.dtype.element_ty), mask=mask)
+    for c in range(grouped_chunks(n), n):
+        new, dA_end = load_chunk_at(states_ptr, dA_cs_ptr, offs, mask, c, stride_states_chunk, stride_dA_chunk)
+        s = recurrence_step(s, new, dA_end)
+        tl.store(chunk_row(out_ptr, c, stride_out_chunk) + offs, s.to(out_ptr.dtype.element_ty), mask=mask)
+    if slot >= 0:
+        tl.store(cache_ptr + slot * stride_cache_slot + pid_h * stride_cache_head + offs,
+                 s.to(cache_ptr.dtype.element_ty), mask=mask)
+
+
+def state_passing_batched(states: torch.Tensor, dA_cumsum: torch.Tensor, *, initial_states: torch.Tensor,
+                          out: torch.Tensor, state_cache: torch.Tensor, final_state_indices: torch.Tensor,
+                          last_chunk_indices: torch.Tensor, block: int = BLOCK_SIZE) -> None:
+    """As ``state_passing_many``, with a program per sequence: the grid is (blocks, sequences, heads)."""
+    C, H, P, N = states.shape
+    for name, t in (("states", states), ("out", out), ("initial_states", initial_states),
+                    ("state_cache", state_cache)):
+        assert t.stride(3) == 1 and t.stride(2) == N, f"{name}: (P, N) must be compact, found {t.stride()}"
+    block = fixed_block(P * N, block)
+    pdl = pdl_arguments()
+    batch = last_chunk_indices.shape[0]
+    _state_passing_batched_kernel[(triton.cdiv(P * N, block), batch, H)](
+        states, out, dA_cumsum, initial_states, state_cache, final_state_indices, last_chunk_indices,
+        P * N, dA_cumsum.shape[2], states.stride(0), states.stride(1), out.stride(0), out.stride(1),
+        dA_cumsum.stride(0), dA_cumsum.stride(1), dA_cumsum.stride(2), initial_states.stride(0),
+        initial_states.stride(1), state_cache.stride(0), state_cache.stride(1), final_state_indices.stride(0),
+        last_chunk_indices.stride(0), USE_PDL=pdl["USE_PDL"], BLOCK_SIZE=block, launch_pdl=pdl["launch_pdl"])

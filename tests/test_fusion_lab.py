@@ -21,8 +21,9 @@ def test_the_dry_run_gives_the_pairs_bits_under_every_fused_config(fusion_lab):
     rows = fusion_lab.run(fusion_lab.WORKLOADS, reps=1, dry_run=True)
     tags = {r[0] for r in rows}
     assert tags == {"one/snapshot", "one/indexed", "two/snapshot"}, tags
+    batched = [f"batched{b}" for b in fusion_lab.BATCHED_BLOCKS]
     assert {(r[0], r[1]) for r in rows} == {(t, k) for t in tags for k in ("pair", "fused")} | {
-        (t, "many") for t in tags if t.endswith("/snapshot")}
+        (t, k) for t in tags if t.endswith("/snapshot") for k in ("many", *batched)}
     variants = [v for v in fusion_lab.fused_variants() if v != "shipped"]
     for tag in tags:  # each candidate once shipped and once per variant of the fused kernel
         configs = [r[2] for r in rows if r[0] == tag and r[1] == "fused"]
@@ -48,6 +49,24 @@ def test_the_many_sequence_state_passing_is_caught_when_it_skips_a_reset(fusion_
     rows = fusion_lab.run(fusion_lab.WORKLOADS, reps=1, dry_run=True)
     many = {r[0]: r[4] for r in rows if r[1] == "many"}
     assert many == {"one/snapshot": "True", "two/snapshot": "False"}, many
+
+
+@pytest.mark.interpreter(reason="the lab's kernel runs under the interpreter on CPU tensors")
+def test_the_batched_state_passing_is_caught_when_it_walks_the_wrong_chunks(fusion_lab, monkeypatch):
+    """Negative control of the ``batched`` rows' bit check: fed each sequence's last chunk one too early (its last
+    chunk's state never stepped, the next sequence starting a chunk early), the lab kernel must read as differing
+    from the pair where a sequence has more than one chunk."""
+    import state_passing_many
+
+    real = state_passing_many.state_passing_batched
+
+    def early(states, dA_cumsum, *, last_chunk_indices, **kwargs):
+        real(states, dA_cumsum, last_chunk_indices=(last_chunk_indices - 1).clamp(min=0), **kwargs)
+
+    monkeypatch.setattr(state_passing_many, "state_passing_batched", early)
+    monkeypatch.setattr(fusion_lab, "BATCHED_BLOCKS", (512,))
+    rows = fusion_lab.run(fusion_lab.WORKLOADS, reps=1, dry_run=True)
+    assert {r[0]: r[4] for r in rows if r[1] == "batched512"} == {"one/snapshot": "False", "two/snapshot": "False"}
 
 
 def test_the_labs_bit_comparison_sees_one_ulp(fusion_lab):
