@@ -17,7 +17,9 @@ On the snapshot path a third candidate, ``many``: chunk_state, then a state pass
 indexed kernel's shape (``scripts/state_passing_many.py``: blocks of states, chunk rows read ahead, the state reset to
 the dense snapshot where the sequence changes, exiting states stored, each final state written at its sequence's
 last chunk), timed against the fused kernel and compared with the pair's bits: whether a pair like vLLM's wins on
-calls of many chunks (docs/gpu-runs.md, the plan).
+calls of many chunks (docs/gpu-runs.md, the plan). And ``batched<block>``: the same pair with a state passing that
+runs a program per (block of states, sequence, head), each walking only its own sequence's chunks (vLLM's grid), at
+each block of ``BATCHED_BLOCKS``.
 """
 
 from __future__ import annotations
