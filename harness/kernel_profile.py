@@ -31,8 +31,9 @@ STAGE_PATTERNS: tuple[tuple[str, str], ...] = (
     ("chunk_state", r"_chunk_state(_fwd)?_kernel"),
     # ours on the snapshot path: chunk state and state passing in one kernel (kernels/chunk_state_passing.py)
     ("chunk_state_passing", r"_chunk_state_passing_kernel"),
-    # ours: _state_passing_indexed_kernel (indexed path); vLLM: _state_passing_fwd_kernel
-    ("state_passing", r"_state_passing(_indexed|_fwd)?_kernel"),
+    # ours: _state_passing_indexed_kernel (indexed path), _state_passing_batched_kernel (the snapshot path on many
+    # chunks); vLLM: _state_passing_fwd_kernel
+    ("state_passing", r"_state_passing(_indexed|_batched|_fwd)?_kernel"),
     ("bmm_chunk", r"_bmm_chunk(_fwd)?_kernel"),
     ("chunk_scan", r"_chunk_scan(_fwd)?_kernel"),
 )

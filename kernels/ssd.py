@@ -3,8 +3,9 @@
 Snapshot path: copy the initial states out of the cache first (fused Triton gather on CUDA, the same copy in
 PyTorch ops elsewhere: ``kernels.gather``), then one kernel computes the chunk states and passes them on
 (``kernels.chunk_state_passing``), writing the exiting state of every chunk into the workspace and, in direct mode,
-the final states into the cache. Chunk scan reads the dense copy, so a final slot that is also an initial slot is
-safe to overwrite.
+the final states into the cache; from ``SNAPSHOT_PAIR_FROM`` chunks, chunk state and a state passing with a
+program per sequence (``kernels.state_passing_batched``) do the same in two kernels, with the same bits. Chunk scan
+reads the dense copy, so a final slot that is also an initial slot is safe to overwrite.
 
 Indexed path (one sequence, direct writeback, no intermediate states, cache dtype == workspace dtype): no copy.
 Chunk state, then state passing reads the initial state from the cache by slot index and stores each chunk's
@@ -25,6 +26,7 @@ from kernels.chunk_state import chunk_state
 from kernels.chunk_state_passing import chunk_state_passing
 from kernels.gather import gather_initial_states, gather_initial_states_torch
 from kernels.interface import CallShape, choose_gather, choose_path
+from kernels.state_passing_batched import state_passing_batched
 from kernels.state_passing_indexed import state_passing_indexed
 
 # The launch orders (kernels/backend.py: a kernel that reads nothing the one before it writes runs beside it):
@@ -37,6 +39,17 @@ from kernels.state_passing_indexed import state_passing_indexed
 # chunk, lost time placed behind bmm's (docs/gpu-runs.md). scripts/order_lab.py times them.
 LAUNCH_ORDERS = ("none", "state", "state-scan", "state+gather", "bmm-first")
 LAUNCH_ORDER = "bmm-first"
+# From this many chunks in a call the snapshot path runs chunk state and the batched state passing
+# (``kernels.state_passing_batched``) instead of the fused kernel, whose few programs each walk every chunk: the
+# pair won a 17-chunk call (47.6 against 52.6 us) and lost a 3-chunk one (11.5 against 10.6); docs/gpu-runs.md
+# runs 110-115. The same bits either way.
+SNAPSHOT_PAIR_FROM = 8
+
+
+def snapshot_pair(nchunks: int) -> bool:
+    """Whether the snapshot path of a call of ``nchunks`` chunks runs the pair (a shape, known without a device
+    read)."""
+    return nchunks >= SNAPSHOT_PAIR_FROM
 
 
 def ssd_prefill(
@@ -83,7 +96,8 @@ def ssd_prefill(
     name; default the cache dtype); ``gather`` picks the snapshot copy (``fused``/``torch``; ``auto``: fused on
     CUDA); ``workspace_out``, a dict, receives the chosen ``path``, ``gather`` and the intermediates
     (``states``: the (C, H, P, N) workspace, exiting states on the snapshot path and entering states on the indexed
-    path; ``chunk_states``, the indexed path's only, None on the snapshot path; ``dA_cumsum``, ``dt_out``,
+    path; ``chunk_states``, where chunk state ran as a kernel of its own (the indexed path, and the snapshot path
+    from ``SNAPSHOT_PAIR_FROM`` chunks), else None; ``dA_cumsum``, ``dt_out``,
     ``initial_states``) for tests.
     """
     T, H, P = x.shape
@@ -113,24 +127,29 @@ def ssd_prefill(
     copy = choose_gather(gather, call.on_cuda) if chosen == "snapshot" else None
 
     order = LAUNCH_ORDER
+    nchunks = cu_chunk_seqlens.shape[0] - 1
+    pair = chosen == "indexed" or snapshot_pair(nchunks)  # chunk state as a kernel of its own
     gather_beside = order in ("state+gather", "bmm-first") and copy == "fused"
-    bmm_first = order == "bmm-first" and chosen == "indexed"
+    bmm_first = order == "bmm-first" and pair
     bmm_after = order != "none" and not bmm_first
     dA_cumsum, dt_out = chunk_cumsum(
         dt, A, chunk_size, cu_chunk_seqlens, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
         signal_next=gather_beside,
     )
-    if order == "none":
-        CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens)
-    nchunks = dt_out.shape[1]
+    CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens) if order == "none" else None
 
-    if chosen == "indexed":
+    def chunk_states_beside_bmm(CB: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(chunk states, CB): chunk state as a kernel of its own, bmm launched beside it as the order says."""
         if bmm_first:
             CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens, signal_next=True)
-        chunk_states = chunk_state(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, signal_next=bmm_after,
-                                   overlaps_previous=bmm_first)
+        states = chunk_state(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, signal_next=bmm_after,
+                             overlaps_previous=bmm_first)
         if bmm_after:
             CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens, overlaps_previous=True)
+        return states, CB
+
+    if chosen == "indexed":
+        chunk_states, CB = chunk_states_beside_bmm(CB)
         initial_states = None
         workspace = torch.empty((nchunks, H, P, N), dtype=ws_dtype, device=x.device)
         state_passing_indexed(
@@ -152,23 +171,27 @@ def ssd_prefill(
             initial_states = gather_initial_states_torch(state_cache, initial_state_indices, has_initial_states)
         result = None
         if call.mode == "direct":
-            writeback = dict(
-                state_cache=state_cache, final_state_indices=final_state_indices, last_chunk_indices=last_chunk_indices
-            )
+            writeback = dict(state_cache=state_cache, final_state_indices=final_state_indices)
         elif call.mode == "returned":
             # The kernel's own writeback into a dense tensor: the same single fp32 -> cache dtype rounding as a
             # direct writeback, whatever the workspace dtype.
             result = torch.empty((batch, H, P, N), dtype=state_cache.dtype, device=x.device)
             identity = torch.arange(batch, dtype=torch.int64, device=x.device)
-            writeback = dict(state_cache=result, final_state_indices=identity, last_chunk_indices=last_chunk_indices)
+            writeback = dict(state_cache=result, final_state_indices=identity)
         else:
             writeback = {}
-        chunk_states = None  # never leave the chip
         workspace = torch.empty((nchunks, H, P, N), dtype=ws_dtype, device=x.device)
-        chunk_state_passing(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, seq_idx, out=workspace,
-                            initial_states=initial_states, signal_next=bmm_after, **writeback)
-        if bmm_after:
-            CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens, overlaps_previous=True)
+        if pair:
+            chunk_states, CB = chunk_states_beside_bmm(CB)
+            state_passing_batched(chunk_states, dA_cumsum, last_chunk_indices, initial_states=initial_states,
+                                  out=workspace, **writeback)
+        else:
+            chunk_states = None  # never leave the chip
+            chunk_state_passing(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, seq_idx, out=workspace,
+                                initial_states=initial_states, signal_next=bmm_after,
+                                last_chunk_indices=last_chunk_indices if writeback else None, **writeback)
+            if bmm_after:
+                CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens, overlaps_previous=True)
         if call.mode == "checkpoint":
             result = workspace
 

@@ -16,14 +16,24 @@ from collections.abc import Callable
 
 import torch
 
-from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, chunk_state_passing, gather, state_passing_indexed
+from kernels import (
+    bmm_chunk,
+    chunk_cumsum,
+    chunk_scan,
+    chunk_state,
+    chunk_state_passing,
+    gather,
+    state_passing_batched,
+    state_passing_indexed,
+)
 
 
 def stage_launches(ssd_prefill: Callable, **call) -> dict[str, Callable[[], torch.Tensor]]:
     """Stage name (``harness.kernel_profile.STAGES``'s names) -> a closure launching that stage alone on the
     intermediates of ``ssd_prefill(**call)``, returning the tensor the stage wrote. The snapshot path has
-    ``gather``, ``chunk_state_passing`` (chunk state and state passing in one kernel); the indexed path
-    ``chunk_state`` and ``state_passing``; both ``chunk_cumsum``, ``bmm_chunk`` and ``chunk_scan``."""
+    ``gather``, ``chunk_state_passing`` (chunk state and state passing in one kernel), or from
+    ``kernels.ssd.SNAPSHOT_PAIR_FROM`` chunks ``chunk_state`` and ``state_passing`` (the batched kernel); the indexed
+    path ``chunk_state`` and ``state_passing``; both ``chunk_cumsum``, ``bmm_chunk`` and ``chunk_scan``."""
     ws: dict = {}
     ssd_prefill(**call, workspace_out=ws)
     x, B, C, Q, cu, seq_idx = call["x"], call["B"], call["C"], call["chunk_size"], call["cu_chunk_seqlens"], \
@@ -36,9 +46,9 @@ def stage_launches(ssd_prefill: Callable, **call) -> dict[str, Callable[[], torc
             dt_limit=call.get("dt_limit", (0.0, float("inf"))))[0],
         "bmm_chunk": lambda: bmm_chunk.bmm_chunk(C, B, Q, cu),
     }
-    if ws["path"] == "indexed":
+    if ws["chunk_states"] is not None:  # chunk state ran as a kernel of its own
         launches["chunk_state"] = lambda: chunk_state.chunk_state(B, x, dt_out, dA, cu)
-
+    if ws["path"] == "indexed":
         def passing():
             state_passing_indexed.state_passing_indexed(
                 ws["chunk_states"], dA, state_cache=cache, init_slot_index=call["initial_state_indices"][:1],
@@ -51,14 +61,24 @@ def stage_launches(ssd_prefill: Callable, **call) -> dict[str, Callable[[], torc
         # The snapshot copy the call made: the fused Triton gather or the same copy in PyTorch ops.
         copy = gather.gather_initial_states if ws["gather"] == "fused" else gather.gather_initial_states_torch
         launches["gather"] = lambda: copy(cache, call["initial_state_indices"], call["has_initial_states"])
+        # Every launch reads the gathered copy, so writing the final slots again does the same work.
+        if ws["chunk_states"] is not None:
+            def batched():
+                state_passing_batched.state_passing_batched(
+                    ws["chunk_states"], dA, call["last_chunk_indices"], initial_states=ws["initial_states"],
+                    out=states, state_cache=cache, final_state_indices=call.get("final_state_indices"))
+                return states
 
-        def state_and_passing():
-            chunk_state_passing.chunk_state_passing(
-                B, x, dt_out, dA, cu, seq_idx, out=states, initial_states=ws["initial_states"], state_cache=cache,
-                final_state_indices=call.get("final_state_indices"), last_chunk_indices=call["last_chunk_indices"])
-            return states
+            launches["state_passing"] = batched
+        else:
+            def state_and_passing():
+                chunk_state_passing.chunk_state_passing(
+                    B, x, dt_out, dA, cu, seq_idx, out=states, initial_states=ws["initial_states"],
+                    state_cache=cache, final_state_indices=call.get("final_state_indices"),
+                    last_chunk_indices=call["last_chunk_indices"])
+                return states
 
-        launches["chunk_state_passing"] = state_and_passing
+            launches["chunk_state_passing"] = state_and_passing
 
     def scan():
         chunk_scan.chunk_scan(CB, x, dt_out, dA, C, states, cu, seq_idx, out=call["out"], D=call.get("D"),

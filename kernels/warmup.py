@@ -166,12 +166,14 @@ def watched_kernels() -> list[Any]:
         chunk_state,
         chunk_state_passing,
         gather,
+        state_passing_batched,
         state_passing_indexed,
     )
 
     return [gather._gather_initial_states_kernel, state_passing_indexed._state_passing_indexed_kernel,
             chunk_cumsum.chunk_cumsum_kernel, chunk_state.chunk_state_kernel, bmm_chunk.bmm_chunk_kernel,
-            chunk_scan.chunk_scan_kernel, chunk_state_passing._chunk_state_passing_kernel]
+            chunk_scan.chunk_scan_kernel, state_passing_batched._state_passing_batched_kernel,
+            chunk_state_passing._chunk_state_passing_kernel]
 
 
 def _split_arguments(kernel: Any, arguments: dict) -> tuple[tuple, dict]:
@@ -499,11 +501,9 @@ def _chunk_cumsum_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
 
 @register("chunk_state")
 def _chunk_state_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
-    """The indexed path's (the snapshot path runs ``kernels.chunk_state_passing``)."""
+    """The indexed path's, and the snapshot path's on calls of many chunks (``kernels.ssd.snapshot_pair``)."""
     from kernels import chunk_state as cs
 
-    if "indexed" not in req.paths:
-        return
     s = req.shape
     H, P, N, G, Q = s.nheads, s.headdim, s.dstate, s.ngroups, s.chunk_size
     # One chunk count per class of the (H, C, Q) strides and per chunk count class (the config depends on it).
@@ -549,6 +549,39 @@ def _chunk_scan_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
             initial_states=standin((1, H, P, N), state) if snapshot else None, states_are_entering=not snapshot)
         yield spec_for(csc.chunk_scan_kernel, arguments,
                        why=f"{io} io, {state} states, D {d_kind}, z={has_z}, {path}, nchunks~{nchunks}")
+
+
+@register("state_passing_batched")
+def _state_passing_batched_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
+    """The snapshot path's state passing on calls of many chunks: dense initial states (fresh), the writeback
+    target of each mode (as the fused kernel's), both loop shapes (the chunk and sequence counts choose one)."""
+    from kernels import state_passing_batched as spb
+
+    k = spb._state_passing_batched_kernel
+    if "snapshot" not in req.paths:
+        return
+    s = req.shape
+    H, P, N, Q = s.nheads, s.headdim, s.dstate, s.chunk_size
+    row = H * P * N
+    for state, meta, nchunks, read_ahead in itertools.product(
+            req.state_dtypes, req.metadata_dtypes, representatives(lambda c: c * Q), (False, True)):
+        targets = []
+        if "direct" in req.modes:  # the user's cache and final slots
+            targets += [(_cache(state, s, pad, aligned), final) for aligned in ALIGNMENTS
+                        for pad in representatives(lambda p: row + p, candidates=range(17))
+                        for final in _index_views(k, "final_idx_ptr", "stride_final_idx", req)]
+        if "returned" in req.modes:  # a fresh (Bt, H, P, N) result and an int64 arange of slots
+            targets.append((standin((1, H, P, N), state), standin((1,), torch.int64)))
+        if "checkpoint" in req.modes:  # nothing written (the launcher's placeholders stand in)
+            targets.append((None, None))
+        for cache, final in targets:
+            arguments = spb.launch_arguments(
+                standin((nchunks, H, P, N), F32), standin((H, nchunks, Q), F32), standin((1,), meta),
+                initial_states=standin((1, H, P, N), state), out=standin((nchunks, H, P, N), state),
+                state_cache=cache, final_state_indices=final)
+            yield spec_for(k, {**arguments, "READ_AHEAD_LOOP": read_ahead},
+                           why=f"{state} states, nchunks~{nchunks}, read-ahead={read_ahead}, "
+                               f"{'no writeback' if final is None else 'writeback'}")
 
 
 @register("chunk_state_passing")

@@ -4,8 +4,10 @@ bench workloads, one process, the peer's calls interleaved with ours.
     python scripts/order_lab.py [--rounds 3] [--reps 200] [--peer peers.vllm_ssd:provider] [--workload W ...]
     python scripts/order_lab.py --dry-run    # the same plumbing on the CPU (interpreter, small shapes, no timing)
 
-For each workload, each order's call (indexed where the workload has one sequence, snapshot-fused) runs once eagerly
-and must give the bits of the order "none" (bmm alone, right after the cumsum): output and cache. Then every call,
+For each workload, each order's call (indexed where the workload has one sequence; the snapshot path with the fused
+gather, once with its fused states kernel and once with chunk state and the batched state passing, forced:
+``OUR_VARIANTS``) runs once eagerly and must give the bits of the first variant's order "none" (bmm alone, right
+after the cumsum): output and cache. Then every call,
 ours under each order and the peer's, is captured and timed by CUDA graph replay, round after round, every autotuner
 tuning afresh for each round as the bench's do (``harness.bench.interleave``, ``tuned_afresh``), and the best and
 median rounds are printed, with each against the peer's best.
@@ -27,21 +29,36 @@ sys.path.insert(0, str(REPO))
 WORKLOADS = ["short-continuation", "prefill-4256", "continue-600", "mixed-3"]
 
 
+# Our variants: (ssd_prefill's arguments, harness.bench.VARIANTS' name; the snapshot path's chunk count from which
+# the pair runs, kernels.ssd.SNAPSHOT_PAIR_FROM, or None for the shipped rule). The snapshot path is timed with
+# each of its two states kernels forced, whatever the call's chunk count: the fused kernel, and chunk state then
+# the batched state passing.
+OUR_VARIANTS = {
+    "indexed": ("indexed", None),
+    "snapshot-fused": ("snapshot-fused", 1 << 30),
+    "snapshot-pair": ("snapshot-fused", 1),
+}
+
+
 @contextlib.contextmanager
-def launch_order(order: str):
+def launch_order(order: str, pair_from: int | None = None):
     from kernels import ssd
 
-    saved, ssd.LAUNCH_ORDER = ssd.LAUNCH_ORDER, order
+    saved = ssd.LAUNCH_ORDER, ssd.SNAPSHOT_PAIR_FROM
+    ssd.LAUNCH_ORDER = order
+    if pair_from is not None:
+        ssd.SNAPSHOT_PAIR_FROM = pair_from
     try:
         yield
     finally:
-        ssd.LAUNCH_ORDER = saved
+        ssd.LAUNCH_ORDER, ssd.SNAPSHOT_PAIR_FROM = saved
 
 
-def ordered_call(call, order: str):
-    """``call`` with ``LAUNCH_ORDER`` set to ``order`` while it launches (a graph captures the order it launched in)."""
+def ordered_call(call, order: str, pair_from: int | None = None):
+    """``call`` with ``LAUNCH_ORDER`` set to ``order`` (and the snapshot pair's threshold to ``pair_from``) while
+    it launches (a graph captures the kernels it launched)."""
     def run():
-        with launch_order(order):
+        with launch_order(order, pair_from):
             call()
     return run
 
@@ -89,19 +106,20 @@ def run(workloads: list[str], rounds: int, reps: int, peer_spec: str | None, dry
     for workload in workloads:
         case = small_case(workload) if dry_run else workload_case(workload)
         inputs = build_inputs(case, device)
-        variants = ["indexed", "snapshot-fused"] if len(case.sequences) == 1 else ["snapshot-fused"]
+        variants = [v for v in OUR_VARIANTS if len(case.sequences) == 1 or v != "indexed"]
         entries, fns = [], []
+        expected = None  # every variant and order must write the first one's bits (indexed == snapshot)
         for variant in variants:
-            expected = None
+            arguments, pair_from = VARIANTS[OUR_VARIANTS[variant][0]], OUR_VARIANTS[variant][1]
             for order in ssd.LAUNCH_ORDERS:
-                call = ordered_call(_call(provider, inputs, VARIANTS[variant]), order)
+                call = ordered_call(_call(provider, inputs, arguments), order, pair_from)
                 call()
                 if device == "cuda":
                     torch.cuda.synchronize()
                 got = written(inputs)
                 expected = got if expected is None else expected
-                entry = Entry(workload, f"ours:{order}", variant, VARIANTS[variant])
-                entry.error = bits_differ(got, expected, f"order {order!r} against 'none' ({variant})")
+                entry = Entry(workload, f"ours:{order}", variant, arguments)
+                entry.error = bits_differ(got, expected, f"{variant} order {order!r} against {variants[0]} 'none'")
                 entries.append(entry)
                 fns.append(call)
         if peer is not None:

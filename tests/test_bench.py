@@ -291,6 +291,7 @@ def host(name: str, us: float) -> FunctionEvent:
     ("_chunk_cumsum_kernel", "chunk_cumsum"), ("_chunk_cumsum_fwd_kernel", "chunk_cumsum"),
     ("_chunk_state_kernel", "chunk_state"), ("_chunk_state_fwd_kernel", "chunk_state"),
     ("_chunk_state_passing_kernel", "chunk_state_passing"), ("_state_passing_kernel", "state_passing"),
+    ("_state_passing_batched_kernel", "state_passing"),
     ("_state_passing_indexed_kernel", "state_passing"),
     ("_state_passing_fwd_kernel", "state_passing"), ("_bmm_chunk_kernel", "bmm_chunk"),
     ("_bmm_chunk_fwd_kernel", "bmm_chunk"), ("_chunk_scan_kernel", "chunk_scan"),

@@ -1,6 +1,6 @@
 """The order lab (scripts/order_lab.py): under the interpreter every launch order of ``ssd_prefill``
-(``kernels.ssd.LAUNCH_ORDER``) gives the order "none"'s bits on every workload and path, and the lab's comparison
-flags an order whose bmm computes something else."""
+(``kernels.ssd.LAUNCH_ORDER``) gives the order "none"'s bits on every workload and path, with either of the snapshot
+path's states kernels, and the lab's comparison flags an order whose bmm computes something else."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ def order_lab():
 def test_every_order_gives_the_same_bits(order_lab):
     rows = order_lab.run(order_lab.WORKLOADS, rounds=1, reps=1, peer_spec=None, dry_run=True)
     expected = {(w, f"ours:{o}", v) for w in order_lab.WORKLOADS for o in LAUNCH_ORDERS
-                for v in (("snapshot-fused",) if w == "mixed-3" else ("indexed", "snapshot-fused"))}
+                for v in (("snapshot-fused", "snapshot-pair") if w == "mixed-3"
+                          else ("indexed", "snapshot-fused", "snapshot-pair"))}
     assert {(r["workload"], r["side"], r["variant"]) for r in rows} == expected
     assert [r for r in rows if r["error"]] == []
 
@@ -41,6 +42,7 @@ def test_an_order_whose_bmm_differs_is_flagged(order_lab, monkeypatch):
     monkeypatch.setattr(ssd, "bmm_chunk", off_by_one_when_overlapping)
     rows = order_lab.run(["short-continuation"], rounds=1, reps=1, peer_spec=None, dry_run=True)
     flagged = {(r["side"], r["variant"]) for r in rows if r["error"]}
-    assert all(r["error"].startswith("out, order") and "differ in bits" in r["error"] for r in rows if r["error"])
+    assert all(r["error"].startswith(f"out, {r['variant']} order") and "differ in bits" in r["error"]
+               for r in rows if r["error"])
     assert flagged == {(f"ours:{o}", v) for o in LAUNCH_ORDERS if o != "none"
-                       for v in ("indexed", "snapshot-fused")}
+                       for v in ("indexed", "snapshot-fused", "snapshot-pair")}

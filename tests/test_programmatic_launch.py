@@ -85,7 +85,9 @@ def test_which_kernels_signal_early_and_which_may_overlap():
 def recorded_launches(monkeypatch, device, path: str, tamper=None) -> list[tuple[str, bool, bool]]:
     """(launcher, signal_next, overlaps_previous) of each stage launch of one ``ssd_prefill`` call on ``path``: the
     short bench workload at an interpreter-sized shape (one sequence over two chunks, from an initial state).
-    ``tamper`` {launcher: wrap}: how ``ssd_prefill`` calls that launcher is changed before it is recorded."""
+    ``path`` "snapshot-pair": the snapshot path as it runs on calls of many chunks (chunk state and the batched
+    state passing). ``tamper`` {launcher: wrap}: how ``ssd_prefill`` calls that launcher is changed before it is
+    recorded."""
     import dataclasses
 
     from harness.bench import workload_case
@@ -103,8 +105,11 @@ def recorded_launches(monkeypatch, device, path: str, tamper=None) -> list[tuple
             return fn(*args, **kwargs)
         return wrapper
 
+    if path == "snapshot-pair":
+        monkeypatch.setattr(ssd, "SNAPSHOT_PAIR_FROM", 1)
+        path = "snapshot"
     for name in ("chunk_cumsum", "bmm_chunk", "chunk_state", "chunk_state_passing", "gather_initial_states",
-                 "gather_initial_states_torch", "state_passing_indexed", "chunk_scan"):
+                 "gather_initial_states_torch", "state_passing_indexed", "state_passing_batched", "chunk_scan"):
         monkeypatch.setattr(ssd, name, recording(name, getattr(ssd, name)))
     for name, wrap in (tamper or {}).items():
         monkeypatch.setattr(ssd, name, wrap(getattr(ssd, name)))
@@ -118,8 +123,9 @@ READS_FROM = {
     "chunk_state": {"chunk_cumsum"},
     "chunk_state_passing": {"chunk_cumsum", "gather_initial_states", "gather_initial_states_torch"},
     "state_passing_indexed": {"chunk_cumsum", "chunk_state"},
+    "state_passing_batched": {"chunk_cumsum", "chunk_state", "gather_initial_states", "gather_initial_states_torch"},
     "chunk_scan": {"chunk_cumsum", "bmm_chunk", "chunk_state_passing", "state_passing_indexed",
-                   "gather_initial_states", "gather_initial_states_torch"},
+                   "state_passing_batched", "gather_initial_states", "gather_initial_states_torch"},
 }
 
 
@@ -166,7 +172,7 @@ def test_the_launch_check_sees_an_overlap_on_what_the_kernel_before_writes():
     assert misplaced_overlaps([("bmm_chunk", True, False), ("chunk_state", False, True)]) == []
 
 
-@pytest.mark.parametrize("path", ["snapshot", "indexed"])
+@pytest.mark.parametrize("path", ["snapshot", "snapshot-pair", "indexed"])
 @pytest.mark.parametrize("order", ssd.LAUNCH_ORDERS)
 def test_ssd_prefill_launches_the_overlapping_bmm_right_after_a_signalling_kernel(monkeypatch, device, order, path):
     """What makes a late wait safe is the overlapping kernel's place: right after a kernel that waited for
@@ -184,6 +190,8 @@ def test_ssd_prefill_launches_the_overlapping_bmm_right_after_a_signalling_kerne
     ("state", "indexed", "chunk_state", "bmm_chunk"),
     ("state", "snapshot", "chunk_state_passing", "bmm_chunk"),
     ("bmm-first", "indexed", "bmm_chunk", "chunk_state"),
+    ("bmm-first", "snapshot-pair", "bmm_chunk", "chunk_state"),
+    ("state", "snapshot-pair", "chunk_state", "bmm_chunk"),
 ])
 def test_the_launch_check_sees_an_overlapping_kernel_after_one_that_did_not_signal(monkeypatch, device, order, path,
                                                                                     kernel_before, overlapping):

@@ -23,6 +23,7 @@ from harness.guards.specialization import (
 from harness.varlen import build_varlen_metadata
 from harness.warmup import main, warmup_all
 from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, chunk_state_passing, gather, ssd
+from kernels import state_passing_batched as spb
 from kernels import state_passing_indexed as spi
 from kernels.warmup import ModelShape, int_values, plan, registered, representatives
 
@@ -45,6 +46,7 @@ KERNELS = {
     "chunk_state": chunk_state.chunk_state_kernel,
     "bmm_chunk": bmm_chunk.bmm_chunk_kernel,
     "chunk_scan": chunk_scan.chunk_scan_kernel,
+    "state_passing_batched": spb._state_passing_batched_kernel,
     "chunk_state_passing": chunk_state_passing._chunk_state_passing_kernel,
 }
 
@@ -84,8 +86,9 @@ def _call(device, *, io=torch.float32, state=torch.float32, contexts=(3,), token
     return lambda: ssd.ssd_prefill(x, dt, A, B, C, **kw)
 
 
-# Together these launch every registered kernel, both paths, all three modes, every D kind, both nchunks parities
-# (Q = 8: the (H, C, Q) strides are 16k or not), block-table columns and an unaligned padded cache.
+# Together these launch every registered kernel, both paths (the snapshot one with either states kernel), all three
+# modes, every D kind, both nchunks parities (Q = 8: the (H, C, Q) strides are 16k or not), block-table columns and
+# an unaligned padded cache.
 CALLS = {
     "snapshot-direct-fp16-bf16state-Dchan-z-bias-softplus-limit-table": dict(
         io=torch.float16, state=torch.bfloat16, contexts=(3, 0), tokens=(13, 9), D="per_channel", z=True, bias=True,
@@ -93,6 +96,10 @@ CALLS = {
     "indexed-direct-fp32-Dhead": dict(contexts=(5,), tokens=(19,), D="per_head", path="indexed"),
     "snapshot-returned-bf16-fp16state": dict(io=torch.bfloat16, state=torch.float16, contexts=(0,), tokens=(8,)),
     "snapshot-checkpoint-fp32": dict(contexts=(2, 4), tokens=(7, 12), mode="checkpoint", softplus=True),
+    # From kernels.ssd.SNAPSHOT_PAIR_FROM chunks the snapshot path runs chunk state and the batched state passing:
+    # one long sequence (the read-ahead loop) and a batch of short ones (a chunk a step).
+    "snapshot-pair-direct-bf16-long": dict(io=torch.bfloat16, state=torch.bfloat16, contexts=(0,), tokens=(70,)),
+    "snapshot-pair-returned-fp32-batch": dict(contexts=(3, 0, 5), tokens=(30, 20, 25), mode="returned"),
 }
 
 

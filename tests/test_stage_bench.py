@@ -19,12 +19,17 @@ from tests.support import make_case
 TWO = [(40, 70, 1, True, 4), (0, 33, 2, False, 6)]
 
 
-@pytest.mark.parametrize("path,extra,sequences", [
-    ("snapshot", {"gather": "torch"}, TWO),
-    ("snapshot", {"gather": "fused"}, TWO),
-    ("indexed", {}, [(40, 150, 1, True, 4)]),
-], ids=["snapshot-torch", "snapshot-fused", "indexed"])
-def test_stage_closures_reproduce_the_call(path, extra, sequences, device):
+@pytest.mark.parametrize("path,extra,sequences,pair_from", [
+    ("snapshot", {"gather": "torch"}, TWO, None),
+    ("snapshot", {"gather": "fused"}, TWO, None),
+    ("snapshot", {"gather": "fused"}, TWO, 1),
+    ("indexed", {}, [(40, 150, 1, True, 4)], None),
+], ids=["snapshot-torch", "snapshot-fused", "snapshot-pair", "indexed"])
+def test_stage_closures_reproduce_the_call(path, extra, sequences, pair_from, device, monkeypatch):
+    from kernels import ssd
+
+    if pair_from is not None:  # the snapshot path as it runs on calls of many chunks
+        monkeypatch.setattr(ssd, "SNAPSHOT_PAIR_FROM", pair_from)
     case = make_case(sequences, io="bfloat16", state="bfloat16", headdim=8, chunk_size=32)
     inputs = build_inputs(case, device)
     expected_inputs = inputs.clone()
@@ -32,13 +37,13 @@ def test_stage_closures_reproduce_the_call(path, extra, sequences, device):
     provider.ssd_prefill(**expected_inputs.kwargs(path=path), **extra, workspace_out=workspace)
 
     calls = stage_bench.stage_calls(provider, inputs, path, **extra)
-    # The indexed path runs chunk state and state passing apart, the snapshot path fused.
-    passing = ["chunk_state", "state_passing"] if path == "indexed" else ["chunk_state_passing"]
+    # The indexed path runs chunk state and state passing apart, the snapshot path fused (apart on many chunks).
+    passing = ["chunk_state", "state_passing"] if path == "indexed" or pair_from else ["chunk_state_passing"]
     gather = "gather" if "gather" in extra else None
     assert set(calls) == {"chunk_cumsum", "bmm_chunk", "chunk_scan", *passing} | (
         {gather} if gather else set()), sorted(calls)
     assert_bits_equal(calls["chunk_cumsum"][0](), workspace["dA_cumsum"], what="chunk_cumsum closure: dA_cumsum")
-    if path == "indexed":
+    if "chunk_state" in passing:
         assert_bits_equal(calls["chunk_state"][0](), workspace["chunk_states"], what="chunk_state closure")
     if gather:  # the copy the call made, by the same function
         assert_bits_equal(calls[gather][0](), workspace["initial_states"], what=f"{gather} closure")
