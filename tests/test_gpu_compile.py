@@ -20,20 +20,28 @@ pytestmark = pytest.mark.interpreter(reason="on the GPU every launch compiles fo
                                      "stand-in for that")
 
 FULL = Options(D="per_channel", z=True, dt_bias=True, dt_softplus=True, dt_limit=(0.0, 10.0))
-# (io, state, path, mode, options): every kernel, both paths, the three modes, all io dtypes, dstate 16.
+ONE = [(70, 90, 2, True, 5)]
+# From kernels.ssd.SNAPSHOT_PAIR_FROM chunks (chunk 64 here) the snapshot path runs chunk state and the batched
+# state passing: one long sequence reads ahead, a batch of short ones runs a chunk a step.
+LONG = [(0, 600, 2, False, 5)]
+BATCH = [(70, 90, 2, True, 5), (0, 300, 3, False, 6), (10, 200, 4, True, 7)]
+# (io, state, path, mode, options, sequences): every kernel, both paths (the snapshot one with either states
+# kernel), the three modes, all io dtypes, dstate 16.
 CALLS = [
-    ("float32", "bfloat16", "snapshot", "direct", FULL),
-    ("float32", "bfloat16", "indexed", "direct", FULL),
-    ("bfloat16", "bfloat16", "snapshot", "returned", Options(D="per_head")),
-    ("float16", "float32", "snapshot", "checkpoint", Options()),
+    ("float32", "bfloat16", "snapshot", "direct", FULL, ONE),
+    ("float32", "bfloat16", "indexed", "direct", FULL, ONE),
+    ("bfloat16", "bfloat16", "snapshot", "returned", Options(D="per_head"), ONE),
+    ("float16", "float32", "snapshot", "checkpoint", Options(), ONE),
+    ("bfloat16", "bfloat16", "snapshot", "direct", Options(), LONG),
+    ("float16", "float32", "snapshot", "returned", Options(), BATCH),
 ]
 
 
 @pytest.fixture(scope="module")
 def launches(device) -> list[Launch]:
     seen: list[Launch] = []
-    for io, state, path, mode, options in CALLS:
-        case = make_case([(70, 90, 2, True, 5)], io=io, state=state, options=options, mode=mode, case_id="sm90")
+    for io, state, path, mode, options, sequences in CALLS:
+        case = make_case(sequences, io=io, state=state, options=options, mode=mode, slots=8, case_id="sm90")
         inputs = build_inputs(case, device)
         with capturing_launches(watched_kernels()) as calls:
             # The fused gather is what CUDA runs (the CPU default is the torch.where snapshot).
