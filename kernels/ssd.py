@@ -33,10 +33,11 @@ from kernels.state_passing_indexed import state_passing_indexed
 # "none", each kernel alone, bmm right after the cumsum; "state", bmm beside the chunk state kernel (the fused kernel
 # on the snapshot path), launched after it; "state-scan", as "state", and the chunk scan's programs placed early
 # behind the indexed state passing; "state+gather", as "state", and the fused gather beside the cumsum; "bmm-first",
-# as "state+gather" with bmm launched before the indexed path's chunk state kernel: bmm's programs are placed first
-# and chunk state's fill the slots around them, instead of bmm's waiting for chunk state's last partial wave and
-# outlasting it. The snapshot path keeps "state+gather" there: its fused kernel's few programs, each walking every
-# chunk, lost time placed behind bmm's (docs/gpu-runs.md). scripts/order_lab.py times them.
+# as "state+gather" with bmm launched before the chunk state kernel (the indexed path's, and the snapshot path's on
+# calls of many chunks): bmm's programs are placed first and chunk state's fill the slots around them, instead of
+# bmm's waiting for chunk state's last partial wave and outlasting it. Where the snapshot path runs its fused kernel
+# it keeps "state+gather": the fused kernel's few programs, each walking every chunk, lost time placed behind bmm's
+# (docs/gpu-runs.md). scripts/order_lab.py times them.
 LAUNCH_ORDERS = ("none", "state", "state-scan", "state+gather", "bmm-first")
 LAUNCH_ORDER = "bmm-first"
 # From this many chunks in a call the snapshot path runs chunk state and the batched state passing
