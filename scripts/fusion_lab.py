@@ -17,9 +17,9 @@ On the snapshot path a third candidate, ``many``: chunk_state, then a state pass
 indexed kernel's shape (``scripts/state_passing_many.py``: blocks of states, chunk rows read ahead, the state reset to
 the dense snapshot where the sequence changes, exiting states stored, each final state written at its sequence's
 last chunk), timed against the fused kernel and compared with the pair's bits: whether a pair like vLLM's wins on
-calls of many chunks (docs/gpu-runs.md, the plan). And ``batched<block>``: the same pair with a state passing that
-runs a program per (block of states, sequence, head), each walking only its own sequence's chunks (vLLM's grid), at
-each block of ``BATCHED_BLOCKS``.
+calls of many chunks (docs/gpu-runs.md, the plan). And ``batched<block>``: the pair the snapshot path ships for calls
+of many chunks (``kernels.state_passing_batched``: a program per block of states, sequence and head, each walking
+only its own sequence's chunks), at each block of ``BATCHED_BLOCKS``.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ from kernel_lab import (  # noqa: E402
 )
 
 WORKLOADS = ["short-continuation", "prefill-4256", "continue-600", "mixed-3"]
-# States a program of the batched candidate (scripts/state_passing_many.py) walks: the indexed kernel's 512, and
-# vLLM's autotuned range.
+# States a program of the shipped batched state passing walks (``kernels.state_passing_batched.BLOCK_SIZE``, forced
+# here): the indexed kernel's 512, and vLLM's autotuned range.
 BATCHED_BLOCKS = (256, 512, 1024, 2048)
 # (BLOCK_SIZE_M headdim, BLOCK_SIZE_N dstate, BLOCK_SIZE_K tokens, warps, stages): the best of docs/gpu-runs.md
 # runs 60 and 76 (64, 64, 256, 8, 2) and its neighbours with deeper pipelines, more or fewer programs (each program
@@ -137,7 +137,9 @@ def launches(kw: dict, ws: dict, path: str):
 
     many = None
     if path == "snapshot":
-        from state_passing_many import state_passing_batched, state_passing_many
+        from state_passing_many import state_passing_many
+
+        from kernels import state_passing_batched as spb
 
         many_out, many_cache = torch.empty_like(ws["states"]), kw["state_cache"].clone()
 
@@ -153,9 +155,12 @@ def launches(kw: dict, ws: dict, path: str):
 
             def batched_pair(out=out, cache=cache, block=block):
                 states = chunk_state(B, x, dt_out, dA, cu)
-                state_passing_batched(states, dA, initial_states=ws["initial_states"], out=out, state_cache=cache,
-                                      final_state_indices=kw["final_state_indices"],
-                                      last_chunk_indices=kw["last_chunk_indices"], block=block)
+                shipped, spb.BLOCK_SIZE = spb.BLOCK_SIZE, block  # read by its launch_arguments at each launch
+                try:
+                    spb.state_passing_batched(states, dA, kw["last_chunk_indices"], initial_states=ws["initial_states"],
+                                              out=out, state_cache=cache, final_state_indices=kw["final_state_indices"])
+                finally:
+                    spb.BLOCK_SIZE = shipped
 
             many[f"batched{block}"] = (batched_pair, (out, cache))
     return pair, fused, (pair_out, pair_cache), (fused_out, fused_cache), many

@@ -54,16 +54,16 @@ def test_the_many_sequence_state_passing_is_caught_when_it_skips_a_reset(fusion_
 @pytest.mark.interpreter(reason="the lab's kernel runs under the interpreter on CPU tensors")
 def test_the_batched_state_passing_is_caught_when_it_walks_the_wrong_chunks(fusion_lab, monkeypatch):
     """Negative control of the ``batched`` rows' bit check: fed each sequence's last chunk one too early (its last
-    chunk's state never stepped, the next sequence starting a chunk early), the lab kernel must read as differing
-    from the pair where a sequence has more than one chunk."""
-    import state_passing_many
+    chunk's state never stepped, the next sequence starting a chunk early), the shipped batched kernel must read as
+    differing from the pair where a sequence has more than one chunk."""
+    from kernels import state_passing_batched as spb
 
-    real = state_passing_many.state_passing_batched
+    real = spb.state_passing_batched
 
-    def early(states, dA_cumsum, *, last_chunk_indices, **kwargs):
-        real(states, dA_cumsum, last_chunk_indices=(last_chunk_indices - 1).clamp(min=0), **kwargs)
+    def early(states, dA_cumsum, last_chunk_indices, **kwargs):
+        real(states, dA_cumsum, (last_chunk_indices - 1).clamp(min=0), **kwargs)
 
-    monkeypatch.setattr(state_passing_many, "state_passing_batched", early)
+    monkeypatch.setattr(spb, "state_passing_batched", early)
     monkeypatch.setattr(fusion_lab, "BATCHED_BLOCKS", (512,))
     rows = fusion_lab.run(fusion_lab.WORKLOADS, reps=1, dry_run=True)
     assert {r[0]: r[4] for r in rows if r[1] == "batched512"} == {"one/snapshot": "False", "two/snapshot": "False"}
