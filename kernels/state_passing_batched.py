@@ -11,8 +11,8 @@ The bits are those of the fused kernel (``kernels.chunk_state_passing``): the sa
 A program walks only its own sequence, so a call's longest sequence sets the loop's length, not its chunk count.
 Two loop shapes (the constexpr ``READ_AHEAD_LOOP``, ``read_ahead``): four chunks' rows read before their steps
 (``kernels.state_passing.load_chunks_ahead``), which wins one long sequence; or one chunk a step, which wins batches
-of short ones, where the read-ahead's registers leave fewer programs resident for a grid of many (docs/gpu-runs.md
-runs 113-114). Never autotuned (a trial launch would write final slots): one fixed block.
+of short ones (measured, docs/gpu-runs.md runs 113-114; why the read-ahead loses there is not established). Never
+autotuned (a trial launch would write final slots): one fixed block.
 """
 
 from __future__ import annotations
