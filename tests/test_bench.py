@@ -10,6 +10,7 @@ themselves; and on a machine without CUDA the command refuses with a message and
 from __future__ import annotations
 
 import contextlib
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -600,6 +601,41 @@ def test_main_times_ours_against_the_peer_and_fails_when_nothing_was_timed(monke
     ours_entry.update(samples=[], error="RuntimeError: capture refused")
     peer_samples = []
     assert bench.main(["--peer", "reference:provider"]) == 2  # nothing was timed
+
+
+def test_main_stages_against_a_peer_prints_the_profiled_and_the_alone_tables_and_writes_both(monkeypatch, capsys,
+                                                                                                tmp_path):
+    """``--stages --peer``: the profiled comparison and then each stage alone, with the same workloads, variants
+    and rounds, both in the JSON; the exit status follows the profiled tables (the alone table needs a hook the
+    peer may lack, and says so)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench, "_meta", lambda args, peer: {"peer": args.peer})
+    calls = []
+    row = {"stage": "chunk_scan", "ours_us": 1.0, "peer_us": 2.0, "ratio": 0.5}
+
+    def fake_profiled(workloads, variants, provider, peer, rounds):
+        calls.append(("profiled", workloads, variants, rounds))
+        return {"peer_name": "reference", "tables": [], "skipped": []}
+
+    def fake_alone(workloads, variants, provider, peer, rounds, reps):
+        calls.append(("alone", workloads, variants, rounds, reps))
+        return {"peer_name": "reference", "rounds": rounds, "skipped": ["no hook"],
+                "tables": [{"workload": workloads[0], "variant": variants[0], "peer_variant": "snapshot",
+                            "rows": [row], "ours": {}, "peer": {}}]}
+
+    monkeypatch.setattr(bench, "bench_peer_stages", fake_profiled)
+    monkeypatch.setattr(bench, "bench_stages_alone", fake_alone)
+    out_json = tmp_path / "stages.json"
+    argv = ["--stages", "--peer", "reference:provider", "--workload", "mixed-3", "--rounds", "2", "--reps", "9",
+            "--json", str(out_json)]
+    assert bench.main(argv) == 2  # no profiled table: nothing was compared
+    assert calls == [("profiled", ["mixed-3"], ["snapshot-fused"], 2),
+                     ("alone", ["mixed-3"], ["snapshot-fused"], 2, 9)]
+    out = capsys.readouterr().out
+    assert "== mixed-3: ours snapshot-fused vs reference snapshot (each stage alone" in out
+    assert "skipped (stages alone): no hook" in out
+    written = json.loads(out_json.read_text())
+    assert written["alone"]["tables"][0]["rows"] == [row] and written["meta"] == {"peer": "reference:provider"}
 
 
 # ---- the real providers ----------------------------------------------------------------------------------------------
