@@ -41,9 +41,9 @@ from kernels.state_passing_indexed import state_passing_indexed
 LAUNCH_ORDERS = ("none", "state", "state-scan", "state+gather", "bmm-first")
 LAUNCH_ORDER = "bmm-first"
 # From this many chunks in a call the snapshot path runs chunk state and the batched state passing
-# (``kernels.state_passing_batched``) instead of the fused kernel, whose few programs each walk every chunk: the
-# pair won a 17-chunk call (47.6 against 52.6 us) and lost a 3-chunk one (11.5 against 10.6); docs/gpu-runs.md
-# runs 110-115. The same bits either way.
+# (``kernels.state_passing_batched``) instead of the fused kernel, whose few programs each walk every chunk: alone,
+# the pair won a 17-chunk call (47.6 against 52.6 us) and lost a 3-chunk one (11.5 against 10.6); in the whole
+# 11-chunk mixed-3 call it took 80.9 us against 82.7 (docs/gpu-runs.md runs 110-115). The same bits either way.
 SNAPSHOT_PAIR_FROM = 8
 
 
