@@ -13,13 +13,10 @@ candidate config, into fresh outputs (the indexed path writes its final slot, ne
 launches are idempotent). Each fused launch is compared with the pair bit for bit (workspace and cache), launched
 three times (a result that moves is a race) and timed by CUDA graph replay (``harness.cuda_timing``).
 
-On the snapshot path a third candidate, ``many``: chunk_state, then a state passing over many sequences in the
-indexed kernel's shape (``scripts/state_passing_many.py``: blocks of states, chunk rows read ahead, the state reset to
-the dense snapshot where the sequence changes, exiting states stored, each final state written at its sequence's
-last chunk), timed against the fused kernel and compared with the pair's bits: whether a pair like vLLM's wins on
-calls of many chunks (docs/gpu-runs.md, the plan). And ``batched<block>``: the pair the snapshot path ships for calls
-of many chunks (``kernels.state_passing_batched``: a program per block of states, sequence and head, each walking
-only its own sequence's chunks), at each block of ``BATCHED_BLOCKS``.
+On the snapshot path, ``batched<block>``: the pair the snapshot path ships for calls of many chunks (chunk state,
+then ``kernels.state_passing_batched``: a program per block of states, sequence and head, each walking only its
+own sequence's chunks), at each block of ``BATCHED_BLOCKS``, timed against the fused kernel and compared with the
+teacher-forced pair's bits.
 """
 
 from __future__ import annotations
@@ -88,9 +85,9 @@ def describe(c: tuple) -> str:
 
 
 def launches(kw: dict, ws: dict, path: str):
-    """(pair launch, fused launch by config, the tensors each writes, and on the snapshot path the ``many`` pair's
-    launch and tensors, else None): fresh workspace and, on the snapshot path, a fresh cache copy per launcher; the
-    indexed path writes the call's cache in place (its final slot only)."""
+    """(pair launch, fused launch by config, the tensors each writes, and the batched pair's launch and tensors by
+    row name: on the snapshot path one per ``BATCHED_BLOCKS``, else none): fresh workspace and, on the snapshot path,
+    a fresh cache copy per launcher; the indexed path writes the call's cache in place (its final slot only)."""
     import torch
     import triton
 
@@ -135,21 +132,10 @@ def launches(kw: dict, ws: dict, path: str):
         P, N = x.shape[2], B.shape[2]
         kernel[(triton.cdiv(P, config["BLOCK_SIZE_M"]) * triton.cdiv(N, config["BLOCK_SIZE_N"]), x.shape[1])](**args)
 
-    many = None
+    batched = {}
     if path == "snapshot":
-        from state_passing_many import state_passing_many
-
         from kernels import state_passing_batched as spb
 
-        many_out, many_cache = torch.empty_like(ws["states"]), kw["state_cache"].clone()
-
-        def many_pair():
-            states = chunk_state(B, x, dt_out, dA, cu)
-            state_passing_many(states, dA, seq_idx, initial_states=ws["initial_states"], out=many_out,
-                               state_cache=many_cache, final_state_indices=kw["final_state_indices"],
-                               last_chunk_indices=kw["last_chunk_indices"])
-
-        many = {"many": (many_pair, (many_out, many_cache))}
         for block in BATCHED_BLOCKS:
             out, cache = torch.empty_like(ws["states"]), kw["state_cache"].clone()
 
@@ -162,8 +148,8 @@ def launches(kw: dict, ws: dict, path: str):
                 finally:
                     spb.BLOCK_SIZE = shipped
 
-            many[f"batched{block}"] = (batched_pair, (out, cache))
-    return pair, fused, (pair_out, pair_cache), (fused_out, fused_cache), many
+            batched[f"batched{block}"] = (batched_pair, (out, cache))
+    return pair, fused, (pair_out, pair_cache), (fused_out, fused_cache), batched
 
 
 def run(workloads: list[str], reps: int, dry_run: bool, like: list[str] | None = None) -> list[tuple]:
@@ -189,18 +175,18 @@ def run(workloads: list[str], reps: int, dry_run: bool, like: list[str] | None =
     for workload, case in cases.items():
         for path in ("snapshot", "indexed") if len(case.sequences) == 1 else ("snapshot",):
             kw, ws = call_intermediates(case, device, path)
-            pair, fused, pair_outs, fused_outs, many = launches(kw, ws, path)
+            pair, fused, pair_outs, fused_outs, batched = launches(kw, ws, path)
             pair()
             expected = [o.clone() for o in pair_outs]
             tag = f"{workload}/{path}"
             if path == "indexed":  # the path that ships the pair: its time is the fused kernel's to beat
                 rows.append((tag, "pair", "chunk_state + state_passing", time_graph(pair, reps), "-", True))
-            else:  # the snapshot path ships the fused kernel: the pair (its teacher-forced mode) is the bits only
+            else:  # the pair with the teacher-forced fused kernel: the bits only
                 rows.append((tag, "pair", "chunk_state + teacher-forced", math.nan, "-", True))
-                for kind, (many_pair, many_outs) in many.items():
-                    results = three_runs(many_pair, list(many_outs), [many_outs[0]], device)
+                for kind, (batched_pair, outs) in batched.items():
+                    results = three_runs(batched_pair, list(outs), [outs[0]], device)
                     stable = all(same_bits(r, results[0]) for r in results)
-                    rows.append((tag, kind, f"chunk_state + state_passing_{kind}", time_graph(many_pair, reps),
+                    rows.append((tag, kind, f"chunk_state + state_passing_{kind}", time_graph(batched_pair, reps),
                                  str(same_bits(results[0], expected)), stable))
             for cand in candidates:
                 for name, kernel in variants.items():
@@ -222,17 +208,17 @@ def print_rows(rows: list[tuple]) -> None:
     print(f"{'workload/path':<28} {'kernel':<6} {'config':<30} {'us':>8} {'bits=pair':>9} {'stable':>6}")
     for tag, kind, config, us, same, stable in rows:
         print(f"{tag:<28} {kind:<6} {config:<30} {us:>8.1f} {same:>9} {str(stable):>6}")
-    print("== per workload/path: the pair (timed where it ships; on the snapshot path the many-sequence pair, its "
-          "bits against the pair's), and the fastest three fused configs (stable only)")
+    print("== per workload/path: the pair (timed where it ships; on the snapshot path the batched pair at each block, "
+          "its bits against the pair's), and the fastest three fused configs (stable only)")
     tags = dict.fromkeys(r[0] for r in rows)
     for tag in tags:
         pair = [r for r in rows if r[0] == tag and r[1] == "pair"][0]
-        many = [f"{r[1]} {r[3]:.1f} ({r[4]}, stable {r[5]})" for r in rows
-                if r[0] == tag and r[1] not in ("pair", "fused")]
+        batched = [f"{r[1]} {r[3]:.1f} ({r[4]}, stable {r[5]})" for r in rows
+                   if r[0] == tag and r[1] not in ("pair", "fused")]
         best = sorted((r for r in rows if r[0] == tag and r[1] == "fused" and r[5] and not math.isnan(r[3])),
                       key=lambda r: r[3])[:3]
         shipped = "-" if math.isnan(pair[3]) else f"{pair[3]:.1f}"
-        print(f"{tag:<28} pair {shipped} | " + " | ".join(many + [f"{r[2]} {r[3]:.1f} ({r[4]})" for r in best]))
+        print(f"{tag:<28} pair {shipped} | " + " | ".join(batched + [f"{r[2]} {r[3]:.1f} ({r[4]})" for r in best]))
     print("== summed over the workload paths, per fused config (the proposal for the module's TUNED); in brackets "
           "the indexed paths alone, fused against the pair")
     sums: dict = {}
