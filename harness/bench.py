@@ -394,21 +394,13 @@ def bench_peer_stages(workloads: list[str], our_variants: list[str], provider, p
 # ---- stages against a peer, each alone -------------------------------------------------------------------------------
 
 
-def time_stage_alone(fn, reps: int) -> float:
-    """Device us per launch of one stage: ``STAGE_CALLS`` launches in one CUDA graph (``harness.stage_bench`` says
-    why one launch a graph would read the device's floor instead)."""
-    from harness.cuda_timing import time_graph
-    from harness.stage_bench import STAGE_CALLS
-
-    return time_graph(fn, reps, calls=STAGE_CALLS)
-
-
 def bench_stages_alone(workloads: list[str], our_variants: list[str], provider, peer, rounds: int, reps: int,
-                       timer=time_stage_alone, build_inputs=None, device: str = "cuda") -> dict:
+                       timer=None, build_inputs=None, device: str = "cuda") -> dict:
     """Per workload and variant of ours: each stage launched alone (the ``stage_launches`` hook of both providers),
     ours against the peer's counterpart variant (``counterpart``). In each of ``rounds`` rounds both providers tune
     afresh (``tuned_afresh``) and every stage of every call is launched once (its tuning, outside any graph) and
-    timed (``timer(fn, reps)``); a stage's figure is its median over the rounds. A stage alone neither waits for
+    timed (``timer(fn, reps)``, default ``harness.stage_bench.time_one_stage``: as ``bench --stages`` times ours); a
+    stage's figure is its median over the rounds. A stage alone neither waits for
     another kernel nor shares the GPU with one: where a call runs kernels side by side, the profiled comparison
     splits their shared time by start order, this one not at all. A provider without the hook, or whose hook
     refuses a call (NotImplementedError), gets a line saying so and no table."""
@@ -418,6 +410,8 @@ def bench_stages_alone(workloads: list[str], our_variants: list[str], provider, 
 
     if build_inputs is None:
         from harness.cases.builder import build_inputs
+    if timer is None:
+        from harness.stage_bench import time_one_stage as timer
     report = {"peer_name": provider_name(peer), "rounds": rounds, "tables": [], "skipped": []}
     hooks = {}
     for side, p in (("ours", provider), ("peer", peer)):

@@ -105,6 +105,12 @@ def stage_calls(provider, inputs, path: str, **extra) -> dict:
     return {name: (fn, *tuned.get(name, (None, []))) for name, fn in launches.items()}
 
 
+def time_one_stage(fn, reps: int) -> float:
+    """Device us per launch of one stage: ``STAGE_CALLS`` launches of ``fn`` in one CUDA graph (the module docstring
+    says why not one), the median of ``reps`` replays."""
+    return time_graph(fn, reps, calls=STAGE_CALLS)
+
+
 def _finite(t: torch.Tensor) -> bool:
     return bool(torch.isfinite(t.float()).all())
 
@@ -115,10 +121,10 @@ def time_stage(name: str, fn, kernel, configs: list, reps: int) -> list[StageTim
     out = fn()  # tunes (outside the graph) and compiles
     chosen = describe(kernel.best_config) if kernel is not None else None
     unforced = AUTO if kernel is not None else FIXED
-    rows = [StageTiming(name, unforced, time_graph(fn, reps, calls=STAGE_CALLS), _finite(out), True, chosen)]
+    rows = [StageTiming(name, unforced, time_one_stage(fn, reps), _finite(out), True, chosen)]
     if kernel is not None:
         rows.extend(_forced_rows(name, fn, kernel, configs, reps))
-    rows.append(StageTiming(name, unforced + AGAIN, time_graph(fn, reps, calls=STAGE_CALLS), _finite(fn()), True,
+    rows.append(StageTiming(name, unforced + AGAIN, time_one_stage(fn, reps), _finite(fn()), True,
                             chosen))
     return rows
 
@@ -138,7 +144,7 @@ def _forced_rows(name: str, fn, kernel, configs: list, reps: int) -> list[StageT
         with forced_config(kernel, config):
             try:
                 finite = _finite(fn())
-                us = time_graph(fn, reps, calls=STAGE_CALLS)
+                us = time_one_stage(fn, reps)
             except OutOfResources as exc:  # a candidate too big for the GPU's shared memory: reported, not fatal
                 rows.append(StageTiming(name, f"{label} ({type(exc).__name__})", math.nan, False, label in shipped))
                 continue
