@@ -220,6 +220,8 @@ def _vllm_stage_launches(x, dt, A, B, C, *, chunk_size, cu_seqlens, cu_chunk_seq
         raise NotImplementedError("stage launches: direct writeback only (final_state_indices given, no "
                                   "intermediate states), the mode a serving engine's call runs")
     f = _stage_functions()
+    if state_cache.device.type == "cpu":  # the state passing's launches store final states, as the call does
+        _refuse_stores_outside_the_storage(state_cache, final_state_indices)
     B = B if B.stride(-1) == 1 else B.contiguous()  # the combined function's own layout fixes, so the stages
     C = C if C.stride(-1) == 1 else C.contiguous()  # read what they read in a call
     x = x if x.stride(-1) == 1 or x.stride(0) == 1 else x.contiguous()

@@ -301,7 +301,7 @@ def test_a_negative_final_slot_goes_through_to_vllm_and_untouched_storage_sees_t
 def test_under_the_interpreter_a_store_before_the_storage_is_refused(cases, vllm_provider, device):
     """A cache whose slot -1 row would start before its storage (not a harness case: its builder keeps that row
     inside): under the interpreter vLLM's store would write into the process's heap, so the adapter refuses the call
-    and names the cause, before anything is written."""
+    and names the cause, before anything is written; its stage launches (which store final states too) likewise."""
     inputs = _inputs(cases["vllm-padded-batch"], device)
     cache = inputs.state_cache
     tight = torch.full((cache.shape[0] * cache.stride(0),), -7.25, dtype=cache.dtype)
@@ -316,7 +316,9 @@ def test_under_the_interpreter_a_store_before_the_storage_is_refused(cases, vllm
     for expected in ("final_state_indices [1, -1]", "HAS_FINAL_STATES", "slots [-1] (sequences [1])",
                      "storage_offset 0, stride(0) 128", "this process's heap", "on a GPU it passes it through"):
         assert expected in message, (expected, message)
-    assert_bits_equal(tight, before, what="cache after the refused call")
+    with pytest.raises(NotImplementedError, match="this process's heap"):
+        vllm_provider.stage_launches(**{**kwargs, "path": "snapshot"})
+    assert_bits_equal(tight, before, what="cache after the refused call and stage launches")
 
 
 # --- the assembly script, on hand-made wheels --------------------------------------------------------------------
