@@ -551,6 +551,21 @@ def _chunk_scan_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
                        why=f"{io} io, {state} states, D {d_kind}, z={has_z}, {path}, nchunks~{nchunks}")
 
 
+def _writeback_targets(kernel: Any, req: WarmupRequest, state: torch.dtype, mode: str) -> list[tuple]:
+    """(cache, final slots) stand-ins a snapshot-path states kernel writes its final states through, in ``mode``:
+    the user's cache and final slots (direct), a fresh (Bt, H, P, N) result and an int64 arange of slots
+    (returned), or nothing (checkpoint: the launcher's placeholders stand in)."""
+    s = req.shape
+    if mode == "direct":
+        row = s.nheads * s.headdim * s.dstate
+        return [(_cache(state, s, pad, aligned), final) for aligned in ALIGNMENTS
+                for pad in representatives(lambda p: row + p, candidates=range(17))
+                for final in _index_views(kernel, "final_idx_ptr", "stride_final_idx", req)]
+    if mode == "returned":
+        return [(standin((1, s.nheads, s.headdim, s.dstate), state), standin((1,), torch.int64))]
+    return [(None, None)]
+
+
 @register("state_passing_batched")
 def _state_passing_batched_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
     """The snapshot path's state passing on calls of many chunks: dense initial states (fresh), the writeback
@@ -562,26 +577,15 @@ def _state_passing_batched_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
         return
     s = req.shape
     H, P, N, Q = s.nheads, s.headdim, s.dstate, s.chunk_size
-    row = H * P * N
-    for state, meta, nchunks, read_ahead in itertools.product(
-            req.state_dtypes, req.metadata_dtypes, representatives(lambda c: c * Q), (False, True)):
-        targets = []
-        if "direct" in req.modes:  # the user's cache and final slots
-            targets += [(_cache(state, s, pad, aligned), final) for aligned in ALIGNMENTS
-                        for pad in representatives(lambda p: row + p, candidates=range(17))
-                        for final in _index_views(k, "final_idx_ptr", "stride_final_idx", req)]
-        if "returned" in req.modes:  # a fresh (Bt, H, P, N) result and an int64 arange of slots
-            targets.append((standin((1, H, P, N), state), standin((1,), torch.int64)))
-        if "checkpoint" in req.modes:  # nothing written (the launcher's placeholders stand in)
-            targets.append((None, None))
-        for cache, final in targets:
+    for state, meta, nchunks, read_ahead, mode in itertools.product(
+            req.state_dtypes, req.metadata_dtypes, representatives(lambda c: c * Q), (False, True), req.modes):
+        for cache, final in _writeback_targets(k, req, state, mode):
             arguments = spb.launch_arguments(
                 standin((nchunks, H, P, N), F32), standin((H, nchunks, Q), F32), standin((1,), meta),
                 initial_states=standin((1, H, P, N), state), out=standin((nchunks, H, P, N), state),
                 state_cache=cache, final_state_indices=final)
             yield spec_for(k, {**arguments, "READ_AHEAD_LOOP": read_ahead},
-                           why=f"{state} states, nchunks~{nchunks}, read-ahead={read_ahead}, "
-                               f"{'no writeback' if final is None else 'writeback'}")
+                           why=f"{state} states {mode}, nchunks~{nchunks}, read-ahead={read_ahead}")
 
 
 @register("chunk_state_passing")
@@ -596,15 +600,8 @@ def _chunk_state_passing_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
         return
     s = req.shape
     H, P, N, G, Q = s.nheads, s.headdim, s.dstate, s.ngroups, s.chunk_size
-    row = H * P * N
     own = (lambda c: 0) if _param(k, "nchunks").do_not_specialize else (lambda c: c)
     counts = representatives(lambda c: c * Q, own)
-
-    def direct_targets(state: torch.dtype) -> list[tuple]:  # the user's cache and final slots
-        return [(_cache(state, s, pad, cache_aligned), final)
-                for cache_aligned in ALIGNMENTS
-                for pad in representatives(lambda p: row + p, candidates=range(17))
-                for final in _index_views(k, "final_idx_ptr", "stride_final_idx", req)]
 
     for state, meta, nchunks in itertools.product(req.state_dtypes, req.metadata_dtypes, counts):
         fp32 = standin((H, nchunks, Q), F32)
@@ -612,16 +609,11 @@ def _chunk_state_passing_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
         calls = []
         for io, mode in itertools.product(req.io_dtypes, req.modes):
             tokens = (standin((1, G, N), io), standin((1, H, P), io), standin((nchunks + 1,), meta))
-            if mode == "direct":
-                targets = direct_targets(state)
-            elif mode == "returned":  # a fresh (Bt, H, P, N) result and an int64 arange of slots
-                targets = [(standin((1, H, P, N), state), standin((1,), torch.int64))]
-            else:  # checkpoint: nothing written (the launcher's placeholders stand in)
-                targets = [(None, None)]
-            calls += [(f"{io} {mode}", tokens, target, None) for target in targets]
+            calls += [(f"{io} {mode}", tokens, target, None) for target in _writeback_targets(k, req, state, mode)]
         stand_in_tokens = csp.teacher_forced_tokens(nchunks, H, P, N, "meta")
         given = standin((nchunks, H, P, N), F32)
-        calls += [("teacher-forced direct", stand_in_tokens, target, given) for target in direct_targets(state)]
+        calls += [("teacher-forced direct", stand_in_tokens, target, given)
+                  for target in _writeback_targets(k, req, state, "direct")]
         calls += [("teacher-forced", stand_in_tokens, (None, None), given)]
         for what, (B, x, cu), (cache, final), chunk_states in calls:
             arguments = csp.launch_arguments(
