@@ -30,6 +30,7 @@ from kernels.state_passing import (
     grouped_chunks,
     load_chunk_at,
     load_chunks_ahead,
+    load_states_row,
     memory_overlaps,
     recurrence_step,
 )
@@ -118,9 +119,18 @@ def _state_passing_batched_kernel(
             new, dA_end = load_chunk_at(states_ptr, dA_cs_ptr, offs, mask, c, stride_states_chunk, stride_dA_chunk)
             s = _step_and_store(s, new, dA_end, chunk_row(out_ptr, c, stride_out_chunk), offs, mask)
     else:
-        for c in range(0, n):
-            new, dA_end = load_chunk_at(states_ptr, dA_cs_ptr, offs, mask, c, stride_states_chunk, stride_dA_chunk)
-            s = _step_and_store(s, new, dA_end, chunk_row(out_ptr, c, stride_out_chunk), offs, mask)
+        # The rows' pointers carried and advanced a chunk a step: pointers formed from the chunk index at each step
+        # (as the read-ahead loop's) made this loop 1.5x slower alone (docs/gpu-runs.md runs 117-118).
+        states_ptrs = states_ptr + offs
+        out_ptrs = out_ptr + offs
+        for _ in range(0, n):
+            new = load_states_row(states_ptrs, mask)
+            dA_end = tl.load(dA_cs_ptr).to(tl.float32)
+            s = recurrence_step(s, new, dA_end)
+            tl.store(out_ptrs, s.to(out_ptr.dtype.element_ty), mask=mask)
+            states_ptrs += stride_states_chunk
+            dA_cs_ptr += stride_dA_chunk
+            out_ptrs += stride_out_chunk
     if slot >= 0:  # negative: a padded sequence, or no writeback
         tl.store(cache_ptr + slot * stride_cache_slot + pid_h * stride_cache_head + offs,
                  s.to(cache_ptr.dtype.element_ty), mask=mask)
