@@ -119,8 +119,8 @@ def _state_passing_batched_kernel(
             new, dA_end = load_chunk_at(states_ptr, dA_cs_ptr, offs, mask, c, stride_states_chunk, stride_dA_chunk)
             s = _step_and_store(s, new, dA_end, chunk_row(out_ptr, c, stride_out_chunk), offs, mask)
     else:
-        # The rows' pointers carried and advanced a chunk a step: pointers formed from the chunk index at each step
-        # (as the read-ahead loop's) made this loop 1.5x slower alone (docs/gpu-runs.md runs 117-118).
+        # The rows' pointers carried and advanced a chunk a step (vLLM's loop shape): level in the call with
+        # pointers formed from the chunk index each step; alone, which is faster is not settled (runs 117-119).
         states_ptrs = states_ptr + offs
         out_ptrs = out_ptr + offs
         for _ in range(0, n):
