@@ -18,7 +18,8 @@ alike. Reported: the median and the best of the per-round figures, ours / the pe
 path, or of its first path when it lacks ours), and the config each of our autotuned kernels ran. ``--stages``
 times each stage of ours alone (``harness.stage_bench``); ``--stages --peer`` compares the stages of one whole call
 of each by profiling (``harness.kernel_profile``), then each stage launched alone where both providers have the
-``stage_launches`` hook (``bench_stages_alone``). Performance is measured here, never in timed tests.
+``stage_launches`` hook (``bench_stages_alone``: back to back and after an L2 flush). Performance is measured here,
+never in timed tests.
 """
 
 from __future__ import annotations
@@ -395,23 +396,24 @@ def bench_peer_stages(workloads: list[str], our_variants: list[str], provider, p
 
 
 def bench_stages_alone(workloads: list[str], our_variants: list[str], provider, peer, rounds: int, reps: int,
-                       timer=None, build_inputs=None, device: str = "cuda") -> dict:
+                       timings: dict | None = None, build_inputs=None, device: str = "cuda") -> dict:
     """Per workload and variant of ours: each stage launched alone (the ``stage_launches`` hook of both providers),
-    ours against the peer's counterpart variant (``counterpart``). In each of ``rounds`` rounds both providers tune
-    afresh (``tuned_afresh``) and every stage of every call is launched once (its tuning, outside any graph) and
-    timed (``timer(fn, reps)``, default ``harness.stage_bench.time_one_stage``: as ``bench --stages`` times ours); a
-    stage's figure is its median over the rounds. A stage alone neither waits for
-    another kernel nor shares the GPU with one: where a call runs kernels side by side, the profiled comparison
-    splits their shared time by start order, this one not at all. A provider without the hook, or whose hook
-    refuses a call (NotImplementedError), gets a line saying so and no table."""
+    ours against the peer's counterpart variant (``counterpart``), once per way of timing it (``timings``: name ->
+    (``timer(fn, reps)``, what it does), default ``harness.stage_bench.ALONE_TIMINGS``: launches back to back, as
+    ``bench --stages`` times ours, and each launch after an L2 flush). In each of ``rounds`` rounds both providers
+    tune afresh (``tuned_afresh``) and every stage of every call is launched once (its tuning, outside any graph)
+    and timed each way; a stage's figure is its median over the rounds, one table per way. A stage alone neither
+    waits for another kernel nor shares the GPU with one: where a call runs kernels side by side, the profiled
+    comparison splits their shared time by start order, this one not at all. A provider without the hook, or whose
+    hook refuses a call (NotImplementedError), gets a line saying so and no table."""
     from harness import kernel_profile
     from harness.checks.hooks import stage_launches_hook
     from harness.checks.providers import provider_name
 
     if build_inputs is None:
         from harness.cases.builder import build_inputs
-    if timer is None:
-        from harness.stage_bench import time_one_stage as timer
+    if timings is None:
+        from harness.stage_bench import ALONE_TIMINGS as timings
     report = {"peer_name": provider_name(peer), "rounds": rounds, "tables": [], "skipped": []}
     hooks = {}
     for side, p in (("ours", provider), ("peer", peer)):
@@ -435,37 +437,40 @@ def bench_stages_alone(workloads: list[str], our_variants: list[str], provider, 
                 launches[label] = hooks[e.side](**inputs.kwargs(path=e.call["path"]), **extra)
             except NotImplementedError as exc:
                 report["skipped"].append(f"{workload} {label}: no stage launches: {exc}")
-        samples: dict[str, dict[str, list[float]]] = {label: {} for label in launches}
+        # timing -> label -> stage -> the round's figures
+        samples: dict[str, dict[str, dict[str, list[float]]]] = {t: {label: {} for label in launches} for t in timings}
         for _ in range(rounds):
             with tuned_afresh([provider, peer]):
                 for label, stages in launches.items():
                     for stage, fn in stages.items():
                         fn()
-                        samples[label].setdefault(stage, []).append(timer(fn, reps))
-        medians = {label: {stage: statistics.median(us) for stage, us in stages.items()}
-                   for label, stages in samples.items()}
-        peer_variants = [label.split(" ", 1)[1] for label in medians if label.startswith("peer ")]
-        for e in entries:
-            ours = f"ours {e.variant}"
-            theirs = f"peer {counterpart(e.call['path'], peer_variants)}"
-            if e.side != "ours" or ours not in medians or theirs not in medians:
-                continue
-            rows = kernel_profile.stage_rows(medians[ours], medians[theirs], side_by_side=False)
-            o, p = sum(medians[ours].values()), sum(medians[theirs].values())
-            rows.append({"stage": "sum of stages", "ours_us": o, "peer_us": p, "ratio": ratio(o, p)})
-            report["tables"].append({"workload": workload, "variant": e.variant, "peer_variant": theirs[5:],
-                                     "rows": rows, "ours": medians[ours], "peer": medians[theirs]})
+                        for timing, (timer, _) in timings.items():
+                            samples[timing][label].setdefault(stage, []).append(timer(fn, reps))
+        for timing, by_label in samples.items():
+            medians = {label: {stage: statistics.median(us) for stage, us in stages.items()}
+                       for label, stages in by_label.items()}
+            peer_variants = [label.split(" ", 1)[1] for label in medians if label.startswith("peer ")]
+            for e in entries:
+                ours = f"ours {e.variant}"
+                theirs = f"peer {counterpart(e.call['path'], peer_variants)}"
+                if e.side != "ours" or ours not in medians or theirs not in medians:
+                    continue
+                rows = kernel_profile.stage_rows(medians[ours], medians[theirs], side_by_side=False)
+                o, p = sum(medians[ours].values()), sum(medians[theirs].values())
+                rows.append({"stage": "sum of stages", "ours_us": o, "peer_us": p, "ratio": ratio(o, p)})
+                report["tables"].append({"workload": workload, "variant": e.variant, "peer_variant": theirs[5:],
+                                         "timing": timing, "timing_note": timings[timing][1], "rows": rows,
+                                         "ours": medians[ours], "peer": medians[theirs]})
     return report
 
 
 def print_stages_alone(report: dict) -> None:
     from harness import kernel_profile
-    from harness.stage_bench import STAGE_CALLS
 
     for table in report["tables"]:
         print(f"== {table['workload']}: ours {table['variant']} vs {report['peer_name']} {table['peer_variant']} "
-              f"(each stage alone: {STAGE_CALLS} launches a graph, us per launch, median of {report['rounds']} "
-              "rounds)")
+              f"(each stage alone, {table['timing']}: {table['timing_note']}; us per launch, median of "
+              f"{report['rounds']} rounds)")
         kernel_profile.print_rows(table["rows"])
     for line in report["skipped"]:
         print(f"skipped (stages alone): {line}")

@@ -24,9 +24,10 @@ import torch
 import triton
 from triton.runtime.errors import OutOfResources
 
-from harness.cuda_timing import time_graph
+from harness.cuda_timing import time_after, time_graph
 
 STAGE_CALLS = 20  # launches of a stage per captured graph (the module docstring says why)
+FLUSHED_CALLS = 10  # launches of a stage, each after an L2 flush, per captured graph (time_one_stage_flushed)
 
 # Candidate configs timed beyond each stage's CONFIGS (serving shape: headdim 64, dstate 128, chunk 256).
 _C = triton.Config
@@ -109,6 +110,36 @@ def time_one_stage(fn, reps: int) -> float:
     """Device us per launch of one stage: ``STAGE_CALLS`` launches of ``fn`` in one CUDA graph (the module docstring
     says why not one), the median of ``reps`` replays."""
     return time_graph(fn, reps, calls=STAGE_CALLS)
+
+
+@functools.cache
+def _l2_flush_buffer(device: int) -> torch.Tensor:
+    return torch.ones(2 * torch.cuda.get_device_properties(device).L2_cache_size // 4, dtype=torch.float32,
+                      device=torch.device("cuda", device))
+
+
+def l2_flush():
+    """A closure reading a buffer of twice the current device's L2 (a sum): after it, L2 holds that buffer's
+    lines, clean, so the next kernel finds none of its data there and writes back none of the flush's."""
+    buffer = _l2_flush_buffer(torch.cuda.current_device())
+    return buffer.sum
+
+
+def time_one_stage_flushed(fn, reps: int) -> float:
+    """Device us per launch of one stage, each launch after an L2 flush (``l2_flush``; ``FLUSHED_CALLS`` pairs a
+    graph less the flushes alone: ``harness.cuda_timing.time_after``). Twenty launches back to back
+    (``time_one_stage``) give each launch what the one before left in L2, its own inputs among it: where a stage's
+    data nearly fits L2 (the batched state passing's 35 MB on mixed-3 against the H200's 50), that time turns on
+    what L2 keeps from launch to launch, which no call repeats (docs/gpu-runs.md, runs 120-121)."""
+    return time_after(l2_flush(), fn, reps, FLUSHED_CALLS)
+
+
+# How a stage alone is timed: name -> (timer(fn, reps) -> us per launch, what the heading says of it).
+ALONE_TIMINGS = {
+    "back to back": (time_one_stage, f"{STAGE_CALLS} launches a graph, each after the one before"),
+    "after an L2 flush": (time_one_stage_flushed, f"{FLUSHED_CALLS} launches a graph, each after a read of twice "
+                                                  "L2, less the reads"),
+}
 
 
 def _finite(t: torch.Tensor) -> bool:

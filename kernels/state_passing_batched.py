@@ -10,9 +10,9 @@ The bits are those of the fused kernel (``kernels.chunk_state_passing``): the sa
 
 A program walks only its own sequence, so a call's longest sequence sets the loop's length, not its chunk count.
 Two loop shapes (the constexpr ``READ_AHEAD_LOOP``, ``read_ahead``): four chunks' rows read before their steps
-(``kernels.state_passing.load_chunks_ahead``), which wins one long sequence; or one chunk a step, which wins batches
-of short ones (measured, docs/gpu-runs.md runs 113-114; why the read-ahead loses there is not established). Never
-autotuned (a trial launch would write final slots): one fixed block.
+(``kernels.state_passing.load_chunks_ahead``), which wins one long sequence; or one chunk a step (the read-ahead
+loop's second loop from chunk 0), which wins batches of short ones by a little (docs/gpu-runs.md runs 113-114 and
+121; why is not established). Never autotuned (a trial launch would write final slots): one fixed block.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from kernels.state_passing import (
     grouped_chunks,
     load_chunk_at,
     load_chunks_ahead,
-    load_states_row,
     memory_overlaps,
     recurrence_step,
 )
@@ -39,7 +38,8 @@ from kernels.state_passing import (
 # the interpreter a head is one block: kernels.backend.fixed_block).
 BLOCK_SIZE = 1024
 # Chunks per sequence, on average over the call, from which the read-ahead loop runs (a 17-chunk sequence: 13.5 us
-# against 19.3 one chunk a step; three sequences of 1, 3 and 7 chunks: 8.6 against 7.0; runs 113-114).
+# against 19.3 one chunk a step, runs 113-114; three sequences of 1, 3 and 7 chunks: level launched back to back,
+# 0.3-0.5 us slower after an L2 flush or after chunk state, run 121).
 READ_AHEAD_FROM = 8
 
 # Index tensors are read one scalar per program; the writeback flag is a branch condition: specializing on their
@@ -106,8 +106,10 @@ def _state_passing_batched_kernel(
     dA_cs_ptr = chunk_row(dA_cs_ptr + pid_h * stride_dA_head + (chunk_size - 1) * stride_dA_q, start,
                           stride_dA_chunk)
     n = (end - start).to(tl.int32)
+    singles_from = 0
     if READ_AHEAD_LOOP:
-        for first in range(0, grouped_chunks(n), READ_AHEAD):
+        singles_from = grouped_chunks(n)
+        for first in range(0, singles_from, READ_AHEAD):
             new0, end0, new1, end1, new2, end2, new3, end3 = load_chunks_ahead(
                 states_ptr, dA_cs_ptr, offs, mask, first, stride_states_chunk, stride_dA_chunk)
             group = chunk_row(out_ptr, first, stride_out_chunk)
@@ -115,22 +117,10 @@ def _state_passing_batched_kernel(
             s = _step_and_store(s, new1, end1, group + stride_out_chunk, offs, mask)
             s = _step_and_store(s, new2, end2, group + 2 * stride_out_chunk, offs, mask)
             s = _step_and_store(s, new3, end3, group + 3 * stride_out_chunk, offs, mask)
-        for c in range(grouped_chunks(n), n):
-            new, dA_end = load_chunk_at(states_ptr, dA_cs_ptr, offs, mask, c, stride_states_chunk, stride_dA_chunk)
-            s = _step_and_store(s, new, dA_end, chunk_row(out_ptr, c, stride_out_chunk), offs, mask)
-    else:
-        # The rows' pointers carried and advanced a chunk a step (vLLM's loop shape): level in the call with
-        # pointers formed from the chunk index each step; alone, which is faster is not settled (runs 117-119).
-        states_ptrs = states_ptr + offs
-        out_ptrs = out_ptr + offs
-        for _ in range(0, n):
-            new = load_states_row(states_ptrs, mask)
-            dA_end = tl.load(dA_cs_ptr).to(tl.float32)
-            s = recurrence_step(s, new, dA_end)
-            tl.store(out_ptrs, s.to(out_ptr.dtype.element_ty), mask=mask)
-            states_ptrs += stride_states_chunk
-            dA_cs_ptr += stride_dA_chunk
-            out_ptrs += stride_out_chunk
+    # The chunks after the groups, or every chunk one a step.
+    for c in range(singles_from, n):
+        new, dA_end = load_chunk_at(states_ptr, dA_cs_ptr, offs, mask, c, stride_states_chunk, stride_dA_chunk)
+        s = _step_and_store(s, new, dA_end, chunk_row(out_ptr, c, stride_out_chunk), offs, mask)
     if slot >= 0:  # negative: a padded sequence, or no writeback
         tl.store(cache_ptr + slot * stride_cache_slot + pid_h * stride_cache_head + offs,
                  s.to(cache_ptr.dtype.element_ty), mask=mask)

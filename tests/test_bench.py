@@ -502,7 +502,7 @@ def test_stages_alone_compare_each_stage_with_the_fused_pair_summed_and_no_side_
                      "state_passing": [10.0, 10.0, 10.0], "bmm_chunk": [3.0, 3.0, 3.0],
                      "chunk_scan": [60.0, 60.0, 60.0]}})
     report = bench.bench_stages_alone(["short-continuation"], ["snapshot-fused", "indexed"], a, b, rounds=3, reps=7,
-                                      timer=round_timer({"ours": a, "peer": b}),
+                                      timings={"back to back": (round_timer({"ours": a, "peer": b}), "20 a graph")},
                                       build_inputs=lambda c, d: FakeInputs(c), device="cpu")
     assert [(t["variant"], t["peer_variant"]) for t in report["tables"]] == [
         ("snapshot-fused", "snapshot"), ("indexed", "snapshot")]
@@ -517,21 +517,47 @@ def test_stages_alone_compare_each_stage_with_the_fused_pair_summed_and_no_side_
     assert a.launched.count(("snapshot", "chunk_scan")) == 6 and b.launched.count(("snapshot", "gather")) == 6
     bench.print_stages_alone(report)
     out = capsys.readouterr().out
-    assert "each stage alone: 20 launches a graph, us per launch, median of 3 rounds" in out
+    assert "(each stage alone, back to back: 20 a graph; us per launch, median of 3 rounds)" in out
     assert "above the peer's: chunk_cumsum (+0.50 us), bmm_chunk (+1.00 us)" in out
+
+
+def test_stages_alone_time_each_way_into_a_table_of_its_own(capsys):
+    """Each way of timing a stage alone (``timings``) gets its own table and its own line of rows above the
+    peer's: a stage above back to back (warm L2) and below after a flush is shown as both, never merged."""
+    a = StagedProvider("ours", {"snapshot", "indexed"}, True, {
+        "indexed": {"chunk_cumsum": [2.0, 2.0], "state_passing": [9.0, 9.0]}})
+    b = StagedProvider("peer", {"snapshot"}, False, {
+        "snapshot": {"chunk_cumsum": [2.5, 2.5], "state_passing": [7.0, 7.0]}})
+    flushed = {("ours", "indexed", "chunk_cumsum"): 3.0, ("ours", "indexed", "state_passing"): 14.0,
+               ("peer", "snapshot", "chunk_cumsum"): 3.5, ("peer", "snapshot", "state_passing"): 15.0}
+    timings = {"back to back": (round_timer({"ours": a, "peer": b}), "each after the one before"),
+               "after an L2 flush": (lambda fn, reps: flushed[fn()], "each after a flush")}
+    report = bench.bench_stages_alone(["short-continuation"], ["indexed"], a, b, rounds=2, reps=1, timings=timings,
+                                      build_inputs=lambda c, d: FakeInputs(c), device="cpu")
+    tables = {t["timing"]: {r["stage"]: (r["ours_us"], r["peer_us"]) for r in t["rows"]} for t in report["tables"]}
+    assert list(tables) == ["back to back", "after an L2 flush"]
+    assert tables["back to back"]["state_passing"] == (9.0, 7.0)
+    assert tables["after an L2 flush"]["state_passing"] == (14.0, 15.0)
+    assert tables["after an L2 flush"]["sum of stages"] == (17.0, 18.5)
+    bench.print_stages_alone(report)
+    out = capsys.readouterr().out
+    assert "(each stage alone, after an L2 flush: each after a flush; us per launch, median of 2 rounds)" in out
+    assert out.count("above the peer's: state_passing (+2.00 us)") == 1 and out.count("above the peer's: none") == 1
 
 
 def test_stages_alone_without_the_hook_or_with_a_refusal_say_so_and_give_no_table():
     a = StagedProvider("ours", {"snapshot", "indexed"}, True, {"snapshot": {"chunk_scan": [1.0]}})
     hookless = vllm_like()
     report = bench.bench_stages_alone(["prefill-4256"], ["snapshot-fused"], a, hookless, rounds=1, reps=1,
-                                      timer=round_timer({"ours": a}), build_inputs=lambda c, d: FakeInputs(c),
+                                      timings={"back to back": (round_timer({"ours": a}), "")},
+                                      build_inputs=lambda c, d: FakeInputs(c),
                                       device="cpu")
     assert report["tables"] == [] and report["skipped"] == [
         "provider 'peer' has no stage_launches hook (docs/provider.md#optional-hooks): its stages are not timed alone"]
     refusing = StagedProvider("peer", {"snapshot"}, False, {})
     report = bench.bench_stages_alone(["prefill-4256"], ["snapshot-fused"], a, refusing, rounds=1, reps=1,
-                                      timer=round_timer({"ours": a}), build_inputs=lambda c, d: FakeInputs(c),
+                                      timings={"back to back": (round_timer({"ours": a}), "")},
+                                      build_inputs=lambda c, d: FakeInputs(c),
                                       device="cpu")
     assert report["tables"] == []
     assert report["skipped"] == ["prefill-4256 peer snapshot: no stage launches: no stage launches on the snapshot "
@@ -621,7 +647,8 @@ def test_main_stages_against_a_peer_prints_the_profiled_and_the_alone_tables_and
         calls.append(("alone", workloads, variants, rounds, reps))
         return {"peer_name": "reference", "rounds": rounds, "skipped": ["no hook"],
                 "tables": [{"workload": workloads[0], "variant": variants[0], "peer_variant": "snapshot",
-                            "rows": [row], "ours": {}, "peer": {}}]}
+                            "timing": "back to back", "timing_note": "20 a graph", "rows": [row], "ours": {},
+                            "peer": {}}]}
 
     monkeypatch.setattr(bench, "bench_peer_stages", fake_profiled)
     monkeypatch.setattr(bench, "bench_stages_alone", fake_alone)
@@ -632,7 +659,7 @@ def test_main_stages_against_a_peer_prints_the_profiled_and_the_alone_tables_and
     assert calls == [("profiled", ["mixed-3"], ["snapshot-fused"], 2),
                      ("alone", ["mixed-3"], ["snapshot-fused"], 2, 9)]
     out = capsys.readouterr().out
-    assert "== mixed-3: ours snapshot-fused vs reference snapshot (each stage alone" in out
+    assert "== mixed-3: ours snapshot-fused vs reference snapshot (each stage alone, back to back: 20 a graph" in out
     assert "skipped (stages alone): no hook" in out
     written = json.loads(out_json.read_text())
     assert written["alone"]["tables"][0]["rows"] == [row] and written["meta"] == {"peer": "reference:provider"}

@@ -135,3 +135,43 @@ def test_a_graph_holds_as_many_launches_as_asked_and_time_is_per_launch(device):
     eager = 3  # capture_graph's calls outside the graph
     assert int(counter) == eager + (warmup + reps) * calls
     assert math.isfinite(us) and us > 0
+
+
+def test_time_after_is_the_pair_graph_less_the_before_graph_the_median_of_three_per_call(monkeypatch):
+    """``cuda_timing.time_after``: one graph of (before, fn) pairs and one of ``before`` alone, read in turn three
+    times; the median difference per call (one reading far off moves nothing)."""
+    from harness import cuda_timing
+
+    trace = []
+    graphs = {}
+
+    def fake_capture(fn, warmup=10, calls=1):
+        trace.clear()
+        fn()
+        graphs[tuple(trace)] = calls
+        return tuple(trace)
+
+    readings = {("before", "fn"): iter([50.0, 80.0, 52.0]), ("before",): iter([20.0, 20.0, 21.0])}
+    monkeypatch.setattr(cuda_timing, "capture_graph", fake_capture)
+    monkeypatch.setattr(cuda_timing, "median_replay_us", lambda graph, reps: next(readings[graph]))
+    us = cuda_timing.time_after(lambda: trace.append("before"), lambda: trace.append("fn"), reps=40, calls=10)
+    assert graphs == {("before", "fn"): 10, ("before",): 10}
+    assert us == pytest.approx(3.1)  # differences 30, 60, 31: the median, per call
+
+
+def test_a_flushed_timing_launches_each_call_after_a_read_of_twice_l2(device):
+    """``stage_bench.time_one_stage_flushed``: the stage runs ``FLUSHED_CALLS`` times per replay of its graph, and
+    the flush reads a buffer of twice the device's L2. Counted by a call that adds one to a device counter."""
+    if device != "cuda":
+        pytest.skip("needs a CUDA device: CUDA graphs and an L2 to flush exist only there")
+    from harness.cuda_timing import QUEUED
+
+    counter = torch.zeros((), dtype=torch.int64, device="cuda")
+    reps = 2 * QUEUED
+    us = stage_bench.time_one_stage_flushed(lambda: counter.add_(1), reps)
+    torch.cuda.synchronize()
+    warmup, eager = 10, 3  # capture_graph's replays before timing and its calls outside the graph
+    assert int(counter) == (eager + (warmup + 3 * reps) * stage_bench.FLUSHED_CALLS)
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    assert stage_bench.l2_flush().__self__.numel() * 4 == 2 * l2
+    assert math.isfinite(us)
