@@ -24,7 +24,7 @@ import torch
 import triton
 from triton.runtime.errors import OutOfResources
 
-from harness.cuda_timing import time_after, time_graph
+from harness.cuda_timing import QUEUED, time_after, time_graph
 
 STAGE_CALLS = 20  # launches of a stage per captured graph (the module docstring says why)
 FLUSHED_CALLS = 10  # launches of a stage, each after an L2 flush, per captured graph (time_one_stage_flushed)
@@ -127,11 +127,12 @@ def l2_flush():
 
 def time_one_stage_flushed(fn, reps: int) -> float:
     """Device us per launch of one stage, each launch after an L2 flush (``l2_flush``; ``FLUSHED_CALLS`` pairs a
-    graph less the flushes alone: ``harness.cuda_timing.time_after``). Twenty launches back to back
+    graph less the flushes alone: ``harness.cuda_timing.time_after``, each graph read thrice over a fifth of
+    ``reps`` replays, since each holds ten flushes of tens of microseconds). Twenty launches back to back
     (``time_one_stage``) give each launch what the one before left in L2, its own inputs among it: where a stage's
     data nearly fits L2 (the batched state passing's 35 MB on mixed-3 against the H200's 50), that time turns on
     what L2 keeps from launch to launch, which no call repeats (docs/gpu-runs.md, runs 120-121)."""
-    return time_after(l2_flush(), fn, reps, FLUSHED_CALLS)
+    return time_after(l2_flush(), fn, max(QUEUED, reps // 5), FLUSHED_CALLS)
 
 
 # How a stage alone is timed: name -> (timer(fn, reps) -> us per launch, what the heading says of it).
