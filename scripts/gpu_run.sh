@@ -5,6 +5,7 @@
 # profile-ref, profile-warmup, peer-bench). Full logs go under $OUT (the device tool brings them back); a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"  # a given OUT may not exist yet: every step tees its log there
 export PYTHONUNBUFFERED=1
 PY=${PY:-python3}
 WORKERS=${WORKERS:-8}

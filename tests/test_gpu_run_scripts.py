@@ -75,3 +75,17 @@ def test_gpu_run_refuses_an_unknown_step_before_running_any(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "unknown step peer-stages; the steps are: env pyc" in run.stderr, run.stderr
     assert " isolation-cost-report " in run.stderr and not list(tmp_path.iterdir())  # env did not run
+
+
+def test_gpu_run_creates_the_folder_it_is_given(tmp_path):
+    """An ``OUT`` that does not exist yet is created before the first step tees its log into it (without it, every
+    step of a device call ran with its log lost: docs/gpu-runs.md, run 122)."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_run.sh"
+    out = tmp_path / "new" / "bench"
+    env = {**os.environ, "OUT": str(out), "PY": sys.executable, "PACK": "0"}  # PACK=0: the logs stay as they are
+    run = subprocess.run(["bash", str(script), "env"], env=env, capture_output=True, text=True, timeout=120)
+    assert (out / "env.log").is_file(), run.stdout + run.stderr
+    assert "commit" in (out / "env.log").read_text()
