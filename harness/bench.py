@@ -41,6 +41,7 @@ import torch
 from harness import DEFAULT_PROVIDER
 from harness.cases.model import CacheSpec, Case, Dtypes, Options, SequenceSpec, Shape
 from harness.kernel_profile import ratio
+from harness.stage_bench import ALONE_TIMINGS, DEFAULT_TIMING
 
 SERVING_SHAPE = Shape(nheads=64, headdim=64, dstate=128, ngroups=1, chunk_size=256)
 
@@ -544,6 +545,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "config forced (harness.stage_bench); with --peer: device time per stage of one whole "
                              "call of each, from torch.profiler (harness.kernel_profile), then each stage of each "
                              "launched alone (the stage_launches hook)")
+    parser.add_argument("--alone-timing", action="append", choices=list(ALONE_TIMINGS),
+                        help="how --stages times a stage launched alone, repeatable: back-to-back (twenty launches a "
+                             "graph: each finds in L2 what the one before left) or after-L2-flush (each launch after "
+                             "a read of twice L2); default: back-to-back, and with --peer both")
     return parser
 
 
@@ -590,7 +595,11 @@ def main(argv: list[str] | None = None) -> int:
 
         variant = (args.variant or ["snapshot-fused"])[0]
         cases = {w: workload_case(w) for w in args.workload or ["prefill-4256"]}
-        report = stage_bench.bench_stages(provider, cases, variant, ALL_VARIANTS[variant], args.reps)
+        if len(args.alone_timing or []) > 1:
+            print("bench: --stages without --peer times one way: give --alone-timing once", file=sys.stderr)
+            return 2
+        timing = (args.alone_timing or [DEFAULT_TIMING])[0]
+        report = stage_bench.bench_stages(provider, cases, variant, ALL_VARIANTS[variant], args.reps, timing)
         report["meta"] = _meta(args, None)
         _write(args.json, report)
         stage_bench.print_stage_report({k: v for k, v in report.items() if k != "meta"})
@@ -601,7 +610,8 @@ def main(argv: list[str] | None = None) -> int:
 
         variants = args.variant or ["snapshot-fused"]
         report = bench_peer_stages(workloads, variants, provider, peer, args.rounds)
-        report["alone"] = bench_stages_alone(workloads, variants, provider, peer, args.rounds, args.reps)
+        timings = {name: ALONE_TIMINGS[name] for name in args.alone_timing or ALONE_TIMINGS}
+        report["alone"] = bench_stages_alone(workloads, variants, provider, peer, args.rounds, args.reps, timings)
         report["meta"] = _meta(args, peer)
         _write(args.json, report)
         kernel_profile.print_comparison(report)

@@ -135,33 +135,34 @@ def time_one_stage_flushed(fn, reps: int) -> float:
     return time_after(l2_flush(), fn, max(QUEUED, reps // 5), FLUSHED_CALLS)
 
 
-# How a stage alone is timed: name -> (timer(fn, reps) -> us per launch, what the heading says of it).
+# How a stage alone is timed (``bench --alone-timing``): name -> (timer(fn, reps) -> us per launch, what the
+# heading says of it).
 ALONE_TIMINGS = {
-    "back to back": (time_one_stage, f"{STAGE_CALLS} launches a graph, each after the one before"),
-    "after an L2 flush": (time_one_stage_flushed, f"{FLUSHED_CALLS} launches a graph, each after a read of twice "
-                                                  "L2, less the reads"),
+    "back-to-back": (time_one_stage, f"{STAGE_CALLS} launches a graph, each after the one before"),
+    "after-L2-flush": (time_one_stage_flushed, f"{FLUSHED_CALLS} launches a graph, each after a read of twice L2, "
+                                               "less the reads"),
 }
+DEFAULT_TIMING = "back-to-back"
 
 
 def _finite(t: torch.Tensor) -> bool:
     return bool(torch.isfinite(t.float()).all())
 
 
-def time_stage(name: str, fn, kernel, configs: list, reps: int) -> list[StageTiming]:
+def time_stage(name: str, fn, kernel, configs: list, reps: int, timer=time_one_stage) -> list[StageTiming]:
     """The stage as the provider runs it, then (for an autotuned stage) every shipped and candidate config, then the
-    stage as the provider runs it again."""
+    stage as the provider runs it again, each timed by ``timer(fn, reps)`` (an ``ALONE_TIMINGS`` timer)."""
     out = fn()  # tunes (outside the graph) and compiles
     chosen = describe(kernel.best_config) if kernel is not None else None
     unforced = AUTO if kernel is not None else FIXED
-    rows = [StageTiming(name, unforced, time_one_stage(fn, reps), _finite(out), True, chosen)]
+    rows = [StageTiming(name, unforced, timer(fn, reps), _finite(out), True, chosen)]
     if kernel is not None:
-        rows.extend(_forced_rows(name, fn, kernel, configs, reps))
-    rows.append(StageTiming(name, unforced + AGAIN, time_one_stage(fn, reps), _finite(fn()), True,
-                            chosen))
+        rows.extend(_forced_rows(name, fn, kernel, configs, reps, timer))
+    rows.append(StageTiming(name, unforced + AGAIN, timer(fn, reps), _finite(fn()), True, chosen))
     return rows
 
 
-def _forced_rows(name: str, fn, kernel, configs: list, reps: int) -> list[StageTiming]:
+def _forced_rows(name: str, fn, kernel, configs: list, reps: int, timer) -> list[StageTiming]:
     """Every shipped and candidate config of an autotuned stage, each forced in turn."""
     from kernels.backend import forced_config
 
@@ -176,7 +177,7 @@ def _forced_rows(name: str, fn, kernel, configs: list, reps: int) -> list[StageT
         with forced_config(kernel, config):
             try:
                 finite = _finite(fn())
-                us = time_one_stage(fn, reps)
+                us = timer(fn, reps)
             except OutOfResources as exc:  # a candidate too big for the GPU's shared memory: reported, not fatal
                 rows.append(StageTiming(name, f"{label} ({type(exc).__name__})", math.nan, False, label in shipped))
                 continue
@@ -184,9 +185,11 @@ def _forced_rows(name: str, fn, kernel, configs: list, reps: int) -> list[StageT
     return rows
 
 
-def bench_stages(provider, workloads: dict, variant: str, call: dict, reps: int) -> dict:
+def bench_stages(provider, workloads: dict, variant: str, call: dict, reps: int,
+                 timing: str = DEFAULT_TIMING) -> dict:
     """Per workload (name -> ``Case``): the whole call's and every stage's timings, for the variant named ``variant``
-    whose ``ssd_prefill`` arguments are ``call`` (``path`` and any others, e.g. ``gather``)."""
+    whose ``ssd_prefill`` arguments are ``call`` (``path`` and any others, e.g. ``gather``), each stage timed the
+    ``ALONE_TIMINGS`` way named ``timing``."""
     from harness.cases.builder import build_inputs
 
     report = {}
@@ -198,8 +201,9 @@ def bench_stages(provider, workloads: dict, variant: str, call: dict, reps: int)
         whole = time_graph(functools.partial(provider.ssd_prefill, **kw, **extra), reps)
         rows = []
         for name, (fn, kernel, configs) in stage_calls(provider, inputs, path, **extra).items():
-            rows.extend(time_stage(name, fn, kernel, configs, reps))
-        report[workload] = {"variant": variant, "whole_call_graph_us": whole, "rows": [vars(r) for r in rows]}
+            rows.extend(time_stage(name, fn, kernel, configs, reps, ALONE_TIMINGS[timing][0]))
+        report[workload] = {"variant": variant, "timing": timing, "whole_call_graph_us": whole,
+                            "rows": [vars(r) for r in rows]}
     return report
 
 
@@ -238,7 +242,9 @@ def propose(report: dict) -> dict[str, dict]:
 def print_stage_report(report: dict) -> None:
     for workload, entry in report.items():
         rows = entry["rows"]
-        print(f"== {workload} ({entry['variant']}): whole call {entry['whole_call_graph_us']:.1f} us (graph replay)")
+        timing = f", stages {entry['timing']}" if "timing" in entry else ""  # older reports: back to back
+        print(f"== {workload} ({entry['variant']}{timing}): whole call {entry['whole_call_graph_us']:.1f} us "
+              "(graph replay)")
         print(f"{'stage':<22} {'config':<44} {'graph us':>9} {'finite':>6} {'shipped':>7}")
         for r in rows:
             mark = f"  <- tuner chose {r['chosen']}" if r["chosen"] else ""

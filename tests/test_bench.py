@@ -643,8 +643,8 @@ def test_main_stages_against_a_peer_prints_the_profiled_and_the_alone_tables_and
         calls.append(("profiled", workloads, variants, rounds))
         return {"peer_name": "reference", "tables": [], "skipped": []}
 
-    def fake_alone(workloads, variants, provider, peer, rounds, reps):
-        calls.append(("alone", workloads, variants, rounds, reps))
+    def fake_alone(workloads, variants, provider, peer, rounds, reps, timings):
+        calls.append(("alone", workloads, variants, rounds, reps, list(timings)))
         return {"peer_name": "reference", "rounds": rounds, "skipped": ["no hook"],
                 "tables": [{"workload": workloads[0], "variant": variants[0], "peer_variant": "snapshot",
                             "timing": "back to back", "timing_note": "20 a graph", "rows": [row], "ours": {},
@@ -657,12 +657,51 @@ def test_main_stages_against_a_peer_prints_the_profiled_and_the_alone_tables_and
             "--json", str(out_json)]
     assert bench.main(argv) == 2  # no profiled table: nothing was compared
     assert calls == [("profiled", ["mixed-3"], ["snapshot-fused"], 2),
-                     ("alone", ["mixed-3"], ["snapshot-fused"], 2, 9)]
+                     ("alone", ["mixed-3"], ["snapshot-fused"], 2, 9, ["back-to-back", "after-L2-flush"])]
     out = capsys.readouterr().out
     assert "== mixed-3: ours snapshot-fused vs reference snapshot (each stage alone, back to back: 20 a graph" in out
     assert "skipped (stages alone): no hook" in out
     written = json.loads(out_json.read_text())
     assert written["alone"]["tables"][0]["rows"] == [row] and written["meta"] == {"peer": "reference:provider"}
+    calls.clear()
+    assert bench.main(argv + ["--alone-timing", "after-L2-flush"]) == 2
+    assert calls[1][-1] == ["after-L2-flush"]  # only the way asked for
+
+
+def test_main_stages_alone_times_one_way_and_refuses_two(monkeypatch, capsys):
+    """``--stages`` without a peer times every stage and candidate config the one way ``--alone-timing`` names
+    (default back to back) and says which in each heading; two ways are refused before anything runs."""
+    from harness import stage_bench
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench, "_meta", lambda args, peer: {})
+    asked = []
+
+    def fake_bench_stages(provider, cases, variant, call, reps, timing):
+        asked.append(timing)
+        return {w: {"variant": variant, "timing": timing, "whole_call_graph_us": 1.0, "rows": []} for w in cases}
+
+    monkeypatch.setattr(stage_bench, "bench_stages", fake_bench_stages)
+    assert bench.main(["--stages", "--alone-timing", "after-L2-flush"]) == 0
+    assert bench.main(["--stages"]) == 0
+    assert asked == ["after-L2-flush", "back-to-back"]
+    out = capsys.readouterr().out
+    assert "== prefill-4256 (snapshot-fused, stages after-L2-flush): whole call 1.0 us" in out
+    assert bench.main(["--stages", "--alone-timing", "back-to-back", "--alone-timing", "after-L2-flush"]) == 2
+    assert asked == ["after-L2-flush", "back-to-back"]
+    assert "give --alone-timing once" in capsys.readouterr().err
+
+
+def test_time_stage_times_every_row_with_the_timer_given(monkeypatch):
+    """``stage_bench.time_stage(..., timer)``: the tuner's pick, each forced config and the re-reading all come from
+    the one timer (a flushed sweep is flushed throughout)."""
+    from harness import stage_bench
+
+    monkeypatch.setattr(stage_bench, "time_graph", lambda *a, **k: pytest.fail("the back-to-back timer was used"))
+    seen = []
+    rows = stage_bench.time_stage("gather", lambda: torch.zeros(2), None, [], reps=3,
+                                  timer=lambda fn, reps: seen.append(reps) or 4.0)
+    assert [r.graph_us for r in rows] == [4.0, 4.0] and seen == [3, 3]
 
 
 # ---- the real providers ----------------------------------------------------------------------------------------------
