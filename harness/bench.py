@@ -413,8 +413,7 @@ def bench_stages_alone(workloads: list[str], our_variants: list[str], provider, 
 
     if build_inputs is None:
         from harness.cases.builder import build_inputs
-    if timings is None:
-        from harness.stage_bench import ALONE_TIMINGS as timings
+    timings = ALONE_TIMINGS if timings is None else timings
     report = {"peer_name": provider_name(peer), "rounds": rounds, "tables": [], "skipped": []}
     hooks = {}
     for side, p in (("ours", provider), ("peer", peer)):

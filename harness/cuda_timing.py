@@ -77,7 +77,6 @@ def time_graph(fn, reps: int, warmup: int = 10, calls: int = 1) -> float:
     return median_replay_us(capture_graph(fn, warmup, calls), reps) / calls
 
 
-
 def time_after(before, fn, reps: int, calls: int, warmup: int = 10) -> float:
     """Device microseconds per call of ``fn`` where each call follows one of ``before``: a graph of ``calls`` pairs
     (``before``, ``fn``) less a graph of ``calls`` calls of ``before``, each ``median_replay_us``, measured in turn
@@ -91,6 +90,7 @@ def time_after(before, fn, reps: int, calls: int, warmup: int = 10) -> float:
     with_fn, alone = capture_graph(pair, warmup, calls), capture_graph(before, warmup, calls)
     diffs = [median_replay_us(with_fn, reps) - median_replay_us(alone, reps) for _ in range(3)]
     return statistics.median(diffs) / calls
+
 
 class GraphTimer:
     """``prepare(fn)`` captures ``fn`` (``capture_graph``); ``measure(graph)`` is its device time per call over

@@ -44,18 +44,14 @@ def chunk_row(ptr, c, stride_chunk):
 
 
 @triton.jit
-def load_states_row(ptrs, mask):
-    """A chunk's state contribution (fp32) at the pointers ``ptrs``. The row is read once: evicted from L2 first, to
-    leave room for what the call's next kernels read (the entering states the indexed kernel stores,
-    ``kernels.state_passing_indexed``; chunk scan's inputs)."""
-    return tl.load(ptrs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-
-
-@triton.jit
 def load_chunk(states_ptr, dA_cs_ptr, offs, mask):
-    """A chunk's state contribution (``load_states_row``) and the dA cumsum at its end, from scalar pointers at that
-    chunk (this program's head; for dA the chunk's last position)."""
-    return load_states_row(states_ptr + offs, mask), tl.load(dA_cs_ptr).to(tl.float32)
+    """A chunk's state contribution (fp32) and the dA cumsum at its end, from scalar pointers at that chunk (this
+    program's head; for dA the chunk's last position). The row is read once: evicted from L2 first, to leave room
+    for what the call's next kernels read (the entering states the indexed kernel stores,
+    ``kernels.state_passing_indexed``; chunk scan's inputs)."""
+    new = tl.load(states_ptr + offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    dA_end = tl.load(dA_cs_ptr).to(tl.float32)
+    return new, dA_end
 
 
 @triton.jit
