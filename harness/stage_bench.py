@@ -55,6 +55,10 @@ EXTRA_CANDIDATES = {
         _C({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64}, num_stages=2, num_warps=2),
         _C({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64}, num_stages=3, num_warps=2),
         _C({"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64}, num_stages=3, num_warps=2),
+        # vLLM 0.33.0's pick at the serving shape, and the fastest of its list on the one-chunk call from a cold L2
+        # (docs/gpu-runs.md run 128): the config a comparison with vLLM's stage would ask about first
+        _C({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32}, num_stages=5, num_warps=2),
+        _C({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32}, num_stages=4, num_warps=2),
     ],
     "bmm_chunk": [
         _C({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 32}, num_stages=3, num_warps=4),
