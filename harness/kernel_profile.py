@@ -31,16 +31,19 @@ STAGE_PATTERNS: tuple[tuple[str, str], ...] = (
     ("chunk_state", r"_chunk_state(_fwd)?_kernel"),
     # ours on the snapshot path: chunk state and state passing in one kernel (kernels/chunk_state_passing.py)
     ("chunk_state_passing", r"_chunk_state_passing_kernel"),
-    # ours: _state_passing_indexed_kernel (indexed path), _state_passing_batched_kernel (the snapshot path on many
-    # chunks); vLLM: _state_passing_fwd_kernel
-    ("state_passing", r"_state_passing(_indexed|_batched|_fwd)?_kernel"),
+    # ours on the indexed path: state passing that reads each initial state out of the cache by slot and stores its
+    # copy as chunk 0's entering state, the gather's work, in the same kernel (kernels/state_passing_indexed.py)
+    ("gather_state_passing", r"_state_passing_indexed_kernel"),
+    # ours: _state_passing_batched_kernel (the snapshot path on many chunks); vLLM: _state_passing_fwd_kernel
+    ("state_passing", r"_state_passing(_batched|_fwd)?_kernel"),
     ("bmm_chunk", r"_bmm_chunk(_fwd)?_kernel"),
     ("chunk_scan", r"_chunk_scan(_fwd)?_kernel"),
 )
 STAGES = tuple(stage for stage, _ in STAGE_PATTERNS)
 # A stage that does the work of others in one kernel -> those stages. Where one side of a comparison runs the fused
 # kernel, the other its parts, a row compares the two sides' sums over the fused stage and its parts.
-FUSED_STAGES: dict[str, tuple[str, ...]] = {"chunk_state_passing": ("chunk_state", "state_passing")}
+FUSED_STAGES: dict[str, tuple[str, ...]] = {"chunk_state_passing": ("chunk_state", "state_passing"),
+                                            "gather_state_passing": ("gather", "state_passing")}
 # Stages whose kernels a launch order may run side by side (ours: the fused gather beside the cumsum, bmm and the
 # chunk state kernel beside each other, ``kernels.ssd.LAUNCH_ORDERS``). Kernels that share the GPU slow each other,
 # and the added-time attribution (``kernel_times``) leaves the shared time with the kernel that started first: its
@@ -49,7 +52,7 @@ FUSED_STAGES: dict[str, tuple[str, ...]] = {"chunk_state_passing": ("chunk_state
 # by stage name.
 SIDE_BY_SIDE: dict[str, tuple[str, ...]] = {
     "gather + chunk_cumsum": ("gather", "chunk_cumsum"),
-    "states + bmm_chunk": ("chunk_state", "chunk_state_passing", "state_passing", "bmm_chunk"),
+    "states + bmm_chunk": ("chunk_state", "chunk_state_passing", "gather_state_passing", "state_passing", "bmm_chunk"),
 }
 _COMPILED = tuple((stage, re.compile(rf"{pattern}(_\w+)?")) for stage, pattern in STAGE_PATTERNS)
 

@@ -33,7 +33,8 @@ def stage_launches(ssd_prefill: Callable, **call) -> dict[str, Callable[[], torc
     intermediates of ``ssd_prefill(**call)``, returning the tensor the stage wrote. The snapshot path has
     ``gather``, ``chunk_state_passing`` (chunk state and state passing in one kernel), or from
     ``kernels.ssd.SNAPSHOT_PAIR_FROM`` chunks ``chunk_state`` and ``state_passing`` (the batched kernel); the indexed
-    path ``chunk_state`` and ``state_passing``; both ``chunk_cumsum``, ``bmm_chunk`` and ``chunk_scan``."""
+    path ``chunk_state`` and ``gather_state_passing`` (state passing that does the gather's copy too); both
+    ``chunk_cumsum``, ``bmm_chunk`` and ``chunk_scan``."""
     ws: dict = {}
     ssd_prefill(**call, workspace_out=ws)
     x, B, C, Q, cu, seq_idx = call["x"], call["B"], call["C"], call["chunk_size"], call["cu_chunk_seqlens"], \
@@ -56,7 +57,7 @@ def stage_launches(ssd_prefill: Callable, **call) -> dict[str, Callable[[], torc
                 out=states)
             return states
 
-        launches["state_passing"] = passing
+        launches["gather_state_passing"] = passing  # the gather's copy is this kernel's work too
     else:
         # The snapshot copy the call made: the fused Triton gather or the same copy in PyTorch ops.
         copy = gather.gather_initial_states if ws["gather"] == "fused" else gather.gather_initial_states_torch

@@ -293,7 +293,7 @@ def host(name: str, us: float) -> FunctionEvent:
     ("_chunk_state_kernel", "chunk_state"), ("_chunk_state_fwd_kernel", "chunk_state"),
     ("_chunk_state_passing_kernel", "chunk_state_passing"), ("_state_passing_kernel", "state_passing"),
     ("_state_passing_batched_kernel", "state_passing"),
-    ("_state_passing_indexed_kernel", "state_passing"),
+    ("_state_passing_indexed_kernel", "gather_state_passing"),
     ("_state_passing_fwd_kernel", "state_passing"), ("_bmm_chunk_kernel", "bmm_chunk"),
     ("_bmm_chunk_fwd_kernel", "bmm_chunk"), ("_chunk_scan_kernel", "chunk_scan"),
     ("_chunk_scan_fwd_kernel", "chunk_scan"), ("_gather_initial_states_kernel", "gather"),
@@ -437,6 +437,29 @@ def test_a_kernel_slowed_by_one_beside_it_reads_above_the_peer_while_its_group_d
     assert "above the peer's: chunk_cumsum (+1.00 us)" in capsys.readouterr().out
 
 
+def test_the_indexed_state_passing_is_compared_with_the_gather_and_the_state_passing_it_does_the_work_of(capsys):
+    """The indexed kernel reads each initial state out of the cache by slot and stores its copy, the gather's work:
+    it is a stage of its own, beside a row of the peer's gather and state passing summed, and in the group of the
+    states with the peer's state passing alone (a group that charges ours the gather's read: it can only read
+    above, never hide a row). A row of ours above that sum is still named."""
+    ours_events = in_sequence([("_chunk_cumsum_kernel", 2.0), ("_chunk_state_kernel", 3.0),
+                               ("_state_passing_indexed_kernel", 2.5), ("_chunk_scan_kernel", 4.0)])
+    peer_events = in_sequence([("_gather_initial_states_kernel", 1.5), ("_chunk_cumsum_fwd_kernel", 2.0),
+                               ("_chunk_state_fwd_kernel", 3.0), ("_state_passing_fwd_kernel", 2.3),
+                               ("_chunk_scan_fwd_kernel", 6.0)])
+    ours, peer = (kernel_profile.summarize_calls([kernel_profile.call_profile(e)]) for e in (ours_events, peer_events))
+    rows = kernel_profile.compare(ours, peer)
+    by_stage = {r["stage"]: (r["ours_us"], r["peer_us"]) for r in rows}
+    assert by_stage["gather_state_passing"] == (2.5, None)
+    assert by_stage["state_passing"][0] is None and by_stage["state_passing"][1] == pytest.approx(2.3)
+    assert by_stage["gather + state_passing"] == pytest.approx((2.5, 3.8))
+    assert by_stage["states + bmm_chunk"] == pytest.approx((5.5, 5.3))
+    assert [r["stage"] for r in kernel_profile.rows_above(rows)] == ["states + bmm_chunk"]
+    slow = in_sequence([("_chunk_cumsum_kernel", 2.0), ("_state_passing_indexed_kernel", 4.0)])
+    rows = kernel_profile.compare(kernel_profile.summarize_calls([kernel_profile.call_profile(slow)]), peer)
+    assert "gather + state_passing" in [r["stage"] for r in kernel_profile.rows_above(rows)]
+
+
 def test_a_call_whose_graph_cannot_be_profiled_is_profiled_eagerly():
     a, b = ours(), vllm_like()
 
@@ -496,7 +519,7 @@ def test_stages_alone_compare_each_stage_with_the_fused_pair_summed_and_no_side_
         "snapshot": {"gather": [1.0, 1.0, 1.0], "chunk_cumsum": [2.0, 9.0, 3.0], "bmm_chunk": [4.0, 4.0, 4.0],
                      "chunk_state_passing": [30.0, 31.0, 29.0], "chunk_scan": [50.0, 50.0, 50.0]},
         "indexed": {"chunk_cumsum": [2.0, 2.0, 2.0], "bmm_chunk": [4.0, 4.0, 4.0], "chunk_state": [20.0, 20.0, 20.0],
-                    "state_passing": [9.0, 9.0, 9.0], "chunk_scan": [50.0, 50.0, 50.0]}})
+                    "gather_state_passing": [9.0, 9.0, 9.0], "chunk_scan": [50.0, 50.0, 50.0]}})
     b = StagedProvider("peer", {"snapshot"}, False, {
         "snapshot": {"gather": [2.0, 2.0, 2.0], "chunk_cumsum": [2.5, 2.5, 2.5], "chunk_state": [21.0, 21.0, 21.0],
                      "state_passing": [10.0, 10.0, 10.0], "bmm_chunk": [3.0, 3.0, 3.0],
@@ -512,7 +535,9 @@ def test_stages_alone_compare_each_stage_with_the_fused_pair_summed_and_no_side_
     assert rows["chunk_cumsum"] == (3.0, 2.5)  # the median of the rounds: 2, 9, 3
     assert rows["chunk_state + state_passing"] == (30.0, 31.0) and rows["sum of stages"] == (88.0, 98.5)
     indexed = {r["stage"]: (r["ours_us"], r["peer_us"]) for r in report["tables"][1]["rows"]}
-    assert indexed["state_passing"] == (9.0, 10.0) and indexed["gather"] == (None, 2.0)
+    # the indexed state passing against the peer's gather and state passing, whose work it does
+    assert indexed["gather_state_passing"] == (9.0, None) and indexed["gather"] == (None, 2.0)
+    assert indexed["state_passing"] == (None, 10.0) and indexed["gather + state_passing"] == (9.0, 12.0)
     # Each round launches every stage once before timing it (its tuning), ours then the peer's.
     assert a.launched.count(("snapshot", "chunk_scan")) == 6 and b.launched.count(("snapshot", "gather")) == 6
     bench.print_stages_alone(report)

@@ -37,8 +37,12 @@ def test_stage_closures_reproduce_the_call(path, extra, sequences, pair_from, de
     provider.ssd_prefill(**expected_inputs.kwargs(path=path), **extra, workspace_out=workspace)
 
     calls = stage_bench.stage_calls(provider, inputs, path, **extra)
-    # The indexed path runs chunk state and state passing apart, the snapshot path fused (apart on many chunks).
-    passing = ["chunk_state", "state_passing"] if path == "indexed" or pair_from else ["chunk_state_passing"]
+    # The indexed path runs chunk state apart from its state passing (which does the gather's copy), the snapshot
+    # path the two fused (apart on many chunks).
+    if path == "indexed":
+        passing = ["chunk_state", "gather_state_passing"]
+    else:
+        passing = ["chunk_state", "state_passing"] if pair_from else ["chunk_state_passing"]
     gather = "gather" if "gather" in extra else None
     assert set(calls) == {"chunk_cumsum", "bmm_chunk", "chunk_scan", *passing} | (
         {gather} if gather else set()), sorted(calls)
