@@ -49,7 +49,8 @@ FUSED_STAGES: dict[str, tuple[str, ...]] = {"chunk_state_passing": ("chunk_state
 # and the added-time attribution (``kernel_times``) leaves the shared time with the kernel that started first: its
 # row reads what it took beside the other, the other's row only what it ran past it. A group's row sums its stages on
 # each side: what those stages cost the call, whichever ran beside which. Any provider's kernels fall into the groups
-# by stage name.
+# by stage name. The indexed state passing counts whole in the states' group, the gather's read with it: that group can
+# only read worse for ours, never hide a row.
 SIDE_BY_SIDE: dict[str, tuple[str, ...]] = {
     "gather + chunk_cumsum": ("gather", "chunk_cumsum"),
     "states + bmm_chunk": ("chunk_state", "chunk_state_passing", "gather_state_passing", "state_passing", "bmm_chunk"),

@@ -437,7 +437,7 @@ def test_a_kernel_slowed_by_one_beside_it_reads_above_the_peer_while_its_group_d
     assert "above the peer's: chunk_cumsum (+1.00 us)" in capsys.readouterr().out
 
 
-def test_the_indexed_state_passing_is_compared_with_the_gather_and_the_state_passing_it_does_the_work_of(capsys):
+def test_the_indexed_state_passing_is_compared_with_the_gather_and_the_state_passing_it_does_the_work_of():
     """The indexed kernel reads each initial state out of the cache by slot and stores its copy, the gather's work:
     it is a stage of its own, beside a row of the peer's gather and state passing summed, and in the group of the
     states with the peer's state passing alone (a group that charges ours the gather's read: it can only read
