@@ -19,6 +19,7 @@ from kernels.backend import (
     AUTOTUNE_DO_BENCH,
     DOT_FP32_OPERANDS,
     FP32_DOT_PRECISION,
+    INTERPRET,
     check_overlap_flags,
     dot_acc,
     least_overshoot,
@@ -70,9 +71,25 @@ def _bmm_chunk_kernel(
 ):
     wait_unless_overlapping(overlaps_previous, USE_PDL)
     let_next_kernel_start(signal_next, USE_PDL)
-    pid_mn = tl.program_id(axis=0)
-    pid_c = tl.program_id(axis=1)
-    pid_g = tl.program_id(axis=2)
+    bmm_tile(C_ptr, B_ptr, cu_chunk_seqlens_ptr, CB_ptr, tl.program_id(axis=0), tl.program_id(axis=1),
+             tl.program_id(axis=2), dstate, chunk_size,
+             stride_C_token, stride_C_group, stride_C_dstate, stride_B_token, stride_B_group, stride_B_dstate,
+             stride_CB_chunk, stride_CB_group, stride_CB_m, stride_CB_n,
+             DOT_FP32_OPERANDS, FP32_DOT_PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
+    wait_at_end_if_overlapping(overlaps_previous, USE_PDL)
+
+
+@triton.jit
+def bmm_tile(
+    C_ptr, B_ptr, cu_chunk_seqlens_ptr, CB_ptr, pid_mn, pid_c, pid_g, dstate, chunk_size,
+    stride_C_token, stride_C_group, stride_C_dstate, stride_B_token, stride_B_group, stride_B_dstate,
+    stride_CB_chunk, stride_CB_group, stride_CB_m, stride_CB_n,
+    DOT_FP32_OPERANDS: tl.constexpr, FP32_DOT_PRECISION: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+):
+    """The (BLOCK_SIZE_M, BLOCK_SIZE_N) tile ``pid_mn`` of chunk ``pid_c`` and group ``pid_g``: this stage's whole
+    work for one program, shared with the kernel that runs it beside chunk state's tiles
+    (``kernels.chunk_state_bmm``)."""
     num_pid_n = tl.cdiv(chunk_size, BLOCK_SIZE_N)
     pid_m = pid_mn // num_pid_n
     pid_n = pid_mn % num_pid_n
@@ -105,14 +122,22 @@ def _bmm_chunk_kernel(
         + offs_n[None, :] * stride_CB_n
     )
     tl.store(CB_ptrs, acc, mask=(offs_m[:, None] < chunk_size) & (offs_n[None, :] < chunk_size))
-    wait_at_end_if_overlapping(overlaps_previous, USE_PDL)
 
 
+_prune = checked_in("bmm_chunk", ("chunk_size", "dstate"), least_overshoot(
+    BLOCK_SIZE_M="chunk_size", BLOCK_SIZE_N="chunk_size", BLOCK_SIZE_K="dstate"))
 bmm_chunk_kernel = triton.autotune(
     configs=CONFIGS, key=["chunk_size", "dstate"], do_bench=AUTOTUNE_DO_BENCH,
-    prune_configs_by={"early_config_prune": checked_in("bmm_chunk", ("chunk_size", "dstate"), least_overshoot(
-        BLOCK_SIZE_M="chunk_size", BLOCK_SIZE_N="chunk_size", BLOCK_SIZE_K="dstate"))},
+    prune_configs_by={"early_config_prune": _prune},
 )(_bmm_chunk_kernel)
+
+
+def interpreter_config(Q: int, N: int) -> dict[str, int]:
+    """The blocks this stage runs under the interpreter for chunk size Q and dstate N (the first config left after
+    pruning: the interpreter's benchmarker keeps it). There the dot is numpy's, whose rounding depends on the blocks,
+    so the kernel that runs bmm beside chunk state (``kernels.chunk_state_bmm``) runs these blocks too."""
+    assert INTERPRET, "on the GPU the autotuner chooses"
+    return dict(_prune(CONFIGS, dict(chunk_size=Q, dstate=N))[0].kwargs)
 
 
 def bmm_chunk(C: torch.Tensor, B: torch.Tensor, chunk_size: int, cu_chunk_seqlens: torch.Tensor,

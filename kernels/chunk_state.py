@@ -98,10 +98,32 @@ def _chunk_state_kernel(
     # The grid is (tiles, chunks, heads). Programs start in launch order, and this one takes the tile of that place
     # in chunk-major order: every head of a chunk, then the next chunk, so the programs running at once share their
     # chunk's B rows, and the call's last chunk, often short, runs last (docs/gpu-runs.md).
-    pid_mn = tl.program_id(axis=0)
     chunk_major = tl.program_id(axis=2) * tl.num_programs(axis=1) + tl.program_id(axis=1)
-    pid_c = chunk_major // tl.num_programs(axis=2)
-    pid_h = chunk_major % tl.num_programs(axis=2)
+    chunk_state_tile(
+        x_ptr, B_ptr, dt_ptr, dA_cumsum_ptr, cu_chunk_seqlens_ptr, states_ptr,
+        tl.program_id(axis=0), chunk_major // tl.num_programs(axis=2), chunk_major % tl.num_programs(axis=2),
+        hdim, dstate, chunk_size, nheads_per_group,
+        stride_x_token, stride_x_head, stride_x_hdim, stride_B_token, stride_B_group, stride_B_dstate,
+        stride_dt_head, stride_dt_chunk, stride_dt_pos, stride_dA_cs_head, stride_dA_cs_chunk, stride_dA_cs_pos,
+        stride_states_chunk, stride_states_head, stride_states_hdim, stride_states_dstate,
+        DOT_FP32_OPERANDS, FP32_DOT_PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
+    wait_at_end_if_overlapping(overlaps_previous, USE_PDL)
+
+
+@triton.jit
+def chunk_state_tile(
+    x_ptr, B_ptr, dt_ptr, dA_cumsum_ptr, cu_chunk_seqlens_ptr, states_ptr,
+    pid_mn, pid_c, pid_h,
+    hdim: tl.constexpr, dstate: tl.constexpr, chunk_size: tl.constexpr, nheads_per_group: tl.constexpr,
+    stride_x_token, stride_x_head, stride_x_hdim, stride_B_token, stride_B_group, stride_B_dstate,
+    stride_dt_head, stride_dt_chunk, stride_dt_pos, stride_dA_cs_head, stride_dA_cs_chunk, stride_dA_cs_pos,
+    stride_states_chunk, stride_states_head, stride_states_hdim, stride_states_dstate,
+    DOT_FP32_OPERANDS: tl.constexpr, FP32_DOT_PRECISION: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+):
+    """The (BLOCK_SIZE_M headdim x BLOCK_SIZE_N dstate) tile ``pid_mn`` of chunk ``pid_c`` and head ``pid_h``: this
+    stage's whole work for one program, shared with the kernel that runs bmm's tiles beside it
+    (``kernels.chunk_state_bmm``)."""
     num_pid_n = tl.cdiv(dstate, BLOCK_SIZE_N)
     pid_m = pid_mn // num_pid_n
     pid_n = pid_mn % num_pid_n
@@ -148,7 +170,6 @@ def _chunk_state_kernel(
         + offs_n[None, :] * stride_states_dstate
     )
     tl.store(states_ptrs, acc, mask=(offs_m[:, None] < hdim) & (offs_n[None, :] < dstate))
-    wait_at_end_if_overlapping(overlaps_previous, USE_PDL)
 
 
 _prune = checked_in("chunk_state", ("hdim", "dstate", "chunk_size", "chunk_count_class"),

@@ -79,6 +79,11 @@ def block_volume(config: triton.Config) -> int:
     return volume
 
 
+def checked_in_config(stage: str, arch: str | None, *key_values: int) -> dict[str, int] | None:
+    """``TUNED``'s config for ``stage`` on ``arch`` at these values of its autotuning key, or None."""
+    return TUNED.get(stage, {}).get((arch, *key_values))
+
+
 def checked_in(stage: str, key: tuple[str, ...], fallback):
     """``early_config_prune`` for ``triton.autotune``: the one of ``configs`` that ``TUNED`` names for ``stage`` on
     this architecture and these values of the kernel arguments named in ``key``, else ``fallback``'s choice.
@@ -93,7 +98,7 @@ def checked_in(stage: str, key: tuple[str, ...], fallback):
         if arch is None:
             return sorted(fallback(configs, named_args, **kwargs), key=lambda c: -block_volume(c))
         sizes = {**named_args, **kwargs}
-        wanted = TUNED.get(stage, {}).get((arch, *(int(sizes[name]) for name in key)))
+        wanted = checked_in_config(stage, arch, *(int(sizes[name]) for name in key))
         if wanted is not None:
             matching = [c for c in configs if describe(c) == wanted]
             if len(matching) != 1:

@@ -36,13 +36,17 @@ WORKLOADS = ["short-continuation", "prefill-4256", "continue-600", "mixed-3"]
 
 @dataclasses.dataclass(frozen=True)
 class Rewrite:
-    """Parameters to make constexprs and (old, new) substitutions, each of which must match exactly once."""
+    """Parameters to make constexprs and (old, new) substitutions, each of which must match exactly once. With
+    ``helper``, the substitutions rewrite that ``@triton.jit`` function of the kernel's module instead (the kernel's
+    body lives there), and the variant kernel calls the rewritten copy."""
 
     constexprs: tuple[str, ...] = ()
     substitutions: tuple[tuple[str, str], ...] = ()
+    helper: str | None = None
 
 
-# bmm: a tile wholly past the chunk's end skips the dstate loop and stores the zeros it holds (the same bits).
+# bmm (its tile's code, ``bmm_tile``): a tile wholly past the chunk's end skips the dstate loop and stores the zeros
+# it holds (the same bits).
 BMM_DEAD_TILES = ("    for k in range(0, dstate, BLOCK_SIZE_K):",
                   "    live = (pid_m * BLOCK_SIZE_M < chunk_len) & (pid_n * BLOCK_SIZE_N < chunk_len)\n"
                   "    for k in range(0, tl.where(live, dstate, 0), BLOCK_SIZE_K):")
@@ -57,18 +61,17 @@ SCAN_LAUNCH_ORDER = """    launch_order = tl.program_id(axis=2) * tl.num_program
     pid_mn = (launch_order // tl.num_programs(axis=2)) % tl.num_programs(axis=0)
     pid_c = launch_order // (tl.num_programs(axis=2) * tl.num_programs(axis=0))
 """
-STATE_LAUNCH_ORDER = """    pid_mn = tl.program_id(axis=0)
-    chunk_major = tl.program_id(axis=2) * tl.num_programs(axis=1) + tl.program_id(axis=1)
-    pid_c = chunk_major // tl.num_programs(axis=2)
-    pid_h = chunk_major % tl.num_programs(axis=2)
-"""
+STATE_LAUNCH_ORDER = (
+    "        tl.program_id(axis=0), chunk_major // tl.num_programs(axis=2), chunk_major % tl.num_programs(axis=2),\n",
+    "        tl.program_id(axis=0), tl.program_id(axis=1), tl.program_id(axis=2),\n")
 GRID_ORDER = """    pid_mn = tl.program_id(axis=0)
     pid_c = tl.program_id(axis=1)
     pid_h = tl.program_id(axis=2)
 """
 
-# chunk state: x loaded without the shipped kernel's L2 hint (its former form); the gain or loss is the next kernel's,
-# so ``chain`` measures it (the chain's other forms measured and dropped: docs/architecture.md, what L2 keeps)
+# chunk state (its tile's code, ``chunk_state_tile``): x loaded without the shipped kernel's L2 hint (its former
+# form); the gain or loss is the next kernel's, so ``chain`` measures it (the chain's other forms measured and
+# dropped: docs/architecture.md, what L2 keeps)
 STATE_X_LOAD = """        x = tl.load(x_ptrs, mask=(offs_m[:, None] < hdim) & k_mask[None, :], other=0.0,
                     eviction_policy="evict_first")
 """
@@ -78,12 +81,12 @@ STATE_X_NO_HINT = (STATE_X_LOAD,
 # stage -> variant -> rewrite of the shipped kernel
 VARIANTS: dict[str, dict[str, Rewrite]] = {
     "chunk_cumsum": {"cx": Rewrite(("nheads", "chunk_size"))},
-    "bmm_chunk": {"cx": Rewrite(("dstate", "chunk_size")), "dead": Rewrite((), (BMM_DEAD_TILES,)),
-                  "cxdead": Rewrite(("dstate", "chunk_size"), (BMM_DEAD_TILES,))},
+    "bmm_chunk": {"cx": Rewrite(("dstate", "chunk_size")), "dead": Rewrite((), (BMM_DEAD_TILES,), "bmm_tile"),
+                  "cxdead": Rewrite(("dstate", "chunk_size"), (BMM_DEAD_TILES,), "bmm_tile")},
     "state_passing_indexed": {"cx": Rewrite(("dim", "chunk_size"))},
     "chunk_scan": {"gridorder": Rewrite((), ((SCAN_LAUNCH_ORDER, GRID_ORDER),))},
-    "chunk_state": {"gridorder": Rewrite((), ((STATE_LAUNCH_ORDER, GRID_ORDER),)),
-                    "keepx": Rewrite((), (STATE_X_NO_HINT,))},
+    "chunk_state": {"gridorder": Rewrite((), (STATE_LAUNCH_ORDER,)),
+                    "keepx": Rewrite((), (STATE_X_NO_HINT,), "chunk_state_tile")},
     "gather": {"cx": Rewrite(("row",))},
 }
 # stage -> (module, the jit kernel's attribute)
@@ -100,17 +103,37 @@ FIXED_BLOCK_STAGES = {"state_passing_indexed": (256, 512, 1024, 2048), "gather":
 
 
 def rewritten_source(src: str, name: str, new_name: str, rewrite: Rewrite) -> str:
-    """``src`` (a kernel's ``def``, decorators stripped) renamed and rewritten; every change must apply once."""
+    """``src`` (a kernel's ``def``, decorators stripped) renamed and rewritten; every change must apply once. With
+    ``rewrite.helper`` the substitutions are the helper's (``rewritten_helper``), and the kernel's one call of the
+    helper calls ``<helper>_<new_name>`` instead."""
     body = src.replace(f"def {name}(", f"def {new_name}(", 1)
     for param in rewrite.constexprs:
         body, n = re.subn(rf"^(\s+){param},", rf"\1{param}: tl.constexpr,", body, count=1, flags=re.MULTILINE)
         if n != 1:
             raise ValueError(f"{name}: no plain parameter {param!r} to make a constexpr")
-    for old, new in rewrite.substitutions:
+    if rewrite.helper:
+        return substituted(body, name, ((f"{rewrite.helper}(", f"{rewrite.helper}_{new_name}("),))
+    return substituted(body, name, rewrite.substitutions)
+
+
+def rewritten_helper(src: str, new_name: str, rewrite: Rewrite) -> str:
+    """``src``, the ``def`` of ``rewrite.helper``, renamed to ``<helper>_<new_name>`` with the substitutions."""
+    body = src.replace(f"def {rewrite.helper}(", f"def {rewrite.helper}_{new_name}(", 1)
+    return substituted(body, rewrite.helper, rewrite.substitutions)
+
+
+def substituted(body: str, name: str, substitutions) -> str:
+    for old, new in substitutions:
         if body.count(old) != 1:
             raise ValueError(f"{name}: the substitution's text occurs {body.count(old)} times, not once: {old!r}")
         body = body.replace(old, new)
     return body
+
+
+def jit_def(jit) -> str:
+    """A ``@triton.jit`` function's source from its ``def`` (decorators stripped)."""
+    src = inspect.getsource(jit.fn)
+    return src[re.search(r"^def\s", src, re.MULTILINE).start():]
 
 
 def load_variants(stages, kernels: dict = KERNELS, variants: dict = VARIANTS) -> dict:
@@ -126,8 +149,7 @@ def load_variants(stages, kernels: dict = KERNELS, variants: dict = VARIANTS) ->
     for stage in stages:
         module, attr = kernels[stage]
         jit = base_jit_function(getattr(importlib.import_module(module), attr))
-        src = inspect.getsource(jit.fn)
-        src = src[re.search(r"^def\s", src, re.MULTILINE).start():]
+        src = jit_def(jit)
         view = gpu_view(jit)
         dns = [view.arg_names[i] if isinstance(i, int) else i for i in view.do_not_specialize]
         dnsa = [view.arg_names[i] if isinstance(i, int) else i for i in view.do_not_specialize_on_alignment]
@@ -135,6 +157,9 @@ def load_variants(stages, kernels: dict = KERNELS, variants: dict = VARIANTS) ->
                 f"globals().update({{k: v for k, v in vars(importlib.import_module({module!r})).items() "
                 "if not k.startswith('__')})\n"]
         for variant, rewrite in variants.get(stage, {}).items():
+            if rewrite.helper:
+                helper = jit_def(getattr(importlib.import_module(module), rewrite.helper))
+                text.append("\n\n@triton.jit\n" + rewritten_helper(helper, f"{stage}_{variant}", rewrite))
             text.append(f"\n\n@triton.jit(do_not_specialize={dns!r}, do_not_specialize_on_alignment={dnsa!r})\n"
                         + rewritten_source(src, attr, f"{stage}_{variant}", rewrite))
         module_name = f"lab_{stage}_{folder.name.replace('-', '_')}"  # unique: each call writes its own sources

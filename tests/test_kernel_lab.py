@@ -23,20 +23,40 @@ def _def(kernel) -> str:
 
 
 def test_each_variant_is_the_shipped_source_with_its_rewrite_only(lab):
+    """A variant is the shipped kernel renamed with its parameters made constexprs and its substitutions; where the
+    substitutions are a helper's (the tile code the kernel calls), the helper is the shipped one renamed and
+    rewritten, and the kernel differs from the shipped one only in calling it."""
+    import importlib
+
     kernels = lab.load_variants(list(lab.KERNELS))
     for stage, variants in lab.VARIANTS.items():
         shipped = _def(kernels[stage]["shipped"])
-        _, attr = lab.KERNELS[stage]
+        module, attr = lab.KERNELS[stage]
         for name, rewrite in variants.items():
-            got = _def(kernels[stage][name])
+            variant = kernels[stage][name]
+            got = _def(variant)
             expected = shipped.replace(f"def {attr}(", f"def {stage}_{name}(", 1)
             for param in rewrite.constexprs:
                 expected = re.sub(rf"^(\s+){param},", rf"\1{param}: tl.constexpr,", expected, count=1,
                                   flags=re.MULTILINE)
-            for old, new in rewrite.substitutions:
+            substitutions = rewrite.substitutions
+            if rewrite.helper:
+                renamed = f"{rewrite.helper}_{stage}_{name}"
+                expected = expected.replace(f"{rewrite.helper}(", f"{renamed}(")
+                helper = _def(getattr(importlib.import_module(module), rewrite.helper))
+                want_helper = helper.replace(f"def {rewrite.helper}(", f"def {renamed}(", 1)
+                for old, new in substitutions:
+                    want_helper = want_helper.replace(old, new)
+                got_helper = _def(variant.fn.__globals__[renamed])
+                assert got_helper == want_helper and got_helper != helper.replace(
+                    f"def {rewrite.helper}(", f"def {renamed}(", 1), (stage, name, "helper")
+                substitutions = ()
+            for old, new in substitutions:
                 expected = expected.replace(old, new)
             assert got == expected, (stage, name)
-            assert got != shipped.replace(f"def {attr}(", f"def {stage}_{name}(", 1), f"{stage} {name} changed nothing"
+            if not rewrite.helper:
+                assert got != shipped.replace(f"def {attr}(", f"def {stage}_{name}(", 1), (
+                    f"{stage} {name} changed nothing")
 
 
 def test_a_rewrite_that_does_not_apply_is_refused(lab):
@@ -48,6 +68,14 @@ def test_a_rewrite_that_does_not_apply_is_refused(lab):
     with pytest.raises(ValueError, match="occurs 0 times"):
         lab.rewritten_source(src, "k", "k2", lab.Rewrite((), (("y", "z"),)))
     assert "b: tl.constexpr," in lab.rewritten_source(src, "k", "k2", lab.Rewrite(("b",)))
+    # a helper's rewrite: the kernel must call the helper exactly once, and the substitution must apply to it
+    with pytest.raises(ValueError, match=r"k: the substitution's text occurs 0 times, not once: 'tile\('"):
+        lab.rewritten_source(src, "k", "k2", lab.Rewrite((), (("y", "z"),), "tile"))
+    helper = "def tile(\n    a,\n):\n    y = a\n"
+    with pytest.raises(ValueError, match="tile: the substitution's text occurs 0 times"):
+        lab.rewritten_helper(helper, "k2", lab.Rewrite((), (("w", "z"),), "tile"))
+    assert lab.rewritten_helper(helper, "k2", lab.Rewrite((), (("y = a", "y = -a"),), "tile")) == (
+        "def tile_k2(\n    a,\n):\n    y = -a\n")
 
 
 @pytest.mark.interpreter(reason="the lab's dry run is its plumbing under the interpreter, on CPU tensors")
