@@ -29,6 +29,9 @@ STAGE_PATTERNS: tuple[tuple[str, str], ...] = (
     ("gather", r"_gather_initial_states_kernel"),  # ours (kernels/gather.py) and vLLM's (gather_initial_states.py)
     ("chunk_cumsum", r"_chunk_cumsum(_fwd)?_kernel"),  # ours: _chunk_cumsum_kernel; vLLM: _chunk_cumsum_fwd_kernel
     ("chunk_state", r"_chunk_state(_fwd)?_kernel"),
+    # ours where both stages' configs are fixed: chunk state's and bmm's programs in one kernel
+    # (kernels/chunk_state_bmm.py)
+    ("chunk_state_bmm", r"_chunk_state_bmm_kernel"),
     # ours on the snapshot path: chunk state and state passing in one kernel (kernels/chunk_state_passing.py)
     ("chunk_state_passing", r"_chunk_state_passing_kernel"),
     # ours on the indexed path: state passing that reads each initial state out of the cache by slot and stores its
@@ -43,7 +46,8 @@ STAGES = tuple(stage for stage, _ in STAGE_PATTERNS)
 # A stage that does the work of others in one kernel -> those stages. Where one side of a comparison runs the fused
 # kernel, the other its parts, a row compares the two sides' sums over the fused stage and its parts.
 FUSED_STAGES: dict[str, tuple[str, ...]] = {"chunk_state_passing": ("chunk_state", "state_passing"),
-                                            "gather_state_passing": ("gather", "state_passing")}
+                                            "gather_state_passing": ("gather", "state_passing"),
+                                            "chunk_state_bmm": ("chunk_state", "bmm_chunk")}
 # Stages whose kernels a launch order may run side by side (ours: the fused gather beside the cumsum, bmm and the
 # chunk state kernel beside each other, ``kernels.ssd.LAUNCH_ORDERS``). Kernels that share the GPU slow each other,
 # and the added-time attribution (``kernel_times``) leaves the shared time with the kernel that started first: its
@@ -53,7 +57,8 @@ FUSED_STAGES: dict[str, tuple[str, ...]] = {"chunk_state_passing": ("chunk_state
 # only read worse for ours, never hide a row.
 SIDE_BY_SIDE: dict[str, tuple[str, ...]] = {
     "gather + chunk_cumsum": ("gather", "chunk_cumsum"),
-    "states + bmm_chunk": ("chunk_state", "chunk_state_passing", "gather_state_passing", "state_passing", "bmm_chunk"),
+    "states + bmm_chunk": ("chunk_state", "chunk_state_bmm", "chunk_state_passing", "gather_state_passing",
+                           "state_passing", "bmm_chunk"),
 }
 _COMPILED = tuple((stage, re.compile(rf"{pattern}(_\w+)?")) for stage, pattern in STAGE_PATTERNS)
 

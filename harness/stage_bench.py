@@ -11,7 +11,10 @@ inputs (where a workload's initial and final slots were one, the indexed state p
 before wrote: other values, the same work). A forced config whose output is not finite is
 reported as such (the sm90 wgmma hazard of docs/exactness.md writes NaN rows) and never counts as the best.
 Candidates beyond a stage's shipped ``CONFIGS`` are only timed here: a config joins ``CONFIGS`` with the GPU
-evidence (docs/gpu-runs.md) and then runs in tests/test_kernel_stages.py's every-config check.
+evidence (docs/gpu-runs.md) and then runs in tests/test_kernel_stages.py's every-config check. Where a call runs
+chunk state's and bmm's programs in one kernel (``kernels.chunk_state_bmm``: the checked-in shapes), that kernel is
+timed as it runs, with both stages' checked-in blocks; to sweep either stage's configs there, run the bench with
+``SSD_LAUNCH_ORDER=bmm-first`` (the two kernels apart).
 """
 
 from __future__ import annotations

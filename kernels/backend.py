@@ -157,7 +157,7 @@ def forced_config(kernel, config: triton.Config):
 
 # The names in a launch's arguments that are launch options, not kernel parameters (the warmup registry passes them
 # through as options).
-LAUNCH_OPTIONS = ("launch_pdl", "num_warps", "num_stages")
+LAUNCH_OPTIONS = ("launch_pdl", "num_warps", "num_stages", "maxnreg")
 
 
 def pdl_setting(raw: str | None) -> bool:

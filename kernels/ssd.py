@@ -15,7 +15,9 @@ cache after the writeback. Bit-identical to the snapshot path.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 
 import torch
 
@@ -23,7 +25,9 @@ from kernels.bmm_chunk import bmm_chunk
 from kernels.chunk_cumsum import chunk_cumsum
 from kernels.chunk_scan import chunk_scan
 from kernels.chunk_state import chunk_state
+from kernels.chunk_state_bmm import chunk_state_bmm, chunk_state_bmm_config
 from kernels.chunk_state_passing import chunk_state_passing
+from kernels.environment import LAUNCH_ORDER_ENV
 from kernels.gather import gather_initial_states, gather_initial_states_torch
 from kernels.interface import CallShape, choose_gather, choose_path
 from kernels.state_passing_batched import state_passing_batched
@@ -35,11 +39,38 @@ from kernels.state_passing_indexed import state_passing_indexed
 # behind the indexed state passing; "state+gather", as "state", and the fused gather beside the cumsum; "bmm-first",
 # as "state+gather" with bmm launched before the chunk state kernel (the indexed path's, and the snapshot path's on
 # calls of many chunks): bmm's programs are placed first and chunk state's fill the slots around them, instead of
-# bmm's waiting for chunk state's last partial wave and outlasting it. Where the snapshot path runs its fused kernel
-# it keeps "state+gather": the fused kernel's few programs, each walking every chunk, lost time placed behind bmm's
-# (docs/gpu-runs.md). scripts/order_lab.py times them.
-LAUNCH_ORDERS = ("none", "state", "state-scan", "state+gather", "bmm-first")
-LAUNCH_ORDER = "bmm-first"
+# bmm's waiting for chunk state's last partial wave and outlasting it; "one-kernel", as "bmm-first" with bmm's and
+# chunk state's programs in one kernel, bmm's first (``kernels.chunk_state_bmm``), where both stages' configs are
+# fixed (elsewhere as "bmm-first"): the same placement with one launch fewer. Where the snapshot path runs its fused
+# kernel it keeps "state+gather": the fused kernel's few programs, each walking every chunk, lost time placed behind
+# bmm's (docs/gpu-runs.md). scripts/order_lab.py times them.
+LAUNCH_ORDERS = ("none", "state", "state-scan", "state+gather", "bmm-first", "one-kernel")
+SHIPPED_LAUNCH_ORDER = "one-kernel"
+
+
+def launch_order_setting(raw: str | None) -> str:
+    """``SSD_LAUNCH_ORDER``: unset or empty -> the shipped order, else one of ``LAUNCH_ORDERS``."""
+    if not raw:
+        return SHIPPED_LAUNCH_ORDER
+    if raw not in LAUNCH_ORDERS:
+        raise ValueError(f"{LAUNCH_ORDER_ENV}={raw!r}: expected one of {', '.join(LAUNCH_ORDERS)}")
+    return raw
+
+
+LAUNCH_ORDER = launch_order_setting(os.environ.get(LAUNCH_ORDER_ENV))
+
+
+@contextlib.contextmanager
+def launched_in_order(order: str):
+    """``ssd_prefill`` launches in ``order`` inside the block (one of ``LAUNCH_ORDERS``): for the tests and labs
+    that need the kernels another order launches, e.g. chunk state's own kernel where the shipped order runs it with
+    bmm's programs."""
+    global LAUNCH_ORDER
+    saved, LAUNCH_ORDER = LAUNCH_ORDER, launch_order_setting(order)
+    try:
+        yield
+    finally:
+        LAUNCH_ORDER = saved
 # From this many chunks in a call the snapshot path runs chunk state and the batched state passing
 # (``kernels.state_passing_batched``) instead of the fused kernel, whose few programs each walk every chunk: alone,
 # the pair won a 17-chunk call (47.6 against 52.6 us) and lost a 3-chunk one (11.5 against 10.6); in the whole
@@ -98,8 +129,8 @@ def ssd_prefill(
     CUDA); ``workspace_out``, a dict, receives the chosen ``path``, ``gather`` and the intermediates
     (``states``: the (C, H, P, N) workspace, exiting states on the snapshot path and entering states on the indexed
     path; ``chunk_states``, where chunk state ran as a kernel of its own (the indexed path, and the snapshot path
-    from ``SNAPSHOT_PAIR_FROM`` chunks), else None; ``dA_cumsum``, ``dt_out``,
-    ``initial_states``) for tests.
+    from ``SNAPSHOT_PAIR_FROM`` chunks), else None; ``chunk_state_bmm``, whether that kernel also ran bmm's tiles
+    (``kernels.chunk_state_bmm``); ``dA_cumsum``, ``dt_out``, ``initial_states``) for tests.
     """
     T, H, P = x.shape
     N = B.shape[-1]
@@ -130,8 +161,9 @@ def ssd_prefill(
     order = LAUNCH_ORDER
     nchunks = cu_chunk_seqlens.shape[0] - 1
     pair = chosen == "indexed" or snapshot_pair(nchunks)  # chunk state as a kernel of its own
-    gather_beside = order in ("state+gather", "bmm-first") and copy == "fused"
-    bmm_first = order == "bmm-first" and pair
+    gather_beside = order in ("state+gather", "bmm-first", "one-kernel") and copy == "fused"
+    one_kernel = chunk_state_bmm_config(P, N, chunk_size, nchunks) if order == "one-kernel" and pair else None
+    bmm_first = order in ("bmm-first", "one-kernel") and pair and one_kernel is None
     bmm_after = order != "none" and not bmm_first
     dA_cumsum, dt_out = chunk_cumsum(
         dt, A, chunk_size, cu_chunk_seqlens, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
@@ -141,6 +173,8 @@ def ssd_prefill(
 
     def chunk_states_beside_bmm(CB: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(chunk states, CB): chunk state as a kernel of its own, bmm launched beside it as the order says."""
+        if one_kernel is not None:
+            return chunk_state_bmm(B, x, C, dt_out, dA_cumsum, cu_chunk_seqlens, one_kernel)
         if bmm_first:
             CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens, signal_next=True)
         states = chunk_state(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, signal_next=bmm_after,
@@ -217,6 +251,7 @@ def ssd_prefill(
             gather=copy,
             states=workspace,
             chunk_states=chunk_states,
+            chunk_state_bmm=one_kernel is not None,
             dA_cumsum=dA_cumsum,
             dt_out=dt_out,
             initial_states=initial_states,

@@ -21,6 +21,7 @@ from kernels import (
     chunk_cumsum,
     chunk_scan,
     chunk_state,
+    chunk_state_bmm,
     chunk_state_passing,
     gather,
     state_passing_batched,
@@ -34,7 +35,8 @@ def stage_launches(ssd_prefill: Callable, **call) -> dict[str, Callable[[], torc
     ``gather``, ``chunk_state_passing`` (chunk state and state passing in one kernel), or from
     ``kernels.ssd.SNAPSHOT_PAIR_FROM`` chunks ``chunk_state`` and ``state_passing`` (the batched kernel); the indexed
     path ``chunk_state`` and ``gather_state_passing`` (state passing that does the gather's copy too); both
-    ``chunk_cumsum``, ``bmm_chunk`` and ``chunk_scan``."""
+    ``chunk_cumsum``, ``bmm_chunk`` and ``chunk_scan``. Where the call ran chunk state's and bmm's programs in one
+    kernel (``kernels.chunk_state_bmm``), ``chunk_state_bmm`` (returning the chunk states) stands for both."""
     ws: dict = {}
     ssd_prefill(**call, workspace_out=ws)
     x, B, C, Q, cu, seq_idx = call["x"], call["B"], call["C"], call["chunk_size"], call["cu_chunk_seqlens"], \
@@ -45,10 +47,14 @@ def stage_launches(ssd_prefill: Callable, **call) -> dict[str, Callable[[], torc
         "chunk_cumsum": lambda: chunk_cumsum.chunk_cumsum(
             call["dt"], call["A"], Q, cu, dt_bias=call.get("dt_bias"), dt_softplus=call.get("dt_softplus", False),
             dt_limit=call.get("dt_limit", (0.0, float("inf"))))[0],
-        "bmm_chunk": lambda: bmm_chunk.bmm_chunk(C, B, Q, cu),
     }
-    if ws["chunk_states"] is not None:  # chunk state ran as a kernel of its own
-        launches["chunk_state"] = lambda: chunk_state.chunk_state(B, x, dt_out, dA, cu)
+    if ws["chunk_state_bmm"]:  # chunk state's and bmm's programs in one kernel
+        config = chunk_state_bmm.chunk_state_bmm_config(x.shape[2], B.shape[2], Q, dt_out.shape[1])
+        launches["chunk_state_bmm"] = lambda: chunk_state_bmm.chunk_state_bmm(B, x, C, dt_out, dA, cu, config)[0]
+    else:
+        launches["bmm_chunk"] = lambda: bmm_chunk.bmm_chunk(C, B, Q, cu)
+        if ws["chunk_states"] is not None:  # chunk state ran as a kernel of its own
+            launches["chunk_state"] = lambda: chunk_state.chunk_state(B, x, dt_out, dA, cu)
     if ws["path"] == "indexed":
         def passing():
             state_passing_indexed.state_passing_indexed(

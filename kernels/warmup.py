@@ -164,6 +164,7 @@ def watched_kernels() -> list[Any]:
         chunk_cumsum,
         chunk_scan,
         chunk_state,
+        chunk_state_bmm,
         chunk_state_passing,
         gather,
         state_passing_batched,
@@ -172,8 +173,8 @@ def watched_kernels() -> list[Any]:
 
     return [gather._gather_initial_states_kernel, state_passing_indexed._state_passing_indexed_kernel,
             chunk_cumsum.chunk_cumsum_kernel, chunk_state.chunk_state_kernel, bmm_chunk.bmm_chunk_kernel,
-            chunk_scan.chunk_scan_kernel, state_passing_batched._state_passing_batched_kernel,
-            chunk_state_passing._chunk_state_passing_kernel]
+            chunk_state_bmm._chunk_state_bmm_kernel, chunk_scan.chunk_scan_kernel,
+            state_passing_batched._state_passing_batched_kernel, chunk_state_passing._chunk_state_passing_kernel]
 
 
 def _split_arguments(kernel: Any, arguments: dict) -> tuple[tuple, dict]:
@@ -506,15 +507,39 @@ def _chunk_state_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
 
     s = req.shape
     H, P, N, G, Q = s.nheads, s.headdim, s.dstate, s.ngroups, s.chunk_size
-    # One chunk count per class of the (H, C, Q) strides and per chunk count class (the config depends on it).
-    classes = sorted({chunk_count_class(c) for c in COUNT_CANDIDATES})
-    counts = [n for cls in classes for n in representatives(
-        lambda c: c * Q, candidates=[c for c in COUNT_CANDIDATES if chunk_count_class(c) == cls])]
-    for io, meta, nchunks in itertools.product(req.io_dtypes, req.metadata_dtypes, counts):
+    for io, meta, nchunks in itertools.product(req.io_dtypes, req.metadata_dtypes, _counts_per_config_class(Q)):
         arguments = cs.launch_arguments(
             standin((1, G, N), io), standin((1, H, P), io), standin((H, nchunks, Q), F32),
             standin((H, nchunks, Q), F32), standin((nchunks + 1,), meta), standin((nchunks, H, P, N), F32))
         yield spec_for(cs.chunk_state_kernel, arguments, why=f"{io} nchunks~{nchunks}")
+
+
+def _counts_per_config_class(Q: int) -> list[int]:
+    """One chunk count per class of the (H, C, Q) strides and per chunk count class (chunk state's config depends
+    on it: ``kernels.tuned_configs.chunk_count_class``)."""
+    classes = sorted({chunk_count_class(c) for c in COUNT_CANDIDATES})
+    return [n for cls in classes for n in representatives(
+        lambda c: c * Q, candidates=[c for c in COUNT_CANDIDATES if chunk_count_class(c) == cls])]
+
+
+@register("chunk_state_bmm")
+def _chunk_state_bmm_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
+    """Chunk state's and bmm's programs in one kernel, where ``ssd_prefill`` runs chunk state: at the shapes where
+    both stages' configs are fixed (``kernels.chunk_state_bmm.chunk_state_bmm_config``; none elsewhere)."""
+    from kernels import chunk_state_bmm as csb
+
+    s = req.shape
+    H, P, N, G, Q = s.nheads, s.headdim, s.dstate, s.ngroups, s.chunk_size
+    for io, meta, nchunks in itertools.product(req.io_dtypes, req.metadata_dtypes, _counts_per_config_class(Q)):
+        config = csb.chunk_state_bmm_config(P, N, Q, nchunks)
+        if config is None:
+            continue
+        tokens = standin((1, G, N), io)
+        arguments = csb.launch_arguments(
+            tokens, standin((1, H, P), io), tokens, standin((H, nchunks, Q), F32), standin((H, nchunks, Q), F32),
+            standin((nchunks + 1,), meta), standin((nchunks, H, P, N), F32), standin((nchunks, G, Q, Q), F32),
+            config)
+        yield spec_for(csb._chunk_state_bmm_kernel, arguments, why=f"{io} nchunks~{nchunks}")
 
 
 @register("bmm_chunk")

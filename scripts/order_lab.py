@@ -2,12 +2,13 @@
 bench workloads, one process, the peer's calls interleaved with ours.
 
     python scripts/order_lab.py [--rounds 3] [--reps 200] [--peer peers.vllm_ssd:provider] [--workload W ...]
+                                [--order O ...]
     python scripts/order_lab.py --dry-run    # the same plumbing on the CPU (interpreter, small shapes, no timing)
 
 For each workload, each order's call (indexed where the workload has one sequence; the snapshot path with the fused
 gather, once with its fused states kernel and once with chunk state and the batched state passing, forced:
-``OUR_VARIANTS``) runs once eagerly and must give the bits of the first variant's order "none" (bmm alone, right
-after the cumsum): output and cache. Then every call,
+``OUR_VARIANTS``) runs once eagerly and must give the bits of the first variant's first order (by default "none":
+bmm alone, right after the cumsum): output and cache. Then every call,
 ours under each order and the peer's, is captured and timed by CUDA graph replay, round after round, every autotuner
 tuning afresh for each round as the bench's do (``harness.bench.interleave``, ``tuned_afresh``), and the best and
 median rounds are printed, with each against the peer's best.
@@ -44,14 +45,14 @@ OUR_VARIANTS = {
 def launch_order(order: str, pair_from: int | None = None):
     from kernels import ssd
 
-    saved = ssd.LAUNCH_ORDER, ssd.SNAPSHOT_PAIR_FROM
-    ssd.LAUNCH_ORDER = order
+    saved = ssd.SNAPSHOT_PAIR_FROM
     if pair_from is not None:
         ssd.SNAPSHOT_PAIR_FROM = pair_from
     try:
-        yield
+        with ssd.launched_in_order(order):
+            yield
     finally:
-        ssd.LAUNCH_ORDER, ssd.SNAPSHOT_PAIR_FROM = saved
+        ssd.SNAPSHOT_PAIR_FROM = saved
 
 
 def ordered_call(call, order: str, pair_from: int | None = None):
@@ -90,7 +91,8 @@ def small_case(workload: str):
     return dataclasses.replace(case, shape=Shape(2, 16, 16, 1, 16), sequences=sequences)
 
 
-def run(workloads: list[str], rounds: int, reps: int, peer_spec: str | None, dry_run: bool) -> list[dict]:
+def run(workloads: list[str], rounds: int, reps: int, peer_spec: str | None, dry_run: bool,
+        orders: list[str] | None = None) -> list[dict]:
     import torch
 
     from harness.bench import VARIANTS, Entry, _call, interleave, tuned_afresh, workload_case
@@ -111,7 +113,7 @@ def run(workloads: list[str], rounds: int, reps: int, peer_spec: str | None, dry
         expected = None  # every variant and order must write the first one's bits (indexed == snapshot)
         for variant in variants:
             arguments, pair_from = VARIANTS[OUR_VARIANTS[variant][0]], OUR_VARIANTS[variant][1]
-            for order in ssd.LAUNCH_ORDERS:
+            for order in orders or ssd.LAUNCH_ORDERS:
                 call = ordered_call(_call(provider, inputs, arguments), order, pair_from)
                 call()
                 if device == "cuda":
@@ -119,7 +121,8 @@ def run(workloads: list[str], rounds: int, reps: int, peer_spec: str | None, dry
                 got = written(inputs)
                 expected = got if expected is None else expected
                 entry = Entry(workload, f"ours:{order}", variant, arguments)
-                entry.error = bits_differ(got, expected, f"{variant} order {order!r} against {variants[0]} 'none'")
+                first = (orders or ssd.LAUNCH_ORDERS)[0]
+                entry.error = bits_differ(got, expected, f"{variant} order {order!r} against {variants[0]} {first!r}")
                 entries.append(entry)
                 fns.append(call)
         if peer is not None:
@@ -154,13 +157,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--reps", type=int, default=200)
     parser.add_argument("--peer", help="a provider spec timed beside ours, e.g. peers.vllm_ssd:provider")
+    parser.add_argument("--order", action="append", help="orders to run (default every one of LAUNCH_ORDERS); the "
+                        "first is the one whose bits every other must give")
     parser.add_argument("--dry-run", action="store_true", help="CPU, interpreter, small shapes: bits only")
     args = parser.parse_args(argv)
     if args.dry_run:
         import os
 
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    rows = run(args.workload or WORKLOADS, args.rounds, args.reps, args.peer, args.dry_run)
+    rows = run(args.workload or WORKLOADS, args.rounds, args.reps, args.peer, args.dry_run, args.order)
     print_rows(rows)
     return 1 if any(r["error"] for r in rows) else 0
 

@@ -291,6 +291,7 @@ def host(name: str, us: float) -> FunctionEvent:
 @pytest.mark.parametrize("name,stage", [
     ("_chunk_cumsum_kernel", "chunk_cumsum"), ("_chunk_cumsum_fwd_kernel", "chunk_cumsum"),
     ("_chunk_state_kernel", "chunk_state"), ("_chunk_state_fwd_kernel", "chunk_state"),
+    ("_chunk_state_bmm_kernel", "chunk_state_bmm"),
     ("_chunk_state_passing_kernel", "chunk_state_passing"), ("_state_passing_kernel", "state_passing"),
     ("_state_passing_batched_kernel", "state_passing"),
     ("_state_passing_indexed_kernel", "gather_state_passing"),
@@ -458,6 +459,26 @@ def test_the_indexed_state_passing_is_compared_with_the_gather_and_the_state_pas
     slow = in_sequence([("_chunk_cumsum_kernel", 2.0), ("_state_passing_indexed_kernel", 4.0)])
     rows = kernel_profile.compare(kernel_profile.summarize_calls([kernel_profile.call_profile(slow)]), peer)
     assert "gather + state_passing" in [r["stage"] for r in kernel_profile.rows_above(rows)]
+
+
+def test_chunk_state_and_bmm_in_one_kernel_are_compared_with_the_two_stages_they_do_the_work_of():
+    """Ours runs chunk state's and bmm's programs in one kernel: a stage of its own, beside a row of the peer's chunk
+    state and bmm summed, and in the states' group. A kernel slower than that sum is named."""
+    peer_events = in_sequence([("_chunk_cumsum_fwd_kernel", 2.0), ("_chunk_state_fwd_kernel", 3.0),
+                               ("_state_passing_fwd_kernel", 2.0), ("_bmm_chunk_fwd_kernel", 2.4),
+                               ("_chunk_scan_fwd_kernel", 6.0)])
+    peer = kernel_profile.summarize_calls([kernel_profile.call_profile(peer_events)])
+    for one_kernel_us, above in ((5.0, []), (5.6, ["chunk_state + bmm_chunk", "states + bmm_chunk"])):
+        ours_events = in_sequence([("_chunk_cumsum_kernel", 2.0), ("_chunk_state_bmm_kernel", one_kernel_us),
+                                   ("_state_passing_batched_kernel", 2.0), ("_chunk_scan_kernel", 4.0)])
+        rows = kernel_profile.compare(kernel_profile.summarize_calls([kernel_profile.call_profile(ours_events)]),
+                                      peer)
+        by_stage = {r["stage"]: (r["ours_us"], r["peer_us"]) for r in rows}
+        assert by_stage["chunk_state_bmm"] == (one_kernel_us, None)
+        assert by_stage["chunk_state"] == (None, 3.0) and by_stage["bmm_chunk"][0] is None
+        assert by_stage["chunk_state + bmm_chunk"] == pytest.approx((one_kernel_us, 5.4))
+        assert by_stage["states + bmm_chunk"] == pytest.approx((one_kernel_us + 2.0, 7.4))
+        assert [r["stage"] for r in kernel_profile.rows_above(rows)] == above
 
 
 def test_a_call_whose_graph_cannot_be_profiled_is_profiled_eagerly():

@@ -34,6 +34,8 @@ from kernels import bmm_chunk as kbmm
 from kernels import chunk_cumsum as kcumsum
 from kernels import chunk_scan as kscan
 from kernels import chunk_state as kstate
+from kernels import chunk_state_bmm as kone
+from kernels import tuned_configs
 from kernels.backend import forced_config
 from kernels.environment import arithmetic_profile
 from reference import arith
@@ -110,9 +112,11 @@ class Inputs:
         return arithmetic_profile(self.device)
 
 
-def make_inputs(shape: Shape, seqs: str, io: torch.dtype, device: str, seed: int = 0) -> Inputs:
-    """Seeded CPU tensors moved to the device. dt around softplus(-2) so decays stay inside a chunk's range."""
-    contexts, tokens = SEQUENCES[seqs]
+def make_inputs(shape: Shape, seqs: str | tuple[list[int], list[int]], io: torch.dtype, device: str,
+                seed: int = 0) -> Inputs:
+    """Seeded CPU tensors moved to the device, for the sequences ``SEQUENCES`` names (or ``(contexts, tokens)``).
+    dt around softplus(-2) so decays stay inside a chunk's range."""
+    contexts, tokens = SEQUENCES[seqs] if isinstance(seqs, str) else seqs
     md = build_varlen_metadata(contexts, tokens, shape.chunk_size)
     T, H, P, N, G = md.total_tokens, shape.nheads, shape.headdim, shape.dstate, shape.ngroups
     g = torch.Generator().manual_seed(seed)
@@ -635,3 +639,145 @@ def test_every_fused_tile_gives_the_same_recurrence_bits(monkeypatch, device):
     for tile, out, cache in runs[1:]:
         assert_bits_equal(out, first_out, what=f"workspace with tile {tile} vs {first_tile}")
         assert_bits_equal(cache, first_cache, what=f"cache with tile {tile} vs {first_tile}")
+
+
+# ---------------------------------------------------------------------- chunk state and bmm in one kernel
+# ``kernels.chunk_state_bmm``: each tensor it writes has the bits of its own stage's kernel under the same blocks; its
+# config is fixed only where both stages' are; the warmup holds its binaries; a wrong split of its programs is caught.
+
+SERVING = Shape(2, 64, 128, 1, 256)  # the serving shape's class (heads do not enter it), two heads
+
+
+def one_kernel_configs(P: int, N: int, Q: int, nchunks: int) -> tuple[dict, triton.Config, triton.Config]:
+    """The one kernel's config for this shape, and each stage kernel's config with the same blocks. Where the one
+    kernel has none (the GPU at a shape without checked-in configs: ``ssd_prefill`` launches the two kernels there),
+    blocks that fit the shape, so that the comparison still runs on the GPU."""
+    config = kone.chunk_state_bmm_config(P, N, Q, nchunks)
+    if config is None:
+        fit = lambda n: max(16, min(64, triton.next_power_of_2(n)))  # noqa: E731
+        config = {**kone.blocks(dict(BLOCK_SIZE_M=fit(P), BLOCK_SIZE_N=fit(N), BLOCK_SIZE_K=fit(Q)),
+                                dict(BLOCK_SIZE_M=fit(Q), BLOCK_SIZE_N=fit(Q), BLOCK_SIZE_K=fit(N))),
+                  "num_warps": 4, "num_stages": 3}
+
+    def part(prefix: str) -> triton.Config:
+        return triton.Config({b: config[prefix + b] for b in kone.BLOCKS}, num_warps=config["num_warps"],
+                             num_stages=config["num_stages"])
+
+    return config, part("STATE_"), part("BMM_")
+
+
+def one_kernel_and_apart(inp):
+    """(the one kernel's (states, CB), the two stage kernels' (states, CB)) on ``inp``'s cumsum."""
+    dA, dt_out = ref_cumsum(inp)
+    cu = inp.meta["cu_chunk_seqlens"]
+    s = inp.shape
+    config, state_config, bmm_config = one_kernel_configs(s.headdim, s.dstate, s.chunk_size, dt_out.shape[1])
+    with forced_config(kstate.chunk_state_kernel, state_config), forced_config(kbmm.bmm_chunk_kernel, bmm_config):
+        apart = (kstate.chunk_state(inp.B, inp.x, dt_out, dA, cu), kbmm.bmm_chunk(inp.C, inp.B, s.chunk_size, cu))
+    return kone.chunk_state_bmm(inp.B, inp.x, inp.C, dt_out, dA, cu, config), apart
+
+
+@pytest.mark.parametrize("io", IO_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape,seqs", scenarios())
+def test_one_kernel_writes_each_stage_s_bits(shape, seqs, io, device):
+    (states, CB), (want_states, want_CB) = one_kernel_and_apart(make_inputs(shape, seqs, io, device))
+    assert_bits_equal(states, want_states, what=f"chunk states, one kernel vs chunk_state ({io})")
+    assert_bits_equal(CB, want_CB, what=f"CB, one kernel vs bmm_chunk ({io})")
+
+
+@pytest.mark.parametrize("tokens", [30, 17 * 256 - 40], ids=["one-chunk", "seventeen-chunks"])
+def test_the_serving_shape_runs_its_checked_in_blocks(tokens, device):
+    """At the serving shape's class the GPU runs the checked-in blocks of both stages (a config per chunk count
+    class), under the register cap, and each tensor keeps its stage's bits."""
+    if device != "cuda":
+        pytest.skip("the checked-in configs are the GPU's; the interpreter runs each stage's own blocks (above)")
+    nchunks = build_varlen_metadata([0], [tokens], SERVING.chunk_size).nchunks
+    config = kone.chunk_state_bmm_config(SERVING.headdim, SERVING.dstate, SERVING.chunk_size, nchunks)
+    cls = tuned_configs.chunk_count_class(nchunks)
+    state = tuned_configs.checked_in_config("chunk_state", "sm90", 64, 128, 256, cls)
+    assert config == {**kone.blocks(state, tuned_configs.checked_in_config("bmm_chunk", "sm90", 256, 128)),
+                      "num_warps": state["num_warps"], "num_stages": state["num_stages"], "maxnreg": kone.REGISTER_CAP}
+    inp = make_inputs(SERVING, ([0], [tokens]), torch.bfloat16, device)
+    (states, CB), (want_states, want_CB) = one_kernel_and_apart(inp)
+    assert_bits_equal(states, want_states, what="chunk states at the serving shape")
+    assert_bits_equal(CB, want_CB, what="CB at the serving shape")
+
+
+def test_a_skipped_chunk_is_caught(device):
+    """Negative control: the kernel launched without the last chunk's chunk state programs (a grid one chunk's
+    worth of state tiles short) leaves that chunk's states as they were (NaN here); the comparison above names it,
+    and the chunk's CB is still bmm's."""
+    inp = make_inputs(Shape(3, 5, 16, 1, 64), "two-partial-first", torch.float32, device)
+    dA, dt_out = ref_cumsum(inp)
+    cu = inp.meta["cu_chunk_seqlens"]
+    s, nchunks = inp.shape, dt_out.shape[1]
+    want_states, want_CB = one_kernel_and_apart(inp)[1]
+    config = one_kernel_configs(s.headdim, s.dstate, s.chunk_size, nchunks)[0]
+    states = torch.full((nchunks, s.nheads, s.headdim, s.dstate), math.nan, device=device)
+    CB = torch.full((nchunks, s.ngroups, s.chunk_size, s.chunk_size), math.nan, device=device)
+    arguments = kone.launch_arguments(inp.B, inp.x, inp.C, dt_out, dA, cu, states, CB, config)
+    tiles = triton.cdiv(s.headdim, config["STATE_BLOCK_SIZE_M"]) * triton.cdiv(s.dstate, config["STATE_BLOCK_SIZE_N"])
+    kone._chunk_state_bmm_kernel[(kone.programs(arguments) - tiles * s.nheads,)](**arguments)
+    assert_bits_equal(CB, want_CB, what="CB, one kernel vs bmm_chunk")
+    assert_bits_equal(states[:-1], want_states[:-1], what="chunk states before the last chunk")
+    with pytest.raises(Mismatch, match="chunk states, one kernel"):
+        assert_bits_equal(states, want_states, what="chunk states, one kernel vs chunk_state")
+
+
+def test_the_config_is_fixed_only_where_both_stages_configs_are(monkeypatch):
+    """On the GPU: both stages' checked-in configs, chunk state's warps and stages, the register cap; None where
+    either stage has no checked-in config for the shape class or the two disagree on the warps (the kernel has one
+    warp count). Under the interpreter: each stage's interpreter blocks (there the dot's rounding depends on them)."""
+    monkeypatch.setattr(kone, "INTERPRET", False)
+    monkeypatch.setattr(kone, "device_arch", lambda: "sm90")
+    few = kone.chunk_state_bmm_config(64, 128, 256, 1)
+    assert few == dict(STATE_BLOCK_SIZE_M=64, STATE_BLOCK_SIZE_N=64, STATE_BLOCK_SIZE_K=64, BMM_BLOCK_SIZE_M=64,
+                       BMM_BLOCK_SIZE_N=64, BMM_BLOCK_SIZE_K=32, num_warps=4, num_stages=3, maxnreg=128)
+    many = kone.chunk_state_bmm_config(64, 128, 256, 17)
+    assert (many["STATE_BLOCK_SIZE_N"], many["STATE_BLOCK_SIZE_K"]) == (128, 32)
+    assert kone.chunk_state_bmm_config(64, 64, 256, 1) is None  # no checked-in config at dstate 64
+    monkeypatch.setattr(kone, "device_arch", lambda: "sm100")
+    assert kone.chunk_state_bmm_config(64, 128, 256, 1) is None  # none for another GPU
+    monkeypatch.setattr(kone, "device_arch", lambda: "sm90")
+    bmm = dict(tuned_configs.TUNED["bmm_chunk"])
+    bmm[("sm90", 256, 128)] = {**bmm[("sm90", 256, 128)], "num_warps": 8}
+    monkeypatch.setitem(tuned_configs.TUNED, "bmm_chunk", bmm)
+    assert kone.chunk_state_bmm_config(64, 128, 256, 1) is None
+
+
+def test_the_interpreter_runs_each_stage_s_own_blocks():
+    if not kone.INTERPRET:
+        pytest.skip("the interpreter's blocks: this process compiles for the GPU")
+    config = kone.chunk_state_bmm_config(5, 16, 64, 2)
+    assert {b: config["STATE_" + b] for b in kone.BLOCKS} == kstate.interpreter_config(5, 16, 64)
+    assert {b: config["BMM_" + b] for b in kone.BLOCKS} == kbmm.interpreter_config(64, 16)
+    assert "maxnreg" not in config  # a GPU compile option
+
+
+def test_the_warmup_holds_the_one_kernel_s_binaries(device):
+    """Every key the one kernel launches at a shape where it runs (the serving shape's class on the GPU, a small one
+    under the interpreter) is in the warmup of that shape: on the GPU a compile after it fails the guard; dropping
+    its keys (negative control) fires."""
+    from harness.guards.recompile import guard_no_recompile
+    from harness.guards.specialization import MissingSpecialization, assert_keys_warmed, recording_launches
+    from harness.warmup import warmup_all
+    from kernels.warmup import ModelShape
+
+    shape = SERVING if device == "cuda" else Shape(2, 5, 16, 1, 64)
+    model = ModelShape(nheads=shape.nheads, headdim=shape.headdim, dstate=shape.dstate, ngroups=shape.ngroups,
+                       chunk_size=shape.chunk_size)
+    report = warmup_all(device, [(model, (torch.bfloat16,), (torch.bfloat16,))], kernels=["chunk_state_bmm"])
+    kernel = kone._chunk_state_bmm_kernel
+    launched = []
+    for tokens in (30, 5 * shape.chunk_size + 3):  # each chunk count class
+        inp = make_inputs(shape, ([0], [tokens]), torch.bfloat16, device)
+        dA, dt_out = ref_cumsum(inp)
+        config = kone.chunk_state_bmm_config(shape.headdim, shape.dstate, shape.chunk_size, dt_out.shape[1])
+        assert config is not None
+        with recording_launches([kernel]) as keys, guard_no_recompile([kernel], warmed=report.keys):
+            kone.chunk_state_bmm(inp.B, inp.x, inp.C, dt_out, dA, inp.meta["cu_chunk_seqlens"], config)
+        launched += list(keys)
+    assert launched
+    assert_keys_warmed(launched, report.keys)
+    with pytest.raises(MissingSpecialization, match="specialization not warmed up"):
+        assert_keys_warmed(launched, [k for k in report.keys if k.kernel != launched[0].kernel])

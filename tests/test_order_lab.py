@@ -27,11 +27,11 @@ def test_every_order_gives_the_same_bits(order_lab):
 
 @pytest.mark.interpreter(reason="the lab's dry run is its plumbing under the interpreter, on CPU tensors")
 def test_an_order_whose_bmm_differs_is_flagged(order_lab, monkeypatch):
-    """Negative control: bmm launched beside another kernel (after it or before it) returns a CB off by one in its
-    first chunk."""
+    """Negative control: bmm launched beside another kernel (after it or before it), or in chunk state's kernel,
+    returns a CB off by one in its first chunk."""
     from kernels import ssd
 
-    real = ssd.bmm_chunk
+    real, real_one_kernel = ssd.bmm_chunk, ssd.chunk_state_bmm
 
     def off_by_one_when_overlapping(*args, signal_next=False, overlaps_previous=False, **kwargs):
         CB = real(*args, signal_next=signal_next, overlaps_previous=overlaps_previous, **kwargs)
@@ -39,7 +39,13 @@ def test_an_order_whose_bmm_differs_is_flagged(order_lab, monkeypatch):
             CB[0] += 1.0
         return CB
 
+    def off_by_one_in_one_kernel(*args, **kwargs):
+        states, CB = real_one_kernel(*args, **kwargs)
+        CB[0] += 1.0
+        return states, CB
+
     monkeypatch.setattr(ssd, "bmm_chunk", off_by_one_when_overlapping)
+    monkeypatch.setattr(ssd, "chunk_state_bmm", off_by_one_in_one_kernel)
     rows = order_lab.run(["short-continuation"], rounds=1, reps=1, peer_spec=None, dry_run=True)
     flagged = {(r["side"], r["variant"]) for r in rows if r["error"]}
     assert all(r["error"].startswith(f"out, {r['variant']} order") and "differ in bits" in r["error"]

@@ -108,8 +108,9 @@ def recorded_launches(monkeypatch, device, path: str, tamper=None) -> list[tuple
     if path == "snapshot-pair":
         monkeypatch.setattr(ssd, "SNAPSHOT_PAIR_FROM", 1)
         path = "snapshot"
-    for name in ("chunk_cumsum", "bmm_chunk", "chunk_state", "chunk_state_passing", "gather_initial_states",
-                 "gather_initial_states_torch", "state_passing_indexed", "state_passing_batched", "chunk_scan"):
+    for name in ("chunk_cumsum", "bmm_chunk", "chunk_state", "chunk_state_bmm", "chunk_state_passing",
+                 "gather_initial_states", "gather_initial_states_torch", "state_passing_indexed",
+                 "state_passing_batched", "chunk_scan"):
         monkeypatch.setattr(ssd, name, recording(name, getattr(ssd, name)))
     for name, wrap in (tamper or {}).items():
         monkeypatch.setattr(ssd, name, wrap(getattr(ssd, name)))
@@ -122,9 +123,11 @@ def recorded_launches(monkeypatch, device, path: str, tamper=None) -> list[tuple
 READS_FROM = {
     "chunk_state": {"chunk_cumsum"},
     "chunk_state_passing": {"chunk_cumsum", "gather_initial_states", "gather_initial_states_torch"},
-    "state_passing_indexed": {"chunk_cumsum", "chunk_state"},
-    "state_passing_batched": {"chunk_cumsum", "chunk_state", "gather_initial_states", "gather_initial_states_torch"},
-    "chunk_scan": {"chunk_cumsum", "bmm_chunk", "chunk_state_passing", "state_passing_indexed",
+    "chunk_state_bmm": {"chunk_cumsum"},
+    "state_passing_indexed": {"chunk_cumsum", "chunk_state", "chunk_state_bmm"},
+    "state_passing_batched": {"chunk_cumsum", "chunk_state", "chunk_state_bmm", "gather_initial_states",
+                              "gather_initial_states_torch"},
+    "chunk_scan": {"chunk_cumsum", "bmm_chunk", "chunk_state_bmm", "chunk_state_passing", "state_passing_indexed",
                    "state_passing_batched", "gather_initial_states", "gather_initial_states_torch"},
 }
 
@@ -177,13 +180,36 @@ def test_the_launch_check_sees_an_overlap_on_what_the_kernel_before_writes():
 def test_ssd_prefill_launches_the_overlapping_bmm_right_after_a_signalling_kernel(monkeypatch, device, order, path):
     """What makes a late wait safe is the overlapping kernel's place: right after a kernel that waited for
     everything before it, then signalled, and writes nothing the overlapping one reads. Every ssd_prefill call, on
-    both paths, launches an overlapping kernel (bmm, the gather, chunk state) only there, and bmm once."""
+    both paths, launches an overlapping kernel (bmm, the gather, chunk state) only there, and bmm once (alone or
+    in chunk state's kernel)."""
     monkeypatch.setattr(ssd, "LAUNCH_ORDER", order)
     launches = recorded_launches(monkeypatch, device, path)
     names = [n for n, _, _ in launches]
-    assert names.count("bmm_chunk") == 1 and names.index("bmm_chunk") < names.index("chunk_scan"), names
+    bmm = [i for i, n in enumerate(names) if n in ("bmm_chunk", "chunk_state_bmm")]
+    assert len(bmm) == 1 and bmm[0] < names.index("chunk_scan"), names
     assert misplaced_overlaps(launches) == [], launches
-    assert any(overlaps for _, _, overlaps in launches) is (order != "none"), launches
+    # The indexed path has no gather: with bmm in chunk state's kernel nothing is left to run beside another.
+    alone = order == "none" or (path == "indexed" and "chunk_state_bmm" in names)
+    assert any(overlaps for _, _, overlaps in launches) is not alone, launches
+
+
+@pytest.mark.parametrize("path", ["snapshot", "snapshot-pair", "indexed"])
+def test_the_shipped_order_runs_bmm_in_chunk_states_kernel_where_both_configs_are_fixed(monkeypatch, device, path):
+    """Order "one-kernel" (shipped): wherever chunk state runs as a kernel of its own, bmm's programs run in it if
+    both stages' configs are fixed (always under the interpreter; on the GPU at checked-in shapes, not this small
+    one: there "bmm-first"'s two kernels, bmm signalling). The snapshot path's fused kernel keeps bmm apart."""
+    assert ssd.SHIPPED_LAUNCH_ORDER == "one-kernel"
+    monkeypatch.setattr(ssd, "LAUNCH_ORDER", ssd.SHIPPED_LAUNCH_ORDER)
+    launches = recorded_launches(monkeypatch, device, path)
+    names = [n for n, _, _ in launches]
+    if path == "snapshot":
+        expected = ["chunk_cumsum", "gather_initial_states", "chunk_state_passing", "bmm_chunk", "chunk_scan"]
+    else:
+        passing = "state_passing_indexed" if path == "indexed" else "state_passing_batched"
+        states = ["chunk_state_bmm"] if device == "cpu" else ["bmm_chunk", "chunk_state"]
+        gather = [] if path == "indexed" else ["gather_initial_states"]
+        expected = ["chunk_cumsum", *gather, *states, passing, "chunk_scan"]
+    assert names == expected, launches
 
 
 @pytest.mark.parametrize(("order", "path", "kernel_before", "overlapping"), [
@@ -256,6 +282,16 @@ def test_every_planned_launch_carries_the_switch_and_the_option_together():
 @pytest.mark.parametrize(("raw", "on"), [(None, True), ("", True), ("1", True), ("0", False)])
 def test_the_environment_switch(raw, on):
     assert backend.pdl_setting(raw) is on
+
+
+def test_the_launch_order_setting():
+    """``SSD_LAUNCH_ORDER``: unset or empty is the shipped order, a name of ``LAUNCH_ORDERS`` that order; anything
+    else is refused, naming the variable and the orders."""
+    assert ssd.launch_order_setting(None) == ssd.launch_order_setting("") == ssd.SHIPPED_LAUNCH_ORDER
+    for order in ssd.LAUNCH_ORDERS:
+        assert ssd.launch_order_setting(order) == order
+    with pytest.raises(ValueError, match=r"SSD_LAUNCH_ORDER='bmm-last': expected one of none, state"):
+        ssd.launch_order_setting("bmm-last")
 
 
 def test_a_bad_environment_value_is_refused_naming_the_variable():

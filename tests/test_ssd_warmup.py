@@ -22,7 +22,7 @@ from harness.guards.specialization import (
 )
 from harness.varlen import build_varlen_metadata
 from harness.warmup import main, warmup_all
-from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, chunk_state_passing, gather, ssd
+from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, chunk_state_bmm, chunk_state_passing, gather, ssd
 from kernels import state_passing_batched as spb
 from kernels import state_passing_indexed as spi
 from kernels.warmup import ModelShape, int_values, plan, registered, representatives
@@ -45,6 +45,7 @@ KERNELS = {
     "chunk_cumsum": chunk_cumsum.chunk_cumsum_kernel,
     "chunk_state": chunk_state.chunk_state_kernel,
     "bmm_chunk": bmm_chunk.bmm_chunk_kernel,
+    "chunk_state_bmm": chunk_state_bmm._chunk_state_bmm_kernel,
     "chunk_scan": chunk_scan.chunk_scan_kernel,
     "state_passing_batched": spb._state_passing_batched_kernel,
     "chunk_state_passing": chunk_state_passing._chunk_state_passing_kernel,
@@ -128,6 +129,8 @@ def launched(device):
     with recording_launches(list(KERNELS.values())) as keys:
         for call in CALLS.values():
             _call(device, **call)()
+        with ssd.launched_in_order("bmm-first"):  # chunk state's and bmm's own kernels, where the shipped order runs
+            _call(device, **CALLS["indexed-direct-fp32-Dhead"])()  # them in one
     seen.extend(keys)
     return seen
 
@@ -141,9 +144,12 @@ def test_real_call_compiles_nothing_after_the_warmup(name, full_warmup, device):
 
 @shares_full_warmup
 @pytest.mark.parametrize("registration", list(KERNELS))
-def test_every_registered_kernel_is_launched_and_warmed(registration, full_warmup, launched):
+def test_every_registered_kernel_is_launched_and_warmed(registration, full_warmup, launched, device):
     """Per kernel: the real calls launch it, all its keys are warmed; dropping its keys (negative control) fires
     and names it."""
+    if registration == "chunk_state_bmm" and device == "cuda":
+        pytest.skip("runs on the GPU only at shapes with both stages' configs checked in, not this one: "
+                    "test_kernel_stages.py::test_the_warmup_holds_the_one_kernel_s_binaries covers it there")
     name = kernel_name(KERNELS[registration])
     mine = [k for k in launched if k.kernel == name]
     assert mine, f"no CALLS entry launches {name}"

@@ -38,20 +38,25 @@ def test_stage_closures_reproduce_the_call(path, extra, sequences, pair_from, de
 
     calls = stage_bench.stage_calls(provider, inputs, path, **extra)
     # The indexed path runs chunk state apart from its state passing (which does the gather's copy), the snapshot
-    # path the two fused (apart on many chunks).
+    # path the two fused (apart on many chunks). Where chunk state runs apart, bmm's programs run in its kernel
+    # wherever both stages' configs are fixed: under the interpreter always, on the GPU not at this shape.
+    apart = path == "indexed" or pair_from is not None
+    one_kernel = apart and device == "cpu"
+    assert workspace["chunk_state_bmm"] is one_kernel
+    states = ["chunk_state_bmm"] if one_kernel else ["bmm_chunk", "chunk_state"] if apart else ["bmm_chunk"]
     if path == "indexed":
-        passing = ["chunk_state", "gather_state_passing"]
+        passing = "gather_state_passing"
     else:
-        passing = ["chunk_state", "state_passing"] if pair_from else ["chunk_state_passing"]
+        passing = "state_passing" if pair_from else "chunk_state_passing"
     gather = "gather" if "gather" in extra else None
-    assert set(calls) == {"chunk_cumsum", "bmm_chunk", "chunk_scan", *passing} | (
-        {gather} if gather else set()), sorted(calls)
+    assert set(calls) == {"chunk_cumsum", "chunk_scan", *states, passing} | ({gather} if gather else set()), (
+        sorted(calls))
     assert_bits_equal(calls["chunk_cumsum"][0](), workspace["dA_cumsum"], what="chunk_cumsum closure: dA_cumsum")
-    if "chunk_state" in passing:
-        assert_bits_equal(calls["chunk_state"][0](), workspace["chunk_states"], what="chunk_state closure")
+    for name in {"chunk_state", "chunk_state_bmm"} & set(states):
+        assert_bits_equal(calls[name][0](), workspace["chunk_states"], what=f"{name} closure")
     if gather:  # the copy the call made, by the same function
         assert_bits_equal(calls[gather][0](), workspace["initial_states"], what=f"{gather} closure")
-    assert_bits_equal(calls[passing[-1]][0](), workspace["states"], what=f"{passing[-1]} closure: workspace")
+    assert_bits_equal(calls[passing][0](), workspace["states"], what=f"{passing} closure: workspace")
     inputs.out.fill_(math.nan)  # the scan closure must write every output element itself
     assert_bits_equal(calls["chunk_scan"][0](), expected_inputs.out, what="chunk_scan closure: out")
 
