@@ -71,6 +71,8 @@ def launched_in_order(order: str):
         yield
     finally:
         LAUNCH_ORDER = saved
+
+
 # From this many chunks in a call the snapshot path runs chunk state and the batched state passing
 # (``kernels.state_passing_batched``) instead of the fused kernel, whose few programs each walk every chunk: alone,
 # the pair won a 17-chunk call (47.6 against 52.6 us) and lost a 3-chunk one (11.5 against 10.6); in the whole
@@ -129,8 +131,8 @@ def ssd_prefill(
     CUDA); ``workspace_out``, a dict, receives the chosen ``path``, ``gather`` and the intermediates
     (``states``: the (C, H, P, N) workspace, exiting states on the snapshot path and entering states on the indexed
     path; ``chunk_states``, where chunk state ran as a kernel of its own (the indexed path, and the snapshot path
-    from ``SNAPSHOT_PAIR_FROM`` chunks), else None; ``chunk_state_bmm``, whether that kernel also ran bmm's tiles
-    (``kernels.chunk_state_bmm``); ``dA_cumsum``, ``dt_out``, ``initial_states``) for tests.
+    from ``SNAPSHOT_PAIR_FROM`` chunks), else None; ``chunk_state_bmm``, the config under which that kernel also ran
+    bmm's tiles (``kernels.chunk_state_bmm``), else None; ``dA_cumsum``, ``dt_out``, ``initial_states``) for tests.
     """
     T, H, P = x.shape
     N = B.shape[-1]
@@ -172,7 +174,8 @@ def ssd_prefill(
     CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens) if order == "none" else None
 
     def chunk_states_beside_bmm(CB: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(chunk states, CB): chunk state as a kernel of its own, bmm launched beside it as the order says."""
+        """(chunk states, CB): chunk state as a kernel of its own, bmm's programs in it or bmm launched beside it
+        as the order says."""
         if one_kernel is not None:
             return chunk_state_bmm(B, x, C, dt_out, dA_cumsum, cu_chunk_seqlens, one_kernel)
         if bmm_first:
@@ -251,7 +254,7 @@ def ssd_prefill(
             gather=copy,
             states=workspace,
             chunk_states=chunk_states,
-            chunk_state_bmm=one_kernel is not None,
+            chunk_state_bmm=one_kernel,
             dA_cumsum=dA_cumsum,
             dt_out=dt_out,
             initial_states=initial_states,

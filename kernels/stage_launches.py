@@ -48,8 +48,8 @@ def stage_launches(ssd_prefill: Callable, **call) -> dict[str, Callable[[], torc
             call["dt"], call["A"], Q, cu, dt_bias=call.get("dt_bias"), dt_softplus=call.get("dt_softplus", False),
             dt_limit=call.get("dt_limit", (0.0, float("inf"))))[0],
     }
-    if ws["chunk_state_bmm"]:  # chunk state's and bmm's programs in one kernel
-        config = chunk_state_bmm.chunk_state_bmm_config(x.shape[2], B.shape[2], Q, dt_out.shape[1])
+    if ws["chunk_state_bmm"] is not None:  # chunk state's and bmm's programs in one kernel, under the call's config
+        config = ws["chunk_state_bmm"]
         launches["chunk_state_bmm"] = lambda: chunk_state_bmm.chunk_state_bmm(B, x, C, dt_out, dA, cu, config)[0]
     else:
         launches["bmm_chunk"] = lambda: bmm_chunk.bmm_chunk(C, B, Q, cu)

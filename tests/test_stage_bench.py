@@ -42,7 +42,7 @@ def test_stage_closures_reproduce_the_call(path, extra, sequences, pair_from, de
     # wherever both stages' configs are fixed: under the interpreter always, on the GPU not at this shape.
     apart = path == "indexed" or pair_from is not None
     one_kernel = apart and device == "cpu"
-    assert workspace["chunk_state_bmm"] is one_kernel
+    assert (workspace["chunk_state_bmm"] is not None) is one_kernel
     states = ["chunk_state_bmm"] if one_kernel else ["bmm_chunk", "chunk_state"] if apart else ["bmm_chunk"]
     if path == "indexed":
         passing = "gather_state_passing"
