@@ -28,6 +28,9 @@ from torch.autograd import DeviceType
 STAGE_PATTERNS: tuple[tuple[str, str], ...] = (
     ("gather", r"_gather_initial_states_kernel"),  # ours (kernels/gather.py) and vLLM's (gather_initial_states.py)
     ("chunk_cumsum", r"_chunk_cumsum(_fwd)?_kernel"),  # ours: _chunk_cumsum_kernel; vLLM: _chunk_cumsum_fwd_kernel
+    # ours on the snapshot path under launch order "cumsum-gather": the cumsum's and the gather's programs in one
+    # kernel (kernels/chunk_cumsum_gather.py)
+    ("chunk_cumsum_gather", r"_chunk_cumsum_gather_kernel"),
     ("chunk_state", r"_chunk_state(_fwd)?_kernel"),
     # ours where both stages' configs are fixed: chunk state's and bmm's programs in one kernel
     # (kernels/chunk_state_bmm.py)
@@ -47,7 +50,8 @@ STAGES = tuple(stage for stage, _ in STAGE_PATTERNS)
 # kernel, the other its parts, a row compares the two sides' sums over the fused stage and its parts.
 FUSED_STAGES: dict[str, tuple[str, ...]] = {"chunk_state_passing": ("chunk_state", "state_passing"),
                                             "gather_state_passing": ("gather", "state_passing"),
-                                            "chunk_state_bmm": ("chunk_state", "bmm_chunk")}
+                                            "chunk_state_bmm": ("chunk_state", "bmm_chunk"),
+                                            "chunk_cumsum_gather": ("chunk_cumsum", "gather")}
 # Stages whose kernels a launch order may run side by side (ours: the fused gather beside the cumsum, bmm and the
 # chunk state kernel beside each other, ``kernels.ssd.LAUNCH_ORDERS``). Kernels that share the GPU slow each other,
 # and the added-time attribution (``kernel_times``) leaves the shared time with the kernel that started first: its
@@ -56,7 +60,7 @@ FUSED_STAGES: dict[str, tuple[str, ...]] = {"chunk_state_passing": ("chunk_state
 # by stage name. The indexed state passing counts whole in the states' group, the gather's read with it: that group can
 # only read worse for ours, never hide a row.
 SIDE_BY_SIDE: dict[str, tuple[str, ...]] = {
-    "gather + chunk_cumsum": ("gather", "chunk_cumsum"),
+    "gather + chunk_cumsum": ("gather", "chunk_cumsum", "chunk_cumsum_gather"),
     "states + bmm_chunk": ("chunk_state", "chunk_state_bmm", "chunk_state_passing", "gather_state_passing",
                            "state_passing", "bmm_chunk"),
 }

@@ -24,7 +24,7 @@ from kernels.backend import (
     wait_for_previous_kernel,
 )
 from kernels.interface import INDEX_DTYPES
-from kernels.tuned_configs import checked_in
+from kernels.tuned_configs import checked_in, checked_in_config, describe, device_arch
 
 # Heads per program and warps: the first is small enough that (BLOCK_SIZE_H, chunk_size=256) fp32 tiles stay in
 # registers; kernels.tuned_configs may choose another for a shape class it has measured.
@@ -32,14 +32,16 @@ CONFIGS = [triton.Config({"BLOCK_SIZE_H": 8}, num_warps=4), triton.Config({"BLOC
 SOFTPLUS_THRESHOLD = tl.constexpr(20.0)  # a constexpr: the GPU compiler rejects plain globals in @jit code
 
 
-@triton.jit(do_not_specialize=("signal_next",))
-def _chunk_cumsum_kernel(
-    dt_ptr,  # (T, H) any float dtype
-    A_ptr,  # (H,) fp32
-    dt_bias_ptr,  # (H,) fp32, unused without HAS_DT_BIAS
-    cu_chunk_seqlens_ptr,  # (C + 1,) int32/int64
-    dt_out_ptr,  # (H, C, Q) fp32
-    dA_cumsum_ptr,  # (H, C, Q) fp32
+@triton.jit
+def chunk_cumsum_tile(
+    dt_ptr,
+    A_ptr,
+    dt_bias_ptr,
+    cu_chunk_seqlens_ptr,
+    dt_out_ptr,
+    dA_cumsum_ptr,
+    pid_c,
+    pid_h,
     nheads,
     chunk_size,
     dt_min,
@@ -54,19 +56,15 @@ def _chunk_cumsum_kernel(
     stride_dA_cs_head,
     stride_dA_cs_chunk,
     stride_dA_cs_pos,
-    signal_next,  # nonzero: let the next kernel start early (kernels/backend.py)
     HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr,
     HAS_DT_LIMIT: tl.constexpr,
     LOG1P_LIBDEVICE: tl.constexpr,
-    USE_PDL: tl.constexpr,
     BLOCK_SIZE_H: tl.constexpr,
     BLOCK_SIZE_CHUNK: tl.constexpr,
 ):
-    wait_for_previous_kernel(USE_PDL)
-    let_next_kernel_start(signal_next, USE_PDL)
-    pid_c = tl.program_id(axis=0)
-    pid_h = tl.program_id(axis=1)
+    """The cumsum of chunk ``pid_c`` for the heads of block ``pid_h``: the stage kernel's body, and the cumsum
+    programs' of the kernel that also runs the gather's (``kernels.chunk_cumsum_gather``)."""
     chunk_start = tl.load(cu_chunk_seqlens_ptr + pid_c)
     chunk_len = tl.load(cu_chunk_seqlens_ptr + pid_c + 1) - chunk_start
     dt_ptr += chunk_start.to(tl.int64) * stride_dt_token
@@ -116,6 +114,47 @@ def _chunk_cumsum_kernel(
     )
 
 
+@triton.jit(do_not_specialize=("signal_next",))
+def _chunk_cumsum_kernel(
+    dt_ptr,  # (T, H) any float dtype
+    A_ptr,  # (H,) fp32
+    dt_bias_ptr,  # (H,) fp32, unused without HAS_DT_BIAS
+    cu_chunk_seqlens_ptr,  # (C + 1,) int32/int64
+    dt_out_ptr,  # (H, C, Q) fp32
+    dA_cumsum_ptr,  # (H, C, Q) fp32
+    nheads,
+    chunk_size,
+    dt_min,
+    dt_max,
+    stride_dt_token,
+    stride_dt_head,
+    stride_A_head,
+    stride_dt_bias_head,
+    stride_dt_out_head,
+    stride_dt_out_chunk,
+    stride_dt_out_pos,
+    stride_dA_cs_head,
+    stride_dA_cs_chunk,
+    stride_dA_cs_pos,
+    signal_next,  # nonzero: let the next kernel start early (kernels/backend.py)
+    HAS_DT_BIAS: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr,
+    HAS_DT_LIMIT: tl.constexpr,
+    LOG1P_LIBDEVICE: tl.constexpr,
+    USE_PDL: tl.constexpr,
+    BLOCK_SIZE_H: tl.constexpr,
+    BLOCK_SIZE_CHUNK: tl.constexpr,
+):
+    wait_for_previous_kernel(USE_PDL)
+    let_next_kernel_start(signal_next, USE_PDL)
+    chunk_cumsum_tile(
+        dt_ptr, A_ptr, dt_bias_ptr, cu_chunk_seqlens_ptr, dt_out_ptr, dA_cumsum_ptr,
+        tl.program_id(axis=0), tl.program_id(axis=1),
+        nheads, chunk_size, dt_min, dt_max, stride_dt_token, stride_dt_head, stride_A_head, stride_dt_bias_head,
+        stride_dt_out_head, stride_dt_out_chunk, stride_dt_out_pos, stride_dA_cs_head, stride_dA_cs_chunk,
+        stride_dA_cs_pos, HAS_DT_BIAS, DT_SOFTPLUS, HAS_DT_LIMIT, LOG1P_LIBDEVICE, BLOCK_SIZE_H, BLOCK_SIZE_CHUNK)
+
+
 def _first_config(configs, named_args, **kwargs):
     """Outside the measured classes the first config, untimed: a stage this small gains less from tuning than its
     extra binaries cost to compile."""
@@ -128,6 +167,15 @@ chunk_cumsum_kernel = triton.autotune(
     configs=CONFIGS, key=["chunk_size", "nheads"], do_bench=AUTOTUNE_DO_BENCH,
     prune_configs_by={"early_config_prune": checked_in("chunk_cumsum", ("chunk_size", "nheads"), _first_config)},
 )(_chunk_cumsum_kernel)
+
+
+def chunk_cumsum_config(chunk_size: int, nheads: int) -> dict[str, int]:
+    """The config the autotuner above runs for this shape, which nothing times: the checked-in one for a measured
+    class, else the first (under the interpreter too: its prune keeps the fallback's one config). For the kernel that
+    runs the cumsum's programs beside the gather's (``kernels.chunk_cumsum_gather``), whose dA_cumsum must have the
+    bits of this kernel's."""
+    checked = checked_in_config("chunk_cumsum", device_arch(), chunk_size, nheads)
+    return dict(checked) if checked is not None else describe(CONFIGS[0])
 
 
 def chunk_cumsum(
@@ -147,6 +195,21 @@ def chunk_cumsum(
     ``log(1 + exp(dt))``: no log1p there), clamp to dt_limit unless it is (0, inf); dt_out = 0 past the chunk's end.
     ``signal_next``: the next kernel may start early (kernels/backend.py).
     """
+    dA_cumsum, dt_out = cumsum_outputs(dt, A, chunk_size, cu_chunk_seqlens, dt_bias)
+    nchunks, H = dt_out.shape[1], dt_out.shape[0]
+    def grid(meta):
+        return (nchunks, triton.cdiv(H, meta["BLOCK_SIZE_H"]))
+
+    chunk_cumsum_kernel[grid](**launch_arguments(
+        dt, A, cu_chunk_seqlens, dt_out, dA_cumsum, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
+        signal_next=signal_next))
+    return dA_cumsum, dt_out
+
+
+def cumsum_outputs(dt: torch.Tensor, A: torch.Tensor, chunk_size: int, cu_chunk_seqlens: torch.Tensor,
+                   dt_bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The launcher's checks on its inputs, and its outputs, uninitialized: (dA_cumsum, dt_out), each (H, C, Q)
+    fp32."""
     T, H = dt.shape
     assert A.shape == (H,) and A.dtype == torch.float32, f"A: expected ({H},) fp32, found {tuple(A.shape)} {A.dtype}"
     assert dt.dtype.is_floating_point, f"dt: expected a float dtype, found {dt.dtype}"
@@ -156,14 +219,7 @@ def chunk_cumsum(
         assert dt_bias.shape == (H,), f"dt_bias: expected ({H},), found {tuple(dt_bias.shape)}"
     nchunks = cu_chunk_seqlens.numel() - 1
     dt_out = torch.empty(H, nchunks, chunk_size, device=dt.device, dtype=torch.float32)
-    dA_cumsum = torch.empty_like(dt_out)
-    def grid(meta):
-        return (nchunks, triton.cdiv(H, meta["BLOCK_SIZE_H"]))
-
-    chunk_cumsum_kernel[grid](**launch_arguments(
-        dt, A, cu_chunk_seqlens, dt_out, dA_cumsum, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
-        signal_next=signal_next))
-    return dA_cumsum, dt_out
+    return torch.empty_like(dt_out), dt_out
 
 
 def launch_arguments(dt: torch.Tensor, A: torch.Tensor, cu_chunk_seqlens: torch.Tensor, dt_out: torch.Tensor,

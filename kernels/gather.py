@@ -45,8 +45,16 @@ def _gather_initial_states_kernel(
     BLOCK_SIZE: tl.constexpr,
 ):
     wait_unless_overlapping(overlaps_previous, USE_PDL)
-    pid_m = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
+    gather_tile(cache_ptr, idx_ptr, has_ptr, out_ptr, tl.program_id(0), tl.program_id(1).to(tl.int64), row,
+                stride_cache_slot, stride_idx, stride_has, stride_out_batch, BLOCK_SIZE)
+    wait_at_end_if_overlapping(overlaps_previous, USE_PDL)
+
+
+@triton.jit
+def gather_tile(cache_ptr, idx_ptr, has_ptr, out_ptr, pid_m, b, row, stride_cache_slot, stride_idx, stride_has,
+                stride_out_batch, BLOCK_SIZE: tl.constexpr):
+    """Block ``pid_m`` of row ``b`` (int64): the kernel's body, and the gather programs' of the kernel that also
+    runs the cumsum's (``kernels.chunk_cumsum_gather``)."""
     offs = pid_m * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = offs < row
     # The mask and the index are loaded side by side and the row's load is masked by both, not branched on the
@@ -56,7 +64,6 @@ def _gather_initial_states_kernel(
     slot = tl.where(has, tl.load(idx_ptr + b * stride_idx).to(tl.int64), 0)
     vals = tl.load(cache_ptr + slot * stride_cache_slot + offs, mask=mask & has, other=0.0)
     tl.store(out_ptr + b * stride_out_batch + offs, vals, mask=mask)
-    wait_at_end_if_overlapping(overlaps_previous, USE_PDL)
 
 
 def launch_arguments(state_cache: torch.Tensor, initial_state_indices: torch.Tensor, has_initial_states: torch.Tensor,
@@ -95,6 +102,17 @@ def _check_inputs(state_cache: torch.Tensor, initial_state_indices: torch.Tensor
         assert t.device == state_cache.device, f"{name}: on {t.device}, state_cache on {state_cache.device}"
 
 
+def gather_output(state_cache: torch.Tensor, initial_state_indices: torch.Tensor,
+                  has_initial_states: torch.Tensor) -> torch.Tensor:
+    """The kernel's checks on its inputs, and its output, uninitialized: (Bt, H, P, N) in the cache dtype."""
+    _check_inputs(state_cache, initial_state_indices, has_initial_states)
+    _, H, P, N = state_cache.shape
+    assert state_cache.stride(3) == 1 and state_cache.stride(2) == N and state_cache.stride(1) == P * N, (
+        f"state_cache: (H, P, N) must be compact, found strides {state_cache.stride()}")
+    batch = initial_state_indices.shape[0]
+    return torch.empty((batch, H, P, N), dtype=state_cache.dtype, device=state_cache.device)
+
+
 def gather_initial_states(
     state_cache: torch.Tensor, initial_state_indices: torch.Tensor, has_initial_states: torch.Tensor,
     overlaps_previous: bool = False,
@@ -106,14 +124,9 @@ def gather_initial_states(
     Returns (Bt, H, P, N) in the cache dtype, zeros where the mask is false. ``overlaps_previous``: only right
     after a kernel launched with ``signal_next`` (kernels/backend.py); the copy reads only the cache and indices.
     """
-    _check_inputs(state_cache, initial_state_indices, has_initial_states)
-    _, H, P, N = state_cache.shape
-    assert state_cache.stride(3) == 1 and state_cache.stride(2) == N and state_cache.stride(1) == P * N, (
-        f"state_cache: (H, P, N) must be compact, found strides {state_cache.stride()}")
-    batch = initial_state_indices.shape[0]
-    out = torch.empty((batch, H, P, N), dtype=state_cache.dtype, device=state_cache.device)
+    out = gather_output(state_cache, initial_state_indices, has_initial_states)
     arguments = launch_arguments(state_cache, initial_state_indices, has_initial_states, out, overlaps_previous)
-    grid = (triton.cdiv(H * P * N, arguments["BLOCK_SIZE"]), batch)
+    grid = (triton.cdiv(arguments["row"], arguments["BLOCK_SIZE"]), out.shape[0])
     _gather_initial_states_kernel[grid](**arguments)
     return out
 

@@ -23,6 +23,8 @@ import torch
 
 from kernels.bmm_chunk import bmm_chunk
 from kernels.chunk_cumsum import chunk_cumsum
+from kernels.chunk_cumsum_gather import chunk_cumsum_gather
+from kernels.chunk_cumsum_gather import fuses as cumsum_gather_fuses
 from kernels.chunk_scan import chunk_scan
 from kernels.chunk_state import chunk_state
 from kernels.chunk_state_bmm import chunk_state_bmm, chunk_state_bmm_config
@@ -41,11 +43,13 @@ from kernels.state_passing_indexed import state_passing_indexed
 # calls of many chunks): bmm's programs are placed first and chunk state's fill the slots around them, instead of
 # bmm's waiting for chunk state's last partial wave and outlasting it; "one-kernel", as "bmm-first" with bmm's and
 # chunk state's programs in one kernel, bmm's first (``kernels.chunk_state_bmm``), where both stages' configs are
-# fixed (elsewhere as "bmm-first"): the same placement with one launch fewer. Where the snapshot path runs its fused
-# kernel it keeps "state+gather": the fused kernel's few programs, each walking every chunk, lost time placed behind
-# bmm's (docs/gpu-runs.md). scripts/order_lab.py times them.
-LAUNCH_ORDERS = ("none", "state", "state-scan", "state+gather", "bmm-first", "one-kernel")
-SHIPPED_LAUNCH_ORDER = "one-kernel"
+# fixed (elsewhere as "bmm-first"): the same placement with one launch fewer; "cumsum-gather", as "one-kernel" with
+# the fused gather's programs in the cumsum's kernel (``kernels.chunk_cumsum_gather``) instead of beside it where the
+# cache's rows are 16-byte aligned (elsewhere as "one-kernel"), one launch fewer again. Where the snapshot path runs
+# its fused kernel it keeps "state+gather"'s placement of bmm: the fused kernel's few programs, each walking every
+# chunk, lost time placed behind bmm's (docs/gpu-runs.md). scripts/order_lab.py times them.
+LAUNCH_ORDERS = ("none", "state", "state-scan", "state+gather", "bmm-first", "one-kernel", "cumsum-gather")
+SHIPPED_LAUNCH_ORDER = "cumsum-gather"
 
 
 def launch_order_setting(raw: str | None) -> str:
@@ -132,7 +136,8 @@ def ssd_prefill(
     (``states``: the (C, H, P, N) workspace, exiting states on the snapshot path and entering states on the indexed
     path; ``chunk_states``, where chunk state ran as a kernel of its own (the indexed path, and the snapshot path
     from ``SNAPSHOT_PAIR_FROM`` chunks), else None; ``chunk_state_bmm``, the config under which that kernel also ran
-    bmm's tiles (``kernels.chunk_state_bmm``), else None; ``dA_cumsum``, ``dt_out``, ``initial_states``) for tests.
+    bmm's tiles (``kernels.chunk_state_bmm``), else None; ``cumsum_gather``, whether the cumsum's kernel also ran
+    the gather's copy (``kernels.chunk_cumsum_gather``); ``dA_cumsum``, ``dt_out``, ``initial_states``) for tests.
     """
     T, H, P = x.shape
     N = B.shape[-1]
@@ -163,14 +168,18 @@ def ssd_prefill(
     order = LAUNCH_ORDER
     nchunks = cu_chunk_seqlens.shape[0] - 1
     pair = chosen == "indexed" or snapshot_pair(nchunks)  # chunk state as a kernel of its own
+    gather_in_cumsum = order == "cumsum-gather" and copy == "fused" and cumsum_gather_fuses(state_cache)
     gather_beside = order in ("state+gather", "bmm-first", "one-kernel") and copy == "fused"
-    one_kernel = chunk_state_bmm_config(P, N, chunk_size, nchunks) if order == "one-kernel" and pair else None
-    bmm_first = order in ("bmm-first", "one-kernel") and pair and one_kernel is None
+    one_kernel = (chunk_state_bmm_config(P, N, chunk_size, nchunks)
+                  if order in ("one-kernel", "cumsum-gather") and pair else None)
+    bmm_first = order in ("bmm-first", "one-kernel", "cumsum-gather") and pair and one_kernel is None
     bmm_after = order != "none" and not bmm_first
-    dA_cumsum, dt_out = chunk_cumsum(
-        dt, A, chunk_size, cu_chunk_seqlens, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
-        signal_next=gather_beside,
-    )
+    dt_options = dict(dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit)
+    if gather_in_cumsum:
+        dA_cumsum, dt_out, initial_states = chunk_cumsum_gather(
+            dt, A, chunk_size, cu_chunk_seqlens, state_cache, initial_state_indices, has_initial_states, **dt_options)
+    else:
+        dA_cumsum, dt_out = chunk_cumsum(dt, A, chunk_size, cu_chunk_seqlens, signal_next=gather_beside, **dt_options)
     CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens) if order == "none" else None
 
     def chunk_states_beside_bmm(CB: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -202,11 +211,11 @@ def ssd_prefill(
         )
         result = None
     else:
-        if copy == "fused":
+        if copy == "torch":
+            initial_states = gather_initial_states_torch(state_cache, initial_state_indices, has_initial_states)
+        elif not gather_in_cumsum:  # the fused gather's own kernel, unless the cumsum's kernel made the copy
             initial_states = gather_initial_states(state_cache, initial_state_indices, has_initial_states,
                                                    overlaps_previous=gather_beside)
-        else:
-            initial_states = gather_initial_states_torch(state_cache, initial_state_indices, has_initial_states)
         result = None
         if call.mode == "direct":
             writeback = dict(state_cache=state_cache, final_state_indices=final_state_indices)
@@ -255,6 +264,7 @@ def ssd_prefill(
             states=workspace,
             chunk_states=chunk_states,
             chunk_state_bmm=one_kernel,
+            cumsum_gather=gather_in_cumsum,
             dA_cumsum=dA_cumsum,
             dt_out=dt_out,
             initial_states=initial_states,

@@ -19,6 +19,7 @@ import torch
 from kernels import (
     bmm_chunk,
     chunk_cumsum,
+    chunk_cumsum_gather,
     chunk_scan,
     chunk_state,
     chunk_state_bmm,
@@ -36,18 +37,23 @@ def stage_launches(ssd_prefill: Callable, **call) -> dict[str, Callable[[], torc
     ``kernels.ssd.SNAPSHOT_PAIR_FROM`` chunks ``chunk_state`` and ``state_passing`` (the batched kernel); the indexed
     path ``chunk_state`` and ``gather_state_passing`` (state passing that does the gather's copy too); both
     ``chunk_cumsum``, ``bmm_chunk`` and ``chunk_scan``. Where the call ran chunk state's and bmm's programs in one
-    kernel (``kernels.chunk_state_bmm``), ``chunk_state_bmm`` (returning the chunk states) stands for both."""
+    kernel (``kernels.chunk_state_bmm``), ``chunk_state_bmm`` (returning the chunk states) stands for both; where
+    the cumsum's kernel also made the gather's copy (``kernels.chunk_cumsum_gather``), ``chunk_cumsum_gather``
+    (returning dA_cumsum) stands for ``chunk_cumsum`` and ``gather``."""
     ws: dict = {}
     ssd_prefill(**call, workspace_out=ws)
     x, B, C, Q, cu, seq_idx = call["x"], call["B"], call["C"], call["chunk_size"], call["cu_chunk_seqlens"], \
         call["seq_idx"]
     dA, dt_out, states, cache = ws["dA_cumsum"], ws["dt_out"], ws["states"], call["state_cache"]
     CB = bmm_chunk.bmm_chunk(C, B, Q, cu)
-    launches = {
-        "chunk_cumsum": lambda: chunk_cumsum.chunk_cumsum(
-            call["dt"], call["A"], Q, cu, dt_bias=call.get("dt_bias"), dt_softplus=call.get("dt_softplus", False),
-            dt_limit=call.get("dt_limit", (0.0, float("inf"))))[0],
-    }
+    dt_options = dict(dt_bias=call.get("dt_bias"), dt_softplus=call.get("dt_softplus", False),
+                      dt_limit=call.get("dt_limit", (0.0, float("inf"))))
+    if ws["cumsum_gather"]:  # the cumsum's and the gather's programs in one kernel
+        launches = {"chunk_cumsum_gather": lambda: chunk_cumsum_gather.chunk_cumsum_gather(
+            call["dt"], call["A"], Q, cu, cache, call["initial_state_indices"], call["has_initial_states"],
+            **dt_options)[0]}
+    else:
+        launches = {"chunk_cumsum": lambda: chunk_cumsum.chunk_cumsum(call["dt"], call["A"], Q, cu, **dt_options)[0]}
     if ws["chunk_state_bmm"] is not None:  # chunk state's and bmm's programs in one kernel, under the call's config
         config = ws["chunk_state_bmm"]
         launches["chunk_state_bmm"] = lambda: chunk_state_bmm.chunk_state_bmm(B, x, C, dt_out, dA, cu, config)[0]
@@ -65,9 +71,11 @@ def stage_launches(ssd_prefill: Callable, **call) -> dict[str, Callable[[], torc
 
         launches["gather_state_passing"] = passing  # the gather's copy is this kernel's work too
     else:
-        # The snapshot copy the call made: the fused Triton gather or the same copy in PyTorch ops.
+        # The snapshot copy the call made, unless the cumsum's kernel made it: the fused Triton gather or the same
+        # copy in PyTorch ops.
         copy = gather.gather_initial_states if ws["gather"] == "fused" else gather.gather_initial_states_torch
-        launches["gather"] = lambda: copy(cache, call["initial_state_indices"], call["has_initial_states"])
+        if not ws["cumsum_gather"]:
+            launches["gather"] = lambda: copy(cache, call["initial_state_indices"], call["has_initial_states"])
         # Every launch reads the gathered copy, so writing the final slots again does the same work.
         if ws["chunk_states"] is not None:
             def batched():

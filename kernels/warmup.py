@@ -162,6 +162,7 @@ def watched_kernels() -> list[Any]:
     from kernels import (
         bmm_chunk,
         chunk_cumsum,
+        chunk_cumsum_gather,
         chunk_scan,
         chunk_state,
         chunk_state_bmm,
@@ -173,7 +174,8 @@ def watched_kernels() -> list[Any]:
 
     return [gather._gather_initial_states_kernel, state_passing_indexed._state_passing_indexed_kernel,
             chunk_cumsum.chunk_cumsum_kernel, chunk_state.chunk_state_kernel, bmm_chunk.bmm_chunk_kernel,
-            chunk_state_bmm._chunk_state_bmm_kernel, chunk_scan.chunk_scan_kernel,
+            chunk_state_bmm._chunk_state_bmm_kernel, chunk_cumsum_gather._chunk_cumsum_gather_kernel,
+            chunk_scan.chunk_scan_kernel,
             state_passing_batched._state_passing_batched_kernel, chunk_state_passing._chunk_state_passing_kernel]
 
 
@@ -420,10 +422,13 @@ def int_values(kernel: Any, name: str, values: Iterable[int]) -> tuple[int, ...]
     return values
 
 
-def _index_views(kernel: Any, ptr: str, stride: str, req: WarmupRequest) -> Iterator[torch.Tensor]:
-    """Stand-ins of a user index tensor: contiguous or a block-table column (any stride class, aligned or not),
-    in every index dtype; classes the kernel does not specialize ``ptr`` or ``stride`` on are skipped."""
-    for dtype, aligned, st in itertools.product(req.index_dtypes, alignments(kernel, ptr, req.index_alignments),
+def _index_views(kernel: Any, ptr: str, stride: str, req: WarmupRequest,
+                 dtypes: tuple[torch.dtype, ...] | None = None) -> Iterator[torch.Tensor]:
+    """Stand-ins of a user index tensor (or, with ``dtypes``, a mask's): contiguous or a block-table column (any
+    stride class, aligned or not), in every index dtype; classes the kernel does not specialize ``ptr`` or
+    ``stride`` on are skipped."""
+    for dtype, aligned, st in itertools.product(dtypes or req.index_dtypes,
+                                                alignments(kernel, ptr, req.index_alignments),
                                                 int_values(kernel, stride, req.index_strides)):
         yield standin((1,), dtype, strides=(st,), aligned=aligned)
 
@@ -459,6 +464,35 @@ def _gather_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
             standin((1, s.nheads, s.headdim, s.dstate), state))
         yield spec_for(gather._gather_initial_states_kernel, arguments,
                        why=f"{state} cache, {idx_dtype} index stride {idx_stride}")
+
+
+@register("chunk_cumsum_gather")
+def _chunk_cumsum_gather_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
+    """The snapshot path's cumsum with the gather's copy in one kernel (``kernels.ssd`` order "cumsum-gather"), for
+    the caches it runs on (``kernels.chunk_cumsum_gather.fuses``: aligned rows; the two kernels elsewhere)."""
+    from kernels import chunk_cumsum_gather as ccg
+
+    if "snapshot" not in req.paths:
+        return
+    s = req.shape
+    H, Q = s.nheads, s.chunk_size
+    kernel = ccg._chunk_cumsum_gather_kernel
+    pad = -(H * s.headdim * s.dstate) % 16  # the one class of row stride it runs on: a multiple of 16
+    for state, meta, bias, softplus, limit, nchunks in itertools.product(
+            req.state_dtypes, req.metadata_dtypes, req.dt_bias_options, req.softplus_options, req.dt_limit_options,
+            representatives(lambda c: c * Q)):
+        cache = _cache(state, s, pad, aligned=True)
+        assert ccg.fuses(cache)
+        for idx, has in itertools.product(_index_views(kernel, "idx_ptr", "stride_idx", req),
+                                          _index_views(kernel, "has_ptr", "stride_has", req, req.mask_dtypes)):
+            arguments = ccg.launch_arguments(
+                standin((1, H), F32), standin((H,), F32), standin((nchunks + 1,), meta),
+                standin((H, nchunks, Q), F32), standin((H, nchunks, Q), F32), cache, idx, has,
+                standin((1, H, s.headdim, s.dstate), state),
+                dt_bias=standin((H,), F32) if bias else None, dt_softplus=softplus,
+                dt_limit=(0.001, 0.1) if limit else (0.0, math.inf))
+            yield spec_for(kernel, arguments, why=f"{state} cache, {idx.dtype} index, bias={bias} "
+                                                  f"softplus={softplus} limit={limit} nchunks~{nchunks}")
 
 
 @register("state_passing_indexed")

@@ -38,12 +38,19 @@ CALLS = [
 ]
 
 
+# The calls above use padded caches (rows of 240 + 24 elements after 7): the gather runs as a kernel of its own. A
+# cache with aligned rows runs it in the cumsum's kernel (``kernels.chunk_cumsum_gather.fuses``).
+PADDED, ALIGNED = dict(row_pad=24, offset=7), dict(row_pad=0, offset=0)
+
+
 @pytest.fixture(scope="module")
 def launches(device) -> list[Launch]:
     seen: list[Launch] = []
-    for (io, state, path, mode, options, sequences), order in [(call, ssd.LAUNCH_ORDER) for call in CALLS] + [
-            (CALLS[1], "bmm-first")]:  # chunk state's and bmm's own kernels, where their configs are not fixed
-        case = make_case(sequences, io=io, state=state, options=options, mode=mode, slots=8, case_id="sm90")
+    runs = [(call, ssd.LAUNCH_ORDER, PADDED) for call in CALLS] + [
+        (CALLS[1], "bmm-first", PADDED),  # chunk state's and bmm's own kernels, where their configs are not fixed
+        (CALLS[0], ssd.LAUNCH_ORDER, ALIGNED), (CALLS[5], ssd.LAUNCH_ORDER, ALIGNED)]
+    for (io, state, path, mode, options, sequences), order, layout in runs:
+        case = make_case(sequences, io=io, state=state, options=options, mode=mode, slots=8, case_id="sm90", **layout)
         inputs = build_inputs(case, device)
         with capturing_launches(watched_kernels()) as calls, ssd.launched_in_order(order):
             # The fused gather is what CUDA runs (the CPU default is the torch.where snapshot).

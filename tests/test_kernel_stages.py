@@ -781,3 +781,112 @@ def test_the_warmup_holds_the_one_kernel_s_binaries(device):
     assert_keys_warmed(launched, report.keys)
     with pytest.raises(MissingSpecialization, match="specialization not warmed up"):
         assert_keys_warmed(launched, [k for k in report.keys if k.kernel != launched[0].kernel])
+
+
+# ---------------------------------------------------------------------- the cumsum and the gather in one kernel
+# ``kernels.chunk_cumsum_gather``: dA_cumsum and dt_out have the bits of the cumsum's own kernel (the indexed path
+# runs that one), the copy the gather's; its cumsum config is the one the cumsum's autotuner keeps; the warmup holds
+# its binaries; a grid short of the gather's last row is caught.
+
+CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Per cache dtype: the dt options and the index layout (each appears; the full product adds nothing the two kernels'
+# own tests do not cover).
+FUSED_CASES = {torch.float32: (dict(bias=True, softplus=True, limit=(0.0, math.inf)), "contiguous"),
+               torch.float16: (dict(bias=False, softplus=False, limit=(0.05, 0.2)), "block_table"),
+               torch.bfloat16: (dict(bias=True, softplus=True, limit=(0.1, 0.5)), "contiguous")}
+# (slot, has an initial state) per sequence: a masked-off row points at a NaN slot, which must not be read.
+ROWS = [(4, 1), (3, 0), (0, 1)]
+
+
+def cumsum_gather_inputs(shape: Shape, seqs, state: torch.dtype, device: str):
+    """(inputs, ``chunk_cumsum_gather``'s keyword arguments): a padded cache of five slots at ``shape``'s (H, P, N),
+    slot 3 NaN; indices and mask as the cache dtype's case says (contiguous, or block-table columns)."""
+    from support import index_view, paged_cache
+
+    options, layout = FUSED_CASES[state]
+    inp = make_inputs(shape, seqs, torch.float32, device)
+    batch = len(SEQUENCES[seqs][0]) if isinstance(seqs, str) else len(seqs[0])
+    _, cache = paged_cache(5, state, device, heads=shape.nheads, headdim=shape.headdim, dstate=shape.dstate,
+                           blank_slots=(3,))
+    rows = (ROWS * batch)[:batch]
+    mask_dtype = torch.bool if layout == "contiguous" else torch.int32
+    return inp, dict(state_cache=cache, initial_state_indices=index_view([s for s, _ in rows], torch.int32, layout,
+                                                                         device),
+                     has_initial_states=index_view([h for _, h in rows], mask_dtype, layout, device, column=3),
+                     dt_bias=inp.dt_bias if options["bias"] else None, dt_softplus=options["softplus"],
+                     dt_limit=options["limit"])
+
+
+def cumsum_gather_apart(inp, kw) -> tuple:
+    """What the two kernels write: (dA_cumsum, dt_out, initial states)."""
+    from kernels.gather import gather_initial_states
+
+    cu, Q = inp.meta["cu_chunk_seqlens"], inp.shape.chunk_size
+    return (*kcumsum.chunk_cumsum(inp.dt, inp.A, Q, cu, dt_bias=kw["dt_bias"], dt_softplus=kw["dt_softplus"],
+                                  dt_limit=kw["dt_limit"]),
+            gather_initial_states(kw["state_cache"], kw["initial_state_indices"], kw["has_initial_states"]))
+
+
+def assert_each_kernel_s_bits(got, want, what: str) -> None:
+    for name, g, w in zip(("dA_cumsum", "dt_out", "initial states"), got, want, strict=True):
+        assert_bits_equal(g, w, what=f"{name}, one kernel vs its own kernel ({what})")
+
+
+@pytest.mark.parametrize("state", CACHE_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape,seqs", scenarios())
+def test_cumsum_gather_writes_each_kernel_s_bits(shape, seqs, state, device):
+    from kernels.chunk_cumsum_gather import chunk_cumsum_gather
+
+    inp, kw = cumsum_gather_inputs(shape, seqs, state, device)
+    got = chunk_cumsum_gather(inp.dt, inp.A, shape.chunk_size, inp.meta["cu_chunk_seqlens"], **kw)
+    assert_each_kernel_s_bits(got, cumsum_gather_apart(inp, kw), f"{dtype_id(state)} cache")
+
+
+@pytest.mark.parametrize("tokens", [30, 17 * 256 - 40], ids=["one-chunk", "seventeen-chunks"])
+def test_cumsum_gather_at_the_serving_shape(tokens, device):
+    """At the serving shape's class (64 heads, chunk 256) the GPU runs the cumsum's checked-in config in both
+    kernels, and each tensor keeps its own kernel's bits."""
+    if device != "cuda":
+        pytest.skip("the checked-in config is the GPU's; the interpreter runs the first config (tests above)")
+    from kernels.chunk_cumsum_gather import chunk_cumsum_gather
+
+    assert kcumsum.chunk_cumsum_config(256, 64) == tuned_configs.checked_in_config("chunk_cumsum", "sm90", 256, 64)
+    shape = Shape(64, 64, 128, 1, 256)
+    inp, kw = cumsum_gather_inputs(shape, ([0, 0, 0], [tokens, 40, 300]), torch.bfloat16, device)
+    got = chunk_cumsum_gather(inp.dt, inp.A, 256, inp.meta["cu_chunk_seqlens"], **kw)
+    assert_each_kernel_s_bits(got, cumsum_gather_apart(inp, kw), "serving shape")
+
+
+def test_cumsum_gather_catches_a_missing_row(device):
+    """Negative control: the kernel launched a row's worth of gather programs short leaves the last row's copy as
+    it was (NaN here); the comparison names it, and the cumsum's outputs and the other rows are still right."""
+    from kernels import chunk_cumsum_gather as kcg
+
+    shape = SHAPES[0]
+    inp, kw = cumsum_gather_inputs(shape, "three-mixed", torch.float32, device)
+    want = cumsum_gather_apart(inp, kw)
+    dA, dt_out = kcumsum.cumsum_outputs(inp.dt, inp.A, shape.chunk_size, inp.meta["cu_chunk_seqlens"], kw["dt_bias"])
+    initial = torch.full_like(want[2], math.nan)
+    arguments = kcg.launch_arguments(
+        inp.dt, inp.A, inp.meta["cu_chunk_seqlens"], dt_out, dA, kw["state_cache"], kw["initial_state_indices"],
+        kw["has_initial_states"], initial, dt_bias=kw["dt_bias"], dt_softplus=kw["dt_softplus"],
+        dt_limit=kw["dt_limit"])
+    row_blocks = triton.cdiv(arguments["row"], arguments["GATHER_BLOCK_SIZE"])
+    kcg._chunk_cumsum_gather_kernel[(kcg.programs(arguments) - row_blocks,)](**arguments)
+    assert_bits_equal(dA, want[0], what="dA_cumsum")
+    assert_bits_equal(dt_out, want[1], what="dt_out")
+    assert_bits_equal(initial[:-1], want[2][:-1], what="initial states before the last row")
+    with pytest.raises(Mismatch, match="initial states, one kernel"):
+        assert_each_kernel_s_bits((dA, dt_out, initial), want, "a row short")
+
+
+def test_the_cumsum_config_is_the_one_its_autotuner_keeps(monkeypatch, device):
+    """``chunk_cumsum_config`` is what the cumsum's kernel runs at a shape, here and on the H200's checked-in class,
+    and the first config elsewhere (nothing times the cumsum)."""
+    inp = make_inputs(SHAPES[0], "one-short", torch.float32, device)
+    kcumsum.chunk_cumsum(inp.dt, inp.A, 64, inp.meta["cu_chunk_seqlens"])
+    kept = kcumsum.chunk_cumsum_kernel.best_config
+    assert tuned_configs.describe(kept) == kcumsum.chunk_cumsum_config(64, SHAPES[0].nheads)
+    monkeypatch.setattr(kcumsum, "device_arch", lambda: "sm90")
+    assert kcumsum.chunk_cumsum_config(256, 64) == dict(BLOCK_SIZE_H=2, num_warps=4, num_stages=3)
+    assert kcumsum.chunk_cumsum_config(256, 48) == tuned_configs.describe(kcumsum.CONFIGS[0])

@@ -108,7 +108,8 @@ def recorded_launches(monkeypatch, device, path: str, tamper=None) -> list[tuple
     if path == "snapshot-pair":
         monkeypatch.setattr(ssd, "SNAPSHOT_PAIR_FROM", 1)
         path = "snapshot"
-    for name in ("chunk_cumsum", "bmm_chunk", "chunk_state", "chunk_state_bmm", "chunk_state_passing",
+    for name in ("chunk_cumsum", "chunk_cumsum_gather", "bmm_chunk", "chunk_state", "chunk_state_bmm",
+                 "chunk_state_passing",
                  "gather_initial_states", "gather_initial_states_torch", "state_passing_indexed",
                  "state_passing_batched", "chunk_scan"):
         monkeypatch.setattr(ssd, name, recording(name, getattr(ssd, name)))
@@ -120,14 +121,15 @@ def recorded_launches(monkeypatch, device, path: str, tamper=None) -> list[tuple
 
 
 # The launchers whose outputs each launcher reads, within one ``ssd_prefill`` call (a launcher absent reads none).
+CUMSUM = {"chunk_cumsum", "chunk_cumsum_gather"}
 READS_FROM = {
-    "chunk_state": {"chunk_cumsum"},
-    "chunk_state_passing": {"chunk_cumsum", "gather_initial_states", "gather_initial_states_torch"},
-    "chunk_state_bmm": {"chunk_cumsum"},
-    "state_passing_indexed": {"chunk_cumsum", "chunk_state", "chunk_state_bmm"},
-    "state_passing_batched": {"chunk_cumsum", "chunk_state", "chunk_state_bmm", "gather_initial_states",
+    "chunk_state": CUMSUM,
+    "chunk_state_passing": {*CUMSUM, "gather_initial_states", "gather_initial_states_torch"},
+    "chunk_state_bmm": CUMSUM,
+    "state_passing_indexed": {*CUMSUM, "chunk_state", "chunk_state_bmm"},
+    "state_passing_batched": {*CUMSUM, "chunk_state", "chunk_state_bmm", "gather_initial_states",
                               "gather_initial_states_torch"},
-    "chunk_scan": {"chunk_cumsum", "bmm_chunk", "chunk_state_bmm", "chunk_state_passing", "state_passing_indexed",
+    "chunk_scan": {*CUMSUM, "bmm_chunk", "chunk_state_bmm", "chunk_state_passing", "state_passing_indexed",
                    "state_passing_batched", "gather_initial_states", "gather_initial_states_torch"},
 }
 
@@ -188,28 +190,46 @@ def test_ssd_prefill_launches_the_overlapping_bmm_right_after_a_signalling_kerne
     bmm = [i for i, n in enumerate(names) if n in ("bmm_chunk", "chunk_state_bmm")]
     assert len(bmm) == 1 and bmm[0] < names.index("chunk_scan"), names
     assert misplaced_overlaps(launches) == [], launches
-    # The indexed path has no gather: with bmm in chunk state's kernel nothing is left to run beside another.
-    alone = order == "none" or (path == "indexed" and "chunk_state_bmm" in names)
+    # With bmm in chunk state's kernel nothing is left to run beside another where the gather does not run beside
+    # the cumsum: on the indexed path (no gather), and where the gather runs in the cumsum's kernel.
+    no_gather_beside = path == "indexed" or "chunk_cumsum_gather" in names
+    alone = order == "none" or (no_gather_beside and "chunk_state_bmm" in names)
     assert any(overlaps for _, _, overlaps in launches) is not alone, launches
 
 
 @pytest.mark.parametrize("path", ["snapshot", "snapshot-pair", "indexed"])
-def test_the_shipped_order_runs_bmm_in_chunk_states_kernel_where_both_configs_are_fixed(monkeypatch, device, path):
-    """Order "one-kernel" (shipped): wherever chunk state runs as a kernel of its own, bmm's programs run in it if
-    both stages' configs are fixed (always under the interpreter; on the GPU at checked-in shapes, not this small
-    one: there "bmm-first"'s two kernels, bmm signalling). The snapshot path's fused kernel keeps bmm apart."""
-    assert ssd.SHIPPED_LAUNCH_ORDER == "one-kernel"
+def test_the_shipped_order_runs_the_fewest_kernels_where_configs_and_layout_allow(monkeypatch, device, path):
+    """Order "cumsum-gather" (shipped): the snapshot path's gather runs in the cumsum's kernel (this call's cache
+    rows are aligned), and wherever chunk state runs as a kernel of its own, bmm's programs run in it if both
+    stages' configs are fixed (always under the interpreter; on the GPU at checked-in shapes, not this small one:
+    there "bmm-first"'s two kernels, bmm signalling). The snapshot path's fused kernel keeps bmm apart."""
+    assert ssd.SHIPPED_LAUNCH_ORDER == "cumsum-gather"
     monkeypatch.setattr(ssd, "LAUNCH_ORDER", ssd.SHIPPED_LAUNCH_ORDER)
     launches = recorded_launches(monkeypatch, device, path)
     names = [n for n, _, _ in launches]
     if path == "snapshot":
-        expected = ["chunk_cumsum", "gather_initial_states", "chunk_state_passing", "bmm_chunk", "chunk_scan"]
+        expected = ["chunk_cumsum_gather", "chunk_state_passing", "bmm_chunk", "chunk_scan"]
     else:
         passing = "state_passing_indexed" if path == "indexed" else "state_passing_batched"
         states = ["chunk_state_bmm"] if device == "cpu" else ["bmm_chunk", "chunk_state"]
-        gather = [] if path == "indexed" else ["gather_initial_states"]
-        expected = ["chunk_cumsum", *gather, *states, passing, "chunk_scan"]
+        first = ["chunk_cumsum"] if path == "indexed" else ["chunk_cumsum_gather"]
+        expected = [*first, *states, passing, "chunk_scan"]
     assert names == expected, launches
+
+
+def test_an_unaligned_cache_runs_the_gather_beside_the_cumsum(monkeypatch, device):
+    """Where the cache's rows are not 16-byte aligned (``kernels.chunk_cumsum_gather.fuses``), the shipped order
+    launches the gather's own kernel beside the cumsum's, as order "one-kernel" does."""
+    from kernels import chunk_cumsum_gather
+
+    monkeypatch.setattr(ssd, "LAUNCH_ORDER", ssd.SHIPPED_LAUNCH_ORDER)
+    monkeypatch.setattr(ssd, "cumsum_gather_fuses", lambda cache: False)
+    names = [n for n, _, _ in recorded_launches(monkeypatch, device, "snapshot")]
+    assert names[:2] == ["chunk_cumsum", "gather_initial_states"], names
+    base = torch.zeros(8 * 16 + 1, device=device)
+    assert chunk_cumsum_gather.fuses(base[:128].view(8, 1, 4, 4))
+    assert not chunk_cumsum_gather.fuses(base[1:].view(8, 1, 4, 4))  # misaligned by 4 bytes
+    assert not chunk_cumsum_gather.fuses(base[:120].view(8, 1, 3, 5))  # rows of 15 elements
 
 
 @pytest.mark.parametrize(("order", "path", "kernel_before", "overlapping"), [

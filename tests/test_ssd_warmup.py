@@ -22,7 +22,17 @@ from harness.guards.specialization import (
 )
 from harness.varlen import build_varlen_metadata
 from harness.warmup import main, warmup_all
-from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, chunk_state_bmm, chunk_state_passing, gather, ssd
+from kernels import (
+    bmm_chunk,
+    chunk_cumsum,
+    chunk_cumsum_gather,
+    chunk_scan,
+    chunk_state,
+    chunk_state_bmm,
+    chunk_state_passing,
+    gather,
+    ssd,
+)
 from kernels import state_passing_batched as spb
 from kernels import state_passing_indexed as spi
 from kernels.warmup import ModelShape, int_values, plan, registered, representatives
@@ -43,6 +53,7 @@ KERNELS = {
     "gather": gather._gather_initial_states_kernel,
     "state_passing_indexed": spi._state_passing_indexed_kernel,
     "chunk_cumsum": chunk_cumsum.chunk_cumsum_kernel,
+    "chunk_cumsum_gather": chunk_cumsum_gather._chunk_cumsum_gather_kernel,
     "chunk_state": chunk_state.chunk_state_kernel,
     "bmm_chunk": bmm_chunk.bmm_chunk_kernel,
     "chunk_state_bmm": chunk_state_bmm._chunk_state_bmm_kernel,
