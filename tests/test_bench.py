@@ -291,7 +291,7 @@ def host(name: str, us: float) -> FunctionEvent:
 @pytest.mark.parametrize("name,stage", [
     ("_chunk_cumsum_kernel", "chunk_cumsum"), ("_chunk_cumsum_fwd_kernel", "chunk_cumsum"),
     ("_chunk_state_kernel", "chunk_state"), ("_chunk_state_fwd_kernel", "chunk_state"),
-    ("_chunk_state_bmm_kernel", "chunk_state_bmm"),
+    ("_chunk_state_bmm_kernel", "chunk_state_bmm"), ("_chunk_cumsum_gather_kernel", "chunk_cumsum_gather"),
     ("_chunk_state_passing_kernel", "chunk_state_passing"), ("_state_passing_kernel", "state_passing"),
     ("_state_passing_batched_kernel", "state_passing"),
     ("_state_passing_indexed_kernel", "gather_state_passing"),
@@ -478,6 +478,25 @@ def test_chunk_state_and_bmm_in_one_kernel_are_compared_with_the_two_stages_they
         assert by_stage["chunk_state"] == (None, 3.0) and by_stage["bmm_chunk"][0] is None
         assert by_stage["chunk_state + bmm_chunk"] == pytest.approx((one_kernel_us, 5.4))
         assert by_stage["states + bmm_chunk"] == pytest.approx((one_kernel_us + 2.0, 7.4))
+        assert [r["stage"] for r in kernel_profile.rows_above(rows)] == above
+
+
+def test_the_cumsum_and_the_gather_in_one_kernel_are_compared_with_the_two_stages_they_do_the_work_of():
+    """Ours runs the cumsum's and the gather's programs in one kernel: a stage of its own, beside a row of the
+    peer's cumsum and gather summed, and in their side-by-side group. A kernel slower than that sum is named."""
+    peer_events = in_sequence([("_gather_initial_states_kernel", 1.5), ("_chunk_cumsum_fwd_kernel", 2.0),
+                               ("_chunk_state_fwd_kernel", 3.0), ("_chunk_scan_fwd_kernel", 6.0)])
+    peer = kernel_profile.summarize_calls([kernel_profile.call_profile(peer_events)])
+    for one_kernel_us, above in ((3.0, []), (3.6, ["chunk_cumsum + gather", "gather + chunk_cumsum"])):
+        ours_events = in_sequence([("_chunk_cumsum_gather_kernel", one_kernel_us), ("_chunk_state_kernel", 3.0),
+                                   ("_chunk_scan_kernel", 6.0)])
+        rows = kernel_profile.compare(kernel_profile.summarize_calls([kernel_profile.call_profile(ours_events)]),
+                                      peer)
+        by_stage = {r["stage"]: (r["ours_us"], r["peer_us"]) for r in rows}
+        assert by_stage["chunk_cumsum_gather"] == (one_kernel_us, None)
+        assert by_stage["chunk_cumsum"] == (None, 2.0) and by_stage["gather"] == (None, 1.5)
+        assert by_stage["chunk_cumsum + gather"] == pytest.approx((one_kernel_us, 3.5))
+        assert by_stage["gather + chunk_cumsum"] == pytest.approx((one_kernel_us, 3.5))
         assert [r["stage"] for r in kernel_profile.rows_above(rows)] == above
 
 
