@@ -488,8 +488,8 @@ def test_the_cumsum_and_the_gather_in_one_kernel_are_compared_with_the_two_stage
                                ("_chunk_state_fwd_kernel", 3.0), ("_chunk_scan_fwd_kernel", 6.0)])
     peer = kernel_profile.summarize_calls([kernel_profile.call_profile(peer_events)])
     for one_kernel_us, above in ((3.0, []), (3.6, ["chunk_cumsum + gather", "gather + chunk_cumsum"])):
-        ours_events = in_sequence([("_chunk_cumsum_gather_kernel", one_kernel_us), ("_chunk_state_kernel", 3.0),
-                                   ("_chunk_scan_kernel", 6.0)])
+        ours_events = in_sequence([("_chunk_cumsum_gather_kernel", one_kernel_us), ("_chunk_state_kernel", 2.5),
+                                   ("_chunk_scan_kernel", 5.5)])
         rows = kernel_profile.compare(kernel_profile.summarize_calls([kernel_profile.call_profile(ours_events)]),
                                       peer)
         by_stage = {r["stage"]: (r["ours_us"], r["peer_us"]) for r in rows}
