@@ -45,10 +45,14 @@ from kernels.state_passing_indexed import state_passing_indexed
 # chunk state's programs in one kernel, bmm's first (``kernels.chunk_state_bmm``), where both stages' configs are
 # fixed (elsewhere as "bmm-first"): the same placement with one launch fewer; "cumsum-gather", as "one-kernel" with
 # the fused gather's programs in the cumsum's kernel (``kernels.chunk_cumsum_gather``) instead of beside it where the
-# cache's rows are 16-byte aligned (elsewhere as "one-kernel"), one launch fewer again. Where the snapshot path runs
+# cache's rows are 16-byte aligned (elsewhere as "one-kernel"), one launch fewer again; "indexed-fused", as
+# "cumsum-gather", and the indexed path's calls of fewer than ``SNAPSHOT_PAIR_FROM`` chunks run the snapshot path's
+# kernels for such calls without the gather: the fused chunk state + state passing kernel, reading the initial state
+# from the cache by slot and storing entering states, then bmm beside it. Where the snapshot path runs
 # its fused kernel it keeps "state+gather"'s placement of bmm: the fused kernel's few programs, each walking every
 # chunk, lost time placed behind bmm's (docs/gpu-runs.md). scripts/order_lab.py times them.
-LAUNCH_ORDERS = ("none", "state", "state-scan", "state+gather", "bmm-first", "one-kernel", "cumsum-gather")
+LAUNCH_ORDERS = ("none", "state", "state-scan", "state+gather", "bmm-first", "one-kernel", "cumsum-gather",
+                 "indexed-fused")
 SHIPPED_LAUNCH_ORDER = "cumsum-gather"
 
 
@@ -167,12 +171,16 @@ def ssd_prefill(
 
     order = LAUNCH_ORDER
     nchunks = cu_chunk_seqlens.shape[0] - 1
-    pair = chosen == "indexed" or snapshot_pair(nchunks)  # chunk state as a kernel of its own
-    gather_in_cumsum = order == "cumsum-gather" and copy == "fused" and cumsum_gather_fuses(state_cache)
+    indexed_fused = chosen == "indexed" and order == "indexed-fused" and not snapshot_pair(nchunks)
+    # chunk state as a kernel of its own, not in the fused kernel
+    pair = snapshot_pair(nchunks) or (chosen == "indexed" and not indexed_fused)
+    gather_in_cumsum = (order in ("cumsum-gather", "indexed-fused") and copy == "fused"
+                        and cumsum_gather_fuses(state_cache))
     gather_beside = order in ("state+gather", "bmm-first", "one-kernel") and copy == "fused"
     one_kernel = (chunk_state_bmm_config(P, N, chunk_size, nchunks)
-                  if order in ("one-kernel", "cumsum-gather") and pair else None)
-    bmm_first = order in ("bmm-first", "one-kernel", "cumsum-gather") and pair and one_kernel is None
+                  if order in ("one-kernel", "cumsum-gather", "indexed-fused") and pair else None)
+    bmm_first = (order in ("bmm-first", "one-kernel", "cumsum-gather", "indexed-fused") and pair
+                 and one_kernel is None)
     bmm_after = order != "none" and not bmm_first
     dt_options = dict(dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit)
     if gather_in_cumsum:
@@ -195,20 +203,36 @@ def ssd_prefill(
             CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens, overlaps_previous=True)
         return states, CB
 
+    def fused_states_beside_bmm(CB: torch.Tensor | None, **states) -> torch.Tensor | None:
+        """CB: the fused chunk state + state passing kernel into ``workspace`` (``states``: its initial states and
+        writeback), then bmm beside it as the order says; the chunk states never leave the chip."""
+        chunk_state_passing(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, seq_idx, out=workspace, signal_next=bmm_after,
+                            **states)
+        if bmm_after:
+            CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens, overlaps_previous=True)
+        return CB
+
+    workspace = torch.empty((nchunks, H, P, N), dtype=ws_dtype, device=x.device)
     if chosen == "indexed":
-        chunk_states, CB = chunk_states_beside_bmm(CB)
         initial_states = None
-        workspace = torch.empty((nchunks, H, P, N), dtype=ws_dtype, device=x.device)
-        state_passing_indexed(
-            chunk_states,
-            dA_cumsum,
-            state_cache=state_cache,
-            init_slot_index=initial_state_indices[:1],
-            has_initial_state=has_initial_states[:1],
-            final_slot_index=final_state_indices[:1],
-            out=workspace,
-            signal_next=order == "state-scan",
-        )
+        if indexed_fused:
+            chunk_states = None
+            CB = fused_states_beside_bmm(
+                CB, state_cache=state_cache, initial_state_indices=initial_state_indices[:1],
+                has_initial_states=has_initial_states[:1], final_state_indices=final_state_indices[:1],
+                last_chunk_indices=last_chunk_indices[:1])
+        else:
+            chunk_states, CB = chunk_states_beside_bmm(CB)
+            state_passing_indexed(
+                chunk_states,
+                dA_cumsum,
+                state_cache=state_cache,
+                init_slot_index=initial_state_indices[:1],
+                has_initial_state=has_initial_states[:1],
+                final_slot_index=final_state_indices[:1],
+                out=workspace,
+                signal_next=order == "state-scan",
+            )
         result = None
     else:
         if copy == "torch":
@@ -227,18 +251,14 @@ def ssd_prefill(
             writeback = dict(state_cache=result, final_state_indices=identity)
         else:
             writeback = {}
-        workspace = torch.empty((nchunks, H, P, N), dtype=ws_dtype, device=x.device)
         if pair:
             chunk_states, CB = chunk_states_beside_bmm(CB)
             state_passing_batched(chunk_states, dA_cumsum, last_chunk_indices, initial_states=initial_states,
                                   out=workspace, **writeback)
         else:
-            chunk_states = None  # never leave the chip
-            chunk_state_passing(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, seq_idx, out=workspace,
-                                initial_states=initial_states, signal_next=bmm_after,
-                                last_chunk_indices=last_chunk_indices if writeback else None, **writeback)
-            if bmm_after:
-                CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens, overlaps_previous=True)
+            chunk_states = None
+            CB = fused_states_beside_bmm(CB, initial_states=initial_states,
+                                         last_chunk_indices=last_chunk_indices if writeback else None, **writeback)
         if call.mode == "checkpoint":
             result = workspace
 

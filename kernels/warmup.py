@@ -651,17 +651,34 @@ def _state_passing_batched_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
 def _chunk_state_passing_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
     """The snapshot path's fused kernel: ssd_prefill always passes the dense initial states (zeros where masked);
     the writeback target depends on the mode. Also its teacher-forced mode, the provider's ``stages.state_passing``
-    (``teacher_forced_tokens``, given chunk states, with or without a writeback)."""
+    (``teacher_forced_tokens``, given chunk states, with or without a writeback); and the indexed path's calls of few
+    chunks where this process launches in order "indexed-fused" (``kernels.ssd``): the initial state read from the
+    cache by slot, entering states stored in the cache dtype, a direct writeback."""
     from kernels import chunk_state_passing as csp
+    from kernels import ssd
 
     k = csp._chunk_state_passing_kernel
-    if "snapshot" not in req.paths:
-        return
     s = req.shape
     H, P, N, G, Q = s.nheads, s.headdim, s.dstate, s.ngroups, s.chunk_size
     own = (lambda c: 0) if _param(k, "nchunks").do_not_specialize else (lambda c: c)
     counts = representatives(lambda c: c * Q, own)
 
+    if "indexed" in req.paths and "direct" in req.modes and ssd.LAUNCH_ORDER == "indexed-fused":
+        for state, meta, nchunks, io in itertools.product(req.state_dtypes, req.metadata_dtypes, counts,
+                                                          req.io_dtypes):
+            fp32 = standin((H, nchunks, Q), F32)
+            for (cache, final), slot, has in itertools.product(
+                    _writeback_targets(k, req, state, "direct"),
+                    _index_views(k, "init_slot_ptr", "stride_init_slot", req),
+                    _index_views(k, "has_init_ptr", "stride_has_init", req, req.mask_dtypes)):
+                arguments = csp.launch_arguments(
+                    standin((1, G, N), io), standin((1, H, P), io), fp32, fp32, standin((nchunks + 1,), meta),
+                    standin((nchunks,), meta), out=standin((nchunks, H, P, N), state), state_cache=cache,
+                    initial_state_indices=slot, has_initial_states=has, final_state_indices=final,
+                    last_chunk_indices=standin((1,), meta))
+                yield spec_for(k, arguments, why=f"{state} {io} indexed by slot, nchunks~{nchunks}")
+    if "snapshot" not in req.paths:
+        return
     for state, meta, nchunks in itertools.product(req.state_dtypes, req.metadata_dtypes, counts):
         fp32 = standin((H, nchunks, Q), F32)
         seq_idx = standin((nchunks,), meta)

@@ -84,6 +84,18 @@ def test_indexed_equals_snapshot_with_either_gather(gather, device):
     assert_indexed_equals_snapshot(*run_both(case, device, extra_a={"gather": gather}))
 
 
+@pytest.mark.parametrize("name", sorted(EQUIVALENCE_CASES))
+def test_indexed_path_through_the_fused_kernel_equals_snapshot_path(name, device):
+    """Order "indexed-fused" (``kernels.ssd``): the indexed path's calls of few chunks run the fused chunk state +
+    state passing kernel reading the initial state by slot and storing entering states; the snapshot path's bits."""
+    seq, io, state, indices = EQUIVALENCE_CASES[name]
+    case = make_case([seq], io=io, state=state, indices=indices, headdim=7, case_id=name)
+    with ssd_module.launched_in_order("indexed-fused"):
+        snapshot, indexed = run_both(case, device)
+    assert indexed[2]["chunk_states"] is None  # the chunk states never left the fused kernel
+    assert_indexed_equals_snapshot(snapshot, indexed)
+
+
 # ---- negative controls -------------------------------------------------------------------------------------------
 
 def test_comparison_catches_an_indexed_kernel_that_reads_a_masked_slot(monkeypatch, device):
@@ -95,6 +107,21 @@ def test_comparison_catches_an_indexed_kernel_that_reads_a_masked_slot(monkeypat
     monkeypatch.setattr(ssd_module, "state_passing_indexed", ignores_mask)
     case = make_case([EQUIVALENCE_CASES["masked-nan-slot"][0]], io="bfloat16", state="bfloat16")
     with pytest.raises(Mismatch, match="out, indexed vs snapshot"):
+        assert_indexed_equals_snapshot(*run_both(case, device))
+
+
+def test_comparison_catches_a_fused_kernel_that_reads_a_masked_slot(monkeypatch, device):
+    """Order "indexed-fused": the fused kernel reading the initial state by slot with the mask ignored."""
+    real = ssd_module.chunk_state_passing
+
+    def ignores_mask(*args, has_initial_states=None, **kwargs):
+        if kwargs.get("initial_state_indices") is not None:
+            has_initial_states = torch.ones_like(has_initial_states)
+        return real(*args, has_initial_states=has_initial_states, **kwargs)
+
+    monkeypatch.setattr(ssd_module, "chunk_state_passing", ignores_mask)
+    case = make_case([EQUIVALENCE_CASES["masked-nan-slot"][0]], io="bfloat16", state="bfloat16")
+    with ssd_module.launched_in_order("indexed-fused"), pytest.raises(Mismatch, match="out, indexed vs snapshot"):
         assert_indexed_equals_snapshot(*run_both(case, device))
 
 

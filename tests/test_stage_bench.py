@@ -19,39 +19,49 @@ from tests.support import make_case
 TWO = [(40, 70, 1, True, 4), (0, 33, 2, False, 6)]
 
 
-@pytest.mark.parametrize("path,extra,sequences,pair_from", [
-    ("snapshot", {"gather": "torch"}, TWO, None),
-    ("snapshot", {"gather": "fused"}, TWO, None),
-    ("snapshot", {"gather": "fused"}, TWO, 1),
-    ("indexed", {}, [(40, 150, 1, True, 4)], None),
-], ids=["snapshot-torch", "snapshot-fused", "snapshot-pair", "indexed"])
-def test_stage_closures_reproduce_the_call(path, extra, sequences, pair_from, device, monkeypatch):
+ALIGNED = dict(row_pad=0, offset=0)  # cache rows 16-byte aligned: the gather runs in the cumsum's kernel
+
+
+@pytest.mark.parametrize("path,extra,sequences,pair_from,layout,order", [
+    ("snapshot", {"gather": "torch"}, TWO, None, {}, None),
+    ("snapshot", {"gather": "fused"}, TWO, None, {}, None),
+    ("snapshot", {"gather": "fused"}, TWO, None, ALIGNED, None),
+    ("snapshot", {"gather": "fused"}, TWO, 1, {}, None),
+    ("indexed", {}, [(40, 150, 1, True, 4)], None, {}, None),
+    ("indexed", {}, [(40, 150, 1, True, 4)], None, {}, "indexed-fused"),
+], ids=["snapshot-torch", "snapshot-fused", "snapshot-fused-aligned", "snapshot-pair", "indexed", "indexed-fused"])
+def test_stage_closures_reproduce_the_call(path, extra, sequences, pair_from, layout, order, device, monkeypatch):
     from kernels import ssd
 
     if pair_from is not None:  # the snapshot path as it runs on calls of many chunks
         monkeypatch.setattr(ssd, "SNAPSHOT_PAIR_FROM", pair_from)
-    case = make_case(sequences, io="bfloat16", state="bfloat16", headdim=8, chunk_size=32)
+    monkeypatch.setattr(ssd, "LAUNCH_ORDER", order or ssd.SHIPPED_LAUNCH_ORDER)
+    case = make_case(sequences, io="bfloat16", state="bfloat16", headdim=8, chunk_size=32, **layout)
     inputs = build_inputs(case, device)
     expected_inputs = inputs.clone()
     workspace: dict = {}
     provider.ssd_prefill(**expected_inputs.kwargs(path=path), **extra, workspace_out=workspace)
 
     calls = stage_bench.stage_calls(provider, inputs, path, **extra)
-    # The indexed path runs chunk state apart from its state passing (which does the gather's copy), the snapshot
-    # path the two fused (apart on many chunks). Where chunk state runs apart, bmm's programs run in its kernel
-    # wherever both stages' configs are fixed: under the interpreter always, on the GPU not at this shape.
-    apart = path == "indexed" or pair_from is not None
+    # The indexed path runs chunk state apart from its state passing (which does the gather's copy), except under
+    # order "indexed-fused", the snapshot path the two fused (apart on many chunks). Where chunk state runs apart,
+    # bmm's programs run in its kernel wherever both stages' configs are fixed: under the interpreter always, on the
+    # GPU not at this shape. With the fused gather and aligned cache rows the copy runs in the cumsum's kernel.
+    by_slot = order == "indexed-fused"
+    apart = (path == "indexed" and not by_slot) or pair_from is not None
     one_kernel = apart and device == "cpu"
     assert (workspace["chunk_state_bmm"] is not None) is one_kernel
+    assert workspace["cumsum_gather"] is bool(layout)
     states = ["chunk_state_bmm"] if one_kernel else ["bmm_chunk", "chunk_state"] if apart else ["bmm_chunk"]
     if path == "indexed":
-        passing = "gather_state_passing"
+        passing = "chunk_state_passing" if by_slot else "gather_state_passing"
     else:
         passing = "state_passing" if pair_from else "chunk_state_passing"
-    gather = "gather" if "gather" in extra else None
-    assert set(calls) == {"chunk_cumsum", "chunk_scan", *states, passing} | ({gather} if gather else set()), (
+    gather = "gather" if "gather" in extra and not layout else None
+    cumsum = "chunk_cumsum_gather" if layout else "chunk_cumsum"
+    assert set(calls) == {cumsum, "chunk_scan", *states, passing} | ({gather} if gather else set()), (
         sorted(calls))
-    assert_bits_equal(calls["chunk_cumsum"][0](), workspace["dA_cumsum"], what="chunk_cumsum closure: dA_cumsum")
+    assert_bits_equal(calls[cumsum][0](), workspace["dA_cumsum"], what=f"{cumsum} closure: dA_cumsum")
     for name in {"chunk_state", "chunk_state_bmm"} & set(states):
         assert_bits_equal(calls[name][0](), workspace["chunk_states"], what=f"{name} closure")
     if gather:  # the copy the call made, by the same function
