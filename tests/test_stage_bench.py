@@ -47,7 +47,7 @@ def test_stage_closures_reproduce_the_call(path, extra, sequences, pair_from, la
     # order "indexed-fused", the snapshot path the two fused (apart on many chunks). Where chunk state runs apart,
     # bmm's programs run in its kernel wherever both stages' configs are fixed: under the interpreter always, on the
     # GPU not at this shape. With the fused gather and aligned cache rows the copy runs in the cumsum's kernel.
-    by_slot = order == "indexed-fused"
+    by_slot = path == "indexed" and (order or ssd.SHIPPED_LAUNCH_ORDER) == "indexed-fused"
     apart = (path == "indexed" and not by_slot) or pair_from is not None
     one_kernel = apart and device == "cpu"
     assert (workspace["chunk_state_bmm"] is not None) is one_kernel
