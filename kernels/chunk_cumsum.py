@@ -196,7 +196,8 @@ def chunk_cumsum(
     ``signal_next``: the next kernel may start early (kernels/backend.py).
     """
     dA_cumsum, dt_out = cumsum_outputs(dt, A, chunk_size, cu_chunk_seqlens, dt_bias)
-    nchunks, H = dt_out.shape[1], dt_out.shape[0]
+    H, nchunks = dt_out.shape[0], dt_out.shape[1]
+
     def grid(meta):
         return (nchunks, triton.cdiv(H, meta["BLOCK_SIZE_H"]))
 

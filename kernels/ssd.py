@@ -35,24 +35,38 @@ from kernels.interface import CallShape, choose_gather, choose_path
 from kernels.state_passing_batched import state_passing_batched
 from kernels.state_passing_indexed import state_passing_indexed
 
-# The launch orders (kernels/backend.py: a kernel that reads nothing the one before it writes runs beside it):
-# "none", each kernel alone, bmm right after the cumsum; "state", bmm beside the chunk state kernel (the fused kernel
-# on the snapshot path), launched after it; "state-scan", as "state", and the chunk scan's programs placed early
-# behind the indexed state passing; "state+gather", as "state", and the fused gather beside the cumsum; "bmm-first",
-# as "state+gather" with bmm launched before the chunk state kernel (the indexed path's, and the snapshot path's on
-# calls of many chunks): bmm's programs are placed first and chunk state's fill the slots around them, instead of
-# bmm's waiting for chunk state's last partial wave and outlasting it; "one-kernel", as "bmm-first" with bmm's and
-# chunk state's programs in one kernel, bmm's first (``kernels.chunk_state_bmm``), where both stages' configs are
-# fixed (elsewhere as "bmm-first"): the same placement with one launch fewer; "cumsum-gather", as "one-kernel" with
-# the fused gather's programs in the cumsum's kernel (``kernels.chunk_cumsum_gather``) instead of beside it where the
-# cache's rows are 16-byte aligned (elsewhere as "one-kernel"), one launch fewer again; "indexed-fused", as
-# "cumsum-gather", and the indexed path's calls of fewer than ``SNAPSHOT_PAIR_FROM`` chunks run the snapshot path's
-# kernels for such calls without the gather: the fused chunk state + state passing kernel, reading the initial state
-# from the cache by slot and storing entering states, then bmm beside it. Where the snapshot path runs
-# its fused kernel it keeps "state+gather"'s placement of bmm: the fused kernel's few programs, each walking every
-# chunk, lost time placed behind bmm's (docs/gpu-runs.md). scripts/order_lab.py times them.
-LAUNCH_ORDERS = ("none", "state", "state-scan", "state+gather", "bmm-first", "one-kernel", "cumsum-gather",
-                 "indexed-fused")
+# The launch orders (kernels/backend.py: a kernel that reads nothing the one before it writes runs beside it), each
+# the set of what it does (``ORDER_FEATURES``; scripts/order_lab.py times them):
+# - "bmm_beside": bmm beside the chunk state kernel (the fused kernel on the snapshot path), launched after it;
+#   without it ("none") every kernel runs alone, bmm right after the cumsum;
+# - "scan_early": the chunk scan's programs placed early behind the indexed state passing;
+# - "gather_beside": the fused gather beside the cumsum;
+# - "bmm_first": bmm launched before the chunk state kernel where chunk state runs as a kernel of its own (the
+#   indexed path's, and the snapshot path's on calls of many chunks): bmm's programs are placed first and chunk
+#   state's fill the slots around them, instead of bmm's waiting for chunk state's last partial wave and outlasting
+#   it. Where the snapshot path runs its fused kernel, bmm stays after it: the fused kernel's few programs, each
+#   walking every chunk, lost time placed behind bmm's (docs/gpu-runs.md);
+# - "one_kernel": bmm's and chunk state's programs in one kernel, bmm's first (``kernels.chunk_state_bmm``), where
+#   both stages' configs are fixed (elsewhere "bmm_first"): the same placement with one launch fewer;
+# - "gather_in_cumsum": the fused gather's programs in the cumsum's kernel (``kernels.chunk_cumsum_gather``) where
+#   the cache's rows are 16-byte aligned (elsewhere "gather_beside"), one launch fewer again;
+# - "indexed_fused": the indexed path's calls of fewer than ``SNAPSHOT_PAIR_FROM`` chunks run the snapshot path's
+#   kernels for such calls without the gather: the fused chunk state + state passing kernel, reading the initial
+#   state from the cache by slot and storing entering states, then bmm beside it.
+_STATE = frozenset({"bmm_beside"})
+_GATHER = _STATE | {"gather_beside"}
+_ONE_KERNEL = _GATHER | {"bmm_first", "one_kernel"}
+ORDER_FEATURES: dict[str, frozenset[str]] = {
+    "none": frozenset(),
+    "state": _STATE,
+    "state-scan": _STATE | {"scan_early"},
+    "state+gather": _GATHER,
+    "bmm-first": _GATHER | {"bmm_first"},
+    "one-kernel": _ONE_KERNEL,
+    "cumsum-gather": _ONE_KERNEL | {"gather_in_cumsum"},
+    "indexed-fused": _ONE_KERNEL | {"gather_in_cumsum", "indexed_fused"},
+}
+LAUNCH_ORDERS = tuple(ORDER_FEATURES)
 SHIPPED_LAUNCH_ORDER = "cumsum-gather"
 
 
@@ -169,26 +183,23 @@ def ssd_prefill(
     chosen = choose_path(path, call)
     copy = choose_gather(gather, call.on_cuda) if chosen == "snapshot" else None
 
-    order = LAUNCH_ORDER
+    order = ORDER_FEATURES[LAUNCH_ORDER]
     nchunks = cu_chunk_seqlens.shape[0] - 1
-    indexed_fused = chosen == "indexed" and order == "indexed-fused" and not snapshot_pair(nchunks)
+    indexed_fused = "indexed_fused" in order and chosen == "indexed" and not snapshot_pair(nchunks)
     # chunk state as a kernel of its own, not in the fused kernel
     pair = snapshot_pair(nchunks) or (chosen == "indexed" and not indexed_fused)
-    gather_in_cumsum = (order in ("cumsum-gather", "indexed-fused") and copy == "fused"
-                        and cumsum_gather_fuses(state_cache))
-    gather_beside = order in ("state+gather", "bmm-first", "one-kernel") and copy == "fused"
-    one_kernel = (chunk_state_bmm_config(P, N, chunk_size, nchunks)
-                  if order in ("one-kernel", "cumsum-gather", "indexed-fused") and pair else None)
-    bmm_first = (order in ("bmm-first", "one-kernel", "cumsum-gather", "indexed-fused") and pair
-                 and one_kernel is None)
-    bmm_after = order != "none" and not bmm_first
+    gather_in_cumsum = "gather_in_cumsum" in order and copy == "fused" and cumsum_gather_fuses(state_cache)
+    gather_beside = "gather_beside" in order and copy == "fused" and not gather_in_cumsum
+    one_kernel = chunk_state_bmm_config(P, N, chunk_size, nchunks) if "one_kernel" in order and pair else None
+    bmm_first = "bmm_first" in order and pair and one_kernel is None
+    bmm_after = "bmm_beside" in order and not bmm_first
     dt_options = dict(dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit)
     if gather_in_cumsum:
         dA_cumsum, dt_out, initial_states = chunk_cumsum_gather(
             dt, A, chunk_size, cu_chunk_seqlens, state_cache, initial_state_indices, has_initial_states, **dt_options)
     else:
         dA_cumsum, dt_out = chunk_cumsum(dt, A, chunk_size, cu_chunk_seqlens, signal_next=gather_beside, **dt_options)
-    CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens) if order == "none" else None
+    CB = bmm_chunk(C, B, chunk_size, cu_chunk_seqlens) if "bmm_beside" not in order else None
 
     def chunk_states_beside_bmm(CB: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(chunk states, CB): chunk state as a kernel of its own, bmm's programs in it or bmm launched beside it
@@ -231,7 +242,7 @@ def ssd_prefill(
                 has_initial_state=has_initial_states[:1],
                 final_slot_index=final_state_indices[:1],
                 out=workspace,
-                signal_next=order == "state-scan",
+                signal_next="scan_early" in order,
             )
         result = None
     else:

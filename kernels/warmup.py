@@ -663,7 +663,7 @@ def _chunk_state_passing_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
     own = (lambda c: 0) if _param(k, "nchunks").do_not_specialize else (lambda c: c)
     counts = representatives(lambda c: c * Q, own)
 
-    if "indexed" in req.paths and "direct" in req.modes and ssd.LAUNCH_ORDER == "indexed-fused":
+    if "indexed" in req.paths and "direct" in req.modes and "indexed_fused" in ssd.ORDER_FEATURES[ssd.LAUNCH_ORDER]:
         for state, meta, nchunks, io in itertools.product(req.state_dtypes, req.metadata_dtypes, counts,
                                                           req.io_dtypes):
             fp32 = standin((H, nchunks, Q), F32)

@@ -224,8 +224,9 @@ def test_an_unaligned_cache_runs_the_gather_beside_the_cumsum(monkeypatch, devic
 
     monkeypatch.setattr(ssd, "LAUNCH_ORDER", ssd.SHIPPED_LAUNCH_ORDER)
     monkeypatch.setattr(ssd, "cumsum_gather_fuses", lambda cache: False)
-    names = [n for n, _, _ in recorded_launches(monkeypatch, device, "snapshot")]
-    assert names[:2] == ["chunk_cumsum", "gather_initial_states"], names
+    launches = recorded_launches(monkeypatch, device, "snapshot")
+    # (name, signal_next, overlaps_previous): the cumsum signals early and the gather computes beside it
+    assert launches[:2] == [("chunk_cumsum", True, False), ("gather_initial_states", False, True)], launches
     base = torch.zeros(8 * 16 + 1, device=device)
     assert chunk_cumsum_gather.fuses(base[:128].view(8, 1, 4, 4))
     assert not chunk_cumsum_gather.fuses(base[1:].view(8, 1, 4, 4))  # misaligned by 4 bytes
