@@ -61,7 +61,11 @@ VARIANTS = {
 }
 # Variants of a provider that takes ``path`` alone (a peer always; ours with --variant snapshot).
 PATH_VARIANTS = {"snapshot": {"path": "snapshot"}, "indexed": {"path": "indexed"}}
-ALL_VARIANTS = {**VARIANTS, **PATH_VARIANTS}
+# Ours with every stage in a kernel of its own (``kernels.plan``'s unfused plan), for ``--stages`` to sweep the
+# configs of stages the shipped plan runs in one kernel; only when named.
+UNFUSED_VARIANTS = {"snapshot-unfused": {"path": "snapshot", "gather": "fused", "unfused": True},
+                    "indexed-unfused": {"path": "indexed", "unfused": True}}
+ALL_VARIANTS = {**VARIANTS, **PATH_VARIANTS, **UNFUSED_VARIANTS}
 
 
 def workload_case(name: str) -> Case:

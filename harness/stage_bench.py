@@ -13,10 +13,10 @@ reported as such (the sm90 wgmma hazard of docs/exactness.md writes NaN rows) an
 Candidates beyond a stage's shipped ``CONFIGS`` are only timed here: a config joins ``CONFIGS`` with the GPU
 evidence (docs/gpu-runs.md) and then runs in tests/test_kernel_stages.py's every-config check. Where a call runs
 chunk state's and bmm's programs in one kernel (``kernels.chunk_state_bmm``: the checked-in shapes), that kernel is
-timed as it runs, with both stages' checked-in blocks; to sweep either stage's configs there, run the bench with
-``SSD_LAUNCH_ORDER=bmm-first`` (the two kernels apart). Likewise the snapshot path's cumsum and gather in one kernel
-(``kernels.chunk_cumsum_gather``: caches with aligned rows) under the cumsum's config; the indexed variant sweeps
-the cumsum's own kernel.
+timed as it runs, with both stages' checked-in blocks; to sweep either stage's configs there, bench an unfused
+variant (``--variant indexed-unfused`` or ``snapshot-unfused``: ``kernels.plan``'s unfused plan, every stage in a
+kernel of its own). Likewise the snapshot path's cumsum and gather in one kernel (``kernels.chunk_cumsum_gather``:
+caches with aligned rows) run under the cumsum's config; the unfused variants sweep the cumsum's own kernel.
 """
 
 from __future__ import annotations

@@ -22,10 +22,8 @@ from kernels.backend import (
     FP32_DOT_PRECISION,
     INTERPRET,
     LOG2E,
-    check_overlap_flags,
     dot_acc,
     least_overshoot,
-    let_next_kernel_start,
     pdl_arguments,
     wait_at_end_if_overlapping,
     wait_unless_overlapping,
@@ -84,7 +82,6 @@ def _chunk_state_kernel(
     stride_states_head,
     stride_states_hdim,
     stride_states_dstate,
-    signal_next,  # nonzero: let the next kernel start early (kernels/backend.py)
     overlaps_previous,  # nonzero: the kernel before it signalled early, and this one reads nothing it writes
     DOT_FP32_OPERANDS: tl.constexpr,
     FP32_DOT_PRECISION: tl.constexpr,
@@ -94,7 +91,6 @@ def _chunk_state_kernel(
     BLOCK_SIZE_K: tl.constexpr,
 ):
     wait_unless_overlapping(overlaps_previous, USE_PDL)
-    let_next_kernel_start(signal_next, USE_PDL)
     # The grid is (tiles, chunks, heads). Programs start in launch order, and this one takes the tile of that place
     # in chunk-major order: every head of a chunk, then the next chunk, so the programs running at once share their
     # chunk's B rows, and the call's last chunk, often short, runs last (docs/gpu-runs.md).
@@ -195,12 +191,11 @@ def chunk_state(
     dt_out: torch.Tensor,
     dA_cumsum: torch.Tensor,
     cu_chunk_seqlens: torch.Tensor,
-    signal_next: bool = False,
     overlaps_previous: bool = False,
 ) -> torch.Tensor:
     """B (T, G, N), x (T, H, P), dt_out and dA_cumsum (H, C, Q) fp32, cu_chunk_seqlens (C + 1,)
-    -> states (C, H, P, N) fp32. ``signal_next``: the next kernel may start early; ``overlaps_previous``: only
-    right after a kernel launched with ``signal_next`` that writes nothing this one reads (kernels/backend.py)."""
+    -> states (C, H, P, N) fp32. ``overlaps_previous``: only right after a kernel launched with ``signal_next``
+    that writes nothing this one reads (kernels/backend.py)."""
     check_inputs(B, x, dt_out, dA_cumsum)
     _, H, P = x.shape
     N = B.shape[2]
@@ -208,7 +203,7 @@ def chunk_state(
     assert cu_chunk_seqlens.shape == (C + 1,) and cu_chunk_seqlens.dtype in INDEX_DTYPES
     states = torch.empty(C, H, P, N, device=x.device, dtype=torch.float32)
     grid = lambda META: (triton.cdiv(P, META["BLOCK_SIZE_M"]) * triton.cdiv(N, META["BLOCK_SIZE_N"]), C, H)  # noqa: E731
-    chunk_state_kernel[grid](**launch_arguments(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, states, signal_next,
+    chunk_state_kernel[grid](**launch_arguments(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, states,
                                                 overlaps_previous))
     return states
 
@@ -228,11 +223,9 @@ def check_inputs(B: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_cums
 
 
 def launch_arguments(B: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_cumsum: torch.Tensor,
-                     cu_chunk_seqlens: torch.Tensor, states: torch.Tensor, signal_next: bool = False,
-                     overlaps_previous: bool = False) -> dict:
+                     cu_chunk_seqlens: torch.Tensor, states: torch.Tensor, overlaps_previous: bool = False) -> dict:
     """The kernel's arguments by name for these tensors (the launcher's, and the warmup registry's on stand-ins);
     the block sizes come from the autotuner's config."""
-    check_overlap_flags(signal_next, overlaps_previous)
     _, H, P = x.shape
     _, G, N = B.shape
     return dict(
@@ -247,7 +240,7 @@ def launch_arguments(B: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_
         stride_dA_cs_pos=dA_cumsum.stride(2),
         stride_states_chunk=states.stride(0), stride_states_head=states.stride(1),
         stride_states_hdim=states.stride(2), stride_states_dstate=states.stride(3),
-        signal_next=int(signal_next), overlaps_previous=int(overlaps_previous),
+        overlaps_previous=int(overlaps_previous),
         DOT_FP32_OPERANDS=DOT_FP32_OPERANDS,
         FP32_DOT_PRECISION=FP32_DOT_PRECISION,
         **pdl_arguments(),

@@ -18,9 +18,6 @@ AUTOTUNE_BUDGET_ENV = "SSD_AUTOTUNE_MS"
 # Programmatic dependent launch (``kernels.backend.programmatic_launch``): "0" turns it off; unset or "1" leaves it on
 # wherever the GPU has it (Hopper and later).
 PDL_ENV = "SSD_PDL"
-# Which kernels ``kernels.ssd.ssd_prefill`` launches beside which (``kernels.ssd.LAUNCH_ORDERS``); unset: the shipped
-# order. Read when ``kernels.ssd`` is imported: for the labs, and for timing the stages a shipped order fuses apart.
-LAUNCH_ORDER_ENV = "SSD_LAUNCH_ORDER"
 
 DEVICES = ("cpu", "cuda")
 

@@ -34,9 +34,9 @@ def stage_launches(ssd_prefill: Callable, **call) -> dict[str, Callable[[], torc
     """Stage name (``harness.kernel_profile.STAGES``'s names) -> a closure launching that stage alone on the
     intermediates of ``ssd_prefill(**call)``, returning the tensor the stage wrote. The snapshot path has
     ``gather``, ``chunk_state_passing`` (chunk state and state passing in one kernel), or from
-    ``kernels.ssd.SNAPSHOT_PAIR_FROM`` chunks ``chunk_state`` and ``state_passing`` (the batched kernel); the indexed
-    path ``chunk_state`` and ``gather_state_passing`` (state passing that does the gather's copy too), or on calls of
-    few chunks under order "indexed-fused" ``chunk_state_passing`` reading the initial state by slot; both
+    ``kernels.plan.PAIR_FROM_CHUNKS`` chunks ``chunk_state`` and ``state_passing`` (the batched kernel); the indexed
+    path ``chunk_state_passing`` reading the initial state by slot, or from that many chunks ``chunk_state`` and
+    ``gather_state_passing`` (state passing that does the gather's copy too); both
     ``chunk_cumsum``, ``bmm_chunk`` and ``chunk_scan``. Where the call ran chunk state's and bmm's programs in one
     kernel (``kernels.chunk_state_bmm``), ``chunk_state_bmm`` (returning the chunk states) stands for both; where
     the cumsum's kernel also made the gather's copy (``kernels.chunk_cumsum_gather``), ``chunk_cumsum_gather``
@@ -63,7 +63,7 @@ def stage_launches(ssd_prefill: Callable, **call) -> dict[str, Callable[[], torc
         if ws["chunk_states"] is not None:  # chunk state ran as a kernel of its own
             launches["chunk_state"] = lambda: chunk_state.chunk_state(B, x, dt_out, dA, cu)
     if ws["path"] == "indexed" and ws["chunk_states"] is None:
-        def by_slot():  # the fused kernel reading the initial state by slot (kernels.ssd order "indexed-fused")
+        def by_slot():  # the fused kernel reading the initial state by slot
             chunk_state_passing.chunk_state_passing(
                 B, x, dt_out, dA, cu, seq_idx, out=states, state_cache=cache,
                 initial_state_indices=call["initial_state_indices"][:1],

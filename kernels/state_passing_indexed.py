@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import fixed_block, let_next_kernel_start, pdl_arguments, wait_for_previous_kernel
+from kernels.backend import fixed_block, pdl_arguments, wait_for_previous_kernel
 from kernels.interface import INDEX_DTYPES, MASK_DTYPES
 from kernels.state_passing import (
     READ_AHEAD,
@@ -77,12 +77,10 @@ def _state_passing_indexed_kernel(
     stride_dA_q,
     stride_cache_slot,
     stride_cache_head,
-    signal_next,  # nonzero: let the next kernel start early (kernels/backend.py)
     USE_PDL: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
     wait_for_previous_kernel(USE_PDL)
-    let_next_kernel_start(signal_next, USE_PDL)
     pid_m = tl.program_id(0)
     pid_h = tl.program_id(1)
     offs = pid_m * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
@@ -139,14 +137,12 @@ def state_passing_indexed(
     has_initial_state: torch.Tensor,
     final_slot_index: torch.Tensor,
     out: torch.Tensor,
-    signal_next: bool = False,
 ) -> None:
     """Entering states into ``out`` and the final state into the cache, for one sequence.
 
     states (C, H, P, N) fp32; dA_cumsum (H, C, Q) fp32; state_cache (slots, H, P, N) with compact (H, P, N)
     (padded stride(0) and storage offset allowed); init_slot_index, final_slot_index (1,) int32/int64 and
     has_initial_state (1,) bool/int, each possibly a strided view; out (C, H, P, N) in the cache dtype.
-    ``signal_next``: the next kernel may start early (kernels/backend.py).
     """
     assert states.dim() == 4 and states.dtype == torch.float32, f"states: expected (C,H,P,N) fp32, found {states.dtype}"
     C, H, P, N = states.shape
@@ -169,15 +165,14 @@ def state_passing_indexed(
                     ("has_initial_state", has_initial_state), ("final_slot_index", final_slot_index), ("out", out)):
         assert t.device == states.device, f"{name}: on {t.device}, states on {states.device}"
     arguments = launch_arguments(states, dA_cumsum, state_cache=state_cache, init_slot_index=init_slot_index,
-                                 has_initial_state=has_initial_state, final_slot_index=final_slot_index, out=out,
-                                 signal_next=signal_next)
+                                 has_initial_state=has_initial_state, final_slot_index=final_slot_index, out=out)
     grid = (triton.cdiv(P * N, arguments["BLOCK_SIZE"]), H)
     _state_passing_indexed_kernel[grid](**arguments)
 
 
 def launch_arguments(states: torch.Tensor, dA_cumsum: torch.Tensor, *, state_cache: torch.Tensor,
                      init_slot_index: torch.Tensor, has_initial_state: torch.Tensor, final_slot_index: torch.Tensor,
-                     out: torch.Tensor, signal_next: bool = False) -> dict:
+                     out: torch.Tensor) -> dict:
     """The kernel's arguments by name for these tensors (the launcher's, and the warmup registry's on stand-ins)."""
     nchunks, _, P, N = states.shape
     # A same-width view, not a copy: the kernel reads the mask as bytes.
@@ -190,7 +185,6 @@ def launch_arguments(states: torch.Tensor, dA_cumsum: torch.Tensor, *, state_cac
         stride_out_chunk=out.stride(0), stride_out_head=out.stride(1),
         stride_dA_head=dA_cumsum.stride(0), stride_dA_chunk=dA_cumsum.stride(1), stride_dA_q=dA_cumsum.stride(2),
         stride_cache_slot=state_cache.stride(0), stride_cache_head=state_cache.stride(1),
-        signal_next=int(signal_next),
         BLOCK_SIZE=fixed_block(P * N, BLOCK_SIZE),
         **pdl_arguments(),
     )

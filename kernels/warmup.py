@@ -35,6 +35,7 @@ from triton.runtime.jit import MockTensor
 
 from kernels.backend import LAUNCH_OPTIONS
 from kernels.interface import INDEX_DTYPES
+from kernels.plan import PAIR_FROM_CHUNKS
 from kernels.specialization import SpecKey, base_jit_function, gpu_view, kernel_name, specialization_key
 from kernels.tuned_configs import chunk_count_class
 
@@ -536,7 +537,8 @@ def _chunk_cumsum_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
 
 @register("chunk_state")
 def _chunk_state_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
-    """The indexed path's, and the snapshot path's on calls of many chunks (``kernels.ssd.snapshot_pair``)."""
+    """Either path's on calls of many chunks (``kernels.plan.states_pair``), where chunk state's and bmm's configs
+    cannot share a kernel, and the unfused plan's (``kernels.plan``)."""
     from kernels import chunk_state as cs
 
     s = req.shape
@@ -652,19 +654,20 @@ def _chunk_state_passing_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
     """The snapshot path's fused kernel: ssd_prefill always passes the dense initial states (zeros where masked);
     the writeback target depends on the mode. Also its teacher-forced mode, the provider's ``stages.state_passing``
     (``teacher_forced_tokens``, given chunk states, with or without a writeback); and the indexed path's calls of few
-    chunks where this process launches in order "indexed-fused" (``kernels.ssd``): the initial state read from the
-    cache by slot, entering states stored in the cache dtype, a direct writeback."""
+    chunks (``kernels.plan``): the initial state read from the cache by slot, entering states stored in the cache
+    dtype, a direct writeback."""
     from kernels import chunk_state_passing as csp
-    from kernels import ssd
 
     k = csp._chunk_state_passing_kernel
     s = req.shape
     H, P, N, G, Q = s.nheads, s.headdim, s.dstate, s.ngroups, s.chunk_size
     own = (lambda c: 0) if _param(k, "nchunks").do_not_specialize else (lambda c: c)
     counts = representatives(lambda c: c * Q, own)
+    # The indexed path runs this kernel only on calls of fewer chunks than the pair's (``kernels.plan``).
+    few = representatives(lambda c: c * Q, own, candidates=range(1, PAIR_FROM_CHUNKS))
 
-    if "indexed" in req.paths and "direct" in req.modes and "indexed_fused" in ssd.ORDER_FEATURES[ssd.LAUNCH_ORDER]:
-        for state, meta, nchunks, io in itertools.product(req.state_dtypes, req.metadata_dtypes, counts,
+    if "indexed" in req.paths and "direct" in req.modes:
+        for state, meta, nchunks, io in itertools.product(req.state_dtypes, req.metadata_dtypes, few,
                                                           req.io_dtypes):
             fp32 = standin((H, nchunks, Q), F32)
             for (cache, final), slot, has in itertools.product(

@@ -12,7 +12,6 @@ from harness.cases.builder import build_inputs
 from harness.cases.model import Options
 from harness.guards.gpu_compile import GpuCompileError, compile_distinct
 from harness.guards.specialization import Launch, capturing_launches, kernel_name
-from kernels import ssd
 from kernels.ssd import ssd_prefill
 from kernels.warmup import watched_kernels
 from tests.support import make_case
@@ -22,8 +21,8 @@ pytestmark = pytest.mark.interpreter(reason="on the GPU every launch compiles fo
 
 FULL = Options(D="per_channel", z=True, dt_bias=True, dt_softplus=True, dt_limit=(0.0, 10.0))
 ONE = [(70, 90, 2, True, 5)]
-# From kernels.ssd.SNAPSHOT_PAIR_FROM chunks (chunk 64 here) the snapshot path runs chunk state and the batched
-# state passing: one long sequence reads ahead, a batch of short ones runs a chunk a step.
+# From kernels.plan.PAIR_FROM_CHUNKS chunks (chunk 64 here) either path runs chunk state's kernel and a state passing
+# kernel: one long sequence reads ahead, a batch of short ones runs a chunk a step.
 LONG = [(0, 600, 2, False, 5)]
 BATCH = [(70, 90, 2, True, 5), (0, 300, 3, False, 6), (10, 200, 4, True, 7)]
 # (io, state, path, mode, options, sequences): every kernel, both paths (the snapshot one with either states
@@ -34,6 +33,7 @@ CALLS = [
     ("bfloat16", "bfloat16", "snapshot", "returned", Options(D="per_head"), ONE),
     ("float16", "float32", "snapshot", "checkpoint", Options(), ONE),
     ("bfloat16", "bfloat16", "snapshot", "direct", Options(), LONG),
+    ("bfloat16", "bfloat16", "indexed", "direct", Options(), LONG),
     ("float16", "float32", "snapshot", "returned", Options(), BATCH),
 ]
 
@@ -46,15 +46,16 @@ PADDED, ALIGNED = dict(row_pad=24, offset=7), dict(row_pad=0, offset=0)
 @pytest.fixture(scope="module")
 def launches(device) -> list[Launch]:
     seen: list[Launch] = []
-    runs = [(call, ssd.LAUNCH_ORDER, PADDED) for call in CALLS] + [
-        (CALLS[1], "bmm-first", PADDED),  # chunk state's and bmm's own kernels, where their configs are not fixed
-        (CALLS[0], ssd.LAUNCH_ORDER, ALIGNED), (CALLS[5], ssd.LAUNCH_ORDER, ALIGNED)]
-    for (io, state, path, mode, options, sequences), order, layout in runs:
+    runs = [(call, False, PADDED) for call in CALLS] + [
+        (CALLS[5], True, PADDED),  # the unfused plan: chunk state's and bmm's own kernels, every kernel alone
+        (CALLS[0], False, ALIGNED), (CALLS[6], False, ALIGNED)]
+    for (io, state, path, mode, options, sequences), unfused, layout in runs:
         case = make_case(sequences, io=io, state=state, options=options, mode=mode, slots=8, case_id="sm90", **layout)
         inputs = build_inputs(case, device)
-        with capturing_launches(watched_kernels()) as calls, ssd.launched_in_order(order):
+        with capturing_launches(watched_kernels()) as calls:
             # The fused gather is what CUDA runs (the CPU default is the torch.where snapshot).
-            ssd_prefill(**inputs.kwargs(path=path), **({"gather": "fused"} if path == "snapshot" else {}))
+            ssd_prefill(**inputs.kwargs(path=path), **({"gather": "fused"} if path == "snapshot" else {}),
+                        unfused=unfused)
         seen += calls
     return seen
 

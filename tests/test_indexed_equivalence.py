@@ -11,6 +11,7 @@ import torch
 from harness.cases.builder import build_inputs
 from harness.cases.model import IndicesSpec
 from harness.compare import Mismatch, assert_bits_equal, storage_bytes
+from kernels import plan
 from kernels import ssd as ssd_module
 from kernels.interface import CallShape, choose_path
 from kernels.ssd import ssd_prefill
@@ -71,11 +72,25 @@ EQUIVALENCE_CASES = {
 }
 
 
+# Either states plan on every case: one kernel computing and passing the states (a call of few chunks), or chunk
+# state's kernel then the state passing kernel (a call of ``kernels.plan.PAIR_FROM_CHUNKS`` chunks and more).
+STATES_FROM = {"fused": 1 << 30, "pair": 1}
+
+
+@pytest.fixture(params=sorted(STATES_FROM))
+def states(request, monkeypatch) -> str:
+    monkeypatch.setattr(plan, "PAIR_FROM_CHUNKS", STATES_FROM[request.param])
+    return request.param
+
+
 @pytest.mark.parametrize("name", sorted(EQUIVALENCE_CASES))
-def test_indexed_path_equals_snapshot_path(name, device):
+def test_indexed_path_equals_snapshot_path(name, states, device):
     seq, io, state, indices = EQUIVALENCE_CASES[name]
     case = make_case([seq], io=io, state=state, indices=indices, headdim=7, case_id=name)
-    assert_indexed_equals_snapshot(*run_both(case, device))
+    snapshot, indexed = run_both(case, device)
+    assert indexed[2]["plan"].states == snapshot[2]["plan"].states == states
+    assert (indexed[2]["chunk_states"] is None) is (states == "fused")  # the fused kernel keeps them on chip
+    assert_indexed_equals_snapshot(snapshot, indexed)
 
 
 @pytest.mark.parametrize("gather", ("fused", "torch"))
@@ -84,21 +99,10 @@ def test_indexed_equals_snapshot_with_either_gather(gather, device):
     assert_indexed_equals_snapshot(*run_both(case, device, extra_a={"gather": gather}))
 
 
-@pytest.mark.parametrize("name", sorted(EQUIVALENCE_CASES))
-def test_indexed_path_through_the_fused_kernel_equals_snapshot_path(name, device):
-    """Order "indexed-fused" (``kernels.ssd``): the indexed path's calls of few chunks run the fused chunk state +
-    state passing kernel reading the initial state by slot and storing entering states; the snapshot path's bits."""
-    seq, io, state, indices = EQUIVALENCE_CASES[name]
-    case = make_case([seq], io=io, state=state, indices=indices, headdim=7, case_id=name)
-    with ssd_module.launched_in_order("indexed-fused"):
-        snapshot, indexed = run_both(case, device)
-    assert indexed[2]["chunk_states"] is None  # the chunk states never left the fused kernel
-    assert_indexed_equals_snapshot(snapshot, indexed)
-
-
 # ---- negative controls -------------------------------------------------------------------------------------------
 
-def test_comparison_catches_an_indexed_kernel_that_reads_a_masked_slot(monkeypatch, device):
+@pytest.mark.parametrize("states", ["pair"], indirect=True)
+def test_comparison_catches_an_indexed_kernel_that_reads_a_masked_slot(monkeypatch, states, device):
     real = ssd_module.state_passing_indexed
 
     def ignores_mask(*args, has_initial_state, **kwargs):
@@ -106,14 +110,13 @@ def test_comparison_catches_an_indexed_kernel_that_reads_a_masked_slot(monkeypat
 
     monkeypatch.setattr(ssd_module, "state_passing_indexed", ignores_mask)
     case = make_case([EQUIVALENCE_CASES["masked-nan-slot"][0]], io="bfloat16", state="bfloat16")
-    # An order whose indexed path runs the state passing apart on every call (order "indexed-fused" does not on
-    # calls of few chunks: its own control is below).
-    with ssd_module.launched_in_order("cumsum-gather"), pytest.raises(Mismatch, match="out, indexed vs snapshot"):
+    with pytest.raises(Mismatch, match="out, indexed vs snapshot"):
         assert_indexed_equals_snapshot(*run_both(case, device))
 
 
-def test_comparison_catches_a_fused_kernel_that_reads_a_masked_slot(monkeypatch, device):
-    """Order "indexed-fused": the fused kernel reading the initial state by slot with the mask ignored."""
+@pytest.mark.parametrize("states", ["fused"], indirect=True)
+def test_comparison_catches_a_fused_kernel_that_reads_a_masked_slot(monkeypatch, states, device):
+    """The fused kernel reading the initial state by slot with the mask ignored."""
     real = ssd_module.chunk_state_passing
 
     def ignores_mask(*args, has_initial_states=None, **kwargs):
@@ -123,7 +126,7 @@ def test_comparison_catches_a_fused_kernel_that_reads_a_masked_slot(monkeypatch,
 
     monkeypatch.setattr(ssd_module, "chunk_state_passing", ignores_mask)
     case = make_case([EQUIVALENCE_CASES["masked-nan-slot"][0]], io="bfloat16", state="bfloat16")
-    with ssd_module.launched_in_order("indexed-fused"), pytest.raises(Mismatch, match="out, indexed vs snapshot"):
+    with pytest.raises(Mismatch, match="out, indexed vs snapshot"):
         assert_indexed_equals_snapshot(*run_both(case, device))
 
 

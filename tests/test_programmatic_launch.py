@@ -77,23 +77,28 @@ def test_which_kernels_signal_early_and_which_may_overlap():
             signalling.append(_short_name(kernel))
         if "overlaps_previous" in params:
             overlapping.append(_short_name(kernel))
-    assert sorted(signalling) == ["_bmm_chunk_kernel", "_chunk_cumsum_kernel", "_chunk_state_kernel",
-                                  "_chunk_state_passing_kernel", "_state_passing_indexed_kernel"]
+    assert sorted(signalling) == ["_bmm_chunk_kernel", "_chunk_cumsum_kernel", "_chunk_state_passing_kernel"]
     assert sorted(overlapping) == ["_bmm_chunk_kernel", "_chunk_state_kernel", "_gather_initial_states_kernel"]
 
 
-def recorded_launches(monkeypatch, device, path: str, tamper=None) -> list[tuple[str, bool, bool]]:
-    """(launcher, signal_next, overlaps_previous) of each stage launch of one ``ssd_prefill`` call on ``path``: the
-    short bench workload at an interpreter-sized shape (one sequence over two chunks, from an initial state).
-    ``path`` "snapshot-pair": the snapshot path as it runs on calls of many chunks (chunk state and the batched
-    state passing). ``tamper`` {launcher: wrap}: how ``ssd_prefill`` calls that launcher is changed before it is
-    recorded."""
+LAUNCHERS = ("chunk_cumsum", "chunk_cumsum_gather", "bmm_chunk", "chunk_state", "chunk_state_bmm",
+             "chunk_state_passing", "gather_initial_states", "gather_initial_states_torch", "state_passing_indexed",
+             "state_passing_batched", "chunk_scan")
+
+
+def recorded_launches(monkeypatch, device, path: str, tamper=None, **extra) -> tuple[list[tuple[str, bool, bool]],
+                                                                                      object]:
+    """((launcher, signal_next, overlaps_previous) of each stage launch, the plan) of one ``ssd_prefill`` call on
+    ``path``: the short bench workload at an interpreter-sized shape (one sequence over two chunks, from an initial
+    state). ``path`` "snapshot-pair" / "indexed-pair": the path as it runs on calls of many chunks (chunk state's
+    kernel, then a state passing kernel). ``tamper`` {launcher: wrap}: how ``ssd_prefill`` calls that launcher is
+    changed before it is recorded. ``extra``: further ``ssd_prefill`` keywords."""
     import dataclasses
 
     from harness.bench import workload_case
     from harness.cases.builder import build_inputs
     from harness.cases.model import SequenceSpec, Shape
-    from kernels import provider
+    from kernels import plan, provider
 
     case = dataclasses.replace(workload_case("short-continuation"), shape=Shape(2, 16, 16, 1, 16),
                                sequences=(SequenceSpec(16, 20, 3, True, 5),))
@@ -105,19 +110,18 @@ def recorded_launches(monkeypatch, device, path: str, tamper=None) -> list[tuple
             return fn(*args, **kwargs)
         return wrapper
 
-    if path == "snapshot-pair":
-        monkeypatch.setattr(ssd, "SNAPSHOT_PAIR_FROM", 1)
-        path = "snapshot"
-    for name in ("chunk_cumsum", "chunk_cumsum_gather", "bmm_chunk", "chunk_state", "chunk_state_bmm",
-                 "chunk_state_passing",
-                 "gather_initial_states", "gather_initial_states_torch", "state_passing_indexed",
-                 "state_passing_batched", "chunk_scan"):
+    if path.endswith("-pair"):
+        monkeypatch.setattr(plan, "PAIR_FROM_CHUNKS", 1)
+        path = path.removesuffix("-pair")
+    for name in LAUNCHERS:
         monkeypatch.setattr(ssd, name, recording(name, getattr(ssd, name)))
     for name, wrap in (tamper or {}).items():
         monkeypatch.setattr(ssd, name, wrap(getattr(ssd, name)))
-    extra = {"gather": "fused"} if path == "snapshot" else {}  # the copy that can overlap, on any device
-    provider.ssd_prefill(**build_inputs(case, device).kwargs(path=path), **extra)
-    return launches
+    if path == "snapshot":
+        extra.setdefault("gather", "fused")  # the copy that can overlap, on any device
+    ws: dict = {}
+    provider.ssd_prefill(**build_inputs(case, device).kwargs(path=path), **extra, workspace_out=ws)
+    return launches, ws["plan"]
 
 
 # The launchers whose outputs each launcher reads, within one ``ssd_prefill`` call (a launcher absent reads none).
@@ -142,9 +146,9 @@ def misplaced_overlaps(launches: list[tuple[str, bool, bool]]) -> list[str]:
                                  and launches[i - 1][0] not in READS_FROM.get(name, set()))]
 
 
-@pytest.mark.parametrize("launcher", ["bmm_chunk", "chunk_state"])
+@pytest.mark.parametrize("launcher", ["bmm_chunk"])
 def test_a_launch_that_would_overlap_and_signal_is_refused(launcher, device):
-    """``check_overlap_flags`` in each launcher that takes both flags: an overlapping kernel waits at its end, so an
+    """``check_overlap_flags`` in the launcher that takes both flags: an overlapping kernel waits at its end, so an
     early signal from it would let the next kernel start before the kernel it overlaps is done. Either flag alone,
     or neither, launches."""
     from kernels.bmm_chunk import bmm_chunk
@@ -169,6 +173,11 @@ def test_a_launch_that_would_overlap_and_signal_is_refused(launcher, device):
         launch(signal_next=True, overlaps_previous=True)
     for flags in ({}, {"signal_next": True}, {"overlaps_previous": True}):
         launch(**flags)
+    if launcher == "bmm_chunk":
+        launch_state = lambda: chunk_state(B, x, dt_out, dA_cumsum, cu, overlaps_previous=True)  # noqa: E731
+        if device == "cuda":
+            torch.cuda.synchronize()
+        launch_state()  # chunk state only overlaps: it takes no early signal
 
 
 def test_the_launch_check_sees_an_overlap_on_what_the_kernel_before_writes():
@@ -177,70 +186,85 @@ def test_the_launch_check_sees_an_overlap_on_what_the_kernel_before_writes():
     assert misplaced_overlaps([("bmm_chunk", True, False), ("chunk_state", False, True)]) == []
 
 
-@pytest.mark.parametrize("path", ["snapshot", "snapshot-pair", "indexed"])
-@pytest.mark.parametrize("order", ssd.LAUNCH_ORDERS)
-def test_ssd_prefill_launches_the_overlapping_bmm_right_after_a_signalling_kernel(monkeypatch, device, order, path):
-    """What makes a late wait safe is the overlapping kernel's place: right after a kernel that waited for
-    everything before it, then signalled, and writes nothing the overlapping one reads. Every ssd_prefill call, on
-    both paths, launches an overlapping kernel (bmm, the gather, chunk state) only there, and bmm once (alone or
-    in chunk state's kernel)."""
-    monkeypatch.setattr(ssd, "LAUNCH_ORDER", order)
-    launches = recorded_launches(monkeypatch, device, path)
-    names = [n for n, _, _ in launches]
+# Every plan the shipped rule makes on this call's shape, and the unfused one: (path, ssd_prefill keywords, what the
+# test forces). "no-one-kernel": chunk state's and bmm's configs cannot share a kernel (the GPU at this shape; under
+# the interpreter they always can).
+PLANS = {
+    "snapshot-aligned": ("snapshot", {}, set()),
+    "snapshot-unaligned": ("snapshot", {}, {"unaligned"}),
+    "snapshot-torch": ("snapshot", {"gather": "torch"}, set()),
+    "snapshot-pair": ("snapshot-pair", {}, set()),
+    "snapshot-pair-unaligned-no-one-kernel": ("snapshot-pair", {}, {"unaligned", "no-one-kernel"}),
+    "indexed": ("indexed", {}, set()),
+    "indexed-pair": ("indexed-pair", {}, set()),
+    "indexed-pair-no-one-kernel": ("indexed-pair", {}, {"no-one-kernel"}),
+    "snapshot-unfused": ("snapshot", {"unfused": True}, set()),
+    "indexed-pair-unfused": ("indexed-pair", {"unfused": True}, set()),
+}
+
+
+def forced(monkeypatch, forces: set) -> None:
+    if "unaligned" in forces:
+        monkeypatch.setattr(ssd, "cumsum_gather_fuses", lambda cache: False)
+    if "no-one-kernel" in forces:
+        monkeypatch.setattr(ssd, "chunk_state_bmm_config", lambda *shape: None)
+
+
+@pytest.mark.parametrize("name", list(PLANS))
+def test_ssd_prefill_launches_its_plan_and_overlaps_only_after_a_signal(monkeypatch, device, name):
+    """The call launches exactly the plan's kernels, in its order. What makes a late wait safe is the overlapping
+    kernel's place: right after a kernel that waited for everything before it, then signalled, and writes nothing
+    the overlapping one reads. Every plan launches an overlapping kernel (bmm, the gather, chunk state) only there,
+    bmm once (alone or in chunk state's kernel), and the unfused plan nothing beside anything."""
+    path, extra, forces = PLANS[name]
+    forced(monkeypatch, forces)
+    launches, p = recorded_launches(monkeypatch, device, path, **extra)
+    names = [n for n, _, _ in launches if n != "gather_initial_states_torch"]
+    assert tuple(names) == p.kernels, (names, p)
     bmm = [i for i, n in enumerate(names) if n in ("bmm_chunk", "chunk_state_bmm")]
     assert len(bmm) == 1 and bmm[0] < names.index("chunk_scan"), names
     assert misplaced_overlaps(launches) == [], launches
-    # With bmm in chunk state's kernel nothing is left to run beside another where the gather does not run beside
-    # the cumsum: on the indexed path (no gather), and where the gather runs in the cumsum's kernel.
-    no_gather_beside = path == "indexed" or "chunk_cumsum_gather" in names
-    alone = order == "none" or (no_gather_beside and "chunk_state_bmm" in names)
-    assert any(overlaps for _, _, overlaps in launches) is not alone, launches
+    expected = {"gather_initial_states": p.gather == "beside_cumsum", "bmm_chunk": p.bmm == "after_states",
+                "chunk_state": p.bmm == "before_chunk_state"}
+    assert {n for n, _, overlaps in launches if overlaps} == {k for k, v in expected.items() if v}, (launches, p)
+    if extra.get("unfused"):
+        assert not any(signal or overlaps for _, signal, overlaps in launches), launches
 
 
-@pytest.mark.parametrize("path", ["snapshot", "snapshot-pair", "indexed"])
-def test_the_shipped_order_runs_the_fewest_kernels_where_configs_and_layout_allow(monkeypatch, device, path):
-    """Order "cumsum-gather" (shipped): the snapshot path's gather runs in the cumsum's kernel (this call's cache
-    rows are aligned), and wherever chunk state runs as a kernel of its own, bmm's programs run in it if both
-    stages' configs are fixed (always under the interpreter; on the GPU at checked-in shapes, not this small one:
-    there "bmm-first"'s two kernels, bmm signalling). The snapshot path's fused kernel keeps bmm apart."""
-    assert ssd.SHIPPED_LAUNCH_ORDER == "cumsum-gather"
-    monkeypatch.setattr(ssd, "LAUNCH_ORDER", ssd.SHIPPED_LAUNCH_ORDER)
-    launches = recorded_launches(monkeypatch, device, path)
-    names = [n for n, _, _ in launches]
-    if path == "snapshot":
-        expected = ["chunk_cumsum_gather", "chunk_state_passing", "bmm_chunk", "chunk_scan"]
-    else:
-        passing = "state_passing_indexed" if path == "indexed" else "state_passing_batched"
-        states = ["chunk_state_bmm"] if device == "cpu" else ["bmm_chunk", "chunk_state"]
-        first = ["chunk_cumsum"] if path == "indexed" else ["chunk_cumsum_gather"]
-        expected = [*first, *states, passing, "chunk_scan"]
-    assert names == expected, launches
+def test_the_shipped_plan_on_the_interpreter_runs_the_fewest_kernels(monkeypatch, device):
+    """Under the interpreter both stages' configs are always fixed: wherever chunk state runs as a kernel of its own,
+    bmm's programs run in it; on calls of few chunks both paths run the fused states kernel with bmm beside it."""
+    if device != "cpu":
+        pytest.skip("on the GPU, chunk state's and bmm's configs share a kernel only at checked-in shapes")
+    expected = {
+        "snapshot": ("chunk_cumsum_gather", "chunk_state_passing", "bmm_chunk", "chunk_scan"),
+        "snapshot-pair": ("chunk_cumsum_gather", "chunk_state_bmm", "state_passing_batched", "chunk_scan"),
+        "indexed": ("chunk_cumsum", "chunk_state_passing", "bmm_chunk", "chunk_scan"),
+        "indexed-pair": ("chunk_cumsum", "chunk_state_bmm", "state_passing_indexed", "chunk_scan"),
+    }
+    for path, kernels in expected.items():
+        with monkeypatch.context() as m:
+            launches, _ = recorded_launches(m, device, path)
+        assert tuple(n for n, _, _ in launches) == kernels, (path, launches)
 
 
-def test_an_unaligned_cache_runs_the_gather_beside_the_cumsum(monkeypatch, device):
-    """Where the cache's rows are not 16-byte aligned (``kernels.chunk_cumsum_gather.fuses``), the shipped order
-    launches the gather's own kernel beside the cumsum's, as order "one-kernel" does."""
+def test_chunk_cumsum_gather_needs_aligned_rows(device):
     from kernels import chunk_cumsum_gather
 
-    monkeypatch.setattr(ssd, "LAUNCH_ORDER", ssd.SHIPPED_LAUNCH_ORDER)
-    monkeypatch.setattr(ssd, "cumsum_gather_fuses", lambda cache: False)
-    launches = recorded_launches(monkeypatch, device, "snapshot")
-    # (name, signal_next, overlaps_previous): the cumsum signals early and the gather computes beside it
-    assert launches[:2] == [("chunk_cumsum", True, False), ("gather_initial_states", False, True)], launches
     base = torch.zeros(8 * 16 + 1, device=device)
     assert chunk_cumsum_gather.fuses(base[:128].view(8, 1, 4, 4))
     assert not chunk_cumsum_gather.fuses(base[1:].view(8, 1, 4, 4))  # misaligned by 4 bytes
     assert not chunk_cumsum_gather.fuses(base[:120].view(8, 1, 3, 5))  # rows of 15 elements
 
 
-@pytest.mark.parametrize(("order", "path", "kernel_before", "overlapping"), [
-    ("state", "indexed", "chunk_state", "bmm_chunk"),
-    ("state", "snapshot", "chunk_state_passing", "bmm_chunk"),
-    ("bmm-first", "indexed", "bmm_chunk", "chunk_state"),
-    ("bmm-first", "snapshot-pair", "bmm_chunk", "chunk_state"),
-    ("state", "snapshot-pair", "chunk_state", "bmm_chunk"),
+@pytest.mark.parametrize(("name", "kernel_before", "overlapping"), [
+    ("snapshot-aligned", "chunk_state_passing", "bmm_chunk"),
+    ("indexed", "chunk_state_passing", "bmm_chunk"),
+    ("snapshot-unaligned", "chunk_cumsum", "gather_initial_states"),
+    ("indexed-pair-no-one-kernel", "bmm_chunk", "chunk_state"),
+    ("snapshot-pair-unaligned-no-one-kernel", "bmm_chunk", "chunk_state"),
 ])
-def test_the_launch_check_sees_an_overlapping_kernel_after_one_that_did_not_signal(monkeypatch, device, order, path,
+def test_the_launch_check_sees_an_overlapping_kernel_after_one_that_did_not_signal(monkeypatch, device, name,
                                                                                     kernel_before, overlapping):
     """Negative control: ``ssd_prefill`` launching the kernel another runs beside without its early signal."""
     def silent(launcher):
@@ -248,8 +272,9 @@ def test_the_launch_check_sees_an_overlapping_kernel_after_one_that_did_not_sign
             return launcher(*args, **kwargs)
         return launch
 
-    monkeypatch.setattr(ssd, "LAUNCH_ORDER", order)
-    launches = recorded_launches(monkeypatch, device, path, tamper={kernel_before: silent})
+    path, extra, forces = PLANS[name]
+    forced(monkeypatch, forces)
+    launches, _ = recorded_launches(monkeypatch, device, path, tamper={kernel_before: silent}, **extra)
     assert misplaced_overlaps(launches) == [overlapping], launches
 
 
@@ -305,16 +330,6 @@ def test_the_environment_switch(raw, on):
     assert backend.pdl_setting(raw) is on
 
 
-def test_the_launch_order_setting():
-    """``SSD_LAUNCH_ORDER``: unset or empty is the shipped order, a name of ``LAUNCH_ORDERS`` that order; anything
-    else is refused, naming the variable and the orders."""
-    assert ssd.launch_order_setting(None) == ssd.launch_order_setting("") == ssd.SHIPPED_LAUNCH_ORDER
-    for order in ssd.LAUNCH_ORDERS:
-        assert ssd.launch_order_setting(order) == order
-    with pytest.raises(ValueError, match=r"SSD_LAUNCH_ORDER='bmm-last': expected one of none, state"):
-        ssd.launch_order_setting("bmm-last")
-
-
 def test_a_bad_environment_value_is_refused_naming_the_variable():
     with pytest.raises(ValueError, match=r"SSD_PDL='yes': expected '0' \(off\) or '1'"):
         backend.pdl_setting("yes")
@@ -336,18 +351,17 @@ def test_hopper_launches_programmatically(device):
 REPLAYS = 50
 
 
-@pytest.mark.parametrize("order", ssd.LAUNCH_ORDERS)
 @pytest.mark.parametrize(("workload", "variant"), [
     ("short-continuation", "indexed"), ("short-continuation", "snapshot-fused"), ("mixed-3", "snapshot-fused"),
-    ("continue-600", "indexed"),
+    ("continue-600", "indexed"), ("prefill-4256", "indexed"), ("mixed-3", "snapshot-torch"),
 ])
-def test_graph_replays_give_the_eager_calls_bits(device, monkeypatch, workload, variant, order):
-    """In a graph replay the five launches overlap as far as programmatic launch lets them: a stage that read
-    ahead of its wait would see its input half written in some replays. Every replay's output and final states
-    must equal the eager call's, bit for bit, in every launch order (``kernels.ssd.LAUNCH_ORDERS``)."""
+def test_graph_replays_give_the_eager_calls_bits(device, workload, variant):
+    """In a graph replay the launches overlap as far as programmatic launch lets them: a stage that read ahead of
+    its wait would see its input half written in some replays. Every replay's output and final states must equal
+    the eager call's, bit for bit, under the shipped plan (the workloads reach its plans: few and many chunks, both
+    paths)."""
     if device != "cuda":
         pytest.skip("needs a CUDA device: CUDA graphs and programmatic launch exist only there")
-    monkeypatch.setattr(ssd, "LAUNCH_ORDER", order)
     from harness.bench import VARIANTS, _call, workload_case
     from harness.cases.builder import build_inputs
     from harness.cuda_timing import capture_graph
@@ -366,6 +380,6 @@ def test_graph_replays_give_the_eager_calls_bits(device, monkeypatch, workload, 
         inputs.state_cache[final_slots] = math.nan
         graph.replay()
         torch.cuda.synchronize()
-        context = f"{workload} {variant}, order {order}, graph replay {replay} of {REPLAYS} against the eager call"
+        context = f"{workload} {variant}, graph replay {replay} of {REPLAYS} against the eager call"
         assert_bits_equal(inputs.out, out, what="out", context=context)
         assert_bits_equal(inputs.state_cache, cache, what="state_cache", context=context)

@@ -64,7 +64,8 @@ KERNELS = {
 
 
 def _call(device, *, io=torch.float32, state=torch.float32, contexts=(3,), tokens=(13,), D="none", z=False, bias=False,
-          softplus=False, limit=False, mode="direct", path="snapshot", table=None, row_pad=0, offset=0, seed=0):
+          softplus=False, limit=False, mode="direct", path="snapshot", table=None, row_pad=0, offset=0, seed=0,
+          unfused=False):
     """One ssd_prefill call on a padded/offset cache; ``table=(columns, column, rows_before)`` takes the index
     tensors as int64 block-table columns (strided, possibly unaligned views)."""
     g = torch.Generator().manual_seed(seed)
@@ -89,7 +90,7 @@ def _call(device, *, io=torch.float32, state=torch.float32, contexts=(3,), token
         dt_bias=r(H) if bias else None, dt_softplus=softplus, dt_limit=(0.01, 0.5) if limit else (0.0, math.inf),
         state_cache=cache, initial_state_indices=init, has_initial_states=torch.ones(batch, dtype=torch.bool),
         final_state_indices=final if mode == "direct" else None, return_intermediate_states=mode == "checkpoint",
-        path=path, gather="fused")
+        path=path, gather="fused", unfused=unfused)
     kw = {k: v.to(device) if isinstance(v, torch.Tensor) and v.device != cache.device else v for k, v in kw.items()}
     args = [t.to(io).to(device) for t in (r(T, H, P), r(T, H) * 0.3 + 0.5)]
     x, dt = args[0], args[1].float()
@@ -106,10 +107,13 @@ CALLS = {
         io=torch.float16, state=torch.bfloat16, contexts=(3, 0), tokens=(13, 9), D="per_channel", z=True, bias=True,
         softplus=True, limit=True, table=(5, 1, 1), row_pad=3, offset=1),
     "indexed-direct-fp32-Dhead": dict(contexts=(5,), tokens=(19,), D="per_head", path="indexed"),
+    # From kernels.plan.PAIR_FROM_CHUNKS chunks either path runs chunk state's kernel and a state passing kernel.
+    "indexed-pair-direct-bf16": dict(io=torch.bfloat16, state=torch.bfloat16, contexts=(5,), tokens=(70,),
+                                     path="indexed"),
     "snapshot-returned-bf16-fp16state": dict(io=torch.bfloat16, state=torch.float16, contexts=(0,), tokens=(8,)),
     "snapshot-checkpoint-fp32": dict(contexts=(2, 4), tokens=(7, 12), mode="checkpoint", softplus=True),
-    # From kernels.ssd.SNAPSHOT_PAIR_FROM chunks the snapshot path runs chunk state and the batched state passing:
-    # one long sequence (the read-ahead loop) and a batch of short ones (a chunk a step).
+    # The snapshot path's pair: chunk state and the batched state passing, over one long sequence (the read-ahead
+    # loop) and a batch of short ones (a chunk a step).
     "snapshot-pair-direct-bf16-long": dict(io=torch.bfloat16, state=torch.bfloat16, contexts=(0,), tokens=(70,)),
     "snapshot-pair-returned-fp32-batch": dict(contexts=(3, 0, 5), tokens=(30, 20, 25), mode="returned"),
 }
@@ -140,8 +144,8 @@ def launched(device):
     with recording_launches(list(KERNELS.values())) as keys:
         for call in CALLS.values():
             _call(device, **call)()
-        with ssd.launched_in_order("bmm-first"):  # chunk state's and bmm's own kernels, where the shipped order runs
-            _call(device, **CALLS["indexed-direct-fp32-Dhead"])()  # them in one
+        # Chunk state's and bmm's own kernels, where the shipped plan runs them in one: the unfused plan.
+        _call(device, **CALLS["indexed-pair-direct-bf16"], unfused=True)()
     seen.extend(keys)
     return seen
 

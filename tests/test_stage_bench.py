@@ -22,20 +22,22 @@ TWO = [(40, 70, 1, True, 4), (0, 33, 2, False, 6)]
 ALIGNED = dict(row_pad=0, offset=0)  # cache rows 16-byte aligned: the gather runs in the cumsum's kernel
 
 
-@pytest.mark.parametrize("path,extra,sequences,pair_from,layout,order", [
-    ("snapshot", {"gather": "torch"}, TWO, None, {}, None),
-    ("snapshot", {"gather": "fused"}, TWO, None, {}, None),
-    ("snapshot", {"gather": "fused"}, TWO, None, ALIGNED, None),
-    ("snapshot", {"gather": "fused"}, TWO, 1, {}, None),
-    ("indexed", {}, [(40, 150, 1, True, 4)], None, {}, None),
-    ("indexed", {}, [(40, 150, 1, True, 4)], None, {}, "indexed-fused"),
-], ids=["snapshot-torch", "snapshot-fused", "snapshot-fused-aligned", "snapshot-pair", "indexed", "indexed-fused"])
-def test_stage_closures_reproduce_the_call(path, extra, sequences, pair_from, layout, order, device, monkeypatch):
-    from kernels import ssd
+@pytest.mark.parametrize("path,extra,sequences,pair,layout", [
+    ("snapshot", {"gather": "torch"}, TWO, False, {}),
+    ("snapshot", {"gather": "fused"}, TWO, False, {}),
+    ("snapshot", {"gather": "fused"}, TWO, False, ALIGNED),
+    ("snapshot", {"gather": "fused"}, TWO, True, {}),
+    ("indexed", {}, [(40, 150, 1, True, 4)], False, {}),
+    ("indexed", {}, [(40, 150, 1, True, 4)], True, {}),
+    ("indexed", {"unfused": True}, [(40, 150, 1, True, 4)], True, {}),
+    ("snapshot", {"gather": "fused", "unfused": True}, TWO, False, ALIGNED),
+], ids=["snapshot-torch", "snapshot-fused", "snapshot-fused-aligned", "snapshot-pair", "indexed", "indexed-pair",
+        "indexed-pair-unfused", "snapshot-fused-aligned-unfused"])
+def test_stage_closures_reproduce_the_call(path, extra, sequences, pair, layout, device, monkeypatch):
+    from kernels import plan
 
-    if pair_from is not None:  # the snapshot path as it runs on calls of many chunks
-        monkeypatch.setattr(ssd, "SNAPSHOT_PAIR_FROM", pair_from)
-    monkeypatch.setattr(ssd, "LAUNCH_ORDER", order or ssd.SHIPPED_LAUNCH_ORDER)
+    # The states as they run on calls of few chunks (one kernel) or of many (chunk state's kernel, then state passing).
+    monkeypatch.setattr(plan, "PAIR_FROM_CHUNKS", 1 if pair else 1 << 30)
     case = make_case(sequences, io="bfloat16", state="bfloat16", headdim=8, chunk_size=32, **layout)
     inputs = build_inputs(case, device)
     expected_inputs = inputs.clone()
@@ -43,22 +45,22 @@ def test_stage_closures_reproduce_the_call(path, extra, sequences, pair_from, la
     provider.ssd_prefill(**expected_inputs.kwargs(path=path), **extra, workspace_out=workspace)
 
     calls = stage_bench.stage_calls(provider, inputs, path, **extra)
-    # The indexed path runs chunk state apart from its state passing (which does the gather's copy), except under
-    # order "indexed-fused", the snapshot path the two fused (apart on many chunks). Where chunk state runs apart,
-    # bmm's programs run in its kernel wherever both stages' configs are fixed: under the interpreter always, on the
-    # GPU not at this shape. With the fused gather and aligned cache rows the copy runs in the cumsum's kernel.
-    by_slot = path == "indexed" and (order or ssd.SHIPPED_LAUNCH_ORDER) == "indexed-fused"
-    apart = (path == "indexed" and not by_slot) or pair_from is not None
-    one_kernel = apart and device == "cpu"
+    # Calls of few chunks run one states kernel (the indexed path's reading the initial state by slot), calls of
+    # many chunk state's kernel apart from the state passing (the indexed path's doing the gather's copy). Where chunk
+    # state runs apart, bmm's programs run in its kernel wherever both stages' configs are fixed (under the
+    # interpreter always, on the GPU not at this shape) unless the plan is unfused. With the fused gather and aligned
+    # cache rows the copy runs in the cumsum's kernel, again unless unfused.
+    unfused = extra.get("unfused", False)
+    one_kernel = pair and device == "cpu" and not unfused
     assert (workspace["chunk_state_bmm"] is not None) is one_kernel
-    assert workspace["cumsum_gather"] is bool(layout)
-    states = ["chunk_state_bmm"] if one_kernel else ["bmm_chunk", "chunk_state"] if apart else ["bmm_chunk"]
+    assert workspace["cumsum_gather"] is (bool(layout) and not unfused)
+    states = ["chunk_state_bmm"] if one_kernel else ["bmm_chunk", "chunk_state"] if pair else ["bmm_chunk"]
     if path == "indexed":
-        passing = "chunk_state_passing" if by_slot else "gather_state_passing"
+        passing = "gather_state_passing" if pair else "chunk_state_passing"
     else:
-        passing = "state_passing" if pair_from else "chunk_state_passing"
-    gather = "gather" if "gather" in extra and not layout else None
-    cumsum = "chunk_cumsum_gather" if layout else "chunk_cumsum"
+        passing = "state_passing" if pair else "chunk_state_passing"
+    gather = "gather" if "gather" in extra and not workspace["cumsum_gather"] else None
+    cumsum = "chunk_cumsum_gather" if workspace["cumsum_gather"] else "chunk_cumsum"
     assert set(calls) == {cumsum, "chunk_scan", *states, passing} | ({gather} if gather else set()), (
         sorted(calls))
     assert_bits_equal(calls[cumsum][0](), workspace["dA_cumsum"], what=f"{cumsum} closure: dA_cumsum")

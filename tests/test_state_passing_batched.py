@@ -1,4 +1,4 @@
-"""The snapshot path's pair on calls of many chunks (``kernels.ssd.snapshot_pair``): chunk state, then the batched
+"""The snapshot path's pair on calls of many chunks (``kernels.plan.states_pair``): chunk state, then the batched
 state passing (``kernels.state_passing_batched``), must write the fused kernel's bits (``kernels.chunk_state_passing``)
 in every final-state mode, dtype and loop shape, over masked initial states, crossed and negative slots; the
 dispatch follows the chunk count only; and the comparison catches a batched kernel that walks the wrong chunks."""
@@ -10,7 +10,7 @@ import torch
 
 from harness.cases.builder import build_inputs
 from harness.compare import Mismatch, assert_bits_equal
-from kernels import provider, ssd, state_passing_batched
+from kernels import plan, provider, ssd, state_passing_batched
 from tests.support import make_case
 
 # A long new sequence, one continuing mid-chunk from a masked-off (NaN) slot, one continuing from the slot another
@@ -21,7 +21,7 @@ FUSED, PAIR = 1 << 30, 1
 
 def snapshot_call(case, device, pair_from: int, monkeypatch) -> dict:
     """What one snapshot call writes and returns, with the pair from ``pair_from`` chunks."""
-    monkeypatch.setattr(ssd, "SNAPSHOT_PAIR_FROM", pair_from)
+    monkeypatch.setattr(plan, "PAIR_FROM_CHUNKS", pair_from)
     inputs = build_inputs(case, device)
     ws: dict = {}
     result = provider.ssd_prefill(**inputs.kwargs(path="snapshot"), workspace_out=ws)
@@ -51,24 +51,24 @@ def test_the_pair_writes_the_fused_kernels_bits(io, state, mode, read_ahead_from
 
 
 def test_the_dispatch_follows_the_chunk_count_only():
-    assert [ssd.snapshot_pair(n) for n in (1, ssd.SNAPSHOT_PAIR_FROM - 1, ssd.SNAPSHOT_PAIR_FROM, 64)] == [
+    assert [plan.states_pair(n) for n in (1, plan.PAIR_FROM_CHUNKS - 1, plan.PAIR_FROM_CHUNKS, 64)] == [
         False, False, True, True]
     from_ = state_passing_batched.READ_AHEAD_FROM
     assert state_passing_batched.read_ahead(from_ * 3, 3) and not state_passing_batched.read_ahead(from_ * 3 - 1, 3)
 
 
 def test_the_shipped_threshold_runs_the_pair_on_a_call_of_that_many_chunks(device):
-    """Without any override: a call of ``SNAPSHOT_PAIR_FROM`` chunks runs the pair, one chunk fewer the fused
+    """Without any override: a call of ``PAIR_FROM_CHUNKS`` chunks runs the pair, one chunk fewer the fused
     kernel (chunk 16: the sequence's tokens set its chunk count)."""
     ran = {}
-    for n in (ssd.SNAPSHOT_PAIR_FROM - 1, ssd.SNAPSHOT_PAIR_FROM):
+    for n in (plan.PAIR_FROM_CHUNKS - 1, plan.PAIR_FROM_CHUNKS):
         case = make_case([(0, 16 * n, 1, False, 2)], io="float32", state="float32", headdim=4, chunk_size=16)
         inputs = build_inputs(case, device)
         ws: dict = {}
         provider.ssd_prefill(**inputs.kwargs(path="snapshot"), workspace_out=ws)
         assert ws["dA_cumsum"].shape[1] == n
         ran[n] = ws["chunk_states"] is not None
-    assert ran == {ssd.SNAPSHOT_PAIR_FROM - 1: False, ssd.SNAPSHOT_PAIR_FROM: True}
+    assert ran == {plan.PAIR_FROM_CHUNKS - 1: False, plan.PAIR_FROM_CHUNKS: True}
 
 
 def test_a_batched_kernel_walking_the_wrong_chunks_is_caught(device, monkeypatch):
