@@ -79,7 +79,7 @@ def initial_state(init_ptr, tile, seq, init_slot_ptr, has_init_ptr, stride_init_
 def writeback_target(last_chunk_ptr, final_idx_ptr, seq, stride_last_chunk, stride_final_idx, write_cache):
     """(sequence ``seq``'s last chunk, its final slot), or (-1, -1) without a writeback: loaded once per sequence,
     when it starts. At each chunk's end, after the workspace store, they would be two chained loads that wait for
-    that store (the pointers may alias), in every chunk step of a latency-bound loop (docs/gpu-runs.md)."""
+    that store (the pointers may alias), in every chunk step of a latency-bound loop (notes/gpu-runs.md)."""
     row = seq.to(tl.int64)
     last = tl.load(last_chunk_ptr + row * stride_last_chunk, mask=write_cache != 0, other=-1)
     slot = tl.load(final_idx_ptr + row * stride_final_idx, mask=write_cache != 0, other=-1)
@@ -111,7 +111,7 @@ def token_block(acc, x_ptr, B_ptr, dt_c, dA_c, tok, k0, k_mask, offs_m, offs_n, 
 
 # One loop walks every chunk's token blocks (a persistent matmul's shape: the accumulator is finished and reset on a
 # chunk's last block), so loads run ahead across chunk boundaries. A token loop nested in a chunk loop drains its
-# software pipeline at every chunk, and lost to the pair on the prefill (docs/gpu-runs.md runs 57-58).
+# software pipeline at every chunk, and lost to the pair on the prefill (notes/gpu-runs.md runs 57-58).
 @triton.jit(**SCALAR_ONLY)
 def _chunk_state_passing_kernel(
     x_ptr, B_ptr, dt_ptr, dA_cs_ptr, cu_chunk_seqlens_ptr, seq_idx_ptr, chunk_states_ptr, out_ptr, init_ptr,
@@ -206,7 +206,7 @@ def _chunk_state_passing_kernel(
 
 # The fixed config per shape class (arch, headdim, dstate, chunk size, io dtype's bytes) -> blocks, warps, stages;
 # others take ``default_config``. The serving shape on the H200, 16-bit io: the kernel's best summed over the four
-# bench workloads in the fusion lab (scripts/fusion_lab.py; docs/gpu-runs.md runs 60 and 76). fp32 io: the same tile
+# bench workloads in the fusion lab (scripts/fusion_lab.py; notes/gpu-runs.md runs 60 and 76). fp32 io: the same tile
 # with half the tokens a step, so that its two pipeline stages fit in shared memory (not timed: fp32 io is no serving
 # dtype).
 TUNED: dict[tuple, dict[str, int]] = {

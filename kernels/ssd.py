@@ -45,7 +45,7 @@ from kernels.state_passing_indexed import state_passing_indexed
 #   indexed path's, and the snapshot path's on calls of many chunks): bmm's programs are placed first and chunk
 #   state's fill the slots around them, instead of bmm's waiting for chunk state's last partial wave and outlasting
 #   it. Where the snapshot path runs its fused kernel, bmm stays after it: the fused kernel's few programs, each
-#   walking every chunk, lost time placed behind bmm's (docs/gpu-runs.md);
+#   walking every chunk, lost time placed behind bmm's (notes/gpu-runs.md);
 # - "one_kernel": bmm's and chunk state's programs in one kernel, bmm's first (``kernels.chunk_state_bmm``), where
 #   both stages' configs are fixed (elsewhere "bmm_first"): the same placement with one launch fewer;
 # - "gather_in_cumsum": the fused gather's programs in the cumsum's kernel (``kernels.chunk_cumsum_gather``) where
@@ -98,7 +98,7 @@ def launched_in_order(order: str):
 # From this many chunks in a call the snapshot path runs chunk state and the batched state passing
 # (``kernels.state_passing_batched``) instead of the fused kernel, whose few programs each walk every chunk: alone,
 # the pair won a 17-chunk call (47.6 against 52.6 us) and lost a 3-chunk one (11.5 against 10.6); in the whole
-# 11-chunk mixed-3 call it took 80.9 us against 82.7 (docs/gpu-runs.md runs 110-115). The same bits either way.
+# 11-chunk mixed-3 call it took 80.9 us against 82.7 (notes/gpu-runs.md runs 110-115). The same bits either way.
 SNAPSHOT_PAIR_FROM = 8
 
 

@@ -11,7 +11,7 @@ The bits are those of the fused kernel (``kernels.chunk_state_passing``): the sa
 A program walks only its own sequence, so a call's longest sequence sets the loop's length, not its chunk count.
 Two loop shapes (the constexpr ``READ_AHEAD_LOOP``, ``read_ahead``): four chunks' rows read before their steps
 (``kernels.state_passing.load_chunks_ahead``), which wins one long sequence; or one chunk a step (the read-ahead
-loop's second loop from chunk 0), which wins batches of short ones by a little (docs/gpu-runs.md runs 113-114 and
+loop's second loop from chunk 0), which wins batches of short ones by a little (notes/gpu-runs.md runs 113-114 and
 121; why is not established). Never autotuned (a trial launch would write final slots): one fixed block.
 """
 
@@ -34,7 +34,7 @@ from kernels.state_passing import (
     recurrence_step,
 )
 
-# States a program: the block of both loop shapes' best on the serving shape (docs/gpu-runs.md runs 113-114; under
+# States a program: the block of both loop shapes' best on the serving shape (notes/gpu-runs.md runs 113-114; under
 # the interpreter a head is one block: kernels.backend.fixed_block).
 BLOCK_SIZE = 1024
 # Chunks per sequence, on average over the call, from which the read-ahead loop runs (a 17-chunk sequence: 13.5 us

@@ -4,7 +4,7 @@ An autotuner times every candidate config of a stage on the first call of each s
 busy or noisy GPU two processes can keep different configs, hence different binaries and times, for the same shape.
 For the shape classes in ``TUNED``, a stage's config pruning returns the one config chosen from a sweep of every
 candidate (``python -m harness bench --stages``, which prints the proposal; the measurement is in
-docs/gpu-runs.md), so there is nothing left to choose. Other shapes, other GPUs and the interpreter tune as before.
+notes/gpu-runs.md), so there is nothing left to choose. Other shapes, other GPUs and the interpreter tune as before.
 
 A class is the GPU architecture and the values of the stage's autotuning key (its dimensions), the same for every
 dtype; chunk_state's key also holds the chunk count's class (``chunk_count_class``), since its best tile differs
@@ -22,18 +22,18 @@ from kernels.backend import INTERPRET
 
 # stage -> {(arch, key values in the stage's autotuning key order): the config, by its block sizes and options}.
 # The serving shape on the H200 (nheads 64, headdim 64, dstate 128, chunk 256; any dtype and chunk count): per
-# stage the config with the least summed time over the four bench workloads in the stage sweep of docs/gpu-runs.md
+# stage the config with the least summed time over the four bench workloads in the stage sweep of notes/gpu-runs.md
 # run 40 (chunk_scan: the kernel lab of run 47, after its dimensions became constexprs). The autotuner's own picks
 # differed between two processes there in three of four stages.
 TUNED: dict[str, dict[tuple, dict[str, int]]] = {
     "chunk_cumsum": {("sm90", 256, 64): dict(BLOCK_SIZE_H=2, num_warps=4, num_stages=3)},
     # chunk_state, by chunk count class: a call of a few chunks fills the GPU only with the smaller tile (twice the
-    # programs), many chunks run fastest with the larger one (the stage sweep of docs/gpu-runs.md run 55).
+    # programs), many chunks run fastest with the larger one (the stage sweep of notes/gpu-runs.md run 55).
     "chunk_state": {("sm90", 64, 128, 256, 0): dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, num_warps=4,
                                                      num_stages=3),
                     ("sm90", 64, 128, 256, 1): dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=128, BLOCK_SIZE_K=32, num_warps=4,
                                                      num_stages=3)},
-    # bmm_chunk: the twenty-launch stage sweep of docs/gpu-runs.md runs 76-77 read this config below run 40's
+    # bmm_chunk: the twenty-launch stage sweep of notes/gpu-runs.md runs 76-77 read this config below run 40's
     # (K128, two stages) on each of the four workloads, by 0.2-0.5 us against a spread of 0.1 us between two readings
     # of one binary.
     "bmm_chunk": {("sm90", 256, 128): dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=32, num_warps=4,

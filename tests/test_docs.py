@@ -3,7 +3,7 @@
 - No tracked file points at the old design brief outside the repository.
 - Every property of the case JSON Schema carries a description, and the schema command writes exactly the source.
 - Every schema field has a row in docs/cases.md, every registered check a section in docs/checks.md.
-- README links the design pages; every relative link in README.md and docs/*.md resolves, anchors included.
+- README links the design pages; every relative link in README.md, docs/*.md and notes/*.md resolves, anchors included.
 - README's layout table has a row for each top-level folder git tracks, and none for a folder that is not there.
 
 Each helper is shown to report what it exists to catch (the ``*_reports_*`` tests), so none can pass vacuously.
@@ -155,7 +155,7 @@ def broken_links(page: Path, text: str) -> list[str]:
 
 
 def markdown_pages() -> list[Path]:
-    return [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+    return [ROOT / "README.md", *sorted(DOCS.glob("*.md")), *sorted((ROOT / "notes").glob("*.md"))]
 
 
 # ---------------------------------------------------------------- (a) nothing points outside

@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def test_gpu_run_refuses_an_unknown_step_before_running_any(tmp_path):
-    """scripts/gpu_run.sh checks every step name first: a misspelt one found halfway through a call (docs/gpu-runs.md
+    """scripts/gpu_run.sh checks every step name first: a misspelt one found halfway through a call (notes/gpu-runs.md
     run 68) loses the rest of the device's time."""
     import subprocess
 
@@ -20,7 +20,7 @@ def test_gpu_run_refuses_an_unknown_step_before_running_any(tmp_path):
 
 def test_gpu_run_creates_the_folder_it_is_given(tmp_path):
     """An ``OUT`` that does not exist yet is created before the first step tees its log into it (without it, every
-    step of a device call ran with its log lost: docs/gpu-runs.md, run 122)."""
+    step of a device call ran with its log lost: notes/gpu-runs.md, run 122)."""
     import subprocess
     import sys
 

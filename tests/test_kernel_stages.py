@@ -343,7 +343,7 @@ def test_bmm_chunk(shape, seqs, io, device):
 
 
 def test_bmm_fp32_h200_element_fits_truncated_tf32_bound(device):
-    """An element the H200 computed outside a round-to-nearest tf32 bound (docs/gpu-runs.md), in
+    """An element the H200 computed outside a round-to-nearest tf32 bound (notes/gpu-runs.md), in
     test_bmm_chunk[H3P5N16G1Q64-three-mixed-float32]: CB[2, 0, 31, 32] = 7.34079647064209 on the GPU vs the twin's
     7.350269317626953. The truncated-tf32 model holds it (about half the bound used); the round-to-nearest model
     (operands rounded to nearest, 2^-11, dots gamma_N each side) is exceeded, as on the GPU."""
