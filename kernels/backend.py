@@ -152,8 +152,8 @@ def forced_config(kernel, config: triton.Config):
 # signals (``check_overlap_flags``): its own wait comes last, and a kernel it let start would not be ordered after
 # the kernel this one overlaps. The signal fires once every program of this kernel has
 # started, so the overlapping kernel's programs fill the multiprocessors this kernel's last wave leaves idle. Elsewhere
-# an early signal only places the next kernel's programs, waiting, where this one could run: a grid of about one wave
-# then ran 30% slower (notes/gpu-runs.md, run 53).
+# an early signal only places the next kernel's programs, waiting, where this one could run, and delays this
+# kernel's own later programs (docs/decisions.md: where a kernel signals the next).
 
 # The names in a launch's arguments that are launch options, not kernel parameters (the warmup registry passes them
 # through as options).
