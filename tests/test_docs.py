@@ -5,12 +5,14 @@
 - Every schema field has a row in docs/cases.md, every registered check a section in docs/checks.md.
 - README links the design pages; every relative link in README.md, docs/*.md and notes/*.md resolves, anchors included.
 - README's layout table has a row for each top-level folder git tracks, and none for a folder that is not there.
+- docs/environment.md has a row for every environment variable the product code reads, and none for another.
 
 Each helper is shown to report what it exists to catch (the ``*_reports_*`` tests), so none can pass vacuously.
 """
 
 from __future__ import annotations
 
+import ast
 import copy
 import re
 import subprocess
@@ -272,3 +274,87 @@ def test_layout_check_reports_a_missing_and_a_stale_row():
     assert layout_rows(table) == {"kernels", "gone"}
     assert layout_rows(table) != {"kernels", "gone", "scripts"}  # a folder without a row
     assert layout_rows(table) != {"kernels"}  # a row without a folder
+
+
+# ---------------------------------------------------------------- (f) one table of environment variables
+
+PRODUCT_TREES = ("harness", "kernels", "reference", "ssd_pytest", "peers")
+# os.environ.get / os.getenv / os.environ.setdefault (a default the caller may set first)
+READS = {"get", "getenv", "setdefault"}
+
+
+def _is_environ(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr == "environ") or (isinstance(node, ast.Name)
+                                                                           and node.id == "environ")
+
+
+def variables_read(sources: dict[str, str]) -> set[str]:
+    """The environment variables ``sources`` (path -> Python text) read: the first argument of
+    ``os.environ.get``/``os.getenv``/``os.environ.setdefault``, an ``os.environ[...]`` load and an ``in os.environ``
+    test, each a string literal or a module-level ``NAME = "LITERAL"`` of any of the sources (also as
+    ``module.NAME``). Writes (``os.environ[X] = ...``, ``pop``) are not reads."""
+    trees = {path: ast.parse(text) for path, text in sources.items()}
+    constants = {target.id: node.value.value for tree in trees.values() for node in tree.body
+                 if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+                 and isinstance(node.value.value, str) for target in node.targets if isinstance(target, ast.Name)}
+
+    def name_of(expr: ast.AST) -> str | None:
+        if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
+            return expr.value
+        if isinstance(expr, ast.Name | ast.Attribute):
+            return constants.get(expr.id if isinstance(expr, ast.Name) else expr.attr)
+        return None
+
+    found: set[str | None] = set()
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+                func = node.func
+                if func.attr in READS and (_is_environ(func.value) or func.attr == "getenv"):
+                    found.add(name_of(node.args[0]))
+            elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and _is_environ(node.value):
+                found.add(name_of(node.slice))
+            elif isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.In | ast.NotIn) \
+                    and _is_environ(node.comparators[0]):
+                found.add(name_of(node.left))
+    if None in found:
+        raise AssertionError("an environment read whose variable name is not a literal or a module-level constant")
+    return found
+
+
+def documented_variables(doc: str) -> list[str]:
+    """The variables docs/environment.md's table rows name (a row's first cell, in backticks)."""
+    return re.findall(r"^\| `([A-Z][A-Z0-9_]*)` \|", doc, flags=re.M)
+
+
+def environment_gaps(read: set[str], doc: str) -> list[str]:
+    rows = documented_variables(doc)
+    return ([f"{name}: read by the code, no row in docs/environment.md" for name in sorted(read - set(rows))]
+            + [f"{name}: a row in docs/environment.md, read by nothing" for name in sorted(set(rows) - read)]
+            + [f"{name}: more than one row" for name in sorted({n for n in rows if rows.count(n) > 1})])
+
+
+def product_sources() -> dict[str, str]:
+    return {str(path.relative_to(ROOT)): path.read_text() for tree in PRODUCT_TREES
+            for path in sorted((ROOT / tree).rglob("*.py"))}
+
+
+def test_environment_page_lists_every_variable_the_code_reads():
+    read = variables_read(product_sources())
+    assert {"SSD_PDL", "SSD_HARNESS_ISOLATION", "TRITON_INTERPRET"} <= read  # the reader sees the code's reads
+    assert environment_gaps(read, (DOCS / "environment.md").read_text()) == []
+
+
+def test_environment_check_reports_a_missing_a_stale_and_a_twice_listed_row():
+    source = ("import os\nNAME_ENV = 'SSD_A'\n"
+              "a = os.environ.get(NAME_ENV)\nb = os.getenv('SSD_B')\nc = os.environ['SSD_C']\n"
+              "d = 'SSD_D' in os.environ\nos.environ.setdefault('SSD_E', '1')\n"
+              "os.environ['SSD_WRITTEN'] = '1'\nos.environ.pop('SSD_POPPED', None)\n")
+    read = variables_read({"m.py": source})
+    assert read == {"SSD_A", "SSD_B", "SSD_C", "SSD_D", "SSD_E"}
+    doc = "| `SSD_A` | x |\n| `SSD_B` | x |\n| `SSD_C` | x |\n| `SSD_D` | x |\n| `SSD_D` | y |\n| `SSD_STALE` | x |\n"
+    assert environment_gaps(read, doc) == ["SSD_E: read by the code, no row in docs/environment.md",
+                                           "SSD_STALE: a row in docs/environment.md, read by nothing",
+                                           "SSD_D: more than one row"]
+    with pytest.raises(AssertionError, match="not a literal"):
+        variables_read({"m.py": "import os\nos.environ.get(f'SSD_{1}')\n"})
