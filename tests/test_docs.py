@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import ast
 import copy
+import fnmatch
+import os
 import re
 import subprocess
+import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -35,14 +39,56 @@ DESIGN_PAGES = ("docs/cases.md", "docs/checks.md", "docs/provider.md")
 # ---------------------------------------------------------------- helpers
 
 
-def tracked_files(root: Path) -> list[Path]:
-    """Files git tracks under ``root`` that exist in the working tree; skips the test outside a git checkout."""
+def own_checkout(root: Path) -> bool:
+    """Whether ``root`` is the top of a git checkout of its own (not an export, nor a folder inside another
+    repository, where git would answer for the enclosing repository's files)."""
     try:
-        proc = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=False)
+        proc = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root, capture_output=True, check=False)
     except FileNotFoundError:
-        pytest.skip("git is not installed: cannot list the tracked files")
-    if proc.returncode != 0:
-        pytest.skip(f"{root} is not a git checkout: {proc.stderr.decode(errors='replace').strip()}")
+        return False
+    return proc.returncode == 0 and Path(proc.stdout.decode().strip()).resolve() == root.resolve()
+
+
+def ignore_rules(root: Path) -> list[tuple[str, bool, bool]]:
+    """``root``'s .gitignore as (pattern, anchored at the root, folders only); comments and blanks dropped. The
+    patterns this repository uses: names and globs, a leading ``/`` anchors, a trailing ``/`` means a folder."""
+    path = root / ".gitignore"
+    rules = []
+    for line in (path.read_text().splitlines() if path.is_file() else []):
+        line = line.strip()
+        if line and not line.startswith("#"):
+            rules.append((line.strip("/"), line.startswith("/"), line.endswith("/")))
+    return rules
+
+
+def ignored(relative: Path, is_dir: bool, rules: list[tuple[str, bool, bool]]) -> bool:
+    for pattern, anchored, folders_only in rules:
+        if folders_only and not is_dir:
+            continue
+        if fnmatch.fnmatch(relative.as_posix() if anchored else relative.name, pattern):
+            return True
+    return False
+
+
+def tree_files(root: Path) -> list[Path]:
+    """The files of a source tree that is not its own git checkout: every file under ``root`` but ``.git`` and
+    what ``root``'s .gitignore names (what ``git ls-files`` would list once the tree is committed)."""
+    rules, found = ignore_rules(root), []
+    for folder, dirs, files in os.walk(root):
+        here = Path(folder)
+        dirs[:] = sorted(d for d in dirs if d != ".git" and not ignored((here / d).relative_to(root), True, rules))
+        found += [here / f for f in sorted(files) if f != ".git"
+                  and not ignored((here / f).relative_to(root), False, rules)]
+    return found
+
+
+def project_files(root: Path) -> list[Path]:
+    """The repository's files: git's tracked files (that exist in the working tree) in a checkout of its own, else
+    the tree itself (``tree_files``): a source export (``git archive``), also one unpacked inside another
+    repository, as a vendored copy is."""
+    if not own_checkout(root):
+        return tree_files(root)
+    proc = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True)
     names = [n for n in proc.stdout.decode().split("\0") if n]
     return [root / n for n in names if (root / n).is_file()]
 
@@ -164,7 +210,7 @@ def markdown_pages() -> list[Path]:
 
 
 def test_no_tracked_file_points_outside_the_repository():
-    texts = {str(p.relative_to(ROOT)): p.read_bytes().decode("utf-8", errors="replace") for p in tracked_files(ROOT)}
+    texts = {str(p.relative_to(ROOT)): p.read_bytes().decode("utf-8", errors="replace") for p in project_files(ROOT)}
     assert len(texts) > 50, f"only {len(texts)} tracked files: the listing is wrong"
     assert outside_pointers(texts) == []
 
@@ -264,9 +310,51 @@ def layout_rows(readme: str) -> set[str]:
 
 
 def test_readme_layout_table_matches_the_tree():
-    folders = {p.relative_to(ROOT).parts[0] for p in tracked_files(ROOT) if len(p.relative_to(ROOT).parts) > 1}
+    folders = {p.relative_to(ROOT).parts[0] for p in project_files(ROOT) if len(p.relative_to(ROOT).parts) > 1}
     folders = {f for f in folders if not f.startswith(".")}  # .ci/, .github/: CI's own files
     assert layout_rows((ROOT / "README.md").read_text()) == folders
+
+
+def test_the_tree_listing_applies_gitignore_as_git_would(tmp_path):
+    """Outside a checkout of its own the files are read from the tree: .gitignore's names, globs, anchored and
+    folder-only patterns keep build outputs out, as ``git ls-files`` would."""
+    (tmp_path / ".gitignore").write_text("# comment\n.venv/\n__pycache__/\n*.pyc\n/reports/\n/.peers\n")
+    for name in ("a.py", "docs/b.md", ".venv/lib/x.py", "pkg/__pycache__/c.pyc", "pkg/d.pyc", "reports/r.json",
+                 "docs/reports/kept.md", ".peers/ops.py", ".git/HEAD", "pkg/.venv"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    listed = {p.relative_to(tmp_path).as_posix() for p in tree_files(tmp_path)}
+    # pkg/.venv is a file, and ".venv/" names folders only
+    assert listed == {".gitignore", "a.py", "docs/b.md", "docs/reports/kept.md", "pkg/.venv"}
+    assert not own_checkout(tmp_path)
+
+
+EXPORT_TESTS = ("test_no_tracked_file_points_outside_the_repository", "test_readme_layout_table_matches_the_tree")
+
+
+def test_the_tree_checks_hold_on_a_source_export_inside_another_repository(tmp_path):
+    """A vendored copy: this tree exported with ``git archive`` (the working tree's tracked changes included, via
+    ``git stash create``) and unpacked into a folder of a throwaway git repository; there the two checks that list
+    the repository's files must list the export's, not the enclosing repository's, and pass."""
+    if not own_checkout(ROOT):
+        pytest.skip("exporting needs this tree to be a git checkout of its own (it is an export already)")
+    outer = tmp_path / "outer"
+    (outer / "vendor").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(outer)], check=True)
+    (outer / "unrelated.txt").write_text("x")
+    subprocess.run(["git", "-C", str(outer), "add", "unrelated.txt"], check=True)
+    snapshot = subprocess.run(["git", "stash", "create"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip() or "HEAD"
+    archive = tmp_path / "export.tar"
+    subprocess.run(["git", "archive", "--format=tar", "-o", str(archive), snapshot], cwd=ROOT, check=True)
+    export = outer / "vendor" / "ssd"
+    with tarfile.open(archive) as tar:
+        tar.extractall(export, filter="data")
+    env = {**os.environ, "PYTHONPATH": str(export)}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-rs",
+                          "tests/test_docs.py", "-k", " or ".join(EXPORT_TESTS)], cwd=export, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "2 passed" in run.stdout, run.stdout[-3000:] + run.stderr[-2000:]
 
 
 def test_layout_check_reports_a_missing_and_a_stale_row():
