@@ -144,7 +144,7 @@ def forced_config(kernel, config: triton.Config):
 # op, another engine's kernel), and the order is transitive along the call. What overlaps is launch and scheduling
 # latency, no arithmetic: the bits cannot change.
 # A kernel signals its dependents early (``let_next_kernel_start``, under ``signal_next``) where ``ssd_prefill``
-# launches right after it a kernel that reads nothing it writes (``kernels.ssd.LAUNCH_ORDERS``): bmm after chunk
+# launches right after it a kernel that reads nothing it writes (``kernels.ssd``): bmm after chunk
 # state or the fused kernel, or the chunk state kernel after bmm; the fused gather after the cumsum. Launched with
 # ``overlaps_previous``, that kernel computes beside this one and waits at its end instead of its start; it completes
 # only after this kernel has, and the order stays transitive for the kernels after it. What it reads from earlier
