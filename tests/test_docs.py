@@ -357,6 +357,25 @@ def test_the_tree_checks_hold_on_a_source_export_inside_another_repository(tmp_p
     assert run.returncode == 0 and "2 passed" in run.stdout, run.stdout[-3000:] + run.stderr[-2000:]
 
 
+def scripts_row_names(readme: str) -> set[str]:
+    """The file names README's ``scripts/`` row names in backticks (``gpu_run.sh``, ...)."""
+    row = re.search(r"^\| `scripts/` \|(.*)\|$", readme, re.MULTILINE)
+    return set(re.findall(r"`([^`/ ]+\.[a-z]+)`", row.group(1))) if row else set()
+
+
+def test_scripts_holds_the_tools_readme_names_and_nothing_else():
+    """scripts/ keeps operational tools only, each named in README's layout row (a lab or probe added there shows up
+    as a file the row does not name)."""
+    present = {p.name for p in project_files(ROOT) if p.parent == ROOT / "scripts"}
+    assert present == scripts_row_names((ROOT / "README.md").read_text())
+
+
+def test_scripts_row_check_reads_the_names():
+    row = "| `scripts/` | tools: `gpu_run.sh` (one call), `fit.py`, `d.json` |\n| `x/` | `not_this.py` |\n"
+    assert scripts_row_names(row) == {"gpu_run.sh", "fit.py", "d.json"}
+    assert scripts_row_names("| `other/` | `a.py` |\n") == set()
+
+
 def test_layout_check_reports_a_missing_and_a_stale_row():
     table = "| path | what |\n| --- | --- |\n| `kernels/` | ours |\n| `gone/` | removed |\n"
     assert layout_rows(table) == {"kernels", "gone"}
