@@ -4,8 +4,9 @@ harness uses too (``kernels.triton_version``).
 
 - Programmatic dependent launch: ``triton.language.extra.cuda``'s ``gdc_wait`` and ``gdc_launch_dependents`` (PTX
   ``griddepcontrol``). Fallback: on a Triton outside ``VERIFIED``, or one without them, ``PDL_PROBLEM`` says why,
-  ``PDL_AVAILABLE`` is False and both names are kernels that do nothing; a launch without programmatic launch never
-  reaches the branch that calls them, so the kernels run as plain launches.
+  ``PDL_AVAILABLE`` is False (programmatic launch stays off: ``kernels.backend.programmatic_launch``), and both names
+  are kernels that fail to compile with that reason. A launch without programmatic launch never reaches the branch
+  that calls them, so the kernels run as plain launches; a launch that did would otherwise skip its wait.
 - Specialization keys (``kernels.specialization``, the warmup registry): ``triton.runtime.jit``'s ``JITFunction``,
   ``MockTensor`` and ``create_function_from_signature``, ``triton.runtime.interpreter.InterpretedFunction`` and
   ``triton.backends.compiler.BaseBackend``. Nothing computes Triton's keys without Triton's own binder, so there is
@@ -16,6 +17,7 @@ harness uses too (``kernels.triton_version``).
 from __future__ import annotations
 
 import triton
+import triton.language as tl
 
 from kernels.triton_version import UnsupportedTriton, version_problem
 
@@ -45,11 +47,14 @@ else:
 
     @triton.jit
     def gdc_wait():
-        """Stands in for programmatic launch's wait where the running Triton's is not trusted: does nothing."""
+        """Stands in for programmatic launch's wait where the running Triton's is not trusted: never compiles."""
+        tl.static_assert(False, "programmatic launch is off on this Triton (kernels.triton_internals.PDL_PROBLEM)")
 
     @triton.jit
     def gdc_launch_dependents():
-        """Stands in for programmatic launch's early signal where the running Triton's is not trusted: nothing."""
+        """Stands in for programmatic launch's early signal where the running Triton's is not trusted: never
+        compiles."""
+        tl.static_assert(False, "programmatic launch is off on this Triton (kernels.triton_internals.PDL_PROBLEM)")
 
 
 def _specialization_problem() -> str | None:

@@ -98,6 +98,11 @@ def copy(x_ptr, y_ptr, USE_PDL: tl.constexpr):
 x, y = torch.arange(4.0), torch.zeros(4)
 copy[(1,)](x, y, USE_PDL=False)
 assert torch.equal(x, y)
+try:  # the stand-in is never a silent no-op: a launch that reached it would skip its wait
+    copy[(1,)](x, y, USE_PDL=True)
+    raise SystemExit("the stand-in for gdc_wait ran")
+except Exception as exc:
+    assert "programmatic launch is off on this Triton" in str(exc), exc
 from kernels.specialization import base_jit_function
 try:
     base_jit_function(copy)
@@ -108,7 +113,8 @@ except UnsupportedTriton as exc:
 
 def test_an_unverified_triton_runs_the_kernels_without_programmatic_launch_and_refuses_keys():
     """In a fresh process whose Triton claims an unverified version: programmatic launch is off with the reason,
-    a kernel written for it runs as a plain launch, and the specialization keys are refused with the reason."""
+    a kernel written for it runs as a plain launch (its stand-ins refuse to run if reached), and the specialization
+    keys are refused with the reason."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     run = subprocess.run([sys.executable, "-c", FALLBACK], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=120)
