@@ -162,8 +162,8 @@ def tuned_afresh(providers: list) -> Iterator[None]:
     ``tuning_caches`` hook, docs/provider.md#optional-hooks) start empty.
 
     An autotuner keyed without the token count keeps what it tuned on whichever call came first, and on kernels of a
-    few microseconds its timings are noise: vLLM's picks differed between processes by up to 4x on one stage and
-    2.7x on another (docs/gpu-runs.md, runs 52 and 53). Tuned afresh for each round, a provider's best round is its
+    few microseconds its timings are noise, so its picks differ between processes (docs/decisions.md: bench tuning
+    afresh). Tuned afresh for each round, a provider's best round is its
     best tuning on that workload, and the median its typical one. Checked-in configs (ours on the serving shape)
     leave nothing to tune."""
     from harness import triton_autotuner as tt

@@ -26,7 +26,7 @@ head, i.e. the sum of |dt A| over a chunk; Q = chunk_size, N = dstate, K = most 
           and the LOG2E * arg product) + EXP_ULPS u  =: e_exp.
   dots    ``dot_rel_err``. Interpreter: numpy's fp32 matmul, gamma_K(u) for K products in any order. CUDA (tensor
           cores, Triton's ``tl.dot``): fp32 operands enter the MMA as tf32 by *truncation* (the tensor core ignores
-          the low 13 of the 23 fraction bits; measured on the H200, docs/gpu-runs.md run 1), so each operand is off
+          the low 13 of the 23 fraction bits; measured: docs/exactness.md#arithmetic-facts), so each operand is off
           by less than one tf32 ulp: u_tf32 = 2^-10 (not 2^-11 as for round to nearest), (1+u_tf32)^2 - 1 per
           product; io-dtype (bf16/fp16) operands are exact. The MMA adds blocks of at least 4 exact products to the
           accumulator, aligning them to the largest exponent and truncating (Fasi, Higham, Mikaitis, Pranesh,

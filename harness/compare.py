@@ -196,7 +196,7 @@ def assert_within_bound(
     that expected does not have). ``expected`` is usually float64 ground truth; ``bound`` broadcasts against it.
     Returns the measured ``BoundStats`` when it holds. Computed on ``actual``'s device: a serving case's output is
     tens of millions of fp64 elements and this makes two dozen elementwise passes over them, which on a CPU thread
-    shared with other workers dominate the reference_bound check (docs/gpu-runs.md, run 18); every operation here
+    shared with other workers dominate the reference_bound check; every operation here
     is exact or a comparison, so the device does not change the verdict.
     """
     if actual.shape != expected.shape:

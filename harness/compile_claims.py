@@ -4,8 +4,8 @@ Each process that is about to compile a warmup spec first claims every binary of
 binary, created exclusively): it compiles only when it got them all, then marks them done; otherwise it gives its
 claims back, puts the spec aside, goes on with what nobody holds, and at the end loads the spec from the disk cache
 once the holders are done. Without this, workers warming overlapping requests at the same moment each compiled the
-same binaries (GPU run 24: 328 of 800 compiles repeated a binary another worker compiled at the same time, 213 of
-559 s; with claims 60-100 repeats remain, from compiles outside the warmups).
+same binaries (docs/decisions.md: compile claims); compiles outside the warmups are not claimed and may still
+repeat.
 
 A claim whose process has died (a crashed worker) or was released after a failed compile does not hold anyone up:
 the waiter compiles itself (and meets the same error, in its own test). Claims live in a folder per run (the pytest
@@ -105,8 +105,8 @@ def compile_claimed(specs: list[tuple[Any, list[str]]], order: list[int], claims
     compiles; one with a binary another process holds is put aside (its own claims given back, so no two processes
     ever wait on each other) and loaded at the end, once done, or compiled here if a holder died, gave up, or took
     longer than ``timeout`` s. Claims are per binary, not per spec: specs of different requests share binaries
-    without sharing all of them (GPU run 27: per-spec claims left the same state-passing binary compiled by up to
-    six workers). Returns the indices this process compiled under its own claims."""
+    without sharing all of them, so a claim per spec would let every worker whose spec differs compile the shared
+    binary. Returns the indices this process compiled under its own claims."""
     deferred, mine = [], []
     for i in order:
         spec, names = specs[i]

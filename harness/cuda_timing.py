@@ -9,7 +9,7 @@ the capture). Two measurements of its replays, in microseconds:
   call, without the host's launch latency.
 - one call's latency (``median_latency_us``): one replay between a pair of events, synchronized before the next;
   the median. The device idles while the host launches the graph, so this adds the host's launch latency, which
-  differs between processes by tens of microseconds (docs/gpu-runs.md, run 39).
+  differs between processes.
 
 ``GraphTimer`` splits capture and measurement so that a bench can capture every call it compares first and then
 measure them in alternation (``harness.bench.interleave``).

@@ -52,8 +52,8 @@ FUSED_STAGES: dict[str, tuple[str, ...]] = {"chunk_state_passing": ("chunk_state
                                             "gather_state_passing": ("gather", "state_passing"),
                                             "chunk_state_bmm": ("chunk_state", "bmm_chunk"),
                                             "chunk_cumsum_gather": ("chunk_cumsum", "gather")}
-# Stages whose kernels a launch order may run side by side (ours: the fused gather beside the cumsum, bmm and the
-# chunk state kernel beside each other, ``kernels.ssd.LAUNCH_ORDERS``). Kernels that share the GPU slow each other,
+# Stages whose kernels a call may run side by side (ours: the fused gather beside the cumsum, bmm and the chunk
+# state kernel beside each other: ``kernels.ssd``). Kernels that share the GPU slow each other,
 # and the added-time attribution (``kernel_times``) leaves the shared time with the kernel that started first: its
 # row reads what it took beside the other, the other's row only what it ran past it. A group's row sums its stages on
 # each side: what those stages cost the call, whichever ran beside which. Any provider's kernels fall into the groups

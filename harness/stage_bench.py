@@ -4,14 +4,13 @@ must beat), to see where a call's time goes and which configs the stages should 
 
 Each stage is replayed from a CUDA graph (median of ``reps``) on the intermediates of one real call of the
 workload (inputs from the case builder, as in ``harness.bench``): ``STAGE_CALLS`` launches of the stage in one
-graph, the time per launch. A graph of one launch read the floor between queued graphs, about 5 us on the H200
-whatever the config for every stage of the short call, and bimodally: one config read 3.3 us as the tuner's pick
-and 5.2 us forced in the same process (docs/gpu-runs.md, runs 73-74). Every launch does the same work on the same
+graph, the time per launch: a graph of one launch reads the floor between queued graphs rather than the stage,
+whatever the config (docs/decisions.md: stage bench). Every launch does the same work on the same
 inputs (where a workload's initial and final slots were one, the indexed state passing would read what the launch
 before wrote: other values, the same work). A forced config whose output is not finite is
 reported as such (the sm90 wgmma hazard of docs/exactness.md writes NaN rows) and never counts as the best.
 Candidates beyond a stage's shipped ``CONFIGS`` are only timed here: a config joins ``CONFIGS`` with the GPU
-evidence (docs/gpu-runs.md) and then runs in tests/test_kernel_stages.py's every-config check. Where a call runs
+evidence (docs/decisions.md) and then runs in tests/test_kernel_stages.py's every-config check. Where a call runs
 chunk state's and bmm's programs in one kernel (``kernels.chunk_state_bmm``: the checked-in shapes), that kernel is
 timed as it runs, with both stages' checked-in blocks; to sweep either stage's configs there, bench an unfused
 variant (``--variant indexed-unfused`` or ``snapshot-unfused``: ``kernels.plan``'s unfused plan, every stage in a
@@ -60,8 +59,8 @@ EXTRA_CANDIDATES = {
         _C({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64}, num_stages=2, num_warps=2),
         _C({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64}, num_stages=3, num_warps=2),
         _C({"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64}, num_stages=3, num_warps=2),
-        # vLLM 0.33.0's pick at the serving shape, and the fastest of its list on the one-chunk call from a cold L2
-        # (docs/gpu-runs.md run 128): the config a comparison with vLLM's stage would ask about first
+        # vLLM 0.33.0's pick at the serving shape, and the fastest of its list on the one-chunk call from a cold L2:
+        # the config a comparison with vLLM's stage would ask about first
         _C({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32}, num_stages=5, num_warps=2),
         _C({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32}, num_stages=4, num_warps=2),
     ],
@@ -139,8 +138,8 @@ def time_one_stage_flushed(fn, reps: int) -> float:
     graph less the flushes alone: ``harness.cuda_timing.time_after``, each graph read thrice over a fifth of
     ``reps`` replays, since each holds ten flushes of tens of microseconds). Twenty launches back to back
     (``time_one_stage``) give each launch what the one before left in L2, its own inputs among it: where a stage's
-    data nearly fits L2 (the batched state passing's 35 MB on mixed-3 against the H200's 50), that time turns on
-    what L2 keeps from launch to launch, which no call repeats (docs/gpu-runs.md, runs 120-121)."""
+    data nearly fits L2 (the batched state passing's on mixed-3), that time turns on what L2 keeps from launch to
+    launch, which no call repeats."""
     return time_after(l2_flush(), fn, max(QUEUED, reps // 5), FLUSHED_CALLS)
 
 

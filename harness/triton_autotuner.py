@@ -5,7 +5,8 @@ its trial launches and puts everything back afterwards; under the interpreter, a
 of their own get a deterministic stand-in (``use_interpreter_benchmarker``); the bench makes every autotuner tune
 again for each round (``harness.bench.tuned_afresh``). All three reach into
 ``triton.runtime.autotuner.Autotuner``, which is not a public API. What is relied on, for Triton 3.4 .. 3.9
-(``VERIFIED``; ``require_supported`` refuses other versions and a class that lacks any of it):
+(``kernels.triton_version.VERIFIED``, the one range the kernels' internals are checked against too;
+``require_supported`` refuses other versions and a class that lacks any of it):
 
 - ``Autotuner.run(self, *args, **kwargs)``: every launch of an autotuned kernel goes through it (``kernel[grid](...)``
   through ``KernelInterface.__getitem__``, ``triton.heuristics`` wrappers through ``self.fn.run``), so wrapping it on
@@ -33,28 +34,18 @@ import triton
 from triton import knobs
 from triton.runtime.autotuner import Autotuner
 
-VERIFIED = ((3, 4), (3, 9))  # (major, minor) range, both ends included
+from kernels.triton_version import UnsupportedTriton, version_problem
+
+_WHERE = "harness/triton_autotuner.py relies on Autotuner internals"
 _INSTANCE_ATTRS = ("cache", "cache_results", "_do_bench", "configs")
 _ABSENT = object()
 
 
-class UnsupportedTriton(RuntimeError):
-    """The running Triton is not one whose autotuner internals the harness was checked against."""
-
-
-def _version() -> tuple[int, int]:
-    major, minor = triton.__version__.split(".")[:2]
-    return int(major), int(minor)
-
-
 def require_supported() -> None:
     """Raise ``UnsupportedTriton`` naming what differs, unless this Triton's ``Autotuner`` is as described above."""
-    where = f"harness/triton_autotuner.py relies on Autotuner internals verified for Triton {VERIFIED[0][0]}." \
-            f"{VERIFIED[0][1]} .. {VERIFIED[1][0]}.{VERIFIED[1][1]}"
-    lo, hi = VERIFIED
-    if not lo <= _version() <= hi:
-        raise UnsupportedTriton(f"Triton {triton.__version__}: {where}; check each one listed in that module "
-                                "against this version, then widen VERIFIED")
+    problem = version_problem(_WHERE)
+    if problem is not None:
+        raise UnsupportedTriton(problem)
     missing = []
     if not callable(Autotuner.__dict__.get("run")):
         missing.append("Autotuner.run")
@@ -67,7 +58,7 @@ def require_supported() -> None:
     if not hasattr(knobs.autotuning, "cache"):
         missing.append("knobs.autotuning.cache")
     if missing:
-        raise UnsupportedTriton(f"Triton {triton.__version__} lacks {', '.join(missing)}: {where}")
+        raise UnsupportedTriton(f"Triton {triton.__version__} lacks {', '.join(missing)}: {_WHERE}")
 
 
 def _checked(tuner: Any) -> Any:

@@ -3,7 +3,8 @@
 The recompile guard must judge whatever kernels a provider launches, ours or anyone's, without a list of them, and
 under the interpreter (where nothing compiles) it must know the specialization of every launch and of every warmup
 entry. Both go through one method per backend, which is not a public API. What is relied on, for Triton 3.4 .. 3.9
-(``VERIFIED``; ``require_supported`` refuses other versions and classes that lack it):
+(``kernels.triton_version.VERIFIED``, the one range for every gate; ``require_supported`` refuses other versions
+and classes that lack it):
 
 - ``JITFunction.run(self, *args, grid, warmup, **kwargs)`` (compiled backend) and
   ``InterpretedFunction.run(self, *args, grid, warmup, **kwargs)`` (``TRITON_INTERPRET=1``): ``kernel[grid](...)``
@@ -27,9 +28,8 @@ import triton
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
-from harness.triton_autotuner import UnsupportedTriton
+from kernels.triton_version import UnsupportedTriton, version_problem
 
-VERIFIED = ((3, 4), (3, 9))  # (major, minor) range, both ends included
 JIT_CLASSES = (JITFunction, InterpretedFunction)
 
 # fn(jit function, positional args, keyword args, warmup) for every run of any jit function, while registered.
@@ -40,18 +40,12 @@ _listeners: list[Listener] = []
 _originals: dict[type, Any] = {}
 
 
-def _version() -> tuple[int, int]:
-    major, minor = triton.__version__.split(".")[:2]
-    return int(major), int(minor)
-
-
 def require_supported() -> None:
     """Raise ``UnsupportedTriton`` naming what differs, unless this Triton's jit classes are as described above."""
-    where = (f"harness/triton_launches.py relies on JITFunction.run/InterpretedFunction.run as verified for Triton "
-             f"{VERIFIED[0][0]}.{VERIFIED[0][1]} .. {VERIFIED[1][0]}.{VERIFIED[1][1]}")
-    if not VERIFIED[0] <= _version() <= VERIFIED[1]:
-        raise UnsupportedTriton(f"Triton {triton.__version__}: {where}; check it against this version, then widen "
-                                "VERIFIED")
+    where = "harness/triton_launches.py relies on JITFunction.run/InterpretedFunction.run"
+    problem = version_problem(where)
+    if problem is not None:
+        raise UnsupportedTriton(problem)
     for cls in JIT_CLASSES:
         run = _originals.get(cls, cls.__dict__.get("run"))
         params = inspect.signature(run).parameters if callable(run) else {}
@@ -95,4 +89,4 @@ def listening(listener: Listener) -> Iterator[None]:
                 _originals.clear()
 
 
-__all__ = ["VERIFIED", "JIT_CLASSES", "Listener", "listening", "require_supported", "UnsupportedTriton"]
+__all__ = ["JIT_CLASSES", "Listener", "listening", "require_supported", "UnsupportedTriton"]

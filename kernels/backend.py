@@ -144,7 +144,7 @@ def forced_config(kernel, config: triton.Config):
 # op, another engine's kernel), and the order is transitive along the call. What overlaps is launch and scheduling
 # latency, no arithmetic: the bits cannot change.
 # A kernel signals its dependents early (``let_next_kernel_start``, under ``signal_next``) where ``ssd_prefill``
-# launches right after it a kernel that reads nothing it writes (``kernels.ssd.LAUNCH_ORDERS``): bmm after chunk
+# launches right after it a kernel that reads nothing it writes (``kernels.ssd``): bmm after chunk
 # state or the fused kernel, or the chunk state kernel after bmm; the fused gather after the cumsum. Launched with
 # ``overlaps_previous``, that kernel computes beside this one and waits at its end instead of its start; it completes
 # only after this kernel has, and the order stays transitive for the kernels after it. What it reads from earlier
@@ -152,8 +152,8 @@ def forced_config(kernel, config: triton.Config):
 # signals (``check_overlap_flags``): its own wait comes last, and a kernel it let start would not be ordered after
 # the kernel this one overlaps. The signal fires once every program of this kernel has
 # started, so the overlapping kernel's programs fill the multiprocessors this kernel's last wave leaves idle. Elsewhere
-# an early signal only places the next kernel's programs, waiting, where this one could run: a grid of about one wave
-# then ran 30% slower (docs/gpu-runs.md, run 53).
+# an early signal only places the next kernel's programs, waiting, where this one could run, and delays this
+# kernel's own later programs (docs/decisions.md: where a kernel signals the next).
 
 # The names in a launch's arguments that are launch options, not kernel parameters (the warmup registry passes them
 # through as options).

@@ -10,12 +10,12 @@ headdim) tile of one chunk and head.
 
 The model's dimensions (chunk size, headdim, dstate, heads per group) are constexprs: one binary per model shape,
 which a server compiles once anyway, with masks and loop bounds known to the compiler (fewer registers, hence more
-programs per SM; docs/gpu-runs.md). Both paths run one binary. Which state enters a chunk is decided at run time
-(``prev_chunk_offset``, ``has_initial_states``; neither specialized) and read by a single load from a selected base
-pointer. With the choice as constexprs the two paths compile to different code, and the GPU compiler is then free to
-lower their fp32 (tf32) dots differently, which gives different bits for the same operand values on the H200
-(docs/gpu-runs.md): the indexed path must equal the snapshot path bit for bit, so the arithmetic has to be literally
-the same code.
+programs per SM; docs/decisions.md: constexpr model dimensions). Both paths run one binary. Which state enters a
+chunk is decided at run time (``prev_chunk_offset``, ``has_initial_states``; neither specialized) and read by a
+single load from a selected base pointer. With the choice as constexprs the two paths compile to different code,
+and the GPU compiler is then free to lower their fp32 (tf32) dots differently, which gives different bits for the
+same operand values on sm90 (docs/decisions.md: one chunk scan binary for both paths): the indexed path must equal
+the snapshot path bit for bit, so the arithmetic has to be literally the same code.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ def miscompiles_on_sm90(config: triton.Config) -> bool:
 
 # Target shape: headdim 64, dstate 128, chunk 256. Every entry avoids the sm90 miscompile above (checked below and
 # in tests). The first two are the fastest of the candidates `python -m harness bench --stages` times on the
-# 4256-token prefill (docs/gpu-runs.md). The 32-wide config is the least oversized one for small headdims and chunks
-# (kernels.backend.least_overshoot keeps only it there).
+# 4256-token prefill (docs/decisions.md: checked-in configs). The 32-wide config is the least oversized one for
+# small headdims and chunks (kernels.backend.least_overshoot keeps only it there).
 CONFIGS = [
     triton.Config({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64}, num_stages=1, num_warps=4),
     triton.Config({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32}, num_stages=1, num_warps=4),
@@ -134,7 +134,7 @@ def _chunk_scan_kernel(
     wait_for_previous_kernel(USE_PDL)
     # The grid is (tiles, chunks, heads). Programs start in launch order, and this one takes the tile of that place
     # in head-fastest order: the heads of one (chunk, tile) one after another, then the next tile, then the next
-    # chunk, so the programs running at once cover the causal loop's short and long tiles alike (docs/gpu-runs.md).
+    # chunk, so the programs running at once cover the causal loop's short and long tiles alike.
     launch_order = tl.program_id(axis=2) * tl.num_programs(axis=1) + tl.program_id(axis=1)
     launch_order = launch_order * tl.num_programs(axis=0) + tl.program_id(axis=0)
     pid_h = launch_order % tl.num_programs(axis=2)

@@ -6,8 +6,8 @@
 (BLOCK_SIZE_M headdim x BLOCK_SIZE_N dstate) tile of one chunk and head, looping over the chunk's tokens.
 
 The model's dimensions are constexprs, as in the chunk scan (``kernels.chunk_scan``): one binary per model shape,
-with masks and loop bounds known to the compiler, fewer registers and a few percent less time at the serving shape
-(docs/gpu-runs.md, run 81), the same bits.
+with masks and loop bounds known to the compiler and fewer registers (docs/decisions.md: constexpr model
+dimensions), the same bits.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def _chunk_state_kernel(
     wait_unless_overlapping(overlaps_previous, USE_PDL)
     # The grid is (tiles, chunks, heads). Programs start in launch order, and this one takes the tile of that place
     # in chunk-major order: every head of a chunk, then the next chunk, so the programs running at once share their
-    # chunk's B rows, and the call's last chunk, often short, runs last (docs/gpu-runs.md).
+    # chunk's B rows, and the call's last chunk, often short, runs last.
     chunk_major = tl.program_id(axis=2) * tl.num_programs(axis=1) + tl.program_id(axis=1)
     chunk_state_tile(
         x_ptr, B_ptr, dt_ptr, dA_cumsum_ptr, cu_chunk_seqlens_ptr, states_ptr,
@@ -146,7 +146,8 @@ def chunk_state_tile(
     for k in range(0, chunk_len, BLOCK_SIZE_K):
         k_mask = offs_k < chunk_len - k
         # x is read once here: streamed out of L2 first, so that the chunk states this kernel writes stay there for
-        # the state passing, which reads them next (docs/gpu-runs.md). A hint on what L2 keeps; the same values.
+        # the state passing, which reads them next (docs/decisions.md: L2 eviction hints). A hint on what L2 keeps;
+        # the same values.
         x = tl.load(x_ptrs, mask=(offs_m[:, None] < hdim) & k_mask[None, :], other=0.0,
                     eviction_policy="evict_first")
         b = tl.load(B_ptrs, mask=k_mask[:, None] & (offs_n[None, :] < dstate), other=0.0).to(tl.float32)

@@ -48,6 +48,7 @@ from kernels.backend import (
 from kernels.chunk_state import accumulate_tokens, check_inputs, interpreter_config
 from kernels.interface import MASK_DTYPES
 from kernels.state_passing import check_index, check_state_rows, recurrence_step
+from kernels.tuned_configs import Measured
 
 INIT_NONE, INIT_DENSE, INIT_BY_SLOT = 0, 1, 2
 
@@ -79,7 +80,7 @@ def initial_state(init_ptr, tile, seq, init_slot_ptr, has_init_ptr, stride_init_
 def writeback_target(last_chunk_ptr, final_idx_ptr, seq, stride_last_chunk, stride_final_idx, write_cache):
     """(sequence ``seq``'s last chunk, its final slot), or (-1, -1) without a writeback: loaded once per sequence,
     when it starts. At each chunk's end, after the workspace store, they would be two chained loads that wait for
-    that store (the pointers may alias), in every chunk step of a latency-bound loop (docs/gpu-runs.md)."""
+    that store (the pointers may alias), in every chunk step of a latency-bound loop."""
     row = seq.to(tl.int64)
     last = tl.load(last_chunk_ptr + row * stride_last_chunk, mask=write_cache != 0, other=-1)
     slot = tl.load(final_idx_ptr + row * stride_final_idx, mask=write_cache != 0, other=-1)
@@ -87,8 +88,8 @@ def writeback_target(last_chunk_ptr, final_idx_ptr, seq, stride_last_chunk, stri
 
 
 # Under the interpreter the teacher-forced mode skips its token blocks (all masked), whose loads and dot cost numpy
-# work there (3-5x the stage check's time). On the GPU this is False: no branch in the loop, and one binary computes
-# or reads the chunk states.
+# work there (several times the rest of the kernel's). On the GPU this is False: no branch in the loop, and one
+# binary computes or reads the chunk states.
 _SKIP_GIVEN_TOKENS = tl.constexpr(INTERPRET)
 
 
@@ -111,7 +112,7 @@ def token_block(acc, x_ptr, B_ptr, dt_c, dA_c, tok, k0, k_mask, offs_m, offs_n, 
 
 # One loop walks every chunk's token blocks (a persistent matmul's shape: the accumulator is finished and reset on a
 # chunk's last block), so loads run ahead across chunk boundaries. A token loop nested in a chunk loop drains its
-# software pipeline at every chunk, and lost to the pair on the prefill (docs/gpu-runs.md runs 57-58).
+# software pipeline at every chunk (docs/decisions.md: fused chunk state + state passing).
 @triton.jit(**SCALAR_ONLY)
 def _chunk_state_passing_kernel(
     x_ptr, B_ptr, dt_ptr, dA_cs_ptr, cu_chunk_seqlens_ptr, seq_idx_ptr, chunk_states_ptr, out_ptr, init_ptr,
@@ -205,15 +206,17 @@ def _chunk_state_passing_kernel(
 
 
 # The fixed config per shape class (arch, headdim, dstate, chunk size, io dtype's bytes) -> blocks, warps, stages;
-# others take ``default_config``. The serving shape on the H200, 16-bit io: the kernel's best summed over the four
-# bench workloads in the fusion lab (scripts/fusion_lab.py; docs/gpu-runs.md runs 60 and 76). fp32 io: the same tile
-# with half the tokens a step, so that its two pipeline stages fit in shared memory (not timed: fp32 io is no serving
-# dtype).
-TUNED: dict[tuple, dict[str, int]] = {
-    ("sm90", 64, 128, 256, 2): dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=256, num_warps=8, num_stages=2),
-    ("sm90", 64, 128, 256, 4): dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, num_warps=8, num_stages=2),
+# others take ``default_config``. The serving shape on sm90, 16-bit io: the kernel's best summed over the four
+# bench workloads. fp32 io: the same tile with half the tokens a step, so that its two pipeline stages fit in shared
+# memory (not timed: fp32 io is no serving dtype).
+_FUSED = "Fused chunk state + state passing: one flat loop, and its tile"
+TUNED: dict[tuple, Measured] = {
+    ("sm90", 64, 128, 256, 2): Measured(dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=256, num_warps=8,
+                                             num_stages=2), _FUSED, (60, 76, 77)),
+    ("sm90", 64, 128, 256, 4): Measured(dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, num_warps=8,
+                                             num_stages=2), _FUSED, (76,)),
 }
-# The H200's shared memory per block (bytes): a config whose pipelined x and B tiles need more cannot launch.
+# sm90's shared memory per block (bytes): a config whose pipelined x and B tiles need more cannot launch.
 SHARED_MEMORY_LIMIT = {"sm90": 232448}
 
 
@@ -237,7 +240,8 @@ def tile_config(P: int, N: int, Q: int, io_bytes: int) -> dict[str, int]:
     """The one config this shape and io dtype size run (never autotuned: a trial launch would write final slots)."""
     from kernels.tuned_configs import device_arch
 
-    return dict(TUNED.get((device_arch(), P, N, Q, io_bytes)) or default_config(P, N, Q))
+    entry = TUNED.get((device_arch(), P, N, Q, io_bytes))
+    return dict(entry.config) if entry is not None else default_config(P, N, Q)
 
 
 def chunk_state_passing(

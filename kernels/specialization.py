@@ -8,11 +8,12 @@ own binder (``create_function_from_signature`` over the kernel's ``KernelParam``
 the warmup registry (``kernels.warmup``) enumerates keys with it, and a recompile guard compares real launches'
 keys against them (under the interpreter, where nothing compiles, that comparison is the whole guard).
 
-Version notes (Triton 3.4 .. 3.9): the binder ``create_function_from_signature(sig, params, backend)`` and
-``JITFunction.params`` exist throughout; ``JITFunction.run`` adds ``debug`` and (3.5+) ``instrumentation_mode`` to the
-options before keying, which ``options_as_run_sees_them`` mirrors (feature-detected). The NVIDIA backend uses
-``BaseBackend``'s int/tensor specialization, so ``BaseBackend`` stands in for it on the CPU; AMD's extra ``S``
-(buffer-ops pointer range) attribute is not modelled.
+Version notes (Triton 3.4 .. 3.9, ``kernels.triton_version.VERIFIED``; the internals come through
+``kernels.triton_internals``, which refuses others): the binder ``create_function_from_signature(sig, params,
+backend)`` and ``JITFunction.params`` exist throughout; ``JITFunction.run`` adds ``debug`` and (3.5+)
+``instrumentation_mode`` to the options before keying, which ``options_as_run_sees_them`` mirrors
+(feature-detected). The NVIDIA backend uses ``BaseBackend``'s int/tensor specialization, so ``BaseBackend`` stands
+in for it on the CPU; AMD's extra ``S`` (buffer-ops pointer range) attribute is not modelled.
 """
 
 from __future__ import annotations
@@ -22,9 +23,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from triton import knobs
-from triton.backends.compiler import BaseBackend
-from triton.runtime.interpreter import InterpretedFunction
-from triton.runtime.jit import JITFunction, MockTensor, create_function_from_signature
+
+from kernels.triton_internals import (
+    BaseBackend,
+    InterpretedFunction,
+    JITFunction,
+    MockTensor,
+    create_function_from_signature,
+    require_specialization,
+)
 
 
 @dataclass(frozen=True)
@@ -41,7 +48,9 @@ class SpecKey:
 
 def base_jit_function(kernel: Any) -> Any:
     """The ``@triton.jit`` object under ``Autotuner``/``Heuristics`` wrappers (a JITFunction or, under the
-    interpreter, an InterpretedFunction)."""
+    interpreter, an InterpretedFunction). Refuses a Triton whose binder and jit classes are not the verified ones
+    (``kernels.triton_internals``)."""
+    require_specialization()
     while not isinstance(kernel, (JITFunction, InterpretedFunction)):
         if not hasattr(kernel, "fn"):
             raise TypeError(f"not a Triton kernel: {kernel!r}")

@@ -11,8 +11,8 @@ The bits are those of the fused kernel (``kernels.chunk_state_passing``): the sa
 A program walks only its own sequence, so a call's longest sequence sets the loop's length, not its chunk count.
 Two loop shapes (the constexpr ``READ_AHEAD_LOOP``, ``read_ahead``): four chunks' rows read before their steps
 (``kernels.state_passing.load_chunks_ahead``), which wins one long sequence; or one chunk a step (the read-ahead
-loop's second loop from chunk 0), which wins batches of short ones by a little (docs/gpu-runs.md runs 113-114 and
-121; why is not established). Never autotuned (a trial launch would write final slots): one fixed block.
+loop's second loop from chunk 0), which wins batches of short ones by a little (docs/decisions.md: the batched
+state passing). Never autotuned (a trial launch would write final slots): one fixed block.
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ from kernels.state_passing import (
     recurrence_step,
 )
 
-# States a program: the block of both loop shapes' best on the serving shape (docs/gpu-runs.md runs 113-114; under
-# the interpreter a head is one block: kernels.backend.fixed_block).
+# States a program: the block of both loop shapes' best on the serving shape (docs/decisions.md: the batched state
+# passing; under the interpreter a head is one block: kernels.backend.fixed_block).
 BLOCK_SIZE = 1024
-# Chunks per sequence, on average over the call, from which the read-ahead loop runs (a 17-chunk sequence: 13.5 us
-# against 19.3 one chunk a step, runs 113-114; three sequences of 1, 3 and 7 chunks: level launched back to back,
-# 0.3-0.5 us slower after an L2 flush or after chunk state, run 121).
+# Chunks per sequence, on average over the call, from which the read-ahead loop runs: a long sequence's reads of the
+# next chunks overlap its steps, while batches of short sequences gain nothing from reading ahead and pay its masked
+# loads (docs/decisions.md: the batched state passing).
 READ_AHEAD_FROM = 8
 
 # Index tensors are read one scalar per program; the writeback flag is a branch condition: specializing on their

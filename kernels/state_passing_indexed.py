@@ -49,7 +49,7 @@ def _step_and_store(s, new, dA_end, next_entering_ptr, offs, mask, store):
     as the next chunk's entering state (``next_entering_ptr``: a scalar pointer at that row of this program's head)
     where ``store``: the last chunk's exiting state is not stored there but left to the final slot. The row is kept
     in L2 (evicted last): the chunk scan that comes next reads it first thing in each of its programs, so an L2 hit
-    there shortens every program (docs/gpu-runs.md). A hint on what L2 keeps; the same values."""
+    there shortens every program (docs/decisions.md: L2 eviction hints). A hint on what L2 keeps; the same values."""
     s = recurrence_step(s, new, dA_end)
     tl.store(next_entering_ptr + offs, s.to(next_entering_ptr.dtype.element_ty), mask=mask & store,
              eviction_policy="evict_last")

@@ -3,8 +3,8 @@
 An autotuner times every candidate config of a stage on the first call of each shape and keeps the fastest. On a
 busy or noisy GPU two processes can keep different configs, hence different binaries and times, for the same shape.
 For the shape classes in ``TUNED``, a stage's config pruning returns the one config chosen from a sweep of every
-candidate (``python -m harness bench --stages``, which prints the proposal; the measurement is in
-docs/gpu-runs.md), so there is nothing left to choose. Other shapes, other GPUs and the interpreter tune as before.
+candidate (``python -m harness bench --stages``, which prints the proposal; each entry names its measurement:
+``Measured``), so there is nothing left to choose. Other shapes, other GPUs and the interpreter tune as before.
 
 A class is the GPU architecture and the values of the stage's autotuning key (its dimensions), the same for every
 dtype; chunk_state's key also holds the chunk count's class (``chunk_count_class``), since its best tile differs
@@ -14,38 +14,51 @@ check it), so the every-config tests cover it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import triton
 
 from kernels.backend import INTERPRET
 
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """A checked-in config and its provenance as data: ``decision`` is the heading of its entry in
+    docs/decisions.md, ``runs`` the runs of notes/gpu-runs.md that measured it (tests/test_tuned_configs.py holds
+    both to those files)."""
+
+    config: dict[str, int] = dataclasses.field(hash=False)
+    decision: str
+    runs: tuple[int, ...]
+
+
+CHECKED_IN = "Checked-in configs"
+
 # stage -> {(arch, key values in the stage's autotuning key order): the config, by its block sizes and options}.
-# The serving shape on the H200 (nheads 64, headdim 64, dstate 128, chunk 256; any dtype and chunk count): per
-# stage the config with the least summed time over the four bench workloads in the stage sweep of docs/gpu-runs.md
-# run 40 (chunk_scan: the kernel lab of run 47, after its dimensions became constexprs). The autotuner's own picks
-# differed between two processes there in three of four stages.
-TUNED: dict[str, dict[tuple, dict[str, int]]] = {
-    "chunk_cumsum": {("sm90", 256, 64): dict(BLOCK_SIZE_H=2, num_warps=4, num_stages=3)},
+# The serving shape on sm90 (nheads 64, headdim 64, dstate 128, chunk 256; any dtype and chunk count): per stage the
+# config with the least summed time over the four bench workloads in a sweep of every candidate, since the
+# autotuner's own picks differ between processes.
+TUNED: dict[str, dict[tuple, Measured]] = {
+    "chunk_cumsum": {("sm90", 256, 64): Measured(dict(BLOCK_SIZE_H=2, num_warps=4, num_stages=3), CHECKED_IN, (40,))},
     # chunk_state, by chunk count class: a call of a few chunks fills the GPU only with the smaller tile (twice the
-    # programs), many chunks run fastest with the larger one (the stage sweep of docs/gpu-runs.md run 55).
-    "chunk_state": {("sm90", 64, 128, 256, 0): dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, num_warps=4,
-                                                     num_stages=3),
-                    ("sm90", 64, 128, 256, 1): dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=128, BLOCK_SIZE_K=32, num_warps=4,
-                                                     num_stages=3)},
-    # bmm_chunk: the twenty-launch stage sweep of docs/gpu-runs.md runs 76-77 read this config below run 40's
-    # (K128, two stages) on each of the four workloads, by 0.2-0.5 us against a spread of 0.1 us between two readings
-    # of one binary.
-    "bmm_chunk": {("sm90", 256, 128): dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=32, num_warps=4,
-                                            num_stages=4)},
-    "chunk_scan": {("sm90", 256, 64, 128): dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=32, num_warps=4,
-                                                 num_stages=1)},
+    # programs), many chunks run fastest with the larger one.
+    "chunk_state": {
+        ("sm90", 64, 128, 256, 0): Measured(dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, num_warps=4,
+                                                 num_stages=3), CHECKED_IN, (55, 56, 128)),
+        ("sm90", 64, 128, 256, 1): Measured(dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=128, BLOCK_SIZE_K=32, num_warps=4,
+                                                 num_stages=3), CHECKED_IN, (40, 55)),
+    },
+    "bmm_chunk": {("sm90", 256, 128): Measured(dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=32, num_warps=4,
+                                                    num_stages=4), CHECKED_IN, (76, 77))},
+    "chunk_scan": {("sm90", 256, 64, 128): Measured(dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=32,
+                                                         num_warps=4, num_stages=1), CHECKED_IN, (40, 47))},
 }
 
 
 # A call of at most this many chunks is class 0 for chunk_state's config, more is class 1. At the serving shape
 # (64 heads, one (headdim, dstate) tile of 64 x 128 per chunk and head) four chunks are 256 programs, about two per
-# multiprocessor of the H200: below that the larger tile leaves multiprocessors idle.
+# multiprocessor of an H200 (132 of them): below that the larger tile leaves multiprocessors idle.
 FEW_CHUNKS = 4
 
 
@@ -81,7 +94,8 @@ def block_volume(config: triton.Config) -> int:
 
 def checked_in_config(stage: str, arch: str | None, *key_values: int) -> dict[str, int] | None:
     """``TUNED``'s config for ``stage`` on ``arch`` at these values of its autotuning key, or None."""
-    return TUNED.get(stage, {}).get((arch, *key_values))
+    entry = TUNED.get(stage, {}).get((arch, *key_values))
+    return None if entry is None else entry.config
 
 
 def checked_in(stage: str, key: tuple[str, ...], fallback):

@@ -77,8 +77,8 @@ class _Variant:
 
 
 # Tokens whose inputs and states are formed per block: the token loop itself is one fused multiply-add per token,
-# a few vectorised ops per block do the rest (a token-by-token loop of ~10 small ops made the serving-shape
-# reference take 5-10 s per case on a shared GPU, GPU run 8).
+# a few vectorised ops per block do the rest: a token-by-token loop launches about ten small ops per token, and on
+# the serving shape their launch overhead, not the arithmetic, sets the reference's time.
 SCAN_BLOCK = 16
 
 
@@ -166,8 +166,8 @@ def sequential_ssd(
 ):
     """fp64 sequential SSD, on the device ``x`` lives on, and so are the results.
 
-    On the GPU runner a CUDA fp64 step is some 20 times faster than a CPU one for the serving shape, and the bounds
-    and comparisons that read the results run there too (``harness.compare.assert_within_bound``); fp64 rounding
+    On a GPU an fp64 step runs over the serving shape's heads in parallel instead of on a shared CPU thread, and the
+    bounds and comparisons that read the results run there too (``harness.compare.assert_within_bound``); fp64 rounding
     (1e-16) is far below every bound either way.
 
     x (T,H,P), dt (T,H), A (H,), B/C (T,G,N), D (H,) or (H,P), z (T,H,P), initial_states (Bt,H,P,N), any dtypes.

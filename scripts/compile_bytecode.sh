@@ -2,7 +2,7 @@
 # Byte-code for everything on the interpreter's path (stdlib, site-packages, a --system-site-packages venv's base),
 # as pip's default install leaves it. Some runner images ship their libraries without byte-code and set
 # PYTHONDONTWRITEBYTECODE=1: every Python process then compiles torch from source, ~3 s of each pytest worker's
-# start-up (docs/gpu-runs.md, runs 15-16). With PYTHONPYCACHEPREFIX set the files go there and a read-only install
+# start-up (notes/gpu-runs.md, runs 15-16). With PYTHONPYCACHEPREFIX set the files go there and a read-only install
 # stays untouched; later processes read them only if that variable is still set and PYTHONDONTWRITEBYTECODE is not.
 # Usage: scripts/compile_bytecode.sh [PYTHON]
 set -uo pipefail

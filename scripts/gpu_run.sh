@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One call on the GPU runner does everything (device time is scarce): environment, the test suite on CUDA,
 # the case corpus, the bench. Usage: scripts/gpu_run.sh [STEP...] with steps env, tests, cases, bench
-# (default: env tests cases bench; also pyc, lab, order, launch-tests, fusion, durations, bench-twice, startup, spawn-probe, exit-probe, fork-probe, context-probe, isolation-cost, recheck, suite, suite-warm, warmup, cases-warm, stages,
-# profile-ref, profile-warmup, peer-bench). Full logs go under $OUT (the device tool brings them back); a short table is printed last.
+# (default: env tests cases bench; also pyc, launch-tests, durations, bench-twice, bench-nopdl, startup, baseline, suite,
+# suite-warm, suite-same, suite-same-noiso, warmup, cases-warm, stages, profile-ref, profile-warmup, peer-bench,
+# faults, vllm-corpus, fuzz-vllm). Full logs go under $OUT (the device tool brings them back); a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"  # a given OUT may not exist yet: every step tees its log there
@@ -10,13 +11,6 @@ export PYTHONUNBUFFERED=1
 PY=${PY:-python3}
 WORKERS=${WORKERS:-8}
 steps=${*:-env tests cases bench}
-# isolation-cost (issue 15's criterion): ROUNDS (default 3) alternations of baseline, suite-same and suite-same-noiso,
-# each cold, then their medians: one pair of steps varies as much as isolation costs, so only medians mean anything.
-steps=$(for step in $steps; do
-  if [ "$step" = isolation-cost ]; then
-    for _ in $(seq "${ROUNDS:-3}"); do echo baseline suite-same suite-same-noiso; done; echo isolation-cost-report
-  else echo "$step"; fi
-done | tr '\n' ' ')
 # Every step name is checked before the first runs: a misspelt one found halfway loses the rest of a scarce call.
 known=" $(sed -n 's/^    \([a-z0-9|-]*\))\( .*\)\{0,1\}$/\1/p' "$0" | tr '|\n' '  ') "
 for step in $steps; do
@@ -98,15 +92,6 @@ for step in $steps; do
       run_step startup-collect-warm $PY -m pytest --collect-only -q -p no:cacheprovider --device cuda
       run_step startup-collect-prof bash -c "$PY -m cProfile -o $OUT/startup-collect.prof -m pytest --collect-only -q -p no:cacheprovider --device cuda >/dev/null; $PY -c \"import pstats; pstats.Stats('$OUT/startup-collect.prof').sort_stats('tottime').print_stats(30)\" | tail -n 40"
       run_step startup-xdist $PY -m pytest -q -n "$WORKERS" --workers-per-gpu "${WPG:-$WORKERS}" --device cuda -p no:cacheprovider -k no_test_has_this_name ;;
-    spawn-probe)  # what xdist's one-after-another worker spawn costs per worker (interpreter, site, gateway)
-      run_step spawn-probe bash -c "$PY scripts/spawn_probe.py 8; $PY -X importtime -c pass 2>&1 | sort -t'|' -k2 -n | tail -n 6" ;;
-    exit-probe)  # how long CUDA processes take to exit together (the suite's tail: xdist stops all workers at once)
-      run_step exit-probe $PY scripts/exit_probe.py "${PROBE_PROCESSES:-32}" "$(nvidia-smi -L | wc -l)" ;;
-    recheck)  # with tracebacks: the tests of scripts/gpu_run4.txt (the GPU findings of docs/gpu-runs.md run 4), the
-      # SSD tests and the corpus case that showed them
-      run_step recheck $PY -m pytest -n "$WORKERS" --workers-per-gpu "$WORKERS" --device cuda -p no:cacheprovider \
-        --tb=short -rfE $(cat scripts/gpu_run4.txt) tests/test_ssd_prefill.py \
-        "cases/corpus/direct.yaml::direct-022-fp32-bf16-h11p19n32g1" ;;
     tests)
       export TRITON_CACHE_DIR=$(mktemp -d)  # cold compile cache
       run_step tests $PY -m pytest tests -q -n "$WORKERS" --workers-per-gpu "$WORKERS" --device cuda -p no:cacheprovider \
@@ -160,40 +145,12 @@ for step in $steps; do
       # for kernels/tuned_configs.py)
       workloads=$(for w in ${STAGE_WORKLOADS:-short-continuation prefill-4256 continue-600 mixed-3}; do echo "--workload $w"; done)
       run_step stages $PY -m harness bench --stages --reps 100 $workloads --json "$OUT/stages.json" ;;
-    lab)  # the kernel lab (scripts/kernel_lab.py): each stage's shipped kernel against variants rewritten from its
-      # source, under each candidate config, bits compared, and vLLM's chunk scan (carried .peers/); LAB_ARGS selects
-      # (e.g. "--stage chunk_scan"); then ncu on one launch of each chunk scan variant, where ncu reads counters here
-      run_step lab $PY scripts/kernel_lab.py run --reps "${LAB_REPS:-200}" ${LAB_ARGS:-}
-      [ "${LAB_NCU:-1}" = 1 ] || continue  # LAB_NCU=0: the timings alone
-      ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
-      run_step lab-ncu bash -c "$ncu --clock-control none -k regex:chunk_scan --section SpeedOfLight \
-        --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
-        --section ComputeWorkloadAnalysis $PY scripts/kernel_lab.py profile --stage chunk_scan > $OUT/lab-ncu.txt 2>&1; \
-        grep -E 'profiled|chunk_scan|Duration|Throughput|Achieved Occupancy|Registers Per|Stall|Issued Warp' \
-        $OUT/lab-ncu.txt | head -n 120" ;;
-    fork-probe)  # where the CUDA driver gets initialized before a worker's start, and whether a child forked after
-      # torch's import can use the GPU; then a two-worker run on the tiny cases and how each worker's child started
-      python3 -c "import tests.broken_providers as b; open('/tmp/tiny.yaml', 'w').write(b.TINY_CASES)"
-      run_step fork-probe $PY scripts/fork_probe.py
-      run_step fork-probe-pytest $PY -m pytest /tmp/tiny.yaml -p ssd_pytest.plugin --rootdir . -q -n 2 \
-        --workers-per-gpu 2 --device cuda -p no:cacheprovider --ssd-report "$OUT/fork-probe.json"
-      $PY -c "import json, sys; [print(w, s) for w, d in sorted(json.load(open(sys.argv[1]))['meta']['worker_isolation'].items()) for s in d['starts']]" \
-        "$OUT/fork-probe.json" | tee -a "$OUT/fork-probe-pytest.log" ;;
-    context-probe)  # how long N processes take to create their CUDA contexts at once (driver API, no torch)
-      run_step context-probe $PY scripts/context_probe.py 1 16 32 ;;
-    order)  # which kernels run beside which in ssd_prefill (scripts/order_lab.py): each order's bits against
-      # order "none", then whole calls of every order and the peer's (carried .peers/), interleaved round by round
-      run_step order $PY scripts/order_lab.py --peer peers.vllm_ssd:provider --rounds "${ROUNDS:-3}" \
-        --reps "${LAB_REPS:-200}" ;;
     launch-tests)  # the tests of how the stages launch and what they compute, with the recompile guard: the graph
       # replays against the eager call (programmatic launch, bmm beside another kernel), the stages, both paths
       run_step launch-tests $PY -m pytest -q -n "$WORKERS" --workers-per-gpu "${WPG:-$WORKERS}" --device cuda \
         -p no:cacheprovider --recompile-guard -rfE --tb=short tests/test_programmatic_launch.py \
         tests/test_indexed_equivalence.py tests/test_ssd_prefill.py tests/test_kernel_stages.py \
-        tests/test_ssd_warmup.py tests/test_state_passing.py tests/test_order_lab.py ;;
-    fusion)  # chunk state + state passing as two kernels against the fused kernel under candidate tiles
-      # (scripts/fusion_lab.py): bits against the pair, stability, graph-replay us, on the four bench workloads
-      run_step fusion $PY scripts/fusion_lab.py --reps "${LAB_REPS:-200}" ;;
+        tests/test_ssd_warmup.py tests/test_state_passing.py ;;
     durations)  # the last suite step's item durations as scripts/gpu-durations.json (pytest --durations-from orders
       # the work longest first), each item's longest of them and the file's (a compiling test is slow only where it
       # compiles first): the later suite steps of this call use them; the file comes back in $OUT
@@ -210,8 +167,6 @@ for step in $steps; do
         --device cuda -p no:cacheprovider --recompile-guard --durations-from scripts/gpu-durations.json \
         ${BASE_REPORT_OPT:---json-report} $OUT/$name-report.json -rfE --tb=short"
       stop_samplers ;;
-    isolation-cost-report)  # the medians of the steps isolation-cost expanded into (scripts/isolation_cost.py)
-      run_step isolation-cost $PY scripts/isolation_cost.py "$OUT" ;;
     faults)  # a real illegal memory access in one case (tiny-batch): that case errors, every other case passes
       python3 -c "import tests.broken_providers as b; open('/tmp/tiny.yaml', 'w').write(b.TINY_CASES)"
       export TRITON_CACHE_DIR=$(mktemp -d)

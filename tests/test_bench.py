@@ -1,6 +1,6 @@
 """``python -m harness bench`` against a peer (harness.bench, harness.kernel_profile): the plumbing, on any device.
 
-Timings need a GPU (docs/gpu-runs.md); everything around them is checked here with an injected timer on a fake
+Timings need a GPU (notes/gpu-runs.md); everything around them is checked here with an injected timer on a fake
 clock, fake providers and synthetic profiler events: calls alternate ours, peer, ours, peer round by round; both
 providers get the same input tensors; the peer runs only its supported paths and only with ``path``; medians, bests
 and ratios are computed from the rounds; kernel names map to stages (ours and vLLM's), unknown names stay

@@ -66,7 +66,7 @@ def _tf32_bmm_emulation(C, B, chunk_size, cu):
 def test_truncated_tf32_bmm_fits_the_bound_and_rounded_tf32_model_does_not():
     """Worst case for truncation: every operand 1 + (2^13 - 1) 2^-23 (all dropped bits set) loses ~2^-10, so each
     product ~2^-9: the truncation bound holds with little room; a round-to-nearest model (2^-11 per operand, which
-    the H200 exceeded with err/bound 1.02-1.04: docs/gpu-runs.md) is exceeded about twice over."""
+    the H200 exceeded with err/bound 1.02-1.04: notes/gpu-runs.md) is exceeded about twice over."""
     meta = build_varlen_metadata([0], [40], 32)
     cu = meta.tensors()["cu_chunk_seqlens"]
     worst = torch.tensor(0x3F801FFF, dtype=torch.int32).view(torch.float32).item()

@@ -3,17 +3,23 @@
 - No tracked file points at the old design brief outside the repository.
 - Every property of the case JSON Schema carries a description, and the schema command writes exactly the source.
 - Every schema field has a row in docs/cases.md, every registered check a section in docs/checks.md.
-- README links the design pages; every relative link in README.md and docs/*.md resolves, anchors included.
+- README links the design pages; every relative link in README.md, docs/*.md and notes/*.md resolves, anchors included.
 - README's layout table has a row for each top-level folder git tracks, and none for a folder that is not there.
+- docs/environment.md has a row for every environment variable the product code reads, and none for another.
 
 Each helper is shown to report what it exists to catch (the ``*_reports_*`` tests), so none can pass vacuously.
 """
 
 from __future__ import annotations
 
+import ast
 import copy
+import fnmatch
+import os
 import re
 import subprocess
+import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -33,14 +39,56 @@ DESIGN_PAGES = ("docs/cases.md", "docs/checks.md", "docs/provider.md")
 # ---------------------------------------------------------------- helpers
 
 
-def tracked_files(root: Path) -> list[Path]:
-    """Files git tracks under ``root`` that exist in the working tree; skips the test outside a git checkout."""
+def own_checkout(root: Path) -> bool:
+    """Whether ``root`` is the top of a git checkout of its own (not an export, nor a folder inside another
+    repository, where git would answer for the enclosing repository's files)."""
     try:
-        proc = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=False)
+        proc = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root, capture_output=True, check=False)
     except FileNotFoundError:
-        pytest.skip("git is not installed: cannot list the tracked files")
-    if proc.returncode != 0:
-        pytest.skip(f"{root} is not a git checkout: {proc.stderr.decode(errors='replace').strip()}")
+        return False
+    return proc.returncode == 0 and Path(proc.stdout.decode().strip()).resolve() == root.resolve()
+
+
+def ignore_rules(root: Path) -> list[tuple[str, bool, bool]]:
+    """``root``'s .gitignore as (pattern, anchored at the root, folders only); comments and blanks dropped. The
+    patterns this repository uses: names and globs, a leading ``/`` anchors, a trailing ``/`` means a folder."""
+    path = root / ".gitignore"
+    rules = []
+    for line in (path.read_text().splitlines() if path.is_file() else []):
+        line = line.strip()
+        if line and not line.startswith("#"):
+            rules.append((line.strip("/"), line.startswith("/"), line.endswith("/")))
+    return rules
+
+
+def ignored(relative: Path, is_dir: bool, rules: list[tuple[str, bool, bool]]) -> bool:
+    for pattern, anchored, folders_only in rules:
+        if folders_only and not is_dir:
+            continue
+        if fnmatch.fnmatch(relative.as_posix() if anchored else relative.name, pattern):
+            return True
+    return False
+
+
+def tree_files(root: Path) -> list[Path]:
+    """The files of a source tree that is not its own git checkout: every file under ``root`` but ``.git`` and
+    what ``root``'s .gitignore names (what ``git ls-files`` would list once the tree is committed)."""
+    rules, found = ignore_rules(root), []
+    for folder, dirs, files in os.walk(root):
+        here = Path(folder)
+        dirs[:] = sorted(d for d in dirs if d != ".git" and not ignored((here / d).relative_to(root), True, rules))
+        found += [here / f for f in sorted(files) if f != ".git"
+                  and not ignored((here / f).relative_to(root), False, rules)]
+    return found
+
+
+def project_files(root: Path) -> list[Path]:
+    """The repository's files: git's tracked files (that exist in the working tree) in a checkout of its own, else
+    the tree itself (``tree_files``): a source export (``git archive``), also one unpacked inside another
+    repository, as a vendored copy is."""
+    if not own_checkout(root):
+        return tree_files(root)
+    proc = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True)
     names = [n for n in proc.stdout.decode().split("\0") if n]
     return [root / n for n in names if (root / n).is_file()]
 
@@ -155,14 +203,14 @@ def broken_links(page: Path, text: str) -> list[str]:
 
 
 def markdown_pages() -> list[Path]:
-    return [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+    return [ROOT / "README.md", *sorted(DOCS.glob("*.md")), *sorted((ROOT / "notes").glob("*.md"))]
 
 
 # ---------------------------------------------------------------- (a) nothing points outside
 
 
 def test_no_tracked_file_points_outside_the_repository():
-    texts = {str(p.relative_to(ROOT)): p.read_bytes().decode("utf-8", errors="replace") for p in tracked_files(ROOT)}
+    texts = {str(p.relative_to(ROOT)): p.read_bytes().decode("utf-8", errors="replace") for p in project_files(ROOT)}
     assert len(texts) > 50, f"only {len(texts)} tracked files: the listing is wrong"
     assert outside_pointers(texts) == []
 
@@ -262,9 +310,70 @@ def layout_rows(readme: str) -> set[str]:
 
 
 def test_readme_layout_table_matches_the_tree():
-    folders = {p.relative_to(ROOT).parts[0] for p in tracked_files(ROOT) if len(p.relative_to(ROOT).parts) > 1}
+    folders = {p.relative_to(ROOT).parts[0] for p in project_files(ROOT) if len(p.relative_to(ROOT).parts) > 1}
     folders = {f for f in folders if not f.startswith(".")}  # .ci/, .github/: CI's own files
     assert layout_rows((ROOT / "README.md").read_text()) == folders
+
+
+def test_the_tree_listing_applies_gitignore_as_git_would(tmp_path):
+    """Outside a checkout of its own the files are read from the tree: .gitignore's names, globs, anchored and
+    folder-only patterns keep build outputs out, as ``git ls-files`` would."""
+    (tmp_path / ".gitignore").write_text("# comment\n.venv/\n__pycache__/\n*.pyc\n/reports/\n/.peers\n")
+    for name in ("a.py", "docs/b.md", ".venv/lib/x.py", "pkg/__pycache__/c.pyc", "pkg/d.pyc", "reports/r.json",
+                 "docs/reports/kept.md", ".peers/ops.py", ".git/HEAD", "pkg/.venv"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    listed = {p.relative_to(tmp_path).as_posix() for p in tree_files(tmp_path)}
+    # pkg/.venv is a file, and ".venv/" names folders only
+    assert listed == {".gitignore", "a.py", "docs/b.md", "docs/reports/kept.md", "pkg/.venv"}
+    assert not own_checkout(tmp_path)
+
+
+EXPORT_TESTS = ("test_no_tracked_file_points_outside_the_repository", "test_readme_layout_table_matches_the_tree")
+
+
+def test_the_tree_checks_hold_on_a_source_export_inside_another_repository(tmp_path):
+    """A vendored copy: this tree exported with ``git archive`` (the working tree's tracked changes included, via
+    ``git stash create``) and unpacked into a folder of a throwaway git repository; there the two checks that list
+    the repository's files must list the export's, not the enclosing repository's, and pass."""
+    if not own_checkout(ROOT):
+        pytest.skip("exporting needs this tree to be a git checkout of its own (it is an export already)")
+    outer = tmp_path / "outer"
+    (outer / "vendor").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(outer)], check=True)
+    (outer / "unrelated.txt").write_text("x")
+    subprocess.run(["git", "-C", str(outer), "add", "unrelated.txt"], check=True)
+    snapshot = subprocess.run(["git", "stash", "create"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip() or "HEAD"
+    archive = tmp_path / "export.tar"
+    subprocess.run(["git", "archive", "--format=tar", "-o", str(archive), snapshot], cwd=ROOT, check=True)
+    export = outer / "vendor" / "ssd"
+    with tarfile.open(archive) as tar:
+        tar.extractall(export, filter="data")
+    env = {**os.environ, "PYTHONPATH": str(export)}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-rs",
+                          "tests/test_docs.py", "-k", " or ".join(EXPORT_TESTS)], cwd=export, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "2 passed" in run.stdout, run.stdout[-3000:] + run.stderr[-2000:]
+
+
+def scripts_row_names(readme: str) -> set[str]:
+    """The file names README's ``scripts/`` row names in backticks (``gpu_run.sh``, ...)."""
+    row = re.search(r"^\| `scripts/` \|(.*)\|$", readme, re.MULTILINE)
+    return set(re.findall(r"`([^`/ ]+\.[a-z]+)`", row.group(1))) if row else set()
+
+
+def test_scripts_holds_the_tools_readme_names_and_nothing_else():
+    """scripts/ keeps operational tools only, each named in README's layout row (a lab or probe added there shows up
+    as a file the row does not name)."""
+    present = {p.name for p in project_files(ROOT) if p.parent == ROOT / "scripts"}
+    assert present == scripts_row_names((ROOT / "README.md").read_text())
+
+
+def test_scripts_row_check_reads_the_names():
+    row = "| `scripts/` | tools: `gpu_run.sh` (one call), `fit.py`, `d.json` |\n| `x/` | `not_this.py` |\n"
+    assert scripts_row_names(row) == {"gpu_run.sh", "fit.py", "d.json"}
+    assert scripts_row_names("| `other/` | `a.py` |\n") == set()
 
 
 def test_layout_check_reports_a_missing_and_a_stale_row():
@@ -272,3 +381,87 @@ def test_layout_check_reports_a_missing_and_a_stale_row():
     assert layout_rows(table) == {"kernels", "gone"}
     assert layout_rows(table) != {"kernels", "gone", "scripts"}  # a folder without a row
     assert layout_rows(table) != {"kernels"}  # a row without a folder
+
+
+# ---------------------------------------------------------------- (f) one table of environment variables
+
+PRODUCT_TREES = ("harness", "kernels", "reference", "ssd_pytest", "peers")
+# os.environ.get / os.getenv / os.environ.setdefault (a default the caller may set first)
+READS = {"get", "getenv", "setdefault"}
+
+
+def _is_environ(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr == "environ") or (isinstance(node, ast.Name)
+                                                                           and node.id == "environ")
+
+
+def variables_read(sources: dict[str, str]) -> set[str]:
+    """The environment variables ``sources`` (path -> Python text) read: the first argument of
+    ``os.environ.get``/``os.getenv``/``os.environ.setdefault``, an ``os.environ[...]`` load and an ``in os.environ``
+    test, each a string literal or a module-level ``NAME = "LITERAL"`` of any of the sources (also as
+    ``module.NAME``). Writes (``os.environ[X] = ...``, ``pop``) are not reads."""
+    trees = {path: ast.parse(text) for path, text in sources.items()}
+    constants = {target.id: node.value.value for tree in trees.values() for node in tree.body
+                 if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+                 and isinstance(node.value.value, str) for target in node.targets if isinstance(target, ast.Name)}
+
+    def name_of(expr: ast.AST) -> str | None:
+        if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
+            return expr.value
+        if isinstance(expr, ast.Name | ast.Attribute):
+            return constants.get(expr.id if isinstance(expr, ast.Name) else expr.attr)
+        return None
+
+    found: set[str | None] = set()
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+                func = node.func
+                if func.attr in READS and (_is_environ(func.value) or func.attr == "getenv"):
+                    found.add(name_of(node.args[0]))
+            elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and _is_environ(node.value):
+                found.add(name_of(node.slice))
+            elif isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.In | ast.NotIn) \
+                    and _is_environ(node.comparators[0]):
+                found.add(name_of(node.left))
+    if None in found:
+        raise AssertionError("an environment read whose variable name is not a literal or a module-level constant")
+    return found
+
+
+def documented_variables(doc: str) -> list[str]:
+    """The variables docs/environment.md's table rows name (a row's first cell, in backticks)."""
+    return re.findall(r"^\| `([A-Z][A-Z0-9_]*)` \|", doc, flags=re.M)
+
+
+def environment_gaps(read: set[str], doc: str) -> list[str]:
+    rows = documented_variables(doc)
+    return ([f"{name}: read by the code, no row in docs/environment.md" for name in sorted(read - set(rows))]
+            + [f"{name}: a row in docs/environment.md, read by nothing" for name in sorted(set(rows) - read)]
+            + [f"{name}: more than one row" for name in sorted({n for n in rows if rows.count(n) > 1})])
+
+
+def product_sources() -> dict[str, str]:
+    return {str(path.relative_to(ROOT)): path.read_text() for tree in PRODUCT_TREES
+            for path in sorted((ROOT / tree).rglob("*.py"))}
+
+
+def test_environment_page_lists_every_variable_the_code_reads():
+    read = variables_read(product_sources())
+    assert {"SSD_PDL", "SSD_HARNESS_ISOLATION", "TRITON_INTERPRET"} <= read  # the reader sees the code's reads
+    assert environment_gaps(read, (DOCS / "environment.md").read_text()) == []
+
+
+def test_environment_check_reports_a_missing_a_stale_and_a_twice_listed_row():
+    source = ("import os\nNAME_ENV = 'SSD_A'\n"
+              "a = os.environ.get(NAME_ENV)\nb = os.getenv('SSD_B')\nc = os.environ['SSD_C']\n"
+              "d = 'SSD_D' in os.environ\nos.environ.setdefault('SSD_E', '1')\n"
+              "os.environ['SSD_WRITTEN'] = '1'\nos.environ.pop('SSD_POPPED', None)\n")
+    read = variables_read({"m.py": source})
+    assert read == {"SSD_A", "SSD_B", "SSD_C", "SSD_D", "SSD_E"}
+    doc = "| `SSD_A` | x |\n| `SSD_B` | x |\n| `SSD_C` | x |\n| `SSD_D` | x |\n| `SSD_D` | y |\n| `SSD_STALE` | x |\n"
+    assert environment_gaps(read, doc) == ["SSD_E: read by the code, no row in docs/environment.md",
+                                           "SSD_STALE: a row in docs/environment.md, read by nothing",
+                                           "SSD_D: more than one row"]
+    with pytest.raises(AssertionError, match="not a literal"):
+        variables_read({"m.py": "import os\nos.environ.get(f'SSD_{1}')\n"})

@@ -1,6 +1,6 @@
 """Every specialization a representative set of SSD calls launches compiles for the H200 (sm_90), checked on the
 CPU: the interpreter accepts code the GPU compiler rejects (plain float globals in @jit code, tl.dot with K < 16),
-which the CPU tier would otherwise not see (both met on the H200: docs/gpu-runs.md)."""
+which the CPU tier would otherwise not see (both met on the H200: notes/gpu-runs.md)."""
 
 from __future__ import annotations
 

@@ -218,7 +218,7 @@ def test_auto_on_eligible_call_takes_indexed_on_cuda(io, state, seq, device):
 def test_both_paths_launch_one_chunk_scan_binary(name, device):
     """The indexed path equals the snapshot path only if chunk scan's arithmetic is the same code: two binaries
     compiled with different path constexprs may give different fp32 (tf32) dot bits for equal operands (the H200
-    did: docs/gpu-runs.md). Both paths must therefore launch chunk scan with one specialization key (computed as the
+    did: notes/gpu-runs.md). Both paths must therefore launch chunk scan with one specialization key (computed as the
     GPU would, on any backend), the path being a runtime argument."""
     from harness.guards.specialization import recording_launches
     from kernels.chunk_scan import chunk_scan_kernel

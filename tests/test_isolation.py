@@ -745,18 +745,3 @@ def test_a_forked_child_keeps_only_its_own_descriptors_and_reports_its_end_like_
     hung = forking.fork_child(lambda: time.sleep(60) or 0, keep_fds=())
     hung.kill()
     assert hung.wait(30) == -signal.SIGKILL
-
-
-def test_the_context_probe_times_contexts_on_a_gpu_and_says_why_not_elsewhere():
-    """``scripts/context_probe.py`` (the next GPU run's first step for isolation's cost): one context's time where
-    the driver reports a GPU; elsewhere an exit with the reason, its forked processes never running the parent's
-    loop again."""
-    from harness.backend import nvml_device_count
-
-    proc = subprocess.run([sys.executable, "scripts/context_probe.py", "1"], cwd=ROOT, env=_env(),
-                          capture_output=True, text=True, timeout=120)
-    if nvml_device_count() > 0:
-        assert proc.returncode == 0 and proc.stdout.startswith("  1 at once: wall "), proc.stdout + proc.stderr
-    else:
-        assert proc.returncode == 1, proc.stdout + proc.stderr
-        assert proc.stdout == "" and "1 of 1 processes could not create a context" in proc.stderr, proc.stderr

@@ -18,6 +18,7 @@ exact fp64 stage results of the correct and the bugged inputs), then that the ch
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from itertools import pairwise
@@ -343,7 +344,7 @@ def test_bmm_chunk(shape, seqs, io, device):
 
 
 def test_bmm_fp32_h200_element_fits_truncated_tf32_bound(device):
-    """An element the H200 computed outside a round-to-nearest tf32 bound (docs/gpu-runs.md), in
+    """An element the H200 computed outside a round-to-nearest tf32 bound (notes/gpu-runs.md), in
     test_bmm_chunk[H3P5N16G1Q64-three-mixed-float32]: CB[2, 0, 31, 32] = 7.34079647064209 on the GPU vs the twin's
     7.350269317626953. The truncated-tf32 model holds it (about half the bound used); the round-to-nearest model
     (operands rounded to nearest, 2^-11, dots gamma_N each side) is exceeded, as on the GPU."""
@@ -606,7 +607,8 @@ def test_every_checked_in_fused_tile_fits_in_shared_memory():
     at the bf16 tile needed 264196 bytes of 232448 on the H200): each leaves room for Triton's own buffers."""
     from kernels import chunk_state_passing as csp
 
-    for (arch, _P, _N, _Q, io_bytes), config in csp.TUNED.items():
+    for (arch, _P, _N, _Q, io_bytes), entry in csp.TUNED.items():
+        config = entry.config
         need = csp.pipelined_tile_bytes(config, io_bytes)
         assert need + 8192 <= csp.SHARED_MEMORY_LIMIT[arch], (arch, io_bytes, config, need)
     too_big = dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=256, num_warps=8, num_stages=2)
@@ -740,7 +742,8 @@ def test_the_config_is_fixed_only_where_both_stages_configs_are(monkeypatch):
     assert kone.chunk_state_bmm_config(64, 128, 256, 1) is None  # none for another GPU
     monkeypatch.setattr(kone, "device_arch", lambda: "sm90")
     bmm = dict(tuned_configs.TUNED["bmm_chunk"])
-    bmm[("sm90", 256, 128)] = {**bmm[("sm90", 256, 128)], "num_warps": 8}
+    bmm[("sm90", 256, 128)] = dataclasses.replace(bmm[("sm90", 256, 128)],
+                                                  config={**bmm[("sm90", 256, 128)].config, "num_warps": 8})
     monkeypatch.setitem(tuned_configs.TUNED, "bmm_chunk", bmm)
     assert kone.chunk_state_bmm_config(64, 128, 256, 1) is None
 

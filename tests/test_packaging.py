@@ -110,7 +110,8 @@ def test_pytest_runs_a_case_folder_from_outside_the_checkout(tmp_path):
 
 def test_the_cpu_extra_pins_triton_and_numpy_and_every_install_line_agrees():
     """Triton comes from the CUDA torch wheel or, for the interpreter, from the ``cpu`` extra with the numpy that
-    interpreter accepts; make, the README's line without make and the nightly GPU install agree with that."""
+    interpreter accepts; make, the install page's lines without make (docs/install.md) and the nightly GPU install agree
+    with that."""
     project = pyproject()["project"]
     assert not [spec for spec in project["dependencies"] if spec.startswith("triton")], project["dependencies"]
     cpu = project["optional-dependencies"]["cpu"]
@@ -119,10 +120,10 @@ def test_the_cpu_extra_pins_triton_and_numpy_and_every_install_line_agrees():
     variables = dict(re.findall(r"^([A-Z_]+) \?= *(.*)$", makefile, re.M))
     assert variables["EXTRAS"] == "cpu,dev" and '-e ".[$(EXTRAS)]"' in makefile, variables
     assert "NUMPY_SPEC" not in makefile  # the numpy limit lives in the extra alone
-    readme = (ROOT / "README.md").read_text()
+    install = (ROOT / "docs" / "install.md").read_text()
     cpu_index = re.search(r"^TORCH_CPU_INDEX := (.*)$", makefile, re.M).group(1)
     assert "$(TORCH_CPU_INDEX)" in variables["TORCH_INDEX"], variables  # used where that host resolves
     torch_line = f".venv/bin/pip install {variables['TORCH_SPEC']} --index-url {cpu_index}"
-    assert torch_line in readme and ".venv/bin/pip install -e '.[cpu,dev]'" in readme
+    assert torch_line in install and ".venv/bin/pip install -e '.[cpu,dev]'" in install
     nightly = (ROOT / ".github" / "workflows" / "nightly-gpu.yml").read_text()
     assert re.search(r"MAKE_GPU: .*\bTORCH_SPEC= .*\bEXTRAS=dev\b", nightly), "the GPU install keeps its own torch"

@@ -40,7 +40,7 @@ from kernels.warmup import ModelShape, int_values, plan, registered, representat
 # GPU: compile the fixtures' warmups in parallel processes (into the disk cache) before loading them here. Four: the
 # three warmups here run at once in three xdist workers and share their compiles (harness.compile_claims), and each
 # child imports torch, so more children cost more than they save on a busy host and fewer leave the fixture's warmup
-# the longest item (the measurements: docs/gpu-runs.md).
+# the longest item (the measurements: notes/gpu-runs.md).
 WARMUP_JOBS = min(4, os.cpu_count() or 1)
 # Under xdist the tests that share the module fixtures (hundreds of GPU compiles on a cold cache) are one work unit:
 # the fixtures run in one worker, not in every worker that takes one of those tests. The other tests of the module

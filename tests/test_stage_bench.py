@@ -1,6 +1,6 @@
 """``python -m harness bench --stages`` (harness.stage_bench): the stage closures it times reproduce the real call's
 intermediates bit for bit (so the figures are of the work a call does), every candidate config is timed once, and a
-config with non-finite output is never reported as the best. Timings themselves need the GPU (docs/gpu-runs.md)."""
+config with non-finite output is never reported as the best. Timings themselves need the GPU (notes/gpu-runs.md)."""
 
 from __future__ import annotations
 

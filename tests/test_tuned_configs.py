@@ -4,9 +4,12 @@ autotuner."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
-from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, tuned_configs
+from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, chunk_state_passing, tuned_configs
 
 STAGES = {"chunk_cumsum": (chunk_cumsum.chunk_cumsum_kernel, chunk_cumsum.CONFIGS),
           "chunk_state": (chunk_state.chunk_state_kernel, chunk_state.CONFIGS),
@@ -24,7 +27,8 @@ def test_every_checked_in_config_is_a_shipped_config_of_a_known_stage():
     for stage, classes in tuned_configs.TUNED.items():
         assert stage in STAGES, f"TUNED names an unknown stage {stage!r}"
         _, configs = STAGES[stage]
-        for key, wanted in classes.items():
+        for key, entry in classes.items():
+            wanted = entry.config
             matching = [c for c in configs if tuned_configs.describe(c) == wanted]
             assert len(matching) == 1, f"{stage} {key}: {wanted} matches {len(matching)} of its CONFIGS"
 
@@ -34,7 +38,8 @@ def test_the_serving_class_is_pruned_to_its_checked_in_config_on_the_h200(monkey
     monkeypatch.setattr(tuned_configs, "device_arch", lambda: "sm90")
     for stage, (kernel, configs) in STAGES.items():
         (chosen,) = kernel.early_config_prune(configs, dict(SERVING_KEYS[stage]))
-        assert tuned_configs.describe(chosen) == tuned_configs.TUNED[stage][("sm90", *SERVING_KEYS[stage].values())]
+        wanted = tuned_configs.TUNED[stage][("sm90", *SERVING_KEYS[stage].values())].config
+        assert tuned_configs.describe(chosen) == wanted
 
 
 def test_chunk_state_takes_the_smaller_tile_for_a_few_chunks_and_the_larger_for_many(monkeypatch):
@@ -54,7 +59,7 @@ def test_chunk_state_takes_the_smaller_tile_for_a_few_chunks_and_the_larger_for_
         (config,) = kernel.early_config_prune(configs, arguments)
         return tuned_configs.describe(config)
 
-    few, many = (tuned_configs.TUNED["chunk_state"][("sm90", P, N, Q, cls)] for cls in (0, 1))
+    few, many = (tuned_configs.TUNED["chunk_state"][("sm90", P, N, Q, cls)].config for cls in (0, 1))
     assert few != many
     assert [chosen(n) for n in (1, tuned_configs.FEW_CHUNKS)] == [few, few]
     assert [chosen(n) for n in (tuned_configs.FEW_CHUNKS + 1, 17)] == [many, many]
@@ -63,7 +68,7 @@ def test_chunk_state_takes_the_smaller_tile_for_a_few_chunks_and_the_larger_for_
 def test_pruning_returns_the_checked_in_config_only_for_its_class(monkeypatch):
     kernel, configs = STAGES["bmm_chunk"]
     chosen = configs[-1]
-    monkeypatch.setattr(tuned_configs, "TUNED", {"bmm_chunk": {("sm90", 256, 128): tuned_configs.describe(chosen)}})
+    monkeypatch.setattr(tuned_configs, "TUNED", {"bmm_chunk": {("sm90", 256, 128): _measured(chosen)}})
     monkeypatch.setattr(tuned_configs, "device_arch", lambda: "sm90")
     prune = kernel.early_config_prune
     assert prune(configs, {"chunk_size": 256, "dstate": 128}) == [chosen]
@@ -76,6 +81,12 @@ def test_pruning_returns_the_checked_in_config_only_for_its_class(monkeypatch):
     # The interpreter keeps every config that fits too, the cheapest one to interpret (largest blocks) first.
     by_volume = sorted(configs, key=lambda c: -tuned_configs.block_volume(c))
     assert prune(configs, {"chunk_size": 256, "dstate": 128}) == by_volume
+
+
+def _measured(config) -> tuned_configs.Measured:
+    """A made-up table entry for ``config`` (a ``triton.Config`` or a dict as ``TUNED`` spells it)."""
+    spelled = config if isinstance(config, dict) else tuned_configs.describe(config)
+    return tuned_configs.Measured(spelled, tuned_configs.CHECKED_IN, (40,))
 
 
 def _fitting(configs, chunk_size: int, dstate: int) -> list:
@@ -110,9 +121,9 @@ def test_every_tuned_stage_consults_the_table(monkeypatch):
              "bmm_chunk": ("chunk_size", "dstate"), "chunk_scan": ("chunk_size", "hdim", "dstate")}
     for stage, (kernel, configs) in STAGES.items():
         key = ("smXY", *(keys[stage][name] for name in order[stage]))
-        monkeypatch.setattr(tuned_configs, "TUNED", {stage: {key: tuned_configs.describe(configs[-1])}})
+        monkeypatch.setattr(tuned_configs, "TUNED", {stage: {key: _measured(configs[-1])}})
         assert kernel.early_config_prune(configs, dict(keys[stage])) == [configs[-1]], stage
-        monkeypatch.setattr(tuned_configs, "TUNED", {stage: {key: {"BLOCK_SIZE": 3, "num_warps": 1}}})
+        monkeypatch.setattr(tuned_configs, "TUNED", {stage: {key: _measured({"BLOCK_SIZE": 3, "num_warps": 1})}})
         with pytest.raises(LookupError, match=f"{stage}'s checked-in config .* matches 0 of its configs"):
             kernel.early_config_prune(configs, dict(keys[stage]))
 
@@ -127,6 +138,59 @@ def test_the_warmup_registry_compiles_chunk_states_config_of_each_chunk_count_cl
     monkeypatch.setattr(tuned_configs, "device_arch", lambda: "sm90")
     planned, _ = plan([(ModelShape(64, 64, 128), (torch.bfloat16,), (torch.bfloat16,))], ["chunk_state"])
     blocks = {dict(key.params)["BLOCK_SIZE_N"] for p in planned for key in p.keys}
-    wanted = {f"={cfg['BLOCK_SIZE_N']!r}" for cfg in tuned_configs.TUNED["chunk_state"].values()}
+    wanted = {f"={entry.config['BLOCK_SIZE_N']!r}" for entry in tuned_configs.TUNED["chunk_state"].values()}
     assert blocks == wanted == {"=64", "=128"}
     assert {p.spec.arguments["chunk_count_class"] for p in planned} == {0, 1}
+
+
+# ---------------------------------------------------------------- provenance
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def decision_headings(text: str) -> set[str]:
+    """The entries of docs/decisions.md: each ``### `` heading without its trailing ``(date...)``."""
+    return {re.sub(r"\s*\([^()]*\)\s*$", "", line[4:]).strip() for line in text.splitlines() if line.startswith("### ")}
+
+
+def logged_runs(text: str) -> set[int]:
+    """The run numbers the run log has an entry for (``## <date> run N:`` or ``runs N-M:``)."""
+    runs = set()
+    for first, last in re.findall(r"^## \S+ runs? (\d+)(?:-(\d+))?:", text, flags=re.M):
+        runs.update(range(int(first), int(last or first) + 1))
+    return runs
+
+
+def unproven(entries, decisions: set[str], runs: set[int]) -> list[str]:
+    """Each (name, entry) whose decision is no entry of docs/decisions.md or whose runs are missing from the run log."""
+    problems = []
+    for name, entry in entries:
+        if entry.decision not in decisions:
+            problems.append(f"{name}: no entry {entry.decision!r} in docs/decisions.md")
+        if not entry.runs or not set(entry.runs) <= runs:
+            problems.append(f"{name}: runs {entry.runs} not all in notes/gpu-runs.md")
+    return problems
+
+
+def every_checked_in_entry():
+    for stage, classes in tuned_configs.TUNED.items():
+        yield from ((f"{stage} {key}", entry) for key, entry in classes.items())
+    yield from ((f"chunk_state_passing {key}", entry) for key, entry in chunk_state_passing.TUNED.items())
+
+
+def test_every_checked_in_config_names_its_decision_and_runs():
+    """Provenance as data: every entry of both checked-in tables (the stages' and the fused kernel's) is a
+    ``Measured`` whose decision is an entry of docs/decisions.md and whose runs are entries of the run log."""
+    decisions = decision_headings((ROOT / "docs" / "decisions.md").read_text())
+    runs = logged_runs((ROOT / "notes" / "gpu-runs.md").read_text())
+    entries = list(every_checked_in_entry())
+    assert entries and all(isinstance(entry, tuned_configs.Measured) for _, entry in entries)
+    assert unproven(entries, decisions, runs) == []
+
+
+def test_an_entry_without_a_decision_or_a_logged_run_is_reported():
+    entry = tuned_configs.Measured({"BLOCK_SIZE_H": 2}, "Nowhere", (9999,))
+    assert decision_headings("### Checked-in configs (2026-12-01 to 2026-12-04)\n## Other\n") == {"Checked-in configs"}
+    assert logged_runs("## 2026-12-03 runs 111-112: x\n## 2026-11-29 run 4: y\n") == {4, 111, 112}
+    assert unproven([("x", entry)], {"Checked-in configs"}, {4}) == [
+        "x: no entry 'Nowhere' in docs/decisions.md", "x: runs (9999,) not all in notes/gpu-runs.md"]

@@ -103,7 +103,7 @@ def cold_in_memory_cache(kernel: Any) -> Iterator[None]:
     """Run the block with ``kernel``'s in-memory binaries set aside, so that a class nobody warmed really compiles
     (the hook fires on every in-memory miss; Triton's disk cache does not matter), then put back exactly what was
     there. Clearing without restoring left an xdist worker's warmed corpus cold for every case it ran after such a
-    test: later case items compiled and the recompile guard failed them (GPU run 8, docs/gpu-runs.md)."""
+    test: later case items compiled and the recompile guard failed them."""
     jit = base_jit_function(kernel)
     if getattr(jit, "device_caches", None) is None:  # the interpreter holds no binaries: nothing to set aside
         yield
