@@ -28,7 +28,7 @@ from torch.autograd import DeviceType
 STAGE_PATTERNS: tuple[tuple[str, str], ...] = (
     ("gather", r"_gather_initial_states_kernel"),  # ours (kernels/gather.py) and vLLM's (gather_initial_states.py)
     ("chunk_cumsum", r"_chunk_cumsum(_fwd)?_kernel"),  # ours: _chunk_cumsum_kernel; vLLM: _chunk_cumsum_fwd_kernel
-    # ours on the snapshot path under launch order "cumsum-gather": the cumsum's and the gather's programs in one
+    # ours on the snapshot path where the cache's rows are aligned: the cumsum's and the gather's programs in one
     # kernel (kernels/chunk_cumsum_gather.py)
     ("chunk_cumsum_gather", r"_chunk_cumsum_gather_kernel"),
     ("chunk_state", r"_chunk_state(_fwd)?_kernel"),

@@ -15,9 +15,9 @@ import os
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels.environment import AUTOTUNE_BUDGET_ENV, INTERPRET_ENV, PDL_ENV, arithmetic_profile
+from kernels.triton_internals import PDL_AVAILABLE, gdc_launch_dependents, gdc_wait
 
 INTERPRET = os.environ.get(INTERPRET_ENV) == "1"
 # The reference arithmetic profile these kernels follow in this process.
@@ -144,8 +144,8 @@ def forced_config(kernel, config: triton.Config):
 # op, another engine's kernel), and the order is transitive along the call. What overlaps is launch and scheduling
 # latency, no arithmetic: the bits cannot change.
 # A kernel signals its dependents early (``let_next_kernel_start``, under ``signal_next``) where ``ssd_prefill``
-# launches right after it a kernel that reads nothing it writes (``kernels.ssd``): bmm after chunk
-# state or the fused kernel, or the chunk state kernel after bmm; the fused gather after the cumsum. Launched with
+# launches right after it a kernel that reads nothing it writes (``kernels.plan``): bmm after the fused states
+# kernel, the chunk state kernel after bmm, the gather after the cumsum. Launched with
 # ``overlaps_previous``, that kernel computes beside this one and waits at its end instead of its start; it completes
 # only after this kernel has, and the order stays transitive for the kernels after it. What it reads from earlier
 # kernels is complete: the signalling kernel waited for them before it signalled. An overlapping kernel never
@@ -174,7 +174,7 @@ def programmatic_launch() -> bool:
     """Whether this process launches the stage kernels with programmatic dependent launch: not under the
     interpreter (no GPU), on compute capability 9.0 and later (``griddepcontrol`` is sm_90 PTX), unless
     ``SSD_PDL=0``."""
-    if INTERPRET or not pdl_setting(os.environ.get(PDL_ENV)):
+    if INTERPRET or not PDL_AVAILABLE or not pdl_setting(os.environ.get(PDL_ENV)):
         return False
     import torch
 

@@ -3,7 +3,7 @@
 stage's own code and blocks, so each tensor gets its stage's bits.
 
 The two stages read only the call's inputs and the cumsum's outputs and write different tensors. Run as two kernels
-they overlap anyway (``kernels.ssd``, launch order "bmm-first": bmm signals early, chunk state computes beside it);
+they overlap anyway (``kernels.plan``'s bmm "before_chunk_state": bmm signals early, chunk state computes beside it);
 one kernel places the same programs in the same order with one launch fewer, and its programs wait for the kernel
 before them as every stage kernel does.
 

@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
-from triton.runtime.jit import MockTensor
 
 from kernels.backend import LAUNCH_OPTIONS
 from kernels.interface import INDEX_DTYPES
 from kernels.plan import PAIR_FROM_CHUNKS
 from kernels.specialization import SpecKey, base_jit_function, gpu_view, kernel_name, specialization_key
+from kernels.triton_internals import MockTensor
 from kernels.tuned_configs import chunk_count_class
 
 # The three value classes Triton specializes a non-constexpr int on, by a representative value.
@@ -469,7 +469,7 @@ def _gather_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
 
 @register("chunk_cumsum_gather")
 def _chunk_cumsum_gather_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
-    """The snapshot path's cumsum with the gather's copy in one kernel (``kernels.ssd`` order "cumsum-gather"), for
+    """The snapshot path's cumsum with the gather's copy in one kernel (``kernels.plan``: gather "in_cumsum"), for
     the caches it runs on (``kernels.chunk_cumsum_gather.fuses``: aligned rows; the two kernels elsewhere)."""
     from kernels import chunk_cumsum_gather as ccg
 
