@@ -28,6 +28,7 @@ from kernels.backend import (
     wait_at_end_if_overlapping,
     wait_unless_overlapping,
 )
+from kernels.direct_launch import launch
 from kernels.interface import INDEX_DTYPES
 from kernels.tuned_configs import checked_in
 
@@ -157,7 +158,7 @@ def bmm_chunk(C: torch.Tensor, B: torch.Tensor, chunk_size: int, cu_chunk_seqlen
         nchunks,
         G,
     )
-    bmm_chunk_kernel[grid](**launch_arguments(C, B, cu_chunk_seqlens, CB, signal_next, overlaps_previous))
+    launch(bmm_chunk_kernel, grid, launch_arguments(C, B, cu_chunk_seqlens, CB, signal_next, overlaps_previous))
     return CB
 
 

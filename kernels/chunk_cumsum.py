@@ -23,6 +23,7 @@ from kernels.backend import (
     pdl_arguments,
     wait_for_previous_kernel,
 )
+from kernels.direct_launch import launch
 from kernels.interface import INDEX_DTYPES
 from kernels.tuned_configs import checked_in, checked_in_config, describe, device_arch
 
@@ -201,7 +202,7 @@ def chunk_cumsum(
     def grid(meta):
         return (nchunks, triton.cdiv(H, meta["BLOCK_SIZE_H"]))
 
-    chunk_cumsum_kernel[grid](**launch_arguments(
+    launch(chunk_cumsum_kernel, grid, launch_arguments(
         dt, A, cu_chunk_seqlens, dt_out, dA_cumsum, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
         signal_next=signal_next))
     return dA_cumsum, dt_out

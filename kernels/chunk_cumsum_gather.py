@@ -28,6 +28,7 @@ import triton.language as tl
 from kernels import chunk_cumsum, gather
 from kernels.backend import wait_for_previous_kernel
 from kernels.chunk_cumsum import chunk_cumsum_tile
+from kernels.direct_launch import launch
 from kernels.gather import gather_tile
 
 
@@ -120,7 +121,7 @@ def chunk_cumsum_gather(
     arguments = launch_arguments(
         dt, A, cu_chunk_seqlens, dt_out, dA_cumsum, state_cache, initial_state_indices, has_initial_states,
         initial_states, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit)
-    _chunk_cumsum_gather_kernel[(programs(arguments),)](**arguments)
+    launch(_chunk_cumsum_gather_kernel, (programs(arguments),), arguments)
     return dA_cumsum, dt_out, initial_states
 
 

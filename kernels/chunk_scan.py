@@ -34,6 +34,7 @@ from kernels.backend import (
     pdl_arguments,
     wait_for_previous_kernel,
 )
+from kernels.direct_launch import launch
 from kernels.interface import INDEX_DTYPES, STATE_DTYPES
 from kernels.tuned_configs import checked_in
 
@@ -310,7 +311,7 @@ def chunk_scan(
     assert not (states_are_entering and initial_states is not None), "entering states already hold the initial states"
 
     grid = lambda META: (triton.cdiv(Q, META["BLOCK_SIZE_M"]) * triton.cdiv(P, META["BLOCK_SIZE_N"]), nchunks, H)  # noqa: E731
-    chunk_scan_kernel[grid](**launch_arguments(
+    launch(chunk_scan_kernel, grid, launch_arguments(
         CB, x, dt_out, dA_cumsum, C, states, cu_chunk_seqlens, seq_idx, out=out, D=D, z=z,
         initial_states=initial_states, states_are_entering=states_are_entering))
 

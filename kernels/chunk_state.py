@@ -30,6 +30,7 @@ from kernels.backend import (
     wait_at_end_if_overlapping,
     wait_unless_overlapping,
 )
+from kernels.direct_launch import launch
 from kernels.interface import INDEX_DTYPES
 from kernels.tuned_configs import checked_in, chunk_count_class
 
@@ -208,8 +209,8 @@ def chunk_state(
     assert cu_chunk_seqlens.shape == (C + 1,) and cu_chunk_seqlens.dtype in INDEX_DTYPES
     states = torch.empty(C, H, P, N, device=x.device, dtype=torch.float32)
     grid = lambda META: (triton.cdiv(P, META["BLOCK_SIZE_M"]) * triton.cdiv(N, META["BLOCK_SIZE_N"]), C, H)  # noqa: E731
-    chunk_state_kernel[grid](**launch_arguments(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, states, signal_next,
-                                                overlaps_previous))
+    launch(chunk_state_kernel, grid, launch_arguments(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, states, signal_next,
+                                                       overlaps_previous))
     return states
 
 

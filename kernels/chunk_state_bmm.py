@@ -24,6 +24,7 @@ from kernels import bmm_chunk, chunk_state
 from kernels.backend import INTERPRET, wait_for_previous_kernel
 from kernels.bmm_chunk import bmm_tile
 from kernels.chunk_state import chunk_state_tile
+from kernels.direct_launch import launch
 from kernels.tuned_configs import checked_in_config, chunk_count_class, device_arch
 
 BLOCKS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K")
@@ -143,7 +144,7 @@ def chunk_state_bmm(B: torch.Tensor, x: torch.Tensor, C: torch.Tensor, dt_out: t
     states = torch.empty(nchunks, H, P, N, device=x.device, dtype=torch.float32)
     CB = torch.empty(nchunks, G, Q, Q, device=x.device, dtype=torch.float32)
     arguments = launch_arguments(B, x, C, dt_out, dA_cumsum, cu_chunk_seqlens, states, CB, config)
-    _chunk_state_bmm_kernel[(programs(arguments),)](**arguments)
+    launch(_chunk_state_bmm_kernel, (programs(arguments),), arguments)
     return states, CB
 
 

@@ -46,6 +46,7 @@ from kernels.backend import (
     wait_for_previous_kernel,
 )
 from kernels.chunk_state import accumulate_tokens, check_inputs, interpreter_config
+from kernels.direct_launch import launch
 from kernels.interface import MASK_DTYPES
 from kernels.state_passing import check_index, check_state_rows, recurrence_step
 
@@ -315,7 +316,7 @@ def chunk_state_passing(
         final_state_indices=final_state_indices, last_chunk_indices=last_chunk_indices, chunk_states=chunk_states,
         config=config, signal_next=signal_next)
     grid = (triton.cdiv(P, arguments["BLOCK_SIZE_M"]) * triton.cdiv(N, arguments["BLOCK_SIZE_N"]), H)
-    _chunk_state_passing_kernel[grid](**arguments)
+    launch(_chunk_state_passing_kernel, grid, arguments)
 
 
 def launch_arguments(B: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_cumsum: torch.Tensor,

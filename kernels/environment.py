@@ -21,6 +21,9 @@ PDL_ENV = "SSD_PDL"
 # Which kernels ``kernels.ssd.ssd_prefill`` launches beside which (``kernels.ssd.LAUNCH_ORDERS``); unset: the shipped
 # order. Read when ``kernels.ssd`` is imported: for the labs, and for timing the stages a shipped order fuses apart.
 LAUNCH_ORDER_ENV = "SSD_LAUNCH_ORDER"
+# Direct launches of bound binaries (``kernels.direct_launch``): "0" sends every launch through Triton's own launch
+# path; unset or "1" launches a shape Triton has launched once directly, where the Triton version is the verified one.
+DIRECT_LAUNCH_ENV = "SSD_DIRECT_LAUNCH"
 
 DEVICES = ("cpu", "cuda")
 

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from kernels.backend import fixed_block, let_next_kernel_start, pdl_arguments, wait_for_previous_kernel
+from kernels.direct_launch import launch
 from kernels.interface import INDEX_DTYPES, MASK_DTYPES
 from kernels.state_passing import (
     READ_AHEAD,
@@ -172,7 +173,7 @@ def state_passing_indexed(
                                  has_initial_state=has_initial_state, final_slot_index=final_slot_index, out=out,
                                  signal_next=signal_next)
     grid = (triton.cdiv(P * N, arguments["BLOCK_SIZE"]), H)
-    _state_passing_indexed_kernel[grid](**arguments)
+    launch(_state_passing_indexed_kernel, grid, arguments)
 
 
 def launch_arguments(states: torch.Tensor, dA_cumsum: torch.Tensor, *, state_cache: torch.Tensor,
