@@ -346,6 +346,15 @@ def test_a_call_that_waits_for_the_device_gets_no_host_time():
     assert len(tries) == SPIN_TRIES and tries == sorted(tries) and len(set(tries)) == SPIN_TRIES
 
 
+def test_on_the_gpu_a_call_that_enqueues_has_a_host_time_and_one_that_synchronizes_has_none(device):
+    if device != "cuda":
+        pytest.skip("the host time is measured behind a spin kernel on the GPU; its logic is tested above with fakes")
+    x = torch.zeros(1 << 16, device="cuda")
+    assert 0.0 < eager_host_us(lambda: x.add_(1.0)) < 1e5
+    with pytest.raises(HostTimeError, match="waits for the device"):
+        eager_host_us(lambda: x.sum().item())
+
+
 # ---- stages by profiling ---------------------------------------------------------------------------------------------
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.autotuner import Autotuner, Heuristics
+from triton.runtime.autotuner import Heuristics
 from triton.runtime.jit import JITFunction
 
 from kernels import direct_launch as dl
@@ -313,6 +313,43 @@ def test_every_guard_and_hook_sends_launches_through_triton():
     assert kernel.launches == [{"n": 1}] and not cache.bindings
 
 
+class ThroughTritonRuntime(FakeRuntime):
+    """Binds any launch and launches a binding through Triton's path again: what a direct launch would reuse, on
+    the interpreter (no binary)."""
+
+    def bind(self, kernel, arguments, result, device):
+        return kernel
+
+    def launch(self, binding, grid, arguments):
+        self.direct_launches.append(binding)
+        return binding[grid](**arguments)
+
+
+def test_every_stage_launch_of_a_repeated_call_finds_its_binding(device, monkeypatch):
+    """Every Triton launch of ``ssd_prefill`` goes through ``launch``, and a second call on fresh tensors of the same
+    case finds every one bound: the shape key does not change with the tensors' addresses."""
+    from harness.cases.builder import build_inputs
+    from harness.triton_launches import listening
+    from kernels import provider
+    from tests.support import make_case
+
+    one = make_case([(20, 12, 1, True, 2)], slots=3, chunk_size=16)
+    batch = make_case([(20, 12, 1, True, 2), (0, 40, 3, False, 4)], slots=5, chunk_size=16)
+    for case, path in ((one, "indexed"), (batch, "snapshot")):
+        seen: list = []
+        cache = dl.LaunchCache(ThroughTritonRuntime())
+        monkeypatch.setattr(dl, "LAUNCHES", cache)
+        for _ in range(2):
+            kw = build_inputs(case, device).kwargs(path=path)
+            with contextlib.ExitStack() as stack:
+                if not seen:  # the first call: count every jit launch, whoever makes it
+                    stack.enter_context(listening(lambda fn, args, kwargs, warmup, seen=seen: seen.append(warmup)))
+                provider.ssd_prefill(**kw)
+        launches = seen.count(False)
+        assert launches > 0 and cache.through_triton == launches, path
+        assert cache.direct == launches and len(cache.bindings) == launches, path
+
+
 # ---- on the GPU: real stages both ways -------------------------------------------------------------------------
 
 
@@ -327,28 +364,30 @@ def test_direct_launches_give_the_bits_of_tritons_path_and_step_aside_for_a_guar
 
     if dl.VERIFIED != triton.__version__:
         pytest.skip(f"Triton {triton.__version__}: the direct path is verified on {dl.VERIFIED} only")
-    case = make_case([(20, 40, 1, True, 2), (0, 70, 3, False, 4)], io="bfloat16", state="bfloat16", slots=5,
-                     chunk_size=16)
+    one = make_case([(20, 40, 1, True, 2)], io="bfloat16", state="bfloat16", slots=5, chunk_size=16)
+    batch = make_case([(20, 40, 1, True, 2), (0, 70, 3, False, 4)], io="bfloat16", state="bfloat16", slots=5,
+                      chunk_size=16)
+    assert one.indexed_eligible()
 
-    def call(path):
+    def call(case, path):
         kw = build_inputs(case, device).kwargs(path=path)
         provider.ssd_prefill(**kw)
         return kw["out"].clone(), kw["state_cache"].clone()
 
-    for path in ("snapshot", "indexed") if case.indexed_eligible() else ("snapshot",):
+    for case, path in ((one, "indexed"), (one, "snapshot"), (batch, "snapshot")):
         monkeypatch.setattr(dl, "LAUNCHES", dl.TritonPath())
-        expected = call(path)
+        expected = call(case, path)
         cache = dl.LaunchCache(dl.TritonRuntime())
         monkeypatch.setattr(dl, "LAUNCHES", cache)
-        first = call(path)
+        first = call(case, path)
         launches = cache.through_triton
         assert launches > 0 and cache.direct == 0
-        second = call(path)
+        second = call(case, path)
         assert (cache.direct, cache.through_triton) == (launches, launches), "every launch of a repeat is direct"
-        seen = []
-        with listening(lambda fn, args, kwargs, warmup: seen.append(fn)):
-            third = call(path)
+        seen: list = []
+        with listening(lambda fn, args, kwargs, warmup, seen=seen: seen.append(fn)):
+            third = call(case, path)
         assert cache.direct == launches and len(seen) >= launches, "a watched launch went around the watcher"
         for got in (first, second, third):
             for a, b in zip(got, expected, strict=True):
-                assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), path
+                assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (case.id, path)
