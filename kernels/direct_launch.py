@@ -23,8 +23,8 @@ Nothing Triton's path would do differently may be skipped, so a launch takes Tri
 - the key has no binding: its first launch, or its binding was evicted (``LaunchCache`` holds at most ``LIMIT``
   bindings, least recently launched out first);
 - Triton's caches no longer hold what the binding holds: the autotuner's cache lost the key's config (``forget_tuning``,
-  ``forced_config``) or the device cache lost the binary (the recompile guard's ``cold_in_memory_cache``): Triton would
-  tune or compile again, so its path runs and the key is bound afresh.
+  ``forced_config``), the device cache lost the binary (the recompile guard's ``cold_in_memory_cache``) or Triton's
+  instrumentation mode changed: Triton would tune or compile again, so its path runs and the key is bound afresh.
 
 What is read of Triton 3.6.0: ``JITFunction.device_caches[device][0]`` (the key -> ``CompiledKernel`` dict),
 ``JITFunction.params`` (the parameter order), ``JITFunction.used_global_vals`` (checked as ``run`` checks it),
@@ -90,25 +90,25 @@ class Binding:
     device: int
     params: tuple[str, ...]  # the kernel's parameter names, in order
     constexprs: dict  # the config's kwargs (block sizes ...), merged into the arguments
+    instrumentation_mode: str  # Triton's compile option at binding time (part of its key, not of the shape key)
 
 
 class TritonRuntime:
     """The Triton 3.6.0 internals ``LaunchCache`` uses (the module's docstring)."""
 
     def __init__(self):
+        from triton import knobs
         from triton.runtime.autotuner import Autotuner
         from triton.runtime.driver import driver
         from triton.runtime.jit import JITFunction
 
-        self.Autotuner, self.JITFunction, self.driver = Autotuner, JITFunction, driver
+        self.Autotuner, self.JITFunction, self.driver, self.knobs = Autotuner, JITFunction, driver, knobs
         self.jit_run = inspect.unwrap(JITFunction.__dict__["run"])
         self.autotuner_run = inspect.unwrap(Autotuner.__dict__["run"])
 
     def unwatched(self) -> bool:
         """No one watches launches or compiles (the module's docstring)."""
-        from triton import knobs
-
-        runtime = knobs.runtime
+        runtime = self.knobs.runtime
         return (self.JITFunction.__dict__["run"] is self.jit_run
                 and self.Autotuner.__dict__["run"] is self.autotuner_run
                 and runtime.jit_cache_hook is None and not runtime.debug
@@ -152,11 +152,14 @@ class TritonRuntime:
         triton_key = next((k for k, v in kernel_cache.items() if v is result), None)
         if triton_key is None:
             return None
-        return Binding(result, jit, tuner, config, tuning_key, triton_key, device, params, constexprs)
+        return Binding(result, jit, tuner, config, tuning_key, triton_key, device, params, constexprs,
+                       self.knobs.compilation.instrumentation_mode)
 
     def current(self, binding: Binding) -> bool:
         """Whether Triton's path would still launch ``binding``'s binary with its config."""
         tuner, jit = binding.tuner, binding.jit
+        if self.knobs.compilation.instrumentation_mode != binding.instrumentation_mode:
+            return False
         if tuner is not None:
             if binding.tuning_key is None:
                 if len(tuner.configs) != 1 or tuner.configs[0] is not binding.config:
@@ -219,6 +222,10 @@ class LaunchCache:
             return self._through_triton(kernel, grid, arguments, None)
         device = runtime.device()
         key = shape_key(kernel, device, arguments)
+        try:
+            hash(key)
+        except TypeError:  # an argument no key can hold (a list ...): Triton's path decides what it means
+            return self._through_triton(kernel, grid, arguments, None)
         with self._lock:
             binding = self.bindings.get(key)
             if binding is not None:

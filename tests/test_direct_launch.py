@@ -168,6 +168,8 @@ def test_triton_decides_whenever_a_binding_is_stale_unbindable_or_launches_are_w
     cache.launch(kernel, (1,), {"n": 7})
     cache.launch(kernel, (1,), {"n": 7})
     assert [a["n"] for a in kernel.launches][-2:] == [7, 7] and len(cache.bindings) == 1
+    cache.launch(kernel, (1,), {"n": 1, "shape": [1, 2]})  # an unhashable argument: no key, Triton's path
+    assert kernel.launches[-1]["shape"] == [1, 2] and len(cache.bindings) == 1
     assert runtime.direct_launches == [("binary 2", (1,), 1)]
 
 
@@ -214,6 +216,18 @@ def tuned_jit(binary, configs):
     yield tuner, jit
 
 
+@contextlib.contextmanager
+def _instrumentation_mode(mode: str):
+    from triton import knobs
+
+    saved = knobs.compilation.instrumentation_mode
+    knobs.compilation.instrumentation_mode = mode
+    try:
+        yield
+    finally:
+        knobs.compilation.instrumentation_mode = saved
+
+
 def test_the_runtime_binds_what_triton_chose_and_launches_it_as_jit_run_does():
     binary = FakeBinary()
     configs = [triton.Config({"BLOCK": 16}, num_warps=4), triton.Config({"BLOCK": 32}, num_warps=8)]
@@ -247,6 +261,9 @@ def test_the_runtime_binds_what_triton_chose_and_launches_it_as_jit_run_does():
         jit.pre_run_hooks.append(lambda *a, **k: None)
         assert not runtime.current(binding)
         jit.pre_run_hooks.clear()
+        assert runtime.current(binding)
+        with _instrumentation_mode("fpsan"):  # another compile option: another binary on Triton's path
+            assert not runtime.current(binding)
         assert runtime.current(binding)
 
         # Nothing bound where Triton's path returned no binary, chose another config than the tuner's cache holds,
