@@ -222,14 +222,15 @@ class LaunchCache:
             return self._through_triton(kernel, grid, arguments, None)
         device = runtime.device()
         key = shape_key(kernel, device, arguments)
-        try:
-            hash(key)
-        except TypeError:  # an argument no key can hold (a list ...): Triton's path decides what it means
-            return self._through_triton(kernel, grid, arguments, None)
         with self._lock:
-            binding = self.bindings.get(key)
+            try:
+                binding = self.bindings.get(key)
+            except TypeError:  # an argument no key can hold (a list ...): Triton's path decides what it means
+                key = binding = None
             if binding is not None:
                 self.bindings.move_to_end(key)
+        if key is None:
+            return self._through_triton(kernel, grid, arguments, None)
         if binding is not None and runtime.current(binding):
             self.direct += 1
             return runtime.launch(binding, grid, arguments)
