@@ -131,7 +131,9 @@ def host_batch_us(fn, calls: int, spin_cycles: int, sleep=None, clock=time.perf_
 def eager_host_us(fn, calls: int = HOST_CALLS, batches: int = HOST_BATCHES, batch=host_batch_us) -> float:
     """Host microseconds per eager call of ``fn`` (the module's docstring): the median of ``batches`` batches of
     ``calls`` calls, each behind a spin that outlasted it; a spin that did not is lengthened ``SPIN_GROWTH`` times
-    over, up to ``SPIN_TRIES`` times, then ``HostTimeError``."""
+    over, up to ``SPIN_TRIES`` times, then ``HostTimeError``. One untimed call comes first: what a provider does once
+    per shape in eager mode (a launch bound after a graph capture tuned afresh) stays out of the batches."""
+    fn()
     times, spin, tries = [], SPIN_CYCLES, 0
     while len(times) < batches:
         us = batch(fn, calls, spin)

@@ -112,7 +112,11 @@ class TritonRuntime:
         return (self.JITFunction.__dict__["run"] is self.jit_run
                 and self.Autotuner.__dict__["run"] is self.autotuner_run
                 and runtime.jit_cache_hook is None and not runtime.debug
-                and _idle(runtime.launch_enter_hook) and _idle(runtime.launch_exit_hook))
+                and self._idle(runtime.launch_enter_hook) and self._idle(runtime.launch_exit_hook))
+
+    def _idle(self, hook: Any) -> bool:
+        """A launch hook that calls nothing: None, or Triton's hook chain with no calls in it."""
+        return hook is None or (isinstance(hook, self.knobs.HookChain) and not hook.calls)
 
     def device(self) -> int:
         return self.driver.active.get_current_device()
@@ -189,11 +193,6 @@ class TritonRuntime:
 
 
 _MISSING = object()
-
-
-def _idle(hook: Any) -> bool:
-    """A launch hook that calls nothing: None, or Triton's hook chain with no calls in it."""
-    return hook is None or (type(hook).__name__ == "HookChain" and not hook.calls)
 
 
 def tuning_key_of(tuner: Any, arguments: dict) -> tuple:

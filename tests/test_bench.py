@@ -326,7 +326,9 @@ def test_the_eager_host_time_is_the_median_batch_each_behind_a_spin_that_outlast
 
     from harness.cuda_timing import SPIN_CYCLES, SPIN_GROWTH
 
-    assert eager_host_us(object, calls=7, batches=3, batch=batch) == 20.0
+    untimed = []
+    assert eager_host_us(lambda: untimed.append(len(batches)), calls=7, batches=3, batch=batch) == 20.0
+    assert untimed == [0]  # one call before the first batch, outside every batch
     # A spin that ended early is lengthened for every batch after it and the batch is repeated.
     assert batches == [(7, SPIN_CYCLES), (7, SPIN_CYCLES * SPIN_GROWTH), (7, SPIN_CYCLES * SPIN_GROWTH),
                        (7, SPIN_CYCLES * SPIN_GROWTH ** 2), (7, SPIN_CYCLES * SPIN_GROWTH ** 2)]
