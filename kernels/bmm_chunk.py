@@ -20,6 +20,7 @@ from kernels.backend import (
     DOT_FP32_OPERANDS,
     FP32_DOT_PRECISION,
     INTERPRET,
+    cdiv,
     check_overlap_flags,
     dot_acc,
     least_overshoot,
@@ -154,7 +155,7 @@ def bmm_chunk(C: torch.Tensor, B: torch.Tensor, chunk_size: int, cu_chunk_seqlen
     nchunks = cu_chunk_seqlens.numel() - 1
     CB = torch.empty(nchunks, G, chunk_size, chunk_size, device=C.device, dtype=torch.float32)
     grid = lambda META: (  # noqa: E731
-        triton.cdiv(chunk_size, META["BLOCK_SIZE_M"]) * triton.cdiv(chunk_size, META["BLOCK_SIZE_N"]),
+        cdiv(chunk_size, META["BLOCK_SIZE_M"]) * cdiv(chunk_size, META["BLOCK_SIZE_N"]),
         nchunks,
         G,
     )

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from kernels import chunk_cumsum, gather
-from kernels.backend import wait_for_previous_kernel
+from kernels.backend import cdiv, wait_for_previous_kernel
 from kernels.chunk_cumsum import chunk_cumsum_tile
 from kernels.direct_launch import launch
 from kernels.gather import gather_tile
@@ -127,8 +127,8 @@ def chunk_cumsum_gather(
 
 def programs(arguments: dict) -> int:
     """The grid's size: the cumsum's programs, then the gather's."""
-    cumsum = arguments["nchunks"] * triton.cdiv(arguments["nheads"], arguments["BLOCK_SIZE_H"])
-    return cumsum + triton.cdiv(arguments["row"], arguments["GATHER_BLOCK_SIZE"]) * arguments["out_ptr"].shape[0]
+    cumsum = arguments["nchunks"] * cdiv(arguments["nheads"], arguments["BLOCK_SIZE_H"])
+    return cumsum + cdiv(arguments["row"], arguments["GATHER_BLOCK_SIZE"]) * arguments["out_ptr"].shape[0]
 
 
 def launch_arguments(dt: torch.Tensor, A: torch.Tensor, cu_chunk_seqlens: torch.Tensor, dt_out: torch.Tensor,

@@ -22,6 +22,7 @@ from kernels.backend import (
     FP32_DOT_PRECISION,
     INTERPRET,
     LOG2E,
+    cdiv,
     check_overlap_flags,
     dot_acc,
     least_overshoot,
@@ -208,7 +209,7 @@ def chunk_state(
     C = dt_out.shape[1]
     assert cu_chunk_seqlens.shape == (C + 1,) and cu_chunk_seqlens.dtype in INDEX_DTYPES
     states = torch.empty(C, H, P, N, device=x.device, dtype=torch.float32)
-    grid = lambda META: (triton.cdiv(P, META["BLOCK_SIZE_M"]) * triton.cdiv(N, META["BLOCK_SIZE_N"]), C, H)  # noqa: E731
+    grid = lambda META: (cdiv(P, META["BLOCK_SIZE_M"]) * cdiv(N, META["BLOCK_SIZE_N"]), C, H)  # noqa: E731
     launch(chunk_state_kernel, grid, launch_arguments(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, states, signal_next,
                                                        overlaps_previous))
     return states

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from kernels import bmm_chunk, chunk_state
-from kernels.backend import INTERPRET, wait_for_previous_kernel
+from kernels.backend import INTERPRET, cdiv, wait_for_previous_kernel
 from kernels.bmm_chunk import bmm_tile
 from kernels.chunk_state import chunk_state_tile
 from kernels.direct_launch import launch
@@ -151,8 +151,8 @@ def chunk_state_bmm(B: torch.Tensor, x: torch.Tensor, C: torch.Tensor, dt_out: t
 def programs(arguments: dict) -> int:
     """The grid's size: bmm's programs, then chunk state's."""
     Q, P, N = arguments["chunk_size"], arguments["hdim"], arguments["dstate"]
-    bmm = triton.cdiv(Q, arguments["BMM_BLOCK_SIZE_M"]) * triton.cdiv(Q, arguments["BMM_BLOCK_SIZE_N"])
-    state = triton.cdiv(P, arguments["STATE_BLOCK_SIZE_M"]) * triton.cdiv(N, arguments["STATE_BLOCK_SIZE_N"])
+    bmm = cdiv(Q, arguments["BMM_BLOCK_SIZE_M"]) * cdiv(Q, arguments["BMM_BLOCK_SIZE_N"])
+    state = cdiv(P, arguments["STATE_BLOCK_SIZE_M"]) * cdiv(N, arguments["STATE_BLOCK_SIZE_N"])
     return arguments["nchunks"] * (bmm * arguments["ngroups"] + state * arguments["nheads"])
 
 

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import fixed_block, let_next_kernel_start, pdl_arguments, wait_for_previous_kernel
+from kernels.backend import cdiv, fixed_block, let_next_kernel_start, pdl_arguments, wait_for_previous_kernel
 from kernels.direct_launch import launch
 from kernels.interface import INDEX_DTYPES, MASK_DTYPES
 from kernels.state_passing import (
@@ -172,7 +172,7 @@ def state_passing_indexed(
     arguments = launch_arguments(states, dA_cumsum, state_cache=state_cache, init_slot_index=init_slot_index,
                                  has_initial_state=has_initial_state, final_slot_index=final_slot_index, out=out,
                                  signal_next=signal_next)
-    grid = (triton.cdiv(P * N, arguments["BLOCK_SIZE"]), H)
+    grid = (cdiv(P * N, arguments["BLOCK_SIZE"]), H)
     launch(_state_passing_indexed_kernel, grid, arguments)
 
 

@@ -87,6 +87,40 @@ def test_the_tuning_key_is_the_autotuners_own(device):
         tuner.cache.update(saved)
 
 
+def test_the_host_divisions_are_tritons():
+    from kernels.backend import cdiv, next_power_of_2
+
+    for x in range(0, 600):
+        assert next_power_of_2(x) == triton.next_power_of_2(x), x
+        for y in (1, 2, 3, 16, 64, 100, 256):
+            assert cdiv(x, y) == triton.cdiv(x, y), (x, y)
+    for x in (1 << 20, (1 << 31) - 1, 1 << 31, (1 << 40) + 3):
+        assert next_power_of_2(x) == triton.next_power_of_2(x) and cdiv(x, 7) == triton.cdiv(x, 7)
+
+
+def test_no_launch_path_calls_tritons_wrapped_divisions():
+    """Host code in kernels/ divides with ``kernels.backend.cdiv`` / ``next_power_of_2``: Triton's are wrapped for
+    use inside kernels, and the wrapper costs more than the division at every launch."""
+    import ast
+    from pathlib import Path
+
+    import kernels
+
+    def jit_decorated(node) -> bool:
+        return any("jit" in ast.unparse(d) for d in node.decorator_list)
+
+    found = []
+    for path in sorted(Path(kernels.__file__).parent.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        inside_jit = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and jit_decorated(f)
+                      for n in ast.walk(f)}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and id(node) not in inside_jit
+                    and ast.unparse(node.func) in ("triton.cdiv", "triton.next_power_of_2")):
+                found.append(f"{path.name}:{node.lineno}: {ast.unparse(node.func)}")
+    assert found == []
+
+
 # ---- the cache, over a fake runtime ------------------------------------------------------------------------------
 
 
