@@ -18,7 +18,7 @@ Nothing Triton's path would do differently may be skipped, so a launch takes Tri
   ``SSD_DIRECT_LAUNCH=0``, or for a kernel wrapped otherwise than in one ``Autotuner`` without a config pre-hook;
 - someone watches launches or compiles: ``JITFunction.run`` or ``Autotuner.run`` replaced on the class (the recompile
   guard and the warmup recording wrap the first, ``harness.triton_launches``; the autotune guard and the bench's
-  fresh tuning the second, ``harness.triton_autotuner``), a compile hook (``knobs.runtime.jit_cache_hook``), a launch
+  fresh tuning the second, ``harness.triton_autotuner``) or on the kernel's own objects, a compile hook (``knobs.runtime.jit_cache_hook``), a launch
   enter or exit hook, a kernel's ``pre_run_hooks``, or Triton's debug mode;
 - the key has no binding: its first launch, or its binding was evicted (``LaunchCache`` holds at most ``LIMIT``
   bindings, least recently launched out first);
@@ -170,7 +170,9 @@ class TritonRuntime:
                     return False
             elif tuner.cache.get(binding.tuning_key) is not binding.config:
                 return False
-        if jit.pre_run_hooks or jit.device_caches[binding.device][0].get(binding.triton_key) is not binding.binary:
+        if jit.pre_run_hooks or "run" in jit.__dict__ or (tuner is not None and "run" in tuner.__dict__):
+            return False  # a hook, or a run of this one kernel replaced: Triton's path runs them
+        if jit.device_caches[binding.device][0].get(binding.triton_key) is not binding.binary:
             return False
         for (name, _), (value, globals_dict) in jit.used_global_vals.items():
             if globals_dict.get(name, _MISSING) != value:

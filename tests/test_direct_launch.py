@@ -296,6 +296,11 @@ def test_the_runtime_binds_what_triton_chose_and_launches_it_as_jit_run_does():
         assert not runtime.current(binding)
         jit.pre_run_hooks.clear()
         assert runtime.current(binding)
+        for layer in (jit, tuner):  # one kernel's run replaced (a counting wrapper, say)
+            layer.run = lambda *a, **k: None
+            assert not runtime.current(binding)
+            del layer.run
+        assert runtime.current(binding)
         with _instrumentation_mode("fpsan"):  # another compile option: another binary on Triton's path
             assert not runtime.current(binding)
         assert runtime.current(binding)
