@@ -18,8 +18,9 @@ Nothing Triton's path would do differently may be skipped, so a launch takes Tri
   ``SSD_DIRECT_LAUNCH=0``, or for a kernel wrapped otherwise than in one ``Autotuner`` without a config pre-hook;
 - someone watches launches or compiles: ``JITFunction.run`` or ``Autotuner.run`` replaced on the class (the recompile
   guard and the warmup recording wrap the first, ``harness.triton_launches``; the autotune guard and the bench's
-  fresh tuning the second, ``harness.triton_autotuner``) or on the kernel's own objects, a compile hook (``knobs.runtime.jit_cache_hook``), a launch
-  enter or exit hook, a kernel's ``pre_run_hooks``, or Triton's debug mode;
+  fresh tuning the second, ``harness.triton_autotuner``) or on the kernel's own objects, a compile hook
+  (``knobs.runtime.jit_cache_hook``), a launch enter or exit hook, a kernel's ``pre_run_hooks``, or Triton's debug
+  mode;
 - the key has no binding: its first launch, or its binding was evicted (``LaunchCache`` holds at most ``LIMIT``
   bindings, least recently launched out first);
 - Triton's caches no longer hold what the binding holds: the autotuner's cache lost the key's config (``forget_tuning``,
