@@ -539,6 +539,16 @@ def record_configs(log: dict[str, dict[str, list[str]]]) -> None:
                 kept.append(config)
 
 
+def kernel_launches() -> dict | None:
+    """How our kernels launched so far in this process (``kernels.direct_launch``): the launcher's kind, its direct
+    launches and those through Triton's path; None where the module was never imported (another provider)."""
+    module = sys.modules.get("kernels.direct_launch")
+    if module is None:
+        return None
+    launches = module.LAUNCHES
+    return {"launcher": type(launches).__name__, "direct": launches.direct, "through_triton": launches.through_triton}
+
+
 def _meta(args, peer) -> dict:
     from harness.checks.providers import provider_name
 
@@ -651,12 +661,20 @@ def main(argv: list[str] | None = None) -> int:
     from harness.cuda_timing import GraphTimer
 
     configs: dict[str, dict[str, list[str]]] = {}
+    before = kernel_launches()
     entries, skipped = bench(workloads, args.variant or default_variants(provider), provider, peer, args.rounds,
                              GraphTimer(args.reps), configs=configs)
     summary = summarize(entries, skipped)
-    summary["meta"] = {**_meta(args, peer), "configs": configs}
+    launches = kernel_launches()
+    if launches is not None and before is not None:  # this run's launches: whether the direct path was taken
+        launches.update(direct=launches["direct"] - before["direct"],
+                        through_triton=launches["through_triton"] - before["through_triton"])
+    summary["meta"] = {**_meta(args, peer), "configs": configs, "kernel_launches": launches}
     _write(args.json, summary)
     print_table(summary)
+    if launches is not None:
+        print(f"our kernels' launches in this run: {launches['direct']} direct, {launches['through_triton']} through "
+              f"Triton's path ({launches['launcher']})")
     for kernel, by_key in configs.items():
         for key, ran in by_key.items():
             for config in ran:

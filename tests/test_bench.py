@@ -759,8 +759,16 @@ def test_main_times_ours_against_the_peer_and_fails_when_nothing_was_timed(monke
     seen = {}
     ours_entry = {"samples": [], "error": "RuntimeError: capture refused"}
 
+    from kernels import direct_launch
+
+    launcher = direct_launch.TritonPath()
+    launcher.direct, launcher.through_triton = 40, 5  # launches before the bench: not this run's
+    monkeypatch.setattr(direct_launch, "LAUNCHES", launcher)
+
     def fake_bench(workloads, variants, provider, peer, rounds, timer, configs):
         seen.update(workloads=workloads, variants=variants, peer=peer.name, rounds=rounds, reps=timer.reps)
+        launcher.direct += 12
+        launcher.through_triton += 3
         configs["_bmm_chunk_kernel"] = {"(256, 128)": ["BLOCK_SIZE_M: 64", "BLOCK_SIZE_M: 32"]}
         return [bench.Entry("prefill-4256", "ours", "indexed", {"path": "indexed"}, **ours_entry),
                 bench.Entry("prefill-4256", "peer", "snapshot", {"path": "snapshot"}, samples=peer_samples)], []
@@ -775,6 +783,8 @@ def test_main_times_ours_against_the_peer_and_fails_when_nothing_was_timed(monke
     # Every config a key ran in the process, one line each (two processes' lines are what configs-diff compares).
     assert ("config _bmm_chunk_kernel (256, 128): BLOCK_SIZE_M: 64\n"
             "config _bmm_chunk_kernel (256, 128): BLOCK_SIZE_M: 32\n") in out
+    # Whether our kernels took the direct launch path in this run (kernels.direct_launch), counted over the run only.
+    assert "our kernels' launches in this run: 12 direct, 3 through Triton's path (TritonPath)" in out
     ours_entry.update(samples=[2.0], error=None)
     assert bench.main(["--peer", "reference:provider", "--workload", "prefill-4256"]) == 0
     assert "2.000x" in capsys.readouterr().out
