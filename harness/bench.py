@@ -13,9 +13,10 @@ provider (e.g. ``peers.vllm_ssd:provider``), timed in the same process on the sa
 paths (``supported_paths``), called with ``path`` alone. Round after round (``--rounds``), both providers tune
 afresh on the workload (``tuned_afresh``), every call of the workload is captured as a CUDA graph and then measured
 once in turn, ours then the peer's (``harness.cuda_timing``: device time per call from ``--reps`` replays queued
-back to back, and one synchronized call's latency), so drift over the run, and the luck of an autotuner, reach both
-alike. Reported: the median and the best of the per-round figures, ours / the peer's (the peer's run of the same
-path, or of its first path when it lacks ours), and the config each of our autotuned kernels ran. ``--stages``
+back to back, one synchronized call's latency, and the host time of one eager call, enqueued behind a busy device:
+``eager_host_us``), so drift over the run, and the luck of an autotuner, reach both alike. Reported: the median and
+the best of the per-round figures, ours / the peer's (the peer's run of the same path, or of its first path when it
+lacks ours) for the device times and the host times, and the config each of our autotuned kernels ran. ``--stages``
 times each stage of ours alone (``harness.stage_bench``); ``--stages --peer`` compares the stages of one whole call
 of each by profiling (``harness.kernel_profile``), then each stage launched alone where both providers have the
 ``stage_launches`` hook (``bench_stages_alone``: back to back and after an L2 flush). Performance is measured here,
@@ -140,7 +141,9 @@ class Entry:
     call: dict
     samples: list[float] = field(default_factory=list)  # one per round: device us per call (``timer.measure``)
     latency_samples: list[float] = field(default_factory=list)  # one per round: one call's latency (``timer.latency``)
+    host_samples: list[float] = field(default_factory=list)  # one per round: an eager call's host us (``timer.host``)
     error: str | None = None
+    host_error: str | None = None  # why the eager call's host time could not be measured (its device times stand)
 
     @property
     def median(self) -> float | None:
@@ -153,6 +156,14 @@ class Entry:
     @property
     def latency(self) -> float | None:
         return statistics.median(self.latency_samples) if self.latency_samples else None
+
+    @property
+    def host_median(self) -> float | None:
+        return statistics.median(self.host_samples) if self.host_samples else None
+
+    @property
+    def host_best(self) -> float | None:
+        return min(self.host_samples) if self.host_samples else None
 
 
 @contextlib.contextmanager
@@ -193,8 +204,10 @@ def tuned_afresh(providers: list) -> Iterator[None]:
 def interleave(entries: list[Entry], fns: list, rounds: int, timer, fresh_tuning=contextlib.nullcontext) -> None:
     """For each of ``rounds`` rounds: inside ``fresh_tuning()`` prepare every call (``timer.prepare(fn)``: its
     warm-up calls tune, then the capture), then measure each prepared call once, in ``entries``' order
-    (``timer.measure`` then ``timer.latency``), appending to its ``samples`` and ``latency_samples``. A call that
-    cannot be prepared gets its ``error`` and no samples; the others still run."""
+    (``timer.measure`` then ``timer.latency`` of its graph, then ``timer.host(fn)``, the host time of its eager
+    call, tuned by the same preparation), appending to its ``samples``, ``latency_samples`` and ``host_samples``. A
+    call that cannot be prepared gets its ``error`` and no samples; one whose host time cannot be measured gets its
+    ``host_error`` and keeps its device samples; the others still run."""
     for _ in range(rounds):
         with fresh_tuning():
             prepared = []
@@ -206,10 +219,15 @@ def interleave(entries: list[Entry], fns: list, rounds: int, timer, fresh_tuning
                     except Exception as exc:  # a call that cannot be captured is a finding, reported in the table
                         entry.error = f"{type(exc).__name__}: {exc}"
                 prepared.append(handle)
-        for entry, handle in zip(entries, prepared, strict=True):
+        for entry, fn, handle in zip(entries, fns, prepared, strict=True):
             if handle is not None:
                 entry.samples.append(timer.measure(handle))
                 entry.latency_samples.append(timer.latency(handle))
+                if entry.host_error is None:
+                    try:
+                        entry.host_samples.append(timer.host(fn))
+                    except Exception as exc:  # e.g. a call that waits for the device: reported, not fatal
+                        entry.host_error = f"{type(exc).__name__}: {exc}"
         del prepared  # this round's graphs
 
 
@@ -270,13 +288,16 @@ def summarize(entries: list[Entry], skipped: list[str] | None = None) -> dict:
     for e in entries:
         row = {"workload": e.workload, "side": e.side, "variant": e.variant, "median_us": e.median,
                "best_us": e.best, "samples_us": list(e.samples), "latency_us": e.latency,
-               "latency_samples_us": list(e.latency_samples), "error": e.error}
+               "latency_samples_us": list(e.latency_samples), "host_median_us": e.host_median,
+               "host_best_us": e.host_best, "host_samples_us": list(e.host_samples), "error": e.error,
+               "host_error": e.host_error}
         if e.side == "ours":
             peer_variants = [p.variant for p in entries if p.workload == e.workload and p.side == "peer"]
             other = by.get((e.workload, "peer", counterpart(e.call["path"], peer_variants) or ""))
             row["peer_variant"] = other.variant if other else None
             row["ratio"] = ratio(e.median, other.median) if other else None
             row["best_ratio"] = ratio(e.best, other.best) if other else None
+            row["host_ratio"] = ratio(e.host_median, other.host_median) if other else None
         rows.append(row)
     targets = {}
     for workload in dict.fromkeys(e.workload for e in entries):
@@ -291,6 +312,9 @@ def summarize(entries: list[Entry], skipped: list[str] | None = None) -> dict:
             fastest = min(compared, key=lambda r: r["best_us"])
             targets[f"{workload}: our fastest ({fastest['variant']}) / the peer's, bests (target <= 0.9)"] = (
                 fastest["best_ratio"])
+            if fastest["host_ratio"] is not None:  # the same call's eager host time, where both sides have one
+                targets[f"{workload}: our fastest ({fastest['variant']}) eager host time / the peer's, medians "
+                        "(target <= 0.5)"] = fastest["host_ratio"]
     return {"rows": rows, "targets": targets, "skipped": list(skipped or [])}
 
 
@@ -302,21 +326,29 @@ def print_table(summary: dict) -> None:
     peer = any(r["side"] == "peer" for r in summary["rows"])
     rounds = max((len(r["samples_us"]) for r in summary["rows"]), default=0)
     print(f"graph replay, device time per call (replays queued back to back): median and best of {rounds} round(s) "
-          "of per-round medians; 1-call: one synchronized replay, host launch included (median)"
-          + ("; ratio: ours / the peer's variant named, of the medians and of the bests" if peer else ""))
-    head = f"{'workload':<20} {'side':<5} {'variant':<16} {'median us':>9} {'best us':>8} {'1-call us':>9}"
-    print(head + (f"  {'peer':<10} {'ratio':>7} {'best ratio':>10}" if peer else ""))
+          "of per-round medians; 1-call: one synchronized replay, host launch included (median); host: one eager "
+          "call's host time, enqueued behind a busy device (median of the rounds)"
+          + ("; ratio: ours / the peer's variant named, of the medians and of the bests; host ratio: of the host "
+             "medians" if peer else ""))
+    head = (f"{'workload':<20} {'side':<5} {'variant':<16} {'median us':>9} {'best us':>8} {'1-call us':>9} "
+            f"{'host us':>8}")
+    print(head + (f"  {'peer':<10} {'ratio':>7} {'best ratio':>10} {'host ratio':>10}" if peer else ""))
+
+    def times(value: float | None) -> str:
+        # Three decimals: a target such as 0.9x is decided in the third (0.9005 is not met).
+        return "-" if value is None else f"{value:.3f}x"
+
     for row in summary["rows"]:
         line = (f"{row['workload']:<20} {row['side']:<5} {row['variant']:<16} {_us(row['median_us']):>9} "
-                f"{_us(row['best_us']):>8} {_us(row.get('latency_us')):>9}")
+                f"{_us(row['best_us']):>8} {_us(row.get('latency_us')):>9} {_us(row.get('host_median_us')):>8}")
         if peer and row["side"] == "ours":
-            # Three decimals: a target such as 0.9x is decided in the third (0.9005 is not met).
-            ratio = "-" if row["ratio"] is None else f"{row['ratio']:.3f}x"
-            best = "-" if row["best_ratio"] is None else f"{row['best_ratio']:.3f}x"
-            line += f"  {row['peer_variant'] or '-':<10} {ratio:>7} {best:>10}"
+            line += (f"  {row['peer_variant'] or '-':<10} {times(row['ratio']):>7} {times(row['best_ratio']):>10} "
+                     f"{times(row.get('host_ratio')):>10}")
         print(line)
         if row["error"]:
             print(f"  graph capture failed: {row['error']}")
+        if row.get("host_error"):
+            print(f"  eager host time not measured: {row['host_error']}")
     for name, value in summary["targets"].items():
         print(f"{name}: {value:.4f}")
     for line in summary["skipped"]:
@@ -511,6 +543,16 @@ def record_configs(log: dict[str, dict[str, list[str]]]) -> None:
                 kept.append(config)
 
 
+def kernel_launches() -> dict | None:
+    """How our kernels launched so far in this process (``kernels.direct_launch``): the launcher's kind, its direct
+    launches and those through Triton's path; None where the module was never imported (another provider)."""
+    module = sys.modules.get("kernels.direct_launch")
+    if module is None:
+        return None
+    launches = module.LAUNCHES
+    return {"launcher": type(launches).__name__, "direct": launches.direct, "through_triton": launches.through_triton}
+
+
 def _meta(args, peer) -> dict:
     from harness.checks.providers import provider_name
 
@@ -525,8 +567,8 @@ def _meta(args, peer) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m harness bench",
-        description="Time the SSD prefill paths on the GPU (CUDA graph replays, medians), ours and optionally a "
-                    "peer's, on the bench workloads.")
+        description="Time the SSD prefill paths on the GPU (CUDA graph replays, medians; and each eager call's "
+                    "host time), ours and optionally a peer's, on the bench workloads.")
     parser.add_argument("--workload", action="append", choices=list(WORKLOADS),
                         help="repeatable; default all (--stages without --peer: prefill-4256)")
     parser.add_argument("--variant", action="append", choices=list(ALL_VARIANTS),
@@ -623,12 +665,20 @@ def main(argv: list[str] | None = None) -> int:
     from harness.cuda_timing import GraphTimer
 
     configs: dict[str, dict[str, list[str]]] = {}
+    before = kernel_launches()
     entries, skipped = bench(workloads, args.variant or default_variants(provider), provider, peer, args.rounds,
                              GraphTimer(args.reps), configs=configs)
     summary = summarize(entries, skipped)
-    summary["meta"] = {**_meta(args, peer), "configs": configs}
+    launches = kernel_launches()
+    if launches is not None and before is not None:  # this run's launches: whether the direct path was taken
+        launches.update(direct=launches["direct"] - before["direct"],
+                        through_triton=launches["through_triton"] - before["through_triton"])
+    summary["meta"] = {**_meta(args, peer), "configs": configs, "kernel_launches": launches}
     _write(args.json, summary)
     print_table(summary)
+    if launches is not None:
+        print(f"our kernels' launches in this run: {launches['direct']} direct, {launches['through_triton']} through "
+              f"Triton's path ({launches['launcher']})")
     for kernel, by_key in configs.items():
         for key, ran in by_key.items():
             for config in ran:

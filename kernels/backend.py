@@ -53,6 +53,24 @@ USE_LIBDEVICE = not INTERPRET
 LOG2E = tl.constexpr(1.4426950408889634)
 
 
+def cdiv(x: int, y: int) -> int:
+    """``triton.cdiv`` for host code (grids, block choices): the same formula without the wrapper that makes Triton's
+    usable inside kernels, which costs more than the division itself on every launch."""
+    return (x + y - 1) // y
+
+
+def next_power_of_2(n: int) -> int:
+    """``triton.next_power_of_2`` for host code (as ``cdiv``): the smallest power of two >= n, by Triton's formula."""
+    n -= 1
+    n |= n >> 1
+    n |= n >> 2
+    n |= n >> 4
+    n |= n >> 8
+    n |= n >> 16
+    n |= n >> 32
+    return n + 1
+
+
 # The interpreter pays per program, not per element (each program is a round of numpy calls): a kernel with one
 # fixed block walks its extent in one block there, up to this many elements.
 INTERPRETER_MAX_BLOCK = 1 << 20
@@ -62,7 +80,7 @@ def fixed_block(extent: int, gpu_block: int) -> int:
     """The block of a kernel that runs one fixed block size (never autotuned): ``gpu_block`` on the GPU; under the
     interpreter the whole ``extent`` (a power of two, at most ``INTERPRETER_MAX_BLOCK``). Only for kernels whose
     bits do not depend on the block (elementwise copies and recurrences)."""
-    return min(INTERPRETER_MAX_BLOCK, triton.next_power_of_2(extent)) if INTERPRET else gpu_block
+    return min(INTERPRETER_MAX_BLOCK, next_power_of_2(extent)) if INTERPRET else gpu_block
 
 
 def _interpreter_do_bench(kernel_call, quantiles=(0.5, 0.2, 0.8)):
@@ -108,7 +126,7 @@ def least_overshoot(**block_over: str):
     configs remain never changes what a check expects (each config is forced in tests/test_kernel_stages.py)."""
 
     def overshoot(config: triton.Config, sizes: dict) -> float:
-        return sum(max(1.0, config.kwargs[block] / triton.next_power_of_2(max(1, int(sizes[arg]))))
+        return sum(max(1.0, config.kwargs[block] / next_power_of_2(max(1, int(sizes[arg]))))
                    for block, arg in block_over.items())
 
     def prune(configs, named_args, **kwargs):

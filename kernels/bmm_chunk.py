@@ -20,6 +20,7 @@ from kernels.backend import (
     DOT_FP32_OPERANDS,
     FP32_DOT_PRECISION,
     INTERPRET,
+    cdiv,
     check_overlap_flags,
     dot_acc,
     least_overshoot,
@@ -28,6 +29,7 @@ from kernels.backend import (
     wait_at_end_if_overlapping,
     wait_unless_overlapping,
 )
+from kernels.direct_launch import launch
 from kernels.interface import INDEX_DTYPES
 from kernels.tuned_configs import checked_in
 
@@ -153,11 +155,11 @@ def bmm_chunk(C: torch.Tensor, B: torch.Tensor, chunk_size: int, cu_chunk_seqlen
     nchunks = cu_chunk_seqlens.numel() - 1
     CB = torch.empty(nchunks, G, chunk_size, chunk_size, device=C.device, dtype=torch.float32)
     grid = lambda META: (  # noqa: E731
-        triton.cdiv(chunk_size, META["BLOCK_SIZE_M"]) * triton.cdiv(chunk_size, META["BLOCK_SIZE_N"]),
+        cdiv(chunk_size, META["BLOCK_SIZE_M"]) * cdiv(chunk_size, META["BLOCK_SIZE_N"]),
         nchunks,
         G,
     )
-    bmm_chunk_kernel[grid](**launch_arguments(C, B, cu_chunk_seqlens, CB, signal_next, overlaps_previous))
+    launch(bmm_chunk_kernel, grid, launch_arguments(C, B, cu_chunk_seqlens, CB, signal_next, overlaps_previous))
     return CB
 
 

@@ -19,10 +19,13 @@ from kernels.backend import (
     AUTOTUNE_DO_BENCH,
     LOG2E,
     USE_LIBDEVICE,
+    cdiv,
     let_next_kernel_start,
+    next_power_of_2,
     pdl_arguments,
     wait_for_previous_kernel,
 )
+from kernels.direct_launch import launch
 from kernels.interface import INDEX_DTYPES
 from kernels.tuned_configs import checked_in, checked_in_config, describe, device_arch
 
@@ -199,9 +202,9 @@ def chunk_cumsum(
     H, nchunks = dt_out.shape[0], dt_out.shape[1]
 
     def grid(meta):
-        return (nchunks, triton.cdiv(H, meta["BLOCK_SIZE_H"]))
+        return (nchunks, cdiv(H, meta["BLOCK_SIZE_H"]))
 
-    chunk_cumsum_kernel[grid](**launch_arguments(
+    launch(chunk_cumsum_kernel, grid, launch_arguments(
         dt, A, cu_chunk_seqlens, dt_out, dA_cumsum, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
         signal_next=signal_next))
     return dA_cumsum, dt_out
@@ -243,6 +246,6 @@ def launch_arguments(dt: torch.Tensor, A: torch.Tensor, cu_chunk_seqlens: torch.
         DT_SOFTPLUS=bool(dt_softplus),
         HAS_DT_LIMIT=tuple(dt_limit) != (0.0, math.inf),
         LOG1P_LIBDEVICE=USE_LIBDEVICE,
-        BLOCK_SIZE_CHUNK=triton.next_power_of_2(chunk_size),
+        BLOCK_SIZE_CHUNK=next_power_of_2(chunk_size),
         **pdl_arguments(),
     )

@@ -26,8 +26,9 @@ import triton
 import triton.language as tl
 
 from kernels import chunk_cumsum, gather
-from kernels.backend import wait_for_previous_kernel
+from kernels.backend import cdiv, wait_for_previous_kernel
 from kernels.chunk_cumsum import chunk_cumsum_tile
+from kernels.direct_launch import launch
 from kernels.gather import gather_tile
 
 
@@ -120,14 +121,14 @@ def chunk_cumsum_gather(
     arguments = launch_arguments(
         dt, A, cu_chunk_seqlens, dt_out, dA_cumsum, state_cache, initial_state_indices, has_initial_states,
         initial_states, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit)
-    _chunk_cumsum_gather_kernel[(programs(arguments),)](**arguments)
+    launch(_chunk_cumsum_gather_kernel, (programs(arguments),), arguments)
     return dA_cumsum, dt_out, initial_states
 
 
 def programs(arguments: dict) -> int:
     """The grid's size: the cumsum's programs, then the gather's."""
-    cumsum = arguments["nchunks"] * triton.cdiv(arguments["nheads"], arguments["BLOCK_SIZE_H"])
-    return cumsum + triton.cdiv(arguments["row"], arguments["GATHER_BLOCK_SIZE"]) * arguments["out_ptr"].shape[0]
+    cumsum = arguments["nchunks"] * cdiv(arguments["nheads"], arguments["BLOCK_SIZE_H"])
+    return cumsum + cdiv(arguments["row"], arguments["GATHER_BLOCK_SIZE"]) * arguments["out_ptr"].shape[0]
 
 
 def launch_arguments(dt: torch.Tensor, A: torch.Tensor, cu_chunk_seqlens: torch.Tensor, dt_out: torch.Tensor,

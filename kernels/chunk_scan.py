@@ -29,11 +29,14 @@ from kernels.backend import (
     DOT_FP32_OPERANDS,
     FP32_DOT_PRECISION,
     LOG2E,
+    cdiv,
     dot_acc,
     least_overshoot,
+    next_power_of_2,
     pdl_arguments,
     wait_for_previous_kernel,
 )
+from kernels.direct_launch import launch
 from kernels.interface import INDEX_DTYPES, STATE_DTYPES
 from kernels.tuned_configs import checked_in
 
@@ -65,7 +68,7 @@ MIN_BLOCK_SIZE_DSTATE = 16
 
 def dstate_block(dstate: int) -> int:
     """The dstate block of the (C . prev) dot: a power of two in [16, 128] (masked past dstate)."""
-    return max(MIN_BLOCK_SIZE_DSTATE, min(triton.next_power_of_2(dstate), MAX_BLOCK_SIZE_DSTATE))
+    return max(MIN_BLOCK_SIZE_DSTATE, min(next_power_of_2(dstate), MAX_BLOCK_SIZE_DSTATE))
 
 
 # D's strides are (1, 0) per head and (P, 1) per channel: not specialized, so both share one binary (the loads are
@@ -309,8 +312,8 @@ def chunk_scan(
             f"found {initial_states.stride()[2:]}")
     assert not (states_are_entering and initial_states is not None), "entering states already hold the initial states"
 
-    grid = lambda META: (triton.cdiv(Q, META["BLOCK_SIZE_M"]) * triton.cdiv(P, META["BLOCK_SIZE_N"]), nchunks, H)  # noqa: E731
-    chunk_scan_kernel[grid](**launch_arguments(
+    grid = lambda META: (cdiv(Q, META["BLOCK_SIZE_M"]) * cdiv(P, META["BLOCK_SIZE_N"]), nchunks, H)  # noqa: E731
+    launch(chunk_scan_kernel, grid, launch_arguments(
         CB, x, dt_out, dA_cumsum, C, states, cu_chunk_seqlens, seq_idx, out=out, D=D, z=z,
         initial_states=initial_states, states_are_entering=states_are_entering))
 

@@ -22,12 +22,14 @@ from kernels.backend import (
     FP32_DOT_PRECISION,
     INTERPRET,
     LOG2E,
+    cdiv,
     dot_acc,
     least_overshoot,
     pdl_arguments,
     wait_at_end_if_overlapping,
     wait_unless_overlapping,
 )
+from kernels.direct_launch import launch
 from kernels.interface import INDEX_DTYPES
 from kernels.tuned_configs import checked_in, chunk_count_class
 
@@ -51,9 +53,9 @@ def accumulate_tokens(acc, x, b, dA_cs_last, dA_cs_k, dt_k, DOT_FP32_OPERANDS: t
     return dot_acc(acc, x, b, DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
 
 
-# chunk_count_class is read by the autotuner only (its key), signal_next and overlaps_previous are branches:
-# specializing them would only multiply binaries.
-@triton.jit(do_not_specialize=("chunk_count_class", "signal_next", "overlaps_previous"))
+# chunk_count_class is read by the autotuner only (its key), overlaps_previous is a branch: specializing them would
+# only multiply binaries.
+@triton.jit(do_not_specialize=("chunk_count_class", "overlaps_previous"))
 def _chunk_state_kernel(
     x_ptr,  # (T, H, P) io dtype
     B_ptr,  # (T, G, N) io dtype
@@ -203,9 +205,9 @@ def chunk_state(
     C = dt_out.shape[1]
     assert cu_chunk_seqlens.shape == (C + 1,) and cu_chunk_seqlens.dtype in INDEX_DTYPES
     states = torch.empty(C, H, P, N, device=x.device, dtype=torch.float32)
-    grid = lambda META: (triton.cdiv(P, META["BLOCK_SIZE_M"]) * triton.cdiv(N, META["BLOCK_SIZE_N"]), C, H)  # noqa: E731
-    chunk_state_kernel[grid](**launch_arguments(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, states,
-                                                overlaps_previous))
+    grid = lambda META: (cdiv(P, META["BLOCK_SIZE_M"]) * cdiv(N, META["BLOCK_SIZE_N"]), C, H)  # noqa: E731
+    launch(chunk_state_kernel, grid, launch_arguments(B, x, dt_out, dA_cumsum, cu_chunk_seqlens, states,
+                                                       overlaps_previous))
     return states
 
 

@@ -21,9 +21,10 @@ import triton
 import triton.language as tl
 
 from kernels import bmm_chunk, chunk_state
-from kernels.backend import INTERPRET, wait_for_previous_kernel
+from kernels.backend import INTERPRET, cdiv, wait_for_previous_kernel
 from kernels.bmm_chunk import bmm_tile
 from kernels.chunk_state import chunk_state_tile
+from kernels.direct_launch import launch
 from kernels.tuned_configs import checked_in_config, chunk_count_class, device_arch
 
 BLOCKS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K")
@@ -143,15 +144,15 @@ def chunk_state_bmm(B: torch.Tensor, x: torch.Tensor, C: torch.Tensor, dt_out: t
     states = torch.empty(nchunks, H, P, N, device=x.device, dtype=torch.float32)
     CB = torch.empty(nchunks, G, Q, Q, device=x.device, dtype=torch.float32)
     arguments = launch_arguments(B, x, C, dt_out, dA_cumsum, cu_chunk_seqlens, states, CB, config)
-    _chunk_state_bmm_kernel[(programs(arguments),)](**arguments)
+    launch(_chunk_state_bmm_kernel, (programs(arguments),), arguments)
     return states, CB
 
 
 def programs(arguments: dict) -> int:
     """The grid's size: bmm's programs, then chunk state's."""
     Q, P, N = arguments["chunk_size"], arguments["hdim"], arguments["dstate"]
-    bmm = triton.cdiv(Q, arguments["BMM_BLOCK_SIZE_M"]) * triton.cdiv(Q, arguments["BMM_BLOCK_SIZE_N"])
-    state = triton.cdiv(P, arguments["STATE_BLOCK_SIZE_M"]) * triton.cdiv(N, arguments["STATE_BLOCK_SIZE_N"])
+    bmm = cdiv(Q, arguments["BMM_BLOCK_SIZE_M"]) * cdiv(Q, arguments["BMM_BLOCK_SIZE_N"])
+    state = cdiv(P, arguments["STATE_BLOCK_SIZE_M"]) * cdiv(N, arguments["STATE_BLOCK_SIZE_N"])
     return arguments["nchunks"] * (bmm * arguments["ngroups"] + state * arguments["nheads"])
 
 

@@ -41,11 +41,14 @@ from kernels.backend import (
     DOT_FP32_OPERANDS,
     FP32_DOT_PRECISION,
     INTERPRET,
+    cdiv,
     let_next_kernel_start,
+    next_power_of_2,
     pdl_arguments,
     wait_for_previous_kernel,
 )
 from kernels.chunk_state import accumulate_tokens, check_inputs, interpreter_config
+from kernels.direct_launch import launch
 from kernels.interface import MASK_DTYPES
 from kernels.state_passing import check_index, check_state_rows, recurrence_step
 from kernels.tuned_configs import Measured
@@ -232,7 +235,7 @@ def default_config(P: int, N: int, Q: int) -> dict[str, int]:
     step; under the interpreter the chunk state stage's own blocks (``kernels.chunk_state.interpreter_config``)."""
     if INTERPRET:
         return dict(interpreter_config(P, N, Q), num_warps=4, num_stages=3)
-    fit = lambda extent, cap: max(16, min(cap, triton.next_power_of_2(extent)))  # noqa: E731
+    fit = lambda extent, cap: max(16, min(cap, next_power_of_2(extent)))  # noqa: E731
     return dict(BLOCK_SIZE_M=fit(P, 64), BLOCK_SIZE_N=fit(N, 64), BLOCK_SIZE_K=fit(Q, 64), num_warps=4, num_stages=3)
 
 
@@ -318,8 +321,8 @@ def chunk_state_passing(
         state_cache=state_cache, initial_state_indices=initial_state_indices, has_initial_states=has_initial_states,
         final_state_indices=final_state_indices, last_chunk_indices=last_chunk_indices, chunk_states=chunk_states,
         config=config, signal_next=signal_next)
-    grid = (triton.cdiv(P, arguments["BLOCK_SIZE_M"]) * triton.cdiv(N, arguments["BLOCK_SIZE_N"]), H)
-    _chunk_state_passing_kernel[grid](**arguments)
+    grid = (cdiv(P, arguments["BLOCK_SIZE_M"]) * cdiv(N, arguments["BLOCK_SIZE_N"]), H)
+    launch(_chunk_state_passing_kernel, grid, arguments)
 
 
 def launch_arguments(B: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_cumsum: torch.Tensor,
@@ -439,5 +442,5 @@ def teacher_forced_config(P: int, N: int, Q: int) -> dict[str, int]:
     dot whose rounding depends on the blocks)."""
     if not INTERPRET:
         return tile_config(P, N, Q, TEACHER_FORCED_IO_DTYPE.itemsize)
-    whole = lambda extent: max(16, triton.next_power_of_2(extent))  # noqa: E731
+    whole = lambda extent: max(16, next_power_of_2(extent))  # noqa: E731
     return dict(BLOCK_SIZE_M=whole(P), BLOCK_SIZE_N=whole(N), BLOCK_SIZE_K=whole(Q), num_warps=4, num_stages=1)

@@ -18,6 +18,9 @@ AUTOTUNE_BUDGET_ENV = "SSD_AUTOTUNE_MS"
 # Programmatic dependent launch (``kernels.backend.programmatic_launch``): "0" turns it off; unset or "1" leaves it on
 # wherever the GPU has it (Hopper and later).
 PDL_ENV = "SSD_PDL"
+# Direct launches of bound binaries (``kernels.direct_launch``): "0" sends every launch through Triton's own launch
+# path; unset or "1" launches a shape Triton has launched once directly, where the Triton version is the verified one.
+DIRECT_LAUNCH_ENV = "SSD_DIRECT_LAUNCH"
 
 DEVICES = ("cpu", "cuda")
 

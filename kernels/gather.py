@@ -12,7 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import fixed_block, pdl_arguments, wait_at_end_if_overlapping, wait_unless_overlapping
+from kernels.backend import cdiv, fixed_block, pdl_arguments, wait_at_end_if_overlapping, wait_unless_overlapping
+from kernels.direct_launch import launch
 from kernels.interface import INDEX_DTYPES, MASK_DTYPES
 
 # The fixed block over a row of H * P * N states on the GPU (under the interpreter a row is one block:
@@ -126,8 +127,8 @@ def gather_initial_states(
     """
     out = gather_output(state_cache, initial_state_indices, has_initial_states)
     arguments = launch_arguments(state_cache, initial_state_indices, has_initial_states, out, overlaps_previous)
-    grid = (triton.cdiv(arguments["row"], arguments["BLOCK_SIZE"]), out.shape[0])
-    _gather_initial_states_kernel[grid](**arguments)
+    grid = (cdiv(arguments["row"], arguments["BLOCK_SIZE"]), out.shape[0])
+    launch(_gather_initial_states_kernel, grid, arguments)
     return out
 
 

@@ -21,7 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import fixed_block, pdl_arguments, wait_for_previous_kernel
+from kernels.backend import cdiv, fixed_block, pdl_arguments, wait_for_previous_kernel
+from kernels.direct_launch import launch
 from kernels.state_passing import (
     READ_AHEAD,
     check_index,
@@ -176,7 +177,7 @@ def state_passing_batched(
         assert t is None or t.device == states.device, f"{name}: on {t.device}, states on {states.device}"
     arguments = launch_arguments(states, dA_cumsum, last_chunk_indices, initial_states=initial_states, out=out,
                                  state_cache=state_cache, final_state_indices=final_state_indices)
-    _state_passing_batched_kernel[(triton.cdiv(P * N, arguments["BLOCK_SIZE"]), batch, H)](**arguments)
+    launch(_state_passing_batched_kernel, (cdiv(P * N, arguments["BLOCK_SIZE"]), batch, H), arguments)
 
 
 def launch_arguments(states: torch.Tensor, dA_cumsum: torch.Tensor, last_chunk_indices: torch.Tensor, *,

@@ -19,7 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import fixed_block, pdl_arguments, wait_for_previous_kernel
+from kernels.backend import cdiv, fixed_block, pdl_arguments, wait_for_previous_kernel
+from kernels.direct_launch import launch
 from kernels.interface import INDEX_DTYPES, MASK_DTYPES
 from kernels.state_passing import (
     READ_AHEAD,
@@ -38,7 +39,7 @@ BLOCK_SIZE = 512
 # Slot indices and the mask are single scalars, nchunks a loop bound: specializing on them only multiplies
 # binaries, so they are compiled once for all classes.
 SCALAR_ONLY = {
-    "do_not_specialize": ("nchunks", "signal_next"),
+    "do_not_specialize": ("nchunks",),
     "do_not_specialize_on_alignment": ("init_slot_ptr", "has_init_ptr", "final_slot_ptr"),
 }
 
@@ -166,8 +167,8 @@ def state_passing_indexed(
         assert t.device == states.device, f"{name}: on {t.device}, states on {states.device}"
     arguments = launch_arguments(states, dA_cumsum, state_cache=state_cache, init_slot_index=init_slot_index,
                                  has_initial_state=has_initial_state, final_slot_index=final_slot_index, out=out)
-    grid = (triton.cdiv(P * N, arguments["BLOCK_SIZE"]), H)
-    _state_passing_indexed_kernel[grid](**arguments)
+    grid = (cdiv(P * N, arguments["BLOCK_SIZE"]), H)
+    launch(_state_passing_indexed_kernel, grid, arguments)
 
 
 def launch_arguments(states: torch.Tensor, dA_cumsum: torch.Tensor, *, state_cache: torch.Tensor,

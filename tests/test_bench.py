@@ -21,6 +21,7 @@ from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 
 from harness import bench, cli, kernel_profile
+from harness.cuda_timing import HostTimeError, eager_host_us
 
 # ---- fakes -----------------------------------------------------------------------------------------------------------
 
@@ -72,6 +73,12 @@ class FakeClock:
     def latency(self, fn):
         """A synchronized call: the host's launch latency (5 us here) on top of the device time."""
         return self.base_us[self.label(fn)] + self.now + 5.0
+
+    def host(self, fn):
+        """An eager call's host time: ten times the device time here, plus the drift so far."""
+        fn()
+        self.order.append(f"host {self.label(fn)}")
+        return 10 * self.base_us[self.label(fn)] + self.now
 
     @staticmethod
     def label(fn) -> str:
@@ -138,14 +145,41 @@ def test_interleave_alternates_the_calls_round_by_round_and_keeps_every_round():
         tunings.append(("tuned", len(a.calls), len(b.calls)))
 
     bench.interleave(entries, fns, rounds=3, timer=clock, fresh_tuning=fresh_tuning)
-    assert clock.order == ["ours fused", "peer snapshot"] * 3
+    # Each call's eager host time right after its device times, in the same alternation.
+    assert clock.order == ["ours fused", "host ours fused", "peer snapshot", "host peer snapshot"] * 3
     assert entries[0].samples == [11.0, 13.0, 15.0] and entries[1].samples == [22.0, 24.0, 26.0]
     assert entries[0].latency_samples == [16.0, 18.0, 20.0]  # measured right after each round's sample
+    assert entries[0].host_samples == [101.0, 103.0, 105.0] and entries[1].host_samples == [202.0, 204.0, 206.0]
     assert (entries[0].median, entries[0].best) == (13.0, 11.0)
-    # Each round prepares both calls afresh inside its own tuning block (one call each), then measures (one each).
-    assert tunings == [("tuning", 0, 0), ("tuned", 1, 1), ("tuning", 2, 2), ("tuned", 3, 3), ("tuning", 4, 4),
-                       ("tuned", 5, 5)]
-    assert len(a.calls) == 6 and len(b.calls) == 6
+    assert (entries[0].host_median, entries[0].host_best) == (103.0, 101.0)
+    # Each round prepares both calls afresh inside its own tuning block (one call each), then measures (two each:
+    # the device time's and the eager host time's).
+    assert tunings == [("tuning", 0, 0), ("tuned", 1, 1), ("tuning", 3, 3), ("tuned", 4, 4), ("tuning", 6, 6),
+                       ("tuned", 7, 7)]
+    assert len(a.calls) == 9 and len(b.calls) == 9
+
+
+def test_a_call_whose_host_time_cannot_be_measured_keeps_its_device_times_and_says_why(capsys):
+    class Waits(FakeClock):
+        def host(self, fn):
+            if self.label(fn).startswith("peer"):
+                raise HostTimeError("a spin of 800000000 cycles ended before 25 eager calls were enqueued")
+            return super().host(fn)
+
+    inputs = FakeInputs(bench.workload_case("short-continuation"))
+    entries = [bench.Entry("w", "ours", "indexed", {"path": "indexed"}),
+               bench.Entry("w", "peer", "snapshot", {"path": "snapshot"})]
+    fns = [bench._call(ours(), inputs, entries[0].call), bench._call(vllm_like(), inputs, entries[1].call)]
+    clock = Waits({"ours indexed": 5.0, "peer snapshot": 6.0})
+    bench.interleave(entries, fns, rounds=2, timer=clock)
+    assert entries[1].samples == [6.0, 6.0] and entries[1].host_samples == []
+    assert entries[1].host_error.startswith("HostTimeError: a spin of 800000000 cycles")
+    assert clock.order.count("host peer snapshot") == 0  # not tried again once it failed
+    assert entries[0].host_samples == [50.0, 50.0] and entries[0].host_error is None
+    summary = bench.summarize(entries)
+    assert summary["rows"][0]["host_ratio"] is None and summary["rows"][0]["ratio"] == pytest.approx(5.0 / 6.0)
+    bench.print_table(summary)
+    assert "  eager host time not measured: HostTimeError: a spin of 800000000" in capsys.readouterr().out
 
 
 BENCHED: list[int] = []
@@ -222,7 +256,8 @@ def test_bench_gives_both_providers_the_same_inputs_and_the_peer_its_paths_only(
                                    timer=clock, build_inputs=build, device="cpu")
     assert built == [("bench-short-continuation", "cpu"), ("bench-mixed-3", "cpu")]  # one set of inputs each
     round_short = ["ours torch", "ours fused", "ours indexed", "peer snapshot"]
-    assert clock.order == round_short * 2 + ["ours torch", "ours fused", "peer snapshot"] * 2
+    assert [o for o in clock.order if not o.startswith("host ")] == (
+        round_short * 2 + ["ours torch", "ours fused", "peer snapshot"] * 2)
     assert skipped == ["bench-mixed-3 indexed: " + bench.workload_case("mixed-3").indexed_eligible().reason]
     assert all("gather" not in call for call in b.calls) and {c["path"] for c in b.calls} == {"snapshot"}
     for workload in ("bench-short-continuation", "bench-mixed-3"):
@@ -241,9 +276,14 @@ def test_bench_gives_both_providers_the_same_inputs_and_the_peer_its_paths_only(
         20.0 / 25.0)
     # mixed-3 has no indexed variant: only our fastest call against the peer's, ratio of the bests
     assert [k for k in targets if k.startswith("mixed-3")] == [
-        "mixed-3: our fastest (snapshot-fused) / the peer's, bests (target <= 0.9)"]
+        "mixed-3: our fastest (snapshot-fused) / the peer's, bests (target <= 0.9)",
+        "mixed-3: our fastest (snapshot-fused) eager host time / the peer's, medians (target <= 0.5)"]
     assert targets["mixed-3: our fastest (snapshot-fused) / the peer's, bests (target <= 0.9)"] == pytest.approx(
         24.0 / 25.0)
+    # The eager host time of the same call (ten times its device time on this clock), against the peer's: issue 54.
+    assert indexed["host_ratio"] == pytest.approx(200.0 / 250.0) and indexed["host_median_us"] == 200.0
+    assert targets["short-continuation: our fastest (indexed) eager host time / the peer's, medians (target <= 0.5)"] \
+        == pytest.approx(200.0 / 250.0)
 
 
 def test_ratios_are_of_medians_and_of_bests():
@@ -255,17 +295,66 @@ def test_ratios_are_of_medians_and_of_bests():
 
 
 def test_the_table_has_peer_columns_only_with_a_peer(capsys):
-    e = bench.Entry("short-continuation", "ours", "indexed", {"path": "indexed"}, samples=[20.0])
-    p = bench.Entry("short-continuation", "peer", "snapshot", {"path": "snapshot"}, samples=[25.0])
+    e = bench.Entry("short-continuation", "ours", "indexed", {"path": "indexed"}, samples=[20.0],
+                    host_samples=[90.0, 100.0, 80.0])
+    p = bench.Entry("short-continuation", "peer", "snapshot", {"path": "snapshot"}, samples=[25.0],
+                    host_samples=[200.0])
     bench.print_table(bench.summarize([e, p], ["bench-mixed-3 indexed: one sequence only"]))
     out = capsys.readouterr().out
-    assert "ratio: ours / the peer's variant named" in out
-    row = "short-continuation   ours  indexed               20.0     20.0         -  snapshot    0.800x     0.800x"
+    assert "ratio: ours / the peer's variant named" in out and "host ratio: of the host medians" in out
+    assert "host us" in out.splitlines()[1] and "host ratio" in out.splitlines()[1]
+    row = ("short-continuation   ours  indexed               20.0     20.0         -     90.0  snapshot    0.800x"
+           "     0.800x     0.450x")
     assert row in out
+    assert "short-continuation   peer  snapshot              25.0     25.0         -    200.0\n" in out
+    assert ("short-continuation: our fastest (indexed) eager host time / the peer's, medians (target <= 0.5): "
+            "0.4500") in out
     assert "skipped: bench-mixed-3 indexed: one sequence only" in out
     bench.print_table(bench.summarize([e]))
     out = capsys.readouterr().out
-    assert "ratio" not in out and "short-continuation   ours  indexed               20.0     20.0         -\n" in out
+    assert "ratio" not in out
+    assert "short-continuation   ours  indexed               20.0     20.0         -     90.0\n" in out
+
+
+def test_the_eager_host_time_is_the_median_batch_each_behind_a_spin_that_outlasted_it():
+    batches = []
+    results = iter([None, 30.0, None, 10.0, 20.0])  # None: the spin ended before the batch was enqueued
+
+    def batch(fn, calls, spin_cycles):
+        batches.append((calls, spin_cycles))
+        return next(results)
+
+    from harness.cuda_timing import SPIN_CYCLES, SPIN_GROWTH
+
+    untimed = []
+    assert eager_host_us(lambda: untimed.append(len(batches)), calls=7, batches=3, batch=batch) == 20.0
+    assert untimed == [0]  # one call before the first batch, outside every batch
+    # A spin that ended early is lengthened for every batch after it and the batch is repeated.
+    assert batches == [(7, SPIN_CYCLES), (7, SPIN_CYCLES * SPIN_GROWTH), (7, SPIN_CYCLES * SPIN_GROWTH),
+                       (7, SPIN_CYCLES * SPIN_GROWTH ** 2), (7, SPIN_CYCLES * SPIN_GROWTH ** 2)]
+
+
+def test_a_call_that_waits_for_the_device_gets_no_host_time():
+    from harness.cuda_timing import SPIN_TRIES
+
+    tries = []
+
+    def batch(fn, calls, spin_cycles):
+        tries.append(spin_cycles)
+        return None
+
+    with pytest.raises(HostTimeError, match="waits for the device"):
+        eager_host_us(object, batch=batch)
+    assert len(tries) == SPIN_TRIES and tries == sorted(tries) and len(set(tries)) == SPIN_TRIES
+
+
+def test_on_the_gpu_a_call_that_enqueues_has_a_host_time_and_one_that_synchronizes_has_none(device):
+    if device != "cuda":
+        pytest.skip("the host time is measured behind a spin kernel on the GPU; its logic is tested above with fakes")
+    x = torch.zeros(1 << 16, device="cuda")
+    assert 0.0 < eager_host_us(lambda: x.add_(1.0)) < 1e5
+    with pytest.raises(HostTimeError, match="waits for the device"):
+        eager_host_us(lambda: x.sum().item())
 
 
 # ---- stages by profiling ---------------------------------------------------------------------------------------------
@@ -670,8 +759,16 @@ def test_main_times_ours_against_the_peer_and_fails_when_nothing_was_timed(monke
     seen = {}
     ours_entry = {"samples": [], "error": "RuntimeError: capture refused"}
 
+    from kernels import direct_launch
+
+    launcher = direct_launch.TritonPath()
+    launcher.direct, launcher.through_triton = 40, 5  # launches before the bench: not this run's
+    monkeypatch.setattr(direct_launch, "LAUNCHES", launcher)
+
     def fake_bench(workloads, variants, provider, peer, rounds, timer, configs):
         seen.update(workloads=workloads, variants=variants, peer=peer.name, rounds=rounds, reps=timer.reps)
+        launcher.direct += 12
+        launcher.through_triton += 3
         configs["_bmm_chunk_kernel"] = {"(256, 128)": ["BLOCK_SIZE_M: 64", "BLOCK_SIZE_M: 32"]}
         return [bench.Entry("prefill-4256", "ours", "indexed", {"path": "indexed"}, **ours_entry),
                 bench.Entry("prefill-4256", "peer", "snapshot", {"path": "snapshot"}, samples=peer_samples)], []
@@ -686,6 +783,8 @@ def test_main_times_ours_against_the_peer_and_fails_when_nothing_was_timed(monke
     # Every config a key ran in the process, one line each (two processes' lines are what configs-diff compares).
     assert ("config _bmm_chunk_kernel (256, 128): BLOCK_SIZE_M: 64\n"
             "config _bmm_chunk_kernel (256, 128): BLOCK_SIZE_M: 32\n") in out
+    # Whether our kernels took the direct launch path in this run (kernels.direct_launch), counted over the run only.
+    assert "our kernels' launches in this run: 12 direct, 3 through Triton's path (TritonPath)" in out
     ours_entry.update(samples=[2.0], error=None)
     assert bench.main(["--peer", "reference:provider", "--workload", "prefill-4256"]) == 0
     assert "2.000x" in capsys.readouterr().out
@@ -801,6 +900,9 @@ def test_ours_and_vllms_adapter_take_the_calls_the_bench_makes(device, monkeypat
             return 1.0
 
         def latency(self, fn):
+            return 1.0
+
+        def host(self, fn):
             return 1.0
 
     entries, skipped = bench.bench(list(small), bench.default_variants(provider), provider, peer, rounds=1,
