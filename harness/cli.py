@@ -607,7 +607,7 @@ def cmd_schema(args) -> int:
 
 def cmd_fuzz(args) -> int:
     from harness.checks.providers import ProviderError
-    from harness.fuzz import HEARTBEAT_SECONDS, NoFailure, NothingTried, fuzz
+    from harness.fuzz import HEARTBEAT_SECONDS, NoFailure, NothingTried, fuzz, out_dir_problem
     from harness.isolation import IsolationError
 
     if args.budget < 1:
@@ -616,6 +616,9 @@ def cmd_fuzz(args) -> int:
         if value is not None and not (0 < value < float("inf")):
             raise Unusable(f"{option}: expected seconds (a number > 0), found {value:g}")
     _check_names(args.check)
+    problem = out_dir_problem(args.out)
+    if problem:
+        raise Unusable(f"--out {args.out}: a failing case could not be written there ({problem}); nothing was run")
     device, mode, limit, spec, provider = _isolation(args)
     try:
         with _sigterm_interrupts():
