@@ -3,8 +3,12 @@ crash of the check's own report, a pass of a fault, or a statistic that leaves e
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 
+from harness.cases.model import Expect
 from harness.checks import Status, load_provider, run_check
 
 
@@ -36,3 +40,78 @@ def test_returned_shapes_names_a_non_tensor_of_returned_mode(tiny_cases, device)
     result = run_check(tiny_cases["tiny-returned"], "returned_shapes", _Returns([1]), device=device)
     assert result.status is Status.FAILED, result.message
     assert result.summary.endswith("found a list, not a tensor"), result.summary
+
+
+# ---------------------------------------------------------------- an xfail excuses only the failure it names
+
+VLLM_REGRESSION = Path(__file__).resolve().parents[1] / "cases" / "regressions" / "vllm-0.33-negative-final-slot.yaml"
+VLLM = "peers.vllm_ssd:provider"
+
+
+class _Raises:
+    name = "raises"
+    supported_paths = frozenset({"snapshot", "indexed"})
+
+    def ssd_prefill(self, *args, **kwargs):
+        raise IndexError("index 7 is out of bounds")
+
+
+@pytest.fixture(scope="module")
+def vllm_regression():
+    from harness.cases.loader import load_case_file
+
+    return {c.id: c for c in load_case_file(VLLM_REGRESSION)}["vllm-0.33-negative-final-slot"]
+
+
+def test_the_shipped_vllm_regression_fails_if_vllm_crashes_hangs_or_raises(vllm_regression, device):
+    """Its xfail names vLLM's stray store (a mismatch of untouched_storage); a segfault, a hang or an exception
+    there is a new fault, an error, never an expected failure."""
+    from harness.checks.runner import fault_result
+    from harness.isolation.supervisor import describe_exit
+
+    case = vllm_regression
+    assert case.expect.fails_for(VLLM) and case.expect.fails_with == ("mismatch",)
+    for cause, fault in ((describe_exit(-11), "exit"), ("timed out after 120 s (the CPU default)", "timeout")):
+        result = fault_result(case, "untouched_storage", cause, fault=fault, provider_spec=VLLM)
+        assert result.status is Status.ERROR, (fault, result.status)
+        assert "not excused by the case's xfail with --provider peers.vllm_ssd:provider" in result.message
+    raised = run_check(case, "untouched_storage", _Raises(), device=device, provider_spec=VLLM)
+    assert raised.status is Status.ERROR and raised.summary == "IndexError: index 7 is out of bounds"
+    assert ("this item ended with an exception (fails_with: exception)" in raised.message), raised.message
+
+
+def test_an_xfail_that_names_the_fault_excuses_it_and_only_it(tiny_cases, device):
+    from harness.checks.runner import fault_result
+
+    base = tiny_cases["tiny-direct"]
+    raising = replace(base, expect=Expect("xfail", "issue 9: raises on this shape", None, ("exception",)))
+    assert run_check(raising, "returned_shapes", _Raises(), device=device).status is Status.XFAILED
+    assert fault_result(raising, "returned_shapes", "died", fault="exit").status is Status.ERROR
+    wrong = run_check(raising, "returned_shapes", _Returns(3.5), device=device)  # a mismatch: not named
+    assert wrong.status is Status.FAILED and "not excused by the case's xfail: it expects a failure of kind " \
+        "exception (expect.fails_with), this item ended with a mismatch" in wrong.message, wrong.message
+    hangs = replace(base, expect=Expect("xfail", "issue 9: hangs", None, ("timeout", "exit")))
+    assert fault_result(hangs, "returned_shapes", "timed out", fault="timeout").status is Status.XFAILED
+    assert fault_result(hangs, "returned_shapes", "died", fault="exit").status is Status.XFAILED
+    assert fault_result(hangs, "returned_shapes", "broke", fault="harness").status is Status.ERROR
+
+
+def test_fails_with_loads_round_trips_and_rejects_unknown_kinds(tmp_path):
+    from harness.cases.loader import CaseError, dump_case, load_case_file
+    from tests.broken_providers import TINY_CASES
+
+    text = TINY_CASES.replace("    call: {final_state: returned, path: auto}\n",
+                              "    call: {final_state: returned, path: auto}\n"
+                              "    expect: {xfail: 'issue 9: dies', fails_with: [exit, timeout]}\n")
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    case = load_case_file(path)[2]
+    assert case.expect == Expect("xfail", "issue 9: dies", None, ("exit", "timeout"))
+    again = tmp_path / "again.yaml"
+    again.write_text(dump_case(case))
+    assert load_case_file(again) == [case]
+    path.write_text(text.replace("[exit, timeout]", "[segfault]"))
+    with pytest.raises(CaseError) as err:
+        load_case_file(path)
+    assert str(err.value) == (f"{path}: cases[2].expect.fails_with[0]: expected one of mismatch, exception, exit, "
+                              "timeout, found 'segfault'"), str(err.value)

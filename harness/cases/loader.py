@@ -249,7 +249,8 @@ def _expect(data: str | dict) -> Expect:
     if data == "pass":
         return Expect("pass")
     providers = data.get("providers")
-    return Expect("xfail", data["xfail"], tuple(providers) if providers is not None else None)
+    fails_with = tuple(data.get("fails_with", Expect.fails_with))
+    return Expect("xfail", data["xfail"], tuple(providers) if providers is not None else None, fails_with)
 
 
 def check_combinations(case: Case, data: dict) -> None:
@@ -511,6 +512,8 @@ def _expect_to_dict(expect: Expect) -> str | dict:
     out: dict[str, Any] = {"xfail": expect.reason}
     if expect.providers is not None:
         out["providers"] = list(expect.providers)
+    if expect.fails_with != Expect.fails_with:
+        out["fails_with"] = list(expect.fails_with)
     return out
 
 

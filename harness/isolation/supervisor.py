@@ -143,10 +143,10 @@ class Supervisor:
         return self._channel
 
     def _exchange(self, request, deadline_seconds: float):
-        """Send ``request`` and wait for the reply. Returns (reply, None, seconds) or (None, (cause, detail),
-        seconds) when the child died or ran past the limit (it is gone either way); seconds from the request sent
-        (a start-up before it does not count). Any other interruption (Ctrl-C in this process) stops the child and
-        propagates."""
+        """Send ``request`` and wait for the reply. Returns (reply, None, seconds) or (None, (cause, detail, kind),
+        seconds) when the child died ("exit") or ran past the limit ("timeout"): it is gone either way. Seconds from
+        the request sent (a start-up before it does not count). Any other interruption (Ctrl-C in this process)
+        stops the child and propagates."""
         channel = self._ready_channel()
         began = time.monotonic()
         deadline = None if math.isinf(deadline_seconds) else began + deadline_seconds
@@ -156,10 +156,10 @@ class Supervisor:
         except TimeoutError:
             stack = self._stop(dump=True)
             cause = f"timed out after {deadline_seconds:g} s ({self.limit.origin})"
-            fault = (cause, f"where it was when stopped:\n{stack}" if stack.strip() else "")
+            fault = (cause, f"where it was when stopped:\n{stack}" if stack.strip() else "", "timeout")
         except (ChannelClosed, BrokenPipeError):
             code, stack = self._reap()
-            fault = (describe_exit(code), stack)
+            fault = (describe_exit(code), stack, "exit")
         except BaseException:
             self._stop(dump=False)
             raise
@@ -253,9 +253,9 @@ class Supervisor:
         item = f"{case.id}::{check}"
         reply, fault, seconds = self._exchange(protocol.RunItem(case, check, repro_device, guard), self.limit.seconds)
         if fault is not None:
-            cause, detail = fault
+            cause, detail, kind = fault
             self.restarts.append(Restart(item, cause))
-            return fault_result(case, check, cause, detail=detail, duration=seconds,
+            return fault_result(case, check, cause, fault=kind, detail=detail, duration=seconds,
                                 provider_spec=self.provider_spec, repro_device=repro_device)
         _absorb_compiles(reply)
         result = reply.result
