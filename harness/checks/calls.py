@@ -63,7 +63,9 @@ def assert_returned_equal(actual: Call, expected: Call) -> None:
         return
     if a is None or e is None:
         raise Mismatch(
-            f"{what}: {actual.label} returned {describe_returned(a)}, {expected.label} returned {describe_returned(e)}", count=-1
+            f"{what}: {actual.label} returned {describe_returned(a)}, "
+            f"{expected.label} returned {describe_returned(e)}",
+            count=-1,
         )
     assert_bits_equal(a, e, what=what)
 

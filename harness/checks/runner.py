@@ -120,7 +120,8 @@ def fault_result(case, check_name: str, cause: str, *, fault: str, detail: str =
 
 
 # How the line under an unexcused failure names its kind.
-_FAULT_WORDS = {"mismatch": "a mismatch (fails_with: mismatch)", "exception": "an exception (fails_with: exception)", "exit": "its process's exit (fails_with: exit)",
+_FAULT_WORDS = {"mismatch": "a mismatch (fails_with: mismatch)", "exception": "an exception (fails_with: exception)",
+                "exit": "its process's exit (fails_with: exit)",
                 "timeout": "a timeout (fails_with: timeout)", "harness": "a failure of the harness itself",
                 "": "an error of unknown kind"}
 
