@@ -262,9 +262,10 @@ class Supervisor:
         hung = self._hung.get((str(case.source), case.id))
         if hung is not None:
             earlier, cause = hung
+            hang_repro = repro_line(case, earlier, self.provider_spec, repro_device)
             return fault_result(case, check, f"not run: {earlier} of the same case {cause}; the provider is taken to "
                                 "hang on this case, so its remaining items fail at once", fault="timeout",
-                                detail=f"the hang's repro: {repro_line(case, earlier, self.provider_spec, repro_device)}",
+                                detail=f"the hang's repro: {hang_repro}",
                                 provider_spec=self.provider_spec, repro_device=repro_device)
         reply, fault, seconds = self._exchange(protocol.RunItem(case, check, repro_device, guard), self.limit.seconds)
         if fault is not None:
