@@ -4,7 +4,6 @@ item (``harness.isolation.supervisor``)."""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
