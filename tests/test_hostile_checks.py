@@ -115,3 +115,49 @@ def test_fails_with_loads_round_trips_and_rejects_unknown_kinds(tmp_path):
         load_case_file(path)
     assert str(err.value) == (f"{path}: cases[2].expect.fails_with[0]: expected one of mismatch, exception, exit, "
                               "timeout, found 'segfault'"), str(err.value)
+
+
+# ---------------------------------------------------------------- statistics that count every element
+
+
+def test_an_all_nan_output_never_reads_as_zero_error(tmp_path, device):
+    """The first line, the JSON report and the HTML page all say the error is unbounded, not 0."""
+    import json
+
+    from tests.broken_providers import TINY_CASES
+    from tests.support import harness
+
+    cases, report, page = tmp_path / "tiny.yaml", tmp_path / "r.json", tmp_path / "r.html"
+    cases.write_text(TINY_CASES)
+    proc = harness("run", str(cases), "--check", "reference_bound", "--provider", "tests.hostile_providers:writes_nan",
+                   "--isolation", "none", "--device", device, "--json", str(report))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    items = json.loads(report.read_text())["items"]
+    assert len(items) == 3 and {i["outcome"] for i in items} == {"failed"}
+    for item in items:
+        assert "max |err| 0" not in item["summary"] and "max ulp 0" not in item["summary"], item["summary"]
+        assert "non-finite: NaN, or an infinity on one side only; max |err| inf, max err/bound inf" in item["summary"]
+        assert item["summary"] in proc.stdout
+        assert item["bound_use"] == float("inf") and item["max_ulp"] is None, item
+    assert harness("report-html", str(report), "-o", str(page)).returncode == 0
+    assert "<td>inf</td>" in page.read_text() and "<td>0</td>" not in page.read_text()
+
+
+def test_signed_zeros_are_the_same_value_and_non_finite_pairs_have_no_ulp_distance():
+    import torch
+
+    from harness.compare import Mismatch, assert_bits_equal, assert_within_bound, ulp_distance
+
+    zero, minus_zero = torch.tensor([0.0]), torch.tensor([-0.0])
+    assert int(ulp_distance(zero, minus_zero)) == 0
+    assert int(ulp_distance(torch.tensor([1e-45]), torch.tensor([-1e-45]))) == 2  # -tiny -> 0 -> +tiny
+    assert assert_within_bound(minus_zero, zero.double(), torch.tensor(0.0)).max_ulp == 0
+    with pytest.raises(Mismatch) as signs:
+        assert_bits_equal(minus_zero, zero, what="out")
+    assert signs.value.summary.endswith("the finite ones differ only in the sign of zero (0 ulp)")
+    assert signs.value.details.endswith("ulp 0 (sign of zero)")
+    for inf in (float("inf"), float("-inf")):
+        with pytest.raises(Mismatch) as infinite:
+            assert_bits_equal(torch.tensor([inf, 1.0]), torch.tensor([2.0, 1.0]), what="out")
+        assert infinite.value.summary.endswith("none of them a pair of finite values (no ulp distance)")
+        assert infinite.value.details.endswith("ulp none (non-finite)"), infinite.value.details

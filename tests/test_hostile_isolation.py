@@ -40,7 +40,7 @@ def _pids(path: Path) -> list[int]:
 def test_a_providers_helper_process_ends_with_the_child(tiny, device, tmp_path, monkeypatch):
     pids = tmp_path / "pids"
     monkeypatch.setenv(fp.PID_FILE_ENV, str(pids))
-    with Supervisor("tests.leaky_providers:leaves_a_helper", device, timeout=120) as runner:
+    with Supervisor("tests.hostile_providers:leaves_a_helper", device, timeout=120) as runner:
         result = runner.run(tiny["tiny-direct"], "returned_shapes")
         assert result.status is Status.PASSED, result.message
         (helper,) = _pids(pids)

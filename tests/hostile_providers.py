@@ -1,6 +1,8 @@
-"""A provider that starts a helper process on its first call and leaves it running, as compile workers or helper
-servers do: the harness must end it with the process that ran the provider. ``SSD_TEST_PID_FILE`` (as in
-``tests.faulty_providers``) receives the helper's process id."""
+"""Providers whose output or side effects test how truthfully the harness reports them, each around the reference
+provider: ``leaves_a_helper`` starts a helper process on its first call and leaves it running, as compile workers or
+helper servers do (the harness must end it with the process that ran the provider; ``SSD_TEST_PID_FILE``, as in
+``tests.faulty_providers``, receives the helper's process id); ``writes_nan`` fills its output with NaN (every
+element's error unbounded)."""
 
 from __future__ import annotations
 
@@ -27,4 +29,17 @@ class LeavesAHelper(_Broken):
         return self.inner.ssd_prefill(*args, **kwargs)
 
 
+class WritesNaN(_Broken):
+    breakage = "overwrites its whole output with NaN"
+
+    def __init__(self):
+        super().__init__(base="reference:provider")
+
+    def call(self, *args, out, **kwargs):
+        result = self.inner.ssd_prefill(*args, out=out, **kwargs)
+        out.fill_(float("nan"))
+        return result
+
+
 leaves_a_helper = LeavesAHelper()
+writes_nan = WritesNaN()
