@@ -21,7 +21,7 @@ import torch
 import yaml
 
 from harness.cases.files import case_files
-from harness.cases.limits import check_sizes
+from harness.cases.limits import check_input_ranges, check_sizes
 from harness.cases.model import (
     SCHEMA_ID,
     TORCH_DTYPES,
@@ -404,6 +404,7 @@ def _load_file(path: Path) -> tuple[list[Case], bool]:
         try:
             check_combinations(case, item)
             check_sizes(case)
+            check_input_ranges(case)
         except SchemaViolation as v:
             raise _case_error(path, prefix, v) from None
         if case.id in first_index:

@@ -7,6 +7,7 @@ import shlex
 import time
 import traceback
 
+from harness.cases.limits import device_fit_problem
 from harness.checks.base import CheckContext, CheckResult, NotApplicable, Status
 from harness.checks.providers import DEFAULT_PROVIDER
 from harness.checks.registry import get_check
@@ -59,6 +60,12 @@ def run_check(
     if not ok:
         result.status = Status.UNSUPPORTED if reason.startswith("unsupported") else Status.SKIPPED
         result.reason = reason
+        return result
+
+    unfit = device_fit_problem(case, device)
+    if unfit:
+        result.status, result.summary = Status.ERROR, unfit
+        result.message = failure_message(unfit, "", case, result.repro)
         return result
 
     ctx = context or CheckContext(case, provider, device, provider_spec)
