@@ -58,7 +58,8 @@ class _ValueProblem(yaml.constructor.ConstructorError):
 
 def _strict(base: type) -> type:
     """A loader on ``base`` that refuses repeated mapping keys (PyYAML silently keeps the last one), keys that are
-    lists or mappings, integers too long for Python to read, and floats that overflow to infinity."""
+    lists or mappings, merge keys (``<<``), integers too long for Python to read, and floats that overflow to
+    infinity."""
 
     def construct_mapping(loader, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: dict[Any, int] = {}
@@ -66,6 +67,10 @@ def _strict(base: type) -> type:
             if not isinstance(key_node, yaml.ScalarNode):
                 kind = "a list" if isinstance(key_node, yaml.SequenceNode) else "a mapping"
                 raise _ValueProblem("a key that is a name or a number", f"{kind} as a key", key_node.start_mark)
+            if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<: *anchor``: keys that the file does not show
+                raise _ValueProblem("every key written out where it applies (YAML merge keys are not read: each "
+                                    "case states its own keys, so the file shows what runs)",
+                                    f"the merge key {key_node.value!r}", key_node.start_mark)
             key = loader.construct_object(key_node, deep=True)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
