@@ -9,20 +9,26 @@ import traceback
 
 from harness.cases.limits import device_fit_problem
 from harness.checks.base import CheckContext, CheckResult, NotApplicable, Status
-from harness.checks.providers import DEFAULT_PROVIDER
+from harness.checks.providers import DEFAULT_PROVIDER, pythonpath_entry
 from harness.checks.registry import get_check
 from harness.checks.tiers import cpu_tier_reason
 from harness.compare import Mismatch
 
 
 def repro_line(case, check: str, provider_spec: str = DEFAULT_PROVIDER, device: str | None = None) -> str:
-    """``python -m harness repro <file> --check <check> --case <id>`` (+ provider/device when not the defaults)."""
+    """``python -m harness repro <file> --check <check> --case <id>`` (+ provider/device when not the defaults),
+    run from the repository's root. A provider imported from a ``PYTHONPATH`` entry other than the repository
+    puts ``PYTHONPATH=<entry>`` in front: the line then runs as printed in a shell that lacks this run's
+    environment."""
     parts = ["python", "-m", "harness", "repro", str(case.source), "--check", check, "--case", case.id]
+    env = ""
     if provider_spec and provider_spec != DEFAULT_PROVIDER:
         parts += ["--provider", provider_spec]
+        entry = pythonpath_entry(provider_spec)
+        env = f"PYTHONPATH={shlex.quote(entry)} " if entry else ""
     if device:
         parts += ["--device", device]
-    return shlex.join(parts)
+    return env + shlex.join(parts)
 
 
 def run_check(
