@@ -69,3 +69,16 @@ def test_a_case_that_hangs_fails_its_remaining_items_at_once(tiny, device, tmp_p
         assert len(runner.restarts) == 1 and runner.processes == 1
         other = runner.run(tiny["tiny-direct"], "returned_shapes")  # another case still runs
         assert other.status is Status.PASSED, other.message
+
+
+def test_only_the_case_that_hung_fails_at_once_not_others_named_alike(tiny, device, tmp_path, monkeypatch):
+    """The fuzzer names every drawn case "fuzz-candidate": a case with other contents under the same id runs."""
+    from dataclasses import replace
+
+    monkeypatch.setenv(fp.PID_FILE_ENV, str(tmp_path / "pids"))
+    hung = tiny[fp.FAULTING_CASE]
+    with Supervisor("tests.faulty_providers:hangs", device, timeout=3) as runner:
+        assert runner.run(hung, "determinism").summary.startswith("timed out after 3 s")
+        namesake = replace(tiny["tiny-direct"], id=hung.id, source=hung.source)
+        result = runner.run(namesake, "determinism")
+        assert result.status is Status.PASSED, result.message

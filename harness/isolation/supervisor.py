@@ -103,7 +103,9 @@ class Supervisor:
         self._channel: Channel | None = None
         self._trace = None  # an unnamed file the child's faulthandler writes to (nothing to remove, ever)
         self._ready = False
-        self._hung: dict[tuple[str, str], tuple[str, str]] = {}  # (file, case id) -> (item that timed out, cause)
+        # case -> (the check that timed out, its cause). Keyed by the case's contents (a Case compares and hashes by
+        # value): the fuzzer names every drawn case alike, and a different case is not known to hang.
+        self._hung: dict[object, tuple[str, str]] = {}
 
     # ---- the child's life
 
@@ -259,7 +261,7 @@ class Supervisor:
         """``check`` on ``case`` in the child: its CheckResult, or an ERROR of this item when the child died, ran
         past the limit, or could not go on. ``guard``: under the recompile guard (``harness.isolation.guarded``)."""
         item = f"{case.id}::{check}"
-        hung = self._hung.get((str(case.source), case.id))
+        hung = self._hung.get(case)
         if hung is not None:
             earlier, cause = hung
             hang_repro = repro_line(case, earlier, self.provider_spec, repro_device)
@@ -272,7 +274,7 @@ class Supervisor:
             cause, detail, kind = fault
             self.restarts.append(Restart(item, cause))
             if kind == "timeout":
-                self._hung[(str(case.source), case.id)] = (check, cause)
+                self._hung[case] = (check, cause)
             return fault_result(case, check, cause, fault=kind, detail=detail, duration=seconds,
                                 provider_spec=self.provider_spec, repro_device=repro_device)
         _absorb_compiles(reply)
