@@ -82,3 +82,21 @@ def test_only_the_case_that_hung_fails_at_once_not_others_named_alike(tiny, devi
         namesake = replace(tiny["tiny-direct"], id=hung.id, source=hung.source)
         result = runner.run(namesake, "determinism")
         assert result.status is Status.PASSED, result.message
+
+
+def test_an_xfail_excuses_a_crash_only_when_it_names_exit(tiny, device, tmp_path, monkeypatch):
+    """The supervisor tells the case's expect how its item failed: a segfault is an exit, which an xfail for a
+    mismatch does not excuse."""
+    from dataclasses import replace
+
+    from harness.cases.model import Expect
+
+    monkeypatch.setenv(fp.PID_FILE_ENV, str(tmp_path / "pids"))
+    case = tiny[fp.FAULTING_CASE]
+    wrong_bits = replace(case, expect=Expect("xfail", "issue 9: wrong bits"))
+    crashes = replace(case, expect=Expect("xfail", "issue 9: segfaults", None, ("exit",)))
+    with Supervisor("tests.faulty_providers:segfaults", device, timeout=120) as runner:
+        crash = runner.run(wrong_bits, "determinism")
+        assert crash.status is Status.ERROR and "SIGSEGV" in crash.summary, crash.message
+        assert "this item ended with its process's exit (fails_with: exit)" in crash.message
+        assert runner.run(crashes, "determinism").status is Status.XFAILED
