@@ -119,13 +119,13 @@ def _blank_result(case, check_name: str, provider_spec: str, repro_device: str |
     )
 
 
-def fault_result(case, check_name: str, cause: str, *, fault: str, detail: str = "", duration: float = 0.0,
+def fault_result(case, check_name: str, cause: str, *, fault: str = "exit", detail: str = "", duration: float = 0.0,
                  provider_spec: str = DEFAULT_PROVIDER, repro_device: str | None = None) -> CheckResult:
     """The ERROR of an item whose check never returned a result: the process running it died or was stopped
     (``harness.isolation``). ``cause`` is the one-line summary; ``detail`` what else is known (a traceback dumped by
-    the dying process). ``fault``: which kind of failure it was (``FAILURE_KINDS``: "exit", "timeout",
-    "exception"; "harness" for the harness's own failure, which no case can expect). The case's ``expect`` applies
-    as for any other failure."""
+    the dying process). ``fault``: which kind of failure it was (``FAILURE_KINDS``: "exit", the default, for a
+    process that ended; "timeout", "exception"; "harness" for the harness's own failure, which no case can
+    expect). The case's ``expect`` applies as for any other failure."""
     result = _blank_result(case, check_name, provider_spec, repro_device)
     result.status, result.summary, result.duration = Status.ERROR, cause, duration
     result.message = failure_message(cause, detail, case, result.repro)
