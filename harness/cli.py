@@ -253,8 +253,9 @@ def _restart_lines(runner) -> list[str]:
 
 
 def _case_files(paths: list[Path]) -> list[Path]:
-    """The case files named or under the folders named; a missing path or a named non-case file is unusable."""
-    from harness.cases.files import case_files, not_case_files
+    """The case files named or under the folders named; a missing path or a named non-case file is unusable. A
+    FIFO or other special file named like a case file is skipped (on stderr), never opened."""
+    from harness.cases.files import case_files, describe_special, not_case_files, special_files
 
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
@@ -262,6 +263,8 @@ def _case_files(paths: list[Path]) -> list[Path]:
     wrong = not_case_files(paths)
     if wrong:
         raise Unusable(f"not a case file (a case file ends in .yaml or .yml): {', '.join(map(str, wrong))}")
+    for path, kind in special_files(paths):
+        print(describe_special(path, kind), file=sys.stderr)
     files = case_files(paths)
     if not files:
         raise Unusable(f"no case files under {', '.join(map(str, paths))} ({NO_CASE_FILES_HINT})")
@@ -533,13 +536,16 @@ def cmd_repro(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    from harness.cases.files import case_files, not_case_files
+    from harness.cases.files import case_files, describe_special, not_case_files, special_files
     from harness.cases.loader import load_each
     from harness.checks import selected_checks
 
     errors = [f"no such file or folder: {p}" for p in args.paths if not p.exists()]
     errors += [f"not a case file (a case file ends in .yaml or .yml): {p}" for p in not_case_files(args.paths)]
-    files = case_files([p for p in args.paths if p.exists()])
+    existing = [p for p in args.paths if p.exists()]
+    for path, kind in special_files(existing):
+        print(describe_special(path, kind))
+    files = case_files(existing)
     if not files and not errors:
         raise Unusable(f"no case files under {', '.join(map(str, args.paths))} ({NO_CASE_FILES_HINT})")
     loaded = load_each(files)  # each file parsed once; every bad file reported
@@ -607,7 +613,7 @@ def cmd_schema(args) -> int:
 
 def cmd_fuzz(args) -> int:
     from harness.checks.providers import ProviderError
-    from harness.fuzz import HEARTBEAT_SECONDS, NoFailure, NothingTried, fuzz
+    from harness.fuzz import HEARTBEAT_SECONDS, NoFailure, NothingTried, fuzz, out_dir_problem
     from harness.isolation import IsolationError
 
     if args.budget < 1:
@@ -616,6 +622,9 @@ def cmd_fuzz(args) -> int:
         if value is not None and not (0 < value < float("inf")):
             raise Unusable(f"{option}: expected seconds (a number > 0), found {value:g}")
     _check_names(args.check)
+    problem = out_dir_problem(args.out)
+    if problem:
+        raise Unusable(f"--out {args.out}: a failing case could not be written there ({problem}); nothing was run")
     device, mode, limit, spec, provider = _isolation(args)
     try:
         with _sigterm_interrupts():

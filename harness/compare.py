@@ -1,7 +1,9 @@
 """Bit-exact and bounded comparisons that raise with a report a kernel engineer can act on.
 
 Exact means ``rtol=0, atol=0`` compared as bits: tensors are viewed as a same-width integer dtype, so -0.0 vs +0.0
-and NaN payloads count (docs/exactness.md). Every helper here raises; none returns a bool.
+and NaN payloads count (docs/exactness.md). Every helper here raises; none returns a bool. Distances in ulps are
+between values: +0.0 and -0.0 are the same value, 0 ulp apart (a bit comparison names them "sign of zero"), and a
+NaN or an infinity has no ulp distance to anything (reported as such, never as a number).
 """
 
 from __future__ import annotations
@@ -41,8 +43,13 @@ class BoundStats:
     max_abs_err: float = 0.0
     max_rel_err: float = 0.0  # max |err| / |expected| over elements with expected != 0
     max_bound_use: float = 0.0  # max |err| / bound: 1.0 means at the bound
-    max_ulp: int = 0  # in the actual tensor's dtype, vs expected rounded to that dtype
+    # In the actual tensor's dtype, vs expected rounded to that dtype; None when a non-finite element (below) has
+    # no ulp distance, so the largest one is unknown.
+    max_ulp: int | None = 0
     numel: int = 0
+    # Elements whose error is not a finite number: NaN in the result, or an infinity on one side only. Their error
+    # is unbounded, so with any of them the maxima above are inf (max_ulp None), never those of the finite rest.
+    nonfinite: int = 0
     extra: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
@@ -52,8 +59,20 @@ class BoundStats:
             "max_bound_use": self.max_bound_use,
             "max_ulp": self.max_ulp,
             "numel": self.numel,
+            "nonfinite": self.nonfinite,
             **self.extra,
         }
+
+    def describe(self) -> str:
+        """The maxima as the first line of a report shows them."""
+        ulp = "none (non-finite elements)" if self.max_ulp is None else str(self.max_ulp)
+        text = (f"max |err| {self.max_abs_err:.3e}, max err/bound {self.max_bound_use:.3g}, "
+                f"max rel err {self.max_rel_err:.3e}, max ulp {ulp}")
+        if self.nonfinite:
+            text = (f"{self.nonfinite} non-finite: NaN, or an infinity on one side only; {text}"
+                    + (f"; the {self.numel - self.nonfinite} finite ones: {self.extra['finite']}"
+                       if "finite" in self.extra else ""))
+        return text
 
 
 def int_view(t: torch.Tensor) -> torch.Tensor:
@@ -64,11 +83,12 @@ def int_view(t: torch.Tensor) -> torch.Tensor:
 
 
 def ordered_bits(t: torch.Tensor) -> torch.Tensor:
-    """Map float bits to int64 so that adjacent floats differ by 1 and -0.0/+0.0 are adjacent (ulp metric)."""
+    """Map float bits to int64 so that adjacent floats differ by 1 and -0.0 and +0.0, the same value, both map to 0
+    (ulp metric: the smallest subnormals of either sign are 2 apart, one step to zero and one past it)."""
     bits = int_view(t).to(torch.int64)
     width = 8 * t.element_size()
     sign_min = -(1 << (width - 1))
-    return torch.where(bits < 0, sign_min - bits - 1, bits)
+    return torch.where(bits < 0, sign_min - bits, bits)
 
 
 def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -129,10 +149,14 @@ def assert_bits_equal(
     stats: dict = {"mismatched": count, "numel": a.numel()}
     first = f"{what}: {count} of {a.numel()} elements differ in bits ({a.dtype}, shape {tuple(a.shape)})"
     if is_float:
-        both_finite = torch.isfinite(a.reshape(-1)) & torch.isfinite(e.reshape(-1)) & diff
+        finite_pairs = torch.isfinite(a.reshape(-1)) & torch.isfinite(e.reshape(-1))
+        both_finite = finite_pairs & diff
         if both_finite.any():
             stats["max_ulp"] = int(ulps[both_finite].max())
-            first += f", max ulp {stats['max_ulp']} among the finite ones"
+            if stats["max_ulp"] == 0:
+                first += ", the finite ones differ only in the sign of zero (0 ulp)"
+            else:
+                first += f", max ulp {stats['max_ulp']} among the finite ones"
         else:
             first += ", none of them a pair of finite values (no ulp distance)"
     lines = [first]
@@ -141,7 +165,12 @@ def assert_bits_equal(
         if is_float:
             av, ev = a.reshape(-1)[f].item(), e.reshape(-1)[f].item()
             ab, eb = int(ai.reshape(-1)[f]), int(ei.reshape(-1)[f])
-            u = "nan" if (math.isnan(av) or math.isnan(ev)) else str(int(ulps[f]))
+            if not finite_pairs[f]:
+                u = "none (non-finite)"
+            elif int(ulps[f]) == 0:
+                u = "0 (sign of zero)"
+            else:
+                u = str(int(ulps[f]))
             lines.append(
                 f"  at {idx}: actual {av!r} ({_hex(ab, width)}) expected {ev!r} ({_hex(eb, width)}) ulp {u}"
             )
@@ -224,15 +253,18 @@ def assert_within_bound(
         u = ulp_distance(actual.detach(), e_rounded)
         ok = torch.isfinite(a) & torch.isfinite(e_rounded.to(torch.float64))
         stats.max_ulp = int(u[ok].max()) if ok.any() else 0
+    nonfinite = int((~finite).sum())
+    if nonfinite:
+        if finite.any():
+            stats.extra["finite"] = stats.describe()
+        stats.nonfinite = nonfinite
+        stats.max_abs_err = stats.max_rel_err = stats.max_bound_use = math.inf
+        stats.max_ulp = None
     count = int(bad.sum())
     if count == 0:
         return stats
     flat = bad.reshape(-1).nonzero().reshape(-1)[:max_report].tolist()
-    lines = [
-        f"{what}: {count} of {a.numel()} elements exceed the derived bound "
-        f"(max |err| {stats.max_abs_err:.3e}, max err/bound {stats.max_bound_use:.3g}, "
-        f"max rel err {stats.max_rel_err:.3e}, max ulp {stats.max_ulp})"
-    ]
+    lines = [f"{what}: {count} of {a.numel()} elements exceed the derived bound ({stats.describe()})"]
     for f in flat:
         idx = _fmt_index(f, tuple(a.shape))
         lines.append(

@@ -458,6 +458,26 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def out_dir_problem(out_dir: Path) -> str:
+    """Why ``write_finding`` could not write into ``out_dir``, or "" when it can: asked before the search, so that a
+    bad ``--out`` is refused at once instead of losing a finding that took the whole search. The nearest existing
+    folder on the way must be a directory this process can create a file in (tried, not inferred from the mode
+    bits: root, read-only mounts and ACLs all answer for themselves)."""
+    existing = out_dir
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        what = "is" if existing == out_dir else f"is on the way to {out_dir} and is"
+        return f"{existing} {what} not a directory"
+    try:
+        fd, name = tempfile.mkstemp(prefix=".fuzz-out-probe.", dir=existing)
+    except OSError as exc:
+        return f"cannot create a file in {existing} ({exc.strerror or exc})"
+    os.close(fd)
+    os.unlink(name)
+    return ""
+
+
 def write_finding(case: Case, out_dir: Path) -> Path:
     """Write ``case`` as ``<out_dir>/<id>.yaml`` once it loads back to the same case.
 

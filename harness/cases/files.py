@@ -8,13 +8,16 @@ A case file ends in ``.yaml`` or ``.yml`` and is
   deliberately malformed files, which are cases only when named one by one).
 
 Folders are searched recursively, skipping what pytest's default ``norecursedirs`` skips (hidden folders, build
-outputs, virtual environments), so both front ends see the same files.
+outputs, virtual environments), so both front ends see the same files. Only regular files (or links to one) are case
+files: opening a FIFO named ``*.yaml`` blocks until something writes to it, and a device or socket is not a file
+to parse. pytest's collection skips them too; ``special_files`` lists them so that the CLI says what it skipped.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import os
+import stat
 from pathlib import Path
 from typing import Iterable
 
@@ -56,13 +59,47 @@ def case_files(paths: Iterable[str | Path], roots: Iterable[str | Path] = ()) ->
     out: list[Path] = []
     seen: set[Path] = set()
     for p in named:
-        candidates = sorted(_walk(p)) if p.is_dir() else [p] if p.is_file() else []
+        candidates = [f for f in (sorted(_walk(p)) if p.is_dir() else [p]) if f.is_file()]
         for f in candidates:
             key = f.resolve()
             if key not in seen and is_case_file(f, resolved_named, roots):
                 seen.add(key)
                 out.append(f)
     return out
+
+
+def special_files(paths: Iterable[str | Path], roots: Iterable[str | Path] = ()) -> list[tuple[Path, str]]:
+    """The paths ``case_files`` leaves out because they are not regular files although named like case files, each
+    with what it is ("a FIFO", "a socket", ...): (path, kind) in the order ``case_files`` would have read them."""
+    named = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
+    resolved_named = [p.resolve() for p in named]
+    out: list[tuple[Path, str]] = []
+    for p in named:
+        for f in sorted(_walk(p)) if p.is_dir() else [p]:
+            kind = _special_kind(f)
+            if kind and is_case_file(f, resolved_named, roots):
+                out.append((f, kind))
+    return out
+
+
+def describe_special(path: Path, kind: str) -> str:
+    """The line both front ends print for a skipped ``special_files`` entry."""
+    return f"skipped {path}: not a regular file ({kind}); case files are read from regular files only"
+
+
+_SPECIAL_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                  (stat.S_ISBLK, "a block device"))
+
+
+def _special_kind(path: Path) -> str:
+    """"" for a regular file, a folder or a path that does not exist (or a dangling link); else what it is."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return ""
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return ""
+    return next((what for test, what in _SPECIAL_KINDS if test(mode)), "not a regular file")
 
 
 def not_case_files(paths: Iterable[str | Path]) -> list[Path]:

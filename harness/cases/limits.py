@@ -13,14 +13,29 @@ C^T B per chunk, the chunk states and the states passed between chunks). Two rul
 
 One tensor of more than INT32_MAX elements is allowed: it fits large devices, and whether a kernel indexes it with
 64-bit offsets is what such a case tests. Each count of a case is bounded by the schema (harness.cases.schema).
+
+Two more rules, one per moment:
+
+- At validation, ``check_input_ranges``: the builder draws x, B, C and the slot rows as float32 ``randn`` times a
+  scale and rounds them to their dtype; a scale whose draws overflow that dtype gives infinities, not the inputs the
+  case describes, so every result of the case would be NaN. Draws are taken to reach RANDN_REACH standard
+  deviations (beyond it: a chance of about 1e-15 per element); dt without softplus is ``exp`` of its draw, in float32.
+- At run time, ``device_fit_problem``: the same tensors against the memory of the device the run has (a GPU's, or
+  for the CPU the host's, within its cgroup limit), before anything is allocated: a case over it can never run
+  there, and allocating it would only hand the verdict to the allocator or the OOM killer.
 """
 
 from __future__ import annotations
 
+import functools
+import math
+import os
 from dataclasses import dataclass
 
+import torch
+
 from harness.cases.model import TORCH_DTYPES, Case, count_chunks
-from harness.cases.schema import INT32_MAX, SchemaViolation
+from harness.cases.schema import INT32_MAX, SchemaViolation, describe
 
 DEVICE_BYTES_MAX = 512 * 2**30
 
@@ -140,6 +155,72 @@ def check_sizes(case: Case) -> None:
             f"{_bytes(need)} in all; {largest.name} ({largest.formula()}, {largest.dtype}) alone "
             f"{_bytes(largest.bytes)}",
         )
+
+
+RANDN_REACH = 8.0
+
+
+def check_input_ranges(case: Case) -> None:
+    """Reject input scales whose draws overflow their dtype. Raises ``SchemaViolation`` (key paths relative to the
+    case)."""
+    k = case.inputs
+    io, state = case.dtype.io, case.dtype.state
+    for key, scale, dtype, what in (("x_scale", k.x_scale, io, "x"), ("bc_scale", k.bc_scale, io, "B and C"),
+                                    ("state_scale", k.state_scale, state, "the slot rows")):
+        largest = torch.finfo(TORCH_DTYPES[dtype]).max
+        most = largest / RANDN_REACH
+        if scale > most:
+            raise SchemaViolation(
+                f"inputs.{key}", f"at most {most:.4g} ({what} = randn x {key} in {dtype}: {RANDN_REACH:g} standard "
+                f"deviations of randn must stay below {dtype}'s largest value, {largest:.4g})", describe(scale))
+    if not case.options.dt_softplus:
+        reach = k.dt_offset + RANDN_REACH * k.dt_scale
+        most = math.log(torch.finfo(torch.float32).max)
+        if reach > most:
+            key = "dt_offset" if k.dt_offset > RANDN_REACH * k.dt_scale else "dt_scale"
+            raise SchemaViolation(
+                f"inputs.{key}", f"dt_offset + {RANDN_REACH:g} x dt_scale at most {most:.4g} (without dt_softplus dt = "
+                "exp(dt_offset + dt_scale x randn) in float32, which overflows above that)",
+                f"dt_offset {describe(k.dt_offset)}, dt_scale {describe(k.dt_scale)}")
+
+
+def device_fit_problem(case: Case, device: str) -> str:
+    """"" when the tensors of ``tensor_sizes`` fit the memory of ``device`` ("cpu" or "cuda"); else one line naming
+    the case's file and id, the key to change, the memory needed and the memory the device has."""
+    sizes = tensor_sizes(case)
+    need = sum(t.bytes for t in sizes)
+    has, what = device_memory(device)
+    if need <= has:
+        return ""
+    largest = max(sizes, key=lambda t: t.bytes)
+    return (f"{case.source}: case {case.id}: {largest.blame()}: expected tensors that fit this device's memory "
+            f"({what}: {_bytes(has)}), found {_bytes(need)} in all; {largest.name} ({largest.formula()}, "
+            f"{largest.dtype}) alone {_bytes(largest.bytes)}; refused before allocating")
+
+
+@functools.lru_cache(maxsize=None)
+def device_memory(device: str) -> tuple[int, str]:
+    """(bytes, what they are) of the memory a run on ``device`` can use at most."""
+    if device == "cuda":
+        index = torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        return props.total_memory, f"cuda:{index} {props.name} memory"
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limit = _cgroup_memory_limit()
+    if limit is not None and limit < physical:
+        return limit, "host memory within this cgroup's limit (cpu)"
+    return physical, "host memory (cpu)"
+
+
+def _cgroup_memory_limit() -> int | None:
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = open(path, encoding="ascii").read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            return int(text)
+    return None
 
 
 def _bytes(n: int) -> str:

@@ -21,7 +21,7 @@ import torch
 import yaml
 
 from harness.cases.files import case_files
-from harness.cases.limits import check_sizes
+from harness.cases.limits import check_input_ranges, check_sizes
 from harness.cases.model import (
     SCHEMA_ID,
     TORCH_DTYPES,
@@ -58,7 +58,8 @@ class _ValueProblem(yaml.constructor.ConstructorError):
 
 def _strict(base: type) -> type:
     """A loader on ``base`` that refuses repeated mapping keys (PyYAML silently keeps the last one), keys that are
-    lists or mappings, integers too long for Python to read, and floats that overflow to infinity."""
+    lists or mappings, merge keys (``<<``), integers too long for Python to read, and floats that overflow to
+    infinity."""
 
     def construct_mapping(loader, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: dict[Any, int] = {}
@@ -66,6 +67,10 @@ def _strict(base: type) -> type:
             if not isinstance(key_node, yaml.ScalarNode):
                 kind = "a list" if isinstance(key_node, yaml.SequenceNode) else "a mapping"
                 raise _ValueProblem("a key that is a name or a number", f"{kind} as a key", key_node.start_mark)
+            if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<: *anchor``: keys that the file does not show
+                raise _ValueProblem("every key written out where it applies (YAML merge keys are not read: each "
+                                    "case states its own keys, so the file shows what runs)",
+                                    f"the merge key {key_node.value!r}", key_node.start_mark)
             key = loader.construct_object(key_node, deep=True)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
@@ -249,7 +254,8 @@ def _expect(data: str | dict) -> Expect:
     if data == "pass":
         return Expect("pass")
     providers = data.get("providers")
-    return Expect("xfail", data["xfail"], tuple(providers) if providers is not None else None)
+    fails_with = tuple(data.get("fails_with", Expect.fails_with))
+    return Expect("xfail", data["xfail"], tuple(providers) if providers is not None else None, fails_with)
 
 
 def check_combinations(case: Case, data: dict) -> None:
@@ -403,6 +409,7 @@ def _load_file(path: Path) -> tuple[list[Case], bool]:
         try:
             check_combinations(case, item)
             check_sizes(case)
+            check_input_ranges(case)
         except SchemaViolation as v:
             raise _case_error(path, prefix, v) from None
         if case.id in first_index:
@@ -511,6 +518,8 @@ def _expect_to_dict(expect: Expect) -> str | dict:
     out: dict[str, Any] = {"xfail": expect.reason}
     if expect.providers is not None:
         out["providers"] = list(expect.providers)
+    if expect.fails_with != Expect.fails_with:
+        out["fails_with"] = list(expect.fails_with)
     return out
 
 

@@ -27,6 +27,9 @@ INDEX_LAYOUTS = ("contiguous", "block_table")
 FINAL_STATE_MODES = ("direct", "returned", "checkpoint")
 PATHS = ("auto", "snapshot", "indexed")
 EXPECT_KINDS = ("pass", "xfail")
+# How an item can fail, as ``expect.fails_with`` names it: a check's verdict (a mismatch), or a fault of the provider:
+# it raised, its process died or exited, or it ran past the item time limit (harness.isolation).
+FAILURE_KINDS = ("mismatch", "exception", "exit", "timeout")
 
 TORCH_DTYPES = {
     "float16": torch.float16,
@@ -131,6 +134,9 @@ class Expect:
     kind: str = "pass"
     reason: str | None = None  # required for xfail: why, with an issue or commit reference
     providers: tuple[str, ...] | None = None  # xfail only
+    # xfail only: the kinds of failure (FAILURE_KINDS) the xfail excuses; any other is an error as under pass, so a
+    # known wrong result cannot hide a crash or a hang.
+    fails_with: tuple[str, ...] = ("mismatch",)
 
     def fails_for(self, provider_spec: str) -> bool:
         """Whether the case's items are expected to fail when ``provider_spec`` is the provider under test."""

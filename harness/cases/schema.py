@@ -18,6 +18,7 @@ from typing import Any
 from harness.cases.model import (
     D_MODES,
     EXPECT_KINDS,
+    FAILURE_KINDS,
     FINAL_STATE_MODES,
     INDEX_DTYPES,
     INDEX_LAYOUTS,
@@ -231,12 +232,20 @@ CASE_PROPERTIES: dict[str, Any] = {
                       "description": "The providers the xfail applies to, as --provider names them (module:attr, "
                                      "e.g. peers.vllm_ssd:provider); with any other provider the case must pass. "
                                      "Default: every provider.",
+                  },
+                  "fails_with": {
+                      "type": "array", "minItems": 1, "uniqueItems": True,
+                      "items": {"enum": list(FAILURE_KINDS)},
+                      "description": "The kinds of failure the xfail excuses: mismatch (a check's wrong result), "
+                                     "exception (the provider raised), exit (its process died or exited), "
+                                     "timeout (it ran past the item time limit). Any other kind is an error as "
+                                     "under pass. Default: [mismatch].",
                   }},
                  ("xfail",), doc="A known failure."),
         ],
         "description": "pass, or {xfail: reason} (optionally for some providers only: {xfail: reason, providers: "
-                       "[module:attr, ...]}): failures then count as expected, and a pass fails (strict). "
-                       "Default: pass.",
+                       "[module:attr, ...]}): failures of the kinds in fails_with (default: a mismatch) then count "
+                       "as expected, any other failure is an error, and a pass fails (strict). Default: pass.",
     },
     "inputs": _obj(
         {

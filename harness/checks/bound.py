@@ -32,7 +32,8 @@ def ground_truth_for(inputs, exit_offsets=None):
 
 def _merge(stats: dict, what: str, measured) -> None:
     stats[what] = measured.as_dict()
-    stats["max_ulp"] = max(stats.get("max_ulp", 0), measured.max_ulp)
+    ulps = (stats.get("max_ulp", 0), measured.max_ulp)
+    stats["max_ulp"] = None if None in ulps else max(ulps)  # None: a non-finite element has no ulp distance
     stats["max_rel_err"] = max(stats.get("max_rel_err", 0.0), measured.max_rel_err)
     stats["max_bound_use"] = max(stats.get("max_bound_use", 0.0), measured.max_bound_use)
 

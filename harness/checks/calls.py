@@ -63,7 +63,9 @@ def assert_returned_equal(actual: Call, expected: Call) -> None:
         return
     if a is None or e is None:
         raise Mismatch(
-            f"{what}: {actual.label} returned {_describe(a)}, {expected.label} returned {_describe(e)}", count=-1
+            f"{what}: {actual.label} returned {describe_returned(a)}, "
+            f"{expected.label} returned {describe_returned(e)}",
+            count=-1,
         )
     assert_bits_equal(a, e, what=what)
 
@@ -100,5 +102,11 @@ def slot_byte_ranges(state_cache: torch.Tensor, slots: list[int]) -> list[tuple[
     return ranges
 
 
-def _describe(t) -> str:
-    return "None" if t is None else f"a tensor {tuple(t.shape)} {t.dtype}"
+def describe_returned(value) -> str:
+    """What a provider returned, in words: "None", "a tensor (2, 4) torch.float16", or the type of anything else
+    (a provider may return anything; the report must say what without touching tensor attributes)."""
+    if value is None:
+        return "None"
+    if isinstance(value, torch.Tensor):
+        return f"a tensor {tuple(value.shape)} {value.dtype}"
+    return f"a {type(value).__name__}, not a tensor"

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
+from pathlib import Path
 
 from harness import DEFAULT_PROVIDER
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 ALL_PATHS = frozenset({"snapshot", "indexed"})
 
@@ -45,6 +49,31 @@ def check_provider_spec(spec: str) -> None:
         raise ProviderError(f"--provider {spec}: cannot import {module_name!r}: {exc}") from exc
     if found is None:
         raise ProviderError(f"--provider {spec}: cannot import {module_name!r}: No module named {module_name!r}")
+
+
+def pythonpath_entry(spec: str) -> str:
+    """The ``PYTHONPATH`` entry the provider's top-level module is imported from, or "" when it is found elsewhere
+    (this repository, site-packages, the working folder) or not at all. A repro line printed for such a provider
+    must carry that entry: a shell without this run's environment would not find the module. Located with
+    ``find_spec`` of the top-level name, which imports nothing."""
+    entries = [e for e in os.environ.get("PYTHONPATH", "").split(os.pathsep) if e]
+    if not entries:
+        return ""
+    top = spec.partition(":")[0].split(".")[0]
+    try:
+        found = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return ""
+    if found is None:
+        return ""
+    if found.submodule_search_locations:
+        homes = [Path(p).parent for p in found.submodule_search_locations]
+    elif found.origin and found.has_location:
+        homes = [Path(found.origin).parent]
+    else:
+        return ""
+    homes = {h.resolve() for h in homes}
+    return next((e for e in entries if Path(e).resolve() in homes and Path(e).resolve() != REPO_ROOT), "")
 
 
 def supported_paths(provider) -> frozenset[str]:

@@ -7,21 +7,28 @@ import shlex
 import time
 import traceback
 
+from harness.cases.limits import device_fit_problem
 from harness.checks.base import CheckContext, CheckResult, NotApplicable, Status
-from harness.checks.providers import DEFAULT_PROVIDER
+from harness.checks.providers import DEFAULT_PROVIDER, pythonpath_entry
 from harness.checks.registry import get_check
 from harness.checks.tiers import cpu_tier_reason
 from harness.compare import Mismatch
 
 
 def repro_line(case, check: str, provider_spec: str = DEFAULT_PROVIDER, device: str | None = None) -> str:
-    """``python -m harness repro <file> --check <check> --case <id>`` (+ provider/device when not the defaults)."""
+    """``python -m harness repro <file> --check <check> --case <id>`` (+ provider/device when not the defaults),
+    run from the repository's root. A provider imported from a ``PYTHONPATH`` entry other than the repository
+    puts ``PYTHONPATH=<entry>`` in front: the line then runs as printed in a shell that lacks this run's
+    environment."""
     parts = ["python", "-m", "harness", "repro", str(case.source), "--check", check, "--case", case.id]
+    env = ""
     if provider_spec and provider_spec != DEFAULT_PROVIDER:
         parts += ["--provider", provider_spec]
+        entry = pythonpath_entry(provider_spec)
+        env = f"PYTHONPATH={shlex.quote(entry)} " if entry else ""
     if device:
         parts += ["--device", device]
-    return shlex.join(parts)
+    return env + shlex.join(parts)
 
 
 def run_check(
@@ -61,6 +68,12 @@ def run_check(
         result.reason = reason
         return result
 
+    unfit = device_fit_problem(case, device)
+    if unfit:
+        result.status, result.summary = Status.ERROR, unfit
+        result.message = failure_message(unfit, "", case, result.repro)
+        return result
+
     ctx = context or CheckContext(case, provider, device, provider_spec)
     start = time.perf_counter()
     try:
@@ -83,7 +96,7 @@ def run_check(
         result.summary = trace.splitlines()[-1]  # the exception's own line
         result.message = failure_message(result.summary, trace, case, result.repro)
     result.duration = time.perf_counter() - start
-    return apply_expect(result, case, provider_spec)
+    return apply_expect(result, case, provider_spec, fault="exception")
 
 
 def failure_message(summary: str, details: str, case, repro: str) -> str:
@@ -106,21 +119,32 @@ def _blank_result(case, check_name: str, provider_spec: str, repro_device: str |
     )
 
 
-def fault_result(case, check_name: str, cause: str, *, detail: str = "", duration: float = 0.0,
+def fault_result(case, check_name: str, cause: str, *, fault: str = "exit", detail: str = "", duration: float = 0.0,
                  provider_spec: str = DEFAULT_PROVIDER, repro_device: str | None = None) -> CheckResult:
     """The ERROR of an item whose check never returned a result: the process running it died or was stopped
     (``harness.isolation``). ``cause`` is the one-line summary; ``detail`` what else is known (a traceback dumped by
-    the dying process). The case's ``expect`` applies as for any other failure."""
+    the dying process). ``fault``: which kind of failure it was (``FAILURE_KINDS``: "exit", the default, for a
+    process that ended; "timeout", "exception"; "harness" for the harness's own failure, which no case can
+    expect). The case's ``expect`` applies as for any other failure."""
     result = _blank_result(case, check_name, provider_spec, repro_device)
     result.status, result.summary, result.duration = Status.ERROR, cause, duration
     result.message = failure_message(cause, detail, case, result.repro)
-    return apply_expect(result, case, provider_spec)
+    return apply_expect(result, case, provider_spec, fault=fault)
 
 
-def apply_expect(result: CheckResult, case, provider_spec: str = DEFAULT_PROVIDER) -> CheckResult:
+# How the line under an unexcused failure names its kind.
+_FAULT_WORDS = {"mismatch": "a mismatch (fails_with: mismatch)", "exception": "an exception (fails_with: exception)",
+                "exit": "its process's exit (fails_with: exit)",
+                "timeout": "a timeout (fails_with: timeout)", "harness": "a failure of the harness itself",
+                "": "an error of unknown kind"}
+
+
+def apply_expect(result: CheckResult, case, provider_spec: str = DEFAULT_PROVIDER, *, fault: str = "") -> CheckResult:
     """The case's ``expect`` for the provider under test (``provider_spec``, as ``--provider`` names it): an xfail
-    that applies to it turns a failure into XFAILED and a pass into XPASSED (strict); an xfail for other providers
-    only, like ``expect: pass``, changes nothing."""
+    that applies to it turns a failure of a kind it names (``expect.fails_with``) into XFAILED and a pass into
+    XPASSED (strict); a failure of another kind stays what it is, with a line saying the xfail does not excuse it.
+    An xfail for other providers only, like ``expect: pass``, changes nothing. ``fault``: the kind of an ERROR
+    (a FAILED result is a mismatch)."""
     check_name = result.check
     expect = getattr(case, "expect", None)
     if expect is None or not expect.fails_for(provider_spec):
@@ -131,6 +155,12 @@ def apply_expect(result: CheckResult, case, provider_spec: str = DEFAULT_PROVIDE
         scope = f" with --provider {provider_spec}"
         remedy = (f"remove {provider_spec} from expect.providers in {case.source} (the whole xfail if it is the "
                   "only one)")
+    kind = "mismatch" if result.status is Status.FAILED else fault
+    if result.status.is_failure and kind not in expect.fails_with:
+        result.message = (f"{result.message}\nnot excused by the case's xfail{scope}: it expects a failure of kind "
+                          f"{', '.join(expect.fails_with)} (expect.fails_with), this item ended with "
+                          f"{_FAULT_WORDS.get(kind, kind)} ({expect.reason})")
+        return result
     if result.status.is_failure:
         result.status, result.reason = Status.XFAILED, f"expected failure{scope}: {expect.reason}"
     else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from harness.checks.base import Check
-from harness.checks.calls import Call, assert_returned_equal, shared_call, written_slots
+from harness.checks.calls import Call, assert_returned_equal, describe_returned, shared_call, written_slots
 from harness.checks.registry import register
 from harness.compare import Mismatch, assert_bits_equal
 
@@ -59,12 +59,12 @@ def _returned_shapes(ctx) -> dict:
     if expected is None:
         if got is not None:
             raise Mismatch(
-                f"returned: direct writeback must return None, found a tensor {tuple(got.shape)} {got.dtype}", count=-1
+                f"returned: direct writeback must return None, found {describe_returned(got)}", count=-1
             )
         return {"returned": None}
     shape, dtype = expected
     if not isinstance(got, torch.Tensor):
-        raise Mismatch(f"returned: expected a tensor {shape} {dtype}, found {type(got).__name__}", count=-1)
+        raise Mismatch(f"returned: expected a tensor {shape} {dtype}, found {describe_returned(got)}", count=-1)
     if tuple(got.shape) != shape or got.dtype != dtype or got.device != call.inputs.out.device:
         raise Mismatch(
             f"returned: expected {shape} {dtype} on {call.inputs.out.device}, "

@@ -80,7 +80,7 @@ def serve(channel, worker) -> int:
                 from harness.checks.runner import fault_result
 
                 result = fault_result(request.case, request.check, f"the harness failed to run the item: "
-                                      f"{_one_line(exc)}", detail=traceback.format_exc(),
+                                      f"{_one_line(exc)}", fault="harness", detail=traceback.format_exc(),
                                       provider_spec=worker.provider_spec, repro_device=request.repro_device)
             reply = protocol.ItemDone(result, worker.sticky(result))
         elif isinstance(request, protocol.Warmup):

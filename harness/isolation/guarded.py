@@ -68,7 +68,7 @@ class RecompileGuard:
         try:
             observed, _ = self.warm(case)
         except catch as exc:
-            return fault_result(case, check, str(exc), detail=traceback.format_exc(),
+            return fault_result(case, check, str(exc), fault="exception", detail=traceback.format_exc(),
                                 provider_spec=provider_spec, repro_device=repro_device)
         if isinstance(observed, str):
             result = execute()

@@ -8,6 +8,10 @@ fail into a result of the item it was running, then starts a fresh child for the
   and the item is an ERROR "timed out after N s (limit from ...)" with that stack.
 - The child reports a sticky device error after an item (``harness.isolation.sticky``): the item keeps its own
   result, and the child, which exits by itself, is replaced.
+- After an item of a case timed out, the case's later items are ERRORs at once, naming the item that hung: they call
+  the same provider on the same inputs, so each would most likely wait out the whole limit too.
+- Whenever a child ends (an item's fault, a replacement, ``close``), what it started in its process group (it leads
+  its own session) is killed too: a provider's helper processes never outlive the child they served.
 
 A replaced child is recorded in ``restarts`` (which item, why), every start in ``starts`` (fork or spawn, the wait,
 the child's phases). The child is started lazily, at the first request, and kept for every later one; ``start()``
@@ -33,7 +37,7 @@ from pathlib import Path
 import harness.isolation.protocol as protocol
 from harness.checks.base import CheckResult
 from harness.checks.providers import ProviderError
-from harness.checks.runner import fault_result
+from harness.checks.runner import fault_result, repro_line
 from harness.isolation import forking, spare
 from harness.isolation.channel import Channel, ChannelClosed
 from harness.isolation.settings import TimeLimit, item_timeout
@@ -99,6 +103,9 @@ class Supervisor:
         self._channel: Channel | None = None
         self._trace = None  # an unnamed file the child's faulthandler writes to (nothing to remove, ever)
         self._ready = False
+        # case -> (the check that timed out, its cause). Keyed by the case's contents (a Case compares and hashes by
+        # value): the fuzzer names every drawn case alike, and a different case is not known to hang.
+        self._hung: dict[object, tuple[str, str]] = {}
 
     # ---- the child's life
 
@@ -143,10 +150,10 @@ class Supervisor:
         return self._channel
 
     def _exchange(self, request, deadline_seconds: float):
-        """Send ``request`` and wait for the reply. Returns (reply, None, seconds) or (None, (cause, detail),
-        seconds) when the child died or ran past the limit (it is gone either way); seconds from the request sent
-        (a start-up before it does not count). Any other interruption (Ctrl-C in this process) stops the child and
-        propagates."""
+        """Send ``request`` and wait for the reply. Returns (reply, None, seconds) or (None, (cause, detail, kind),
+        seconds) when the child died ("exit") or ran past the limit ("timeout"): it is gone either way. Seconds from
+        the request sent (a start-up before it does not count). Any other interruption (Ctrl-C in this process)
+        stops the child and propagates."""
         channel = self._ready_channel()
         began = time.monotonic()
         deadline = None if math.isinf(deadline_seconds) else began + deadline_seconds
@@ -156,10 +163,10 @@ class Supervisor:
         except TimeoutError:
             stack = self._stop(dump=True)
             cause = f"timed out after {deadline_seconds:g} s ({self.limit.origin})"
-            fault = (cause, f"where it was when stopped:\n{stack}" if stack.strip() else "")
+            fault = (cause, f"where it was when stopped:\n{stack}" if stack.strip() else "", "timeout")
         except (ChannelClosed, BrokenPipeError):
             code, stack = self._reap()
-            fault = (describe_exit(code), stack)
+            fault = (describe_exit(code), stack, "exit")
         except BaseException:
             self._stop(dump=False)
             raise
@@ -208,7 +215,10 @@ class Supervisor:
                 pass
 
     def _forget(self) -> str:
-        """Close the channel, read and close the trace file; the next request starts a fresh child."""
+        """Kill what the ended child left in its process group, close the channel, read and close the trace file;
+        the next request starts a fresh child."""
+        if self._proc is not None:
+            _kill_leftovers(self._proc.pid)
         stack = ""
         if self._trace is not None:
             # pread: the file's offset is shared with the child's descriptor, and the dump starts at 0.
@@ -251,11 +261,21 @@ class Supervisor:
         """``check`` on ``case`` in the child: its CheckResult, or an ERROR of this item when the child died, ran
         past the limit, or could not go on. ``guard``: under the recompile guard (``harness.isolation.guarded``)."""
         item = f"{case.id}::{check}"
+        hung = self._hung.get(case)
+        if hung is not None:
+            earlier, cause = hung
+            hang_repro = repro_line(case, earlier, self.provider_spec, repro_device)
+            return fault_result(case, check, f"not run: {earlier} of the same case {cause}; the provider is taken to "
+                                "hang on this case, so its remaining items fail at once", fault="timeout",
+                                detail=f"the hang's repro: {hang_repro}",
+                                provider_spec=self.provider_spec, repro_device=repro_device)
         reply, fault, seconds = self._exchange(protocol.RunItem(case, check, repro_device, guard), self.limit.seconds)
         if fault is not None:
-            cause, detail = fault
+            cause, detail, kind = fault
             self.restarts.append(Restart(item, cause))
-            return fault_result(case, check, cause, detail=detail, duration=seconds,
+            if kind == "timeout":
+                self._hung[case] = (check, cause)
+            return fault_result(case, check, cause, fault=kind, detail=detail, duration=seconds,
                                 provider_spec=self.provider_spec, repro_device=repro_device)
         _absorb_compiles(reply)
         result = reply.result
@@ -294,6 +314,16 @@ class Supervisor:
                 starts[-1]["cpu"] = usage
         return {"isolation": self.mode, "item_timeout": None if math.isinf(self.limit.seconds) else self.limit.seconds,
                 "processes": self.processes, "restarts": [asdict(r) for r in self.restarts], "starts": starts}
+
+
+def _kill_leftovers(pgid: int) -> None:
+    """SIGKILL to the process group a child led, after the child itself was reaped: its own grandchildren (a
+    provider's compile workers or helper servers) stay in that group unless they left it. Safe after the reap: the
+    kernel does not reuse a process id while a group still carries it, and an empty group is simply gone."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _spawn() -> spare.Launched:
