@@ -15,11 +15,11 @@ afresh on the workload (``tuned_afresh``), every call of the workload is capture
 once in turn, ours then the peer's (``harness.cuda_timing``: device time per call from ``--reps`` replays queued
 back to back, and one synchronized call's latency), so drift over the run, and the luck of an autotuner, reach both
 alike. Reported: the median and the best of the per-round figures, ours / the peer's (the peer's run of the same
-path, or of its first path when it lacks ours), and the config each of our autotuned kernels ran. ``--stages``
-times each stage of ours alone (``harness.stage_bench``); ``--stages --peer`` compares the stages of one whole call
-of each by profiling (``harness.kernel_profile``), then each stage launched alone where both providers have the
-``stage_launches`` hook (``bench_stages_alone``: back to back and after an L2 flush). Performance is measured here,
-never in timed tests.
+path, or of its first path when it lacks ours), the config each of our autotuned kernels ran, and the configs
+each autotuner of either provider timed when it tuned afresh. ``--stages`` times each stage of ours alone
+(``harness.stage_bench``); ``--stages --peer`` compares the stages of one whole call of each by profiling
+(``harness.kernel_profile``), then each stage launched alone where both providers have the ``stage_launches`` hook
+(``bench_stages_alone``: back to back and after an L2 flush). Performance is measured here, never in timed tests.
 """
 
 from __future__ import annotations
@@ -152,10 +152,12 @@ class Entry:
 
 
 @contextlib.contextmanager
-def tuned_afresh(providers: list) -> Iterator[None]:
+def tuned_afresh(providers: list) -> Iterator[dict[str, list[str]]]:
     """Inside the block, every autotuned kernel tunes again at its first launch: each Triton autotuner forgets what
-    it chose before (and the disk cache of tuning results is off), and each provider's own tuning caches (the
-    ``tuning_caches`` hook, docs/provider.md#optional-hooks) start empty.
+    it chose before and neither reads nor writes the disk cache of tuning results (``TRITON_CACHE_AUTOTUNING``:
+    results another process stored there would otherwise answer before any config is timed), and each provider's
+    own tuning caches (the ``tuning_caches`` hook, docs/provider.md#optional-hooks) start empty. Yields what the
+    block timed: kernel name -> every config timed, in order (one entry per trial), filled as the block runs.
 
     An autotuner keyed without the token count keeps what it tuned on whichever call came first, and on kernels of a
     few microseconds its timings are noise: vLLM's picks differed between processes by up to 4x on one stage and
@@ -165,12 +167,13 @@ def tuned_afresh(providers: list) -> Iterator[None]:
     from harness import triton_autotuner as tt
     from harness.checks.hooks import tuning_caches
 
+    timed: dict[str, list[str]] = {}
     try:
         tt.require_supported()
     except tt.UnsupportedTriton as exc:
         print(f"bench: not tuning afresh for this round, every autotuner keeps its first tuning: {exc}",
               file=sys.stderr)
-        yield
+        yield timed
         return
     for provider in providers:
         for cache in tuning_caches(provider):
@@ -182,8 +185,11 @@ def tuned_afresh(providers: list) -> Iterator[None]:
             seen.add(id(tuner))
             tt.forget_tuning(tuner)
 
-    with tt.disk_cache_off(), tt.launches_reported(forget):
-        yield
+    def note(tuner, config) -> None:
+        timed.setdefault(tt.kernel_name(tuner), []).append(str(config))
+
+    with tt.disk_cache_off(), tt.launches_reported(forget), tt.trials_reported(note):
+        yield timed
 
 
 def interleave(entries: list[Entry], fns: list, rounds: int, timer, fresh_tuning=contextlib.nullcontext) -> None:
@@ -231,22 +237,28 @@ def _call(provider, inputs, call: dict):
 
 
 def bench(workloads: list[str], our_variants: list[str], provider, peer, rounds: int, timer,
-          build_inputs=None, device: str = "cuda", configs: dict | None = None) -> tuple[list[Entry], list[str]]:
+          build_inputs=None, device: str = "cuda", configs: dict | None = None,
+          trials: list | None = None) -> tuple[list[Entry], list[str]]:
     """Time every workload: its calls (ours, then the peer's) on one set of input tensors, interleaved over
     ``rounds``, both providers tuned afresh for each round (``tuned_afresh``). Returns the entries and the lines of
     the variants skipped; ``configs``, when given, receives every config our kernels ran (``record_configs`` after
-    each round's tuning)."""
+    each round's tuning); ``trials``, when given, one ``(workload, {kernel: configs timed})`` per round, both
+    providers' kernels."""
     if build_inputs is None:
         from harness.cases.builder import build_inputs
     entries, skipped = [], []
     providers = [p for p in (provider, peer) if p is not None]
 
+    workload = None
+
     @contextlib.contextmanager
     def tuned_round():
-        with tuned_afresh(providers):
+        with tuned_afresh(providers) as timed:
             yield
         if configs is not None:
             record_configs(configs)
+        if trials is not None:
+            trials.append((workload, timed))
     for workload in workloads:
         these, lines = workload_entries(workload, provider, our_variants, peer)
         skipped += lines
@@ -507,6 +519,27 @@ def record_configs(log: dict[str, dict[str, list[str]]]) -> None:
                 kept.append(config)
 
 
+def trials_by_kernel(trials: list[tuple[str, dict[str, list[str]]]]) -> dict[str, dict]:
+    """``bench``'s ``trials`` per kernel: its configs timed in each round, and the distinct configs among them."""
+    by_kernel: dict[str, dict] = {}
+    for workload, timed in trials:
+        for kernel, configs in timed.items():
+            entry = by_kernel.setdefault(kernel, {"timed_per_round": [], "configs": []})
+            entry["timed_per_round"].append([workload, len(configs)])
+            entry["configs"] += [c for c in dict.fromkeys(configs) if c not in entry["configs"]]
+    return by_kernel
+
+
+def trial_lines(by_kernel: dict[str, dict]) -> list[str]:
+    """What tuning afresh timed, one line per kernel: trials per round, then each distinct config timed."""
+    lines = []
+    for kernel, entry in by_kernel.items():
+        per_round = ", ".join(str(n) for _, n in entry["timed_per_round"])
+        lines.append(f"tuned afresh {kernel}: configs timed per round {per_round}")
+        lines += [f"  timed {kernel}: {config}" for config in entry["configs"]]
+    return lines
+
+
 def _meta(args, peer) -> dict:
     from harness.checks.providers import provider_name
 
@@ -619,16 +652,19 @@ def main(argv: list[str] | None = None) -> int:
     from harness.cuda_timing import GraphTimer
 
     configs: dict[str, dict[str, list[str]]] = {}
+    trials: list[tuple[str, dict[str, list[str]]]] = []
     entries, skipped = bench(workloads, args.variant or default_variants(provider), provider, peer, args.rounds,
-                             GraphTimer(args.reps), configs=configs)
+                             GraphTimer(args.reps), configs=configs, trials=trials)
     summary = summarize(entries, skipped)
-    summary["meta"] = {**_meta(args, peer), "configs": configs}
+    summary["meta"] = {**_meta(args, peer), "configs": configs, "tuning_trials": trials_by_kernel(trials)}
     _write(args.json, summary)
     print_table(summary)
     for kernel, by_key in configs.items():
         for key, ran in by_key.items():
             for config in ran:
                 print(f"config {kernel} {key}: {config}")
+    for line in trial_lines(summary["meta"]["tuning_trials"]):
+        print(line)
     if not any(e.samples for e in entries):
         return 2  # nothing was timed
     return 1 if any(e.error for e in entries) else 0

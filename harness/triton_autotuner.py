@@ -154,6 +154,32 @@ def launches_reported(on_launch: Callable[[Any], None]) -> Iterator[None]:
         Autotuner.run = wrapped
 
 
+@contextlib.contextmanager
+def trials_reported(on_trial: Callable[[Any, Any], None]) -> Iterator[None]:
+    """Call ``on_trial(autotuner, config)`` for every config any autotuner times (``Autotuner._bench``, one call per
+    config benchmarked); a tuning answered from the disk cache of tuning results times none."""
+    wrapped = Autotuner.__dict__["_bench"]
+
+    @functools.wraps(wrapped)
+    def _bench(self, *args, config, **meta):
+        on_trial(self, config)
+        return wrapped(self, *args, config=config, **meta)
+
+    Autotuner._bench = _bench
+    try:
+        yield
+    finally:
+        Autotuner._bench = wrapped
+
+
+def kernel_name(tuner: Any) -> str:
+    """The autotuned kernel's function name (under any ``triton.heuristics`` or other wrappers)."""
+    fn = tuner.fn
+    while hasattr(fn, "fn"):
+        fn = fn.fn
+    return getattr(fn, "__name__", repr(fn))
+
+
 def interpreter_do_bench(kernel_call: Callable, quantiles=(0.5, 0.2, 0.8), **_):
     """Benchmarker for the interpreter, which has no GPU timer: equal times, so the first config (after pruning)
     wins, reproducibly. The trial is not launched (an interpreted trial costs as much as the call itself); what trial
