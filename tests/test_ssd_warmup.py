@@ -257,24 +257,18 @@ def test_int_values_follow_the_kernels_flags():
     assert int_values(k, "hdim", values) == values  # specialized everywhere
 
 
-def test_the_fused_states_kernel_has_one_binary_for_every_cache_layout():
-    """The fused chunk state + state passing kernel only stores through the cache pointer, once per sequence: an
-    aligned or offset cache, with rows padded to a multiple of 16 or not, is one specialization, not four."""
-    from kernels.warmup import spec_for, spec_keys, standin
-
-    k = chunk_state_passing._chunk_state_passing_kernel
-    nchunks, meta = 3, torch.int32
-    keys = set()
-    for aligned, pad in ((True, 0), (True, 1), (False, 0), (False, 1)):
-        cache = standin((2, H, P, N), torch.bfloat16, strides=(H * P * N + pad, P * N, N, 1), aligned=aligned)
-        fp32 = standin((H, nchunks, Q), torch.float32)
-        arguments = chunk_state_passing.launch_arguments(
-            standin((1, G, N), torch.bfloat16), standin((1, H, P), torch.bfloat16), fp32, fp32,
-            standin((nchunks + 1,), meta), standin((nchunks,), meta), out=standin((nchunks, H, P, N), torch.float32),
-            initial_states=standin((1, H, P, N), torch.bfloat16), state_cache=cache,
-            final_state_indices=standin((1,), torch.int32), last_chunk_indices=standin((1,), meta))
-        keys |= {key.key for key in spec_keys(spec_for(k, arguments))}
-    assert len(keys) == 1, keys
+@pytest.mark.parametrize("registration", ["chunk_state_passing", "state_passing_batched", "state_passing_indexed"])
+def test_the_state_kernels_have_one_binary_for_every_cache_layout(registration):
+    """The state passing kernels touch the cache once or twice per program, outside their chunk loops: an aligned or
+    offset cache, with rows padded to a multiple of 16 or not (the plan enumerates all four), is one specialization.
+    """
+    planned, _ = plan([(SHAPE, (torch.bfloat16,), (torch.bfloat16,))], [registration])
+    keys = [k for p in planned for k in p.keys]
+    assert keys
+    for key in keys:
+        params = dict(key.params)
+        assert params["cache_ptr"] == "*bf16 (alignment not specialized)", key.describe()
+        assert params["stride_cache_slot"] == "i32 (not specialized)", key.describe()
 
 
 def test_main_prints_time_and_count(capsys):
