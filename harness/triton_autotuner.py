@@ -17,8 +17,9 @@ again for each round (``harness.bench.tuned_afresh``). All three reach into
   therefore not enough alone for autotuners that exist already).
 - ``Autotuner.do_bench``: a ``functools.cached_property`` giving the benchmarker: the ``do_bench=`` argument (kept as
   ``_do_bench``), else ``driver.active.get_benchmarker()``, which needs a GPU driver and fails under the interpreter.
-  An entry in the instance ``__dict__`` overrides it. ``Autotuner._bench`` hands every trial to
-  ``self.do_bench(kernel_call, quantiles=...)``, one call per config benchmarked.
+  An entry in the instance ``__dict__`` overrides it. ``Autotuner._bench(self, *args, config, **meta)`` hands every
+  trial to ``self.do_bench(kernel_call, quantiles=...)``, one call per config benchmarked; wrapping it on the class
+  sees every config any autotuner times (``trials_reported``: the bench says what tuning afresh ran).
 """
 
 from __future__ import annotations
