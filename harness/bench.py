@@ -186,7 +186,7 @@ def tuned_afresh(providers: list) -> Iterator[dict[str, list[str]]]:
             tt.forget_tuning(tuner)
 
     def note(tuner, config) -> None:
-        timed.setdefault(tt.kernel_name(tuner), []).append(str(config))
+        timed.setdefault(tuner.base_fn.__name__, []).append(str(config))  # as chosen_configs names it
 
     with tt.disk_cache_off(), tt.launches_reported(forget), tt.trials_reported(note):
         yield timed

@@ -173,14 +173,6 @@ def trials_reported(on_trial: Callable[[Any, Any], None]) -> Iterator[None]:
         Autotuner._bench = wrapped
 
 
-def kernel_name(tuner: Any) -> str:
-    """The autotuned kernel's function name (under any ``triton.heuristics`` or other wrappers)."""
-    fn = tuner.fn
-    while hasattr(fn, "fn"):
-        fn = fn.fn
-    return getattr(fn, "__name__", repr(fn))
-
-
 def interpreter_do_bench(kernel_call: Callable, quantiles=(0.5, 0.2, 0.8), **_):
     """Benchmarker for the interpreter, which has no GPU timer: equal times, so the first config (after pruning)
     wins, reproducibly. The trial is not launched (an interpreted trial costs as much as the call itself); what trial
