@@ -77,6 +77,35 @@ def nvml_device_count(library: str = "libnvidia-ml.so.1") -> int:
         nvml.nvmlShutdown()
 
 
+class _NvmlMemory(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+def nvml_smallest_gpu_memory(library: str = "libnvidia-ml.so.1") -> int:
+    """The total memory, in bytes, of the smallest GPU the NVIDIA driver reports (NVML); 0 where there is no driver
+    or no GPU. Every GPU of the host counts, not only those CUDA_VISIBLE_DEVICES lists (which may name them by UUID):
+    a host's GPUs are normally one model, and the smallest is the safe bound where they are not."""
+    try:
+        nvml = ctypes.CDLL(library)
+    except OSError:
+        return 0
+    if nvml.nvmlInit_v2() != 0:
+        return 0
+    try:
+        count = ctypes.c_uint(0)
+        if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+            return 0
+        sizes = []
+        for index in range(count.value):
+            handle, memory = ctypes.c_void_p(), _NvmlMemory()
+            if (nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle)) == 0
+                    and nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory)) == 0):
+                sizes.append(memory.total)
+        return min(sizes, default=0)
+    finally:
+        nvml.nvmlShutdown()
+
+
 def create_cuda_context_in_background(library: str = "libcuda.so.1", driver=None, after=None):
     """Create this process's CUDA context (the device's primary context, the one torch's runtime then uses) on a
     side thread, through the driver API, while the main thread goes on importing torch and collecting. Returns the

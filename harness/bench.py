@@ -16,11 +16,11 @@ once in turn, ours then the peer's (``harness.cuda_timing``: device time per cal
 back to back, one synchronized call's latency, and the host time of one eager call, enqueued behind a busy device:
 ``eager_host_us``), so drift over the run, and the luck of an autotuner, reach both alike. Reported: the median and
 the best of the per-round figures, ours / the peer's (the peer's run of the same path, or of its first path when it
-lacks ours) for the device times and the host times, and the config each of our autotuned kernels ran. ``--stages``
-times each stage of ours alone (``harness.stage_bench``); ``--stages --peer`` compares the stages of one whole call
-of each by profiling (``harness.kernel_profile``), then each stage launched alone where both providers have the
-``stage_launches`` hook (``bench_stages_alone``: back to back and after an L2 flush). Performance is measured here,
-never in timed tests.
+lacks ours) for the device times and the host times, the config each of our autotuned kernels ran, and the configs
+each autotuner of either provider timed when it tuned afresh. ``--stages`` times each stage of ours alone
+(``harness.stage_bench``); ``--stages --peer`` compares the stages of one whole call of each by profiling
+(``harness.kernel_profile``), then each stage launched alone where both providers have the ``stage_launches`` hook
+(``bench_stages_alone``: back to back and after an L2 flush). Performance is measured here, never in timed tests.
 """
 
 from __future__ import annotations
@@ -167,10 +167,12 @@ class Entry:
 
 
 @contextlib.contextmanager
-def tuned_afresh(providers: list) -> Iterator[None]:
+def tuned_afresh(providers: list) -> Iterator[dict[str, list[str]]]:
     """Inside the block, every autotuned kernel tunes again at its first launch: each Triton autotuner forgets what
-    it chose before (and the disk cache of tuning results is off), and each provider's own tuning caches (the
-    ``tuning_caches`` hook, docs/provider.md#optional-hooks) start empty.
+    it chose before and neither reads nor writes the disk cache of tuning results (``TRITON_CACHE_AUTOTUNING``:
+    results another process stored there would otherwise answer before any config is timed), and each provider's
+    own tuning caches (the ``tuning_caches`` hook, docs/provider.md#optional-hooks) start empty. Yields what the
+    block timed: kernel name -> every config timed, in order (one entry per trial), filled as the block runs.
 
     An autotuner keyed without the token count keeps what it tuned on whichever call came first, and on kernels of a
     few microseconds its timings are noise, so its picks differ between processes (docs/decisions.md: bench tuning
@@ -180,12 +182,13 @@ def tuned_afresh(providers: list) -> Iterator[None]:
     from harness import triton_autotuner as tt
     from harness.checks.hooks import tuning_caches
 
+    timed: dict[str, list[str]] = {}
     try:
         tt.require_supported()
     except tt.UnsupportedTriton as exc:
         print(f"bench: not tuning afresh for this round, every autotuner keeps its first tuning: {exc}",
               file=sys.stderr)
-        yield
+        yield timed
         return
     for provider in providers:
         for cache in tuning_caches(provider):
@@ -197,8 +200,11 @@ def tuned_afresh(providers: list) -> Iterator[None]:
             seen.add(id(tuner))
             tt.forget_tuning(tuner)
 
-    with tt.disk_cache_off(), tt.launches_reported(forget):
-        yield
+    def note(tuner, config) -> None:
+        timed.setdefault(tuner.base_fn.__name__, []).append(str(config))  # as chosen_configs names it
+
+    with tt.disk_cache_off(), tt.launches_reported(forget), tt.trials_reported(note):
+        yield timed
 
 
 def interleave(entries: list[Entry], fns: list, rounds: int, timer, fresh_tuning=contextlib.nullcontext) -> None:
@@ -253,22 +259,28 @@ def _call(provider, inputs, call: dict):
 
 
 def bench(workloads: list[str], our_variants: list[str], provider, peer, rounds: int, timer,
-          build_inputs=None, device: str = "cuda", configs: dict | None = None) -> tuple[list[Entry], list[str]]:
+          build_inputs=None, device: str = "cuda", configs: dict | None = None,
+          trials: list | None = None) -> tuple[list[Entry], list[str]]:
     """Time every workload: its calls (ours, then the peer's) on one set of input tensors, interleaved over
     ``rounds``, both providers tuned afresh for each round (``tuned_afresh``). Returns the entries and the lines of
     the variants skipped; ``configs``, when given, receives every config our kernels ran (``record_configs`` after
-    each round's tuning)."""
+    each round's tuning); ``trials``, when given, one ``(workload, {kernel: configs timed})`` per round, both
+    providers' kernels."""
     if build_inputs is None:
         from harness.cases.builder import build_inputs
     entries, skipped = [], []
     providers = [p for p in (provider, peer) if p is not None]
 
+    workload = None
+
     @contextlib.contextmanager
     def tuned_round():
-        with tuned_afresh(providers):
+        with tuned_afresh(providers) as timed:
             yield
         if configs is not None:
             record_configs(configs)
+        if trials is not None:
+            trials.append((workload, timed))
     for workload in workloads:
         these, lines = workload_entries(workload, provider, our_variants, peer)
         skipped += lines
@@ -553,6 +565,27 @@ def kernel_launches() -> dict | None:
     return {"launcher": type(launches).__name__, "direct": launches.direct, "through_triton": launches.through_triton}
 
 
+def trials_by_kernel(trials: list[tuple[str, dict[str, list[str]]]]) -> dict[str, dict]:
+    """``bench``'s ``trials`` per kernel: its configs timed in each round, and the distinct configs among them."""
+    by_kernel: dict[str, dict] = {}
+    for workload, timed in trials:
+        for kernel, configs in timed.items():
+            entry = by_kernel.setdefault(kernel, {"timed_per_round": [], "configs": []})
+            entry["timed_per_round"].append([workload, len(configs)])
+            entry["configs"] += [c for c in dict.fromkeys(configs) if c not in entry["configs"]]
+    return by_kernel
+
+
+def trial_lines(by_kernel: dict[str, dict]) -> list[str]:
+    """What tuning afresh timed, one line per kernel: trials per round, then each distinct config timed."""
+    lines = []
+    for kernel, entry in by_kernel.items():
+        per_round = ", ".join(str(n) for _, n in entry["timed_per_round"])
+        lines.append(f"tuned afresh {kernel}: configs timed per round {per_round}")
+        lines += [f"  timed {kernel}: {config}" for config in entry["configs"]]
+    return lines
+
+
 def _meta(args, peer) -> dict:
     from harness.checks.providers import provider_name
 
@@ -666,14 +699,16 @@ def main(argv: list[str] | None = None) -> int:
 
     configs: dict[str, dict[str, list[str]]] = {}
     before = kernel_launches()
+    trials: list[tuple[str, dict[str, list[str]]]] = []
     entries, skipped = bench(workloads, args.variant or default_variants(provider), provider, peer, args.rounds,
-                             GraphTimer(args.reps), configs=configs)
+                             GraphTimer(args.reps), configs=configs, trials=trials)
     summary = summarize(entries, skipped)
     launches = kernel_launches()
     if launches is not None and before is not None:  # this run's launches: whether the direct path was taken
         launches.update(direct=launches["direct"] - before["direct"],
                         through_triton=launches["through_triton"] - before["through_triton"])
-    summary["meta"] = {**_meta(args, peer), "configs": configs, "kernel_launches": launches}
+    summary["meta"] = {**_meta(args, peer), "configs": configs, "kernel_launches": launches,
+                       "tuning_trials": trials_by_kernel(trials)}
     _write(args.json, summary)
     print_table(summary)
     if launches is not None:
@@ -683,6 +718,8 @@ def main(argv: list[str] | None = None) -> int:
         for key, ran in by_key.items():
             for config in ran:
                 print(f"config {kernel} {key}: {config}")
+    for line in trial_lines(summary["meta"]["tuning_trials"]):
+        print(line)
     if not any(e.samples for e in entries):
         return 2  # nothing was timed
     return 1 if any(e.error for e in entries) else 0

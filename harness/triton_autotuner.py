@@ -18,8 +18,9 @@ again for each round (``harness.bench.tuned_afresh``). All three reach into
   therefore not enough alone for autotuners that exist already).
 - ``Autotuner.do_bench``: a ``functools.cached_property`` giving the benchmarker: the ``do_bench=`` argument (kept as
   ``_do_bench``), else ``driver.active.get_benchmarker()``, which needs a GPU driver and fails under the interpreter.
-  An entry in the instance ``__dict__`` overrides it. ``Autotuner._bench`` hands every trial to
-  ``self.do_bench(kernel_call, quantiles=...)``, one call per config benchmarked.
+  An entry in the instance ``__dict__`` overrides it. ``Autotuner._bench(self, *args, config, **meta)`` hands every
+  trial to ``self.do_bench(kernel_call, quantiles=...)``, one call per config benchmarked; wrapping it on the class
+  sees every config any autotuner times (``trials_reported``: the bench says what tuning afresh ran).
 """
 
 from __future__ import annotations
@@ -143,6 +144,24 @@ def launches_reported(on_launch: Callable[[Any], None]) -> Iterator[None]:
         yield
     finally:
         Autotuner.run = wrapped
+
+
+@contextlib.contextmanager
+def trials_reported(on_trial: Callable[[Any, Any], None]) -> Iterator[None]:
+    """Call ``on_trial(autotuner, config)`` for every config any autotuner times (``Autotuner._bench``, one call per
+    config benchmarked); a tuning answered from the disk cache of tuning results times none."""
+    wrapped = Autotuner.__dict__["_bench"]
+
+    @functools.wraps(wrapped)
+    def _bench(self, *args, config, **meta):
+        on_trial(self, config)
+        return wrapped(self, *args, config=config, **meta)
+
+    Autotuner._bench = _bench
+    try:
+        yield
+    finally:
+        Autotuner._bench = wrapped
 
 
 def interpreter_do_bench(kernel_call: Callable, quantiles=(0.5, 0.2, 0.8), **_):

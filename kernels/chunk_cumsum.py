@@ -59,15 +59,16 @@ def chunk_cumsum_tile(
     stride_dA_cs_head,
     stride_dA_cs_chunk,
     stride_dA_cs_pos,
-    HAS_DT_BIAS: tl.constexpr,
-    DT_SOFTPLUS: tl.constexpr,
-    HAS_DT_LIMIT: tl.constexpr,
+    has_dt_bias,
+    dt_softplus,
+    has_dt_limit,
     LOG1P_LIBDEVICE: tl.constexpr,
     BLOCK_SIZE_H: tl.constexpr,
     BLOCK_SIZE_CHUNK: tl.constexpr,
 ):
     """The cumsum of chunk ``pid_c`` for the heads of block ``pid_h``: the stage kernel's body, and the cumsum
-    programs' of the kernel that also runs the gather's (``kernels.chunk_cumsum_gather``)."""
+    programs' of the kernel that also runs the gather's (``kernels.chunk_cumsum_gather``). ``has_dt_bias``,
+    ``dt_softplus``, ``has_dt_limit``: run-time branches (``RUNTIME_FLAGS``)."""
     chunk_start = tl.load(cu_chunk_seqlens_ptr + pid_c)
     chunk_len = tl.load(cu_chunk_seqlens_ptr + pid_c + 1) - chunk_start
     dt_ptr += chunk_start.to(tl.int64) * stride_dt_token
@@ -82,17 +83,17 @@ def chunk_cumsum_tile(
     A = tl.load(A_ptr + offs_h * stride_A_head, mask=head_mask, other=0.0).to(tl.float32)
     dt_ptrs = dt_ptr + offs_q[None, :].to(tl.int64) * stride_dt_token + offs_h[:, None] * stride_dt_head
     dt = tl.load(dt_ptrs, mask=in_chunk, other=0.0).to(tl.float32)
-    if HAS_DT_BIAS:
+    if has_dt_bias:
         dt_bias = tl.load(dt_bias_ptr + offs_h * stride_dt_bias_head, mask=head_mask, other=0.0).to(tl.float32)
         dt = dt + dt_bias[:, None]
-    if DT_SOFTPLUS:
+    if dt_softplus:
         exp_dt = tl.math.exp2(dt * LOG2E)
         if LOG1P_LIBDEVICE:
             softplus = libdevice.log1p(exp_dt)
         else:
             softplus = tl.math.log(1.0 + exp_dt)
         dt = tl.where(dt <= SOFTPLUS_THRESHOLD, softplus, dt)
-    if HAS_DT_LIMIT:
+    if has_dt_limit:
         dt = tl.minimum(tl.maximum(dt, dt_min), dt_max)
     # Padding positions carry dt = 0 so that dA_cumsum[..., Q - 1] is the chunk-end value.
     dt = tl.where(in_chunk, dt, 0.0)
@@ -117,11 +118,18 @@ def chunk_cumsum_tile(
     )
 
 
-@triton.jit(do_not_specialize=("signal_next",))
+# The dt options only choose which of the tile's steps run: as run-time branches (one binary for every combination,
+# each step's arithmetic the same as when it was compiled in alone) instead of constexprs, which compiled one binary
+# per combination. Flags and the bias's stride are not specialized: as ints equal to 1 (or a multiple of 16) they
+# would be a class of their own each. LOG1P_LIBDEVICE stays a constexpr: it chooses the arithmetic.
+RUNTIME_FLAGS = ("has_dt_bias", "dt_softplus", "has_dt_limit", "stride_dt_bias_head")
+
+
+@triton.jit(do_not_specialize=("signal_next", *RUNTIME_FLAGS))
 def _chunk_cumsum_kernel(
     dt_ptr,  # (T, H) any float dtype
     A_ptr,  # (H,) fp32
-    dt_bias_ptr,  # (H,) fp32, unused without HAS_DT_BIAS
+    dt_bias_ptr,  # (H,) fp32, unused without has_dt_bias
     cu_chunk_seqlens_ptr,  # (C + 1,) int32/int64
     dt_out_ptr,  # (H, C, Q) fp32
     dA_cumsum_ptr,  # (H, C, Q) fp32
@@ -140,9 +148,9 @@ def _chunk_cumsum_kernel(
     stride_dA_cs_chunk,
     stride_dA_cs_pos,
     signal_next,  # nonzero: let the next kernel start early (kernels/backend.py)
-    HAS_DT_BIAS: tl.constexpr,
-    DT_SOFTPLUS: tl.constexpr,
-    HAS_DT_LIMIT: tl.constexpr,
+    has_dt_bias,
+    dt_softplus,
+    has_dt_limit,
     LOG1P_LIBDEVICE: tl.constexpr,
     USE_PDL: tl.constexpr,
     BLOCK_SIZE_H: tl.constexpr,
@@ -155,7 +163,7 @@ def _chunk_cumsum_kernel(
         tl.program_id(axis=0), tl.program_id(axis=1),
         nheads, chunk_size, dt_min, dt_max, stride_dt_token, stride_dt_head, stride_A_head, stride_dt_bias_head,
         stride_dt_out_head, stride_dt_out_chunk, stride_dt_out_pos, stride_dA_cs_head, stride_dA_cs_chunk,
-        stride_dA_cs_pos, HAS_DT_BIAS, DT_SOFTPLUS, HAS_DT_LIMIT, LOG1P_LIBDEVICE, BLOCK_SIZE_H, BLOCK_SIZE_CHUNK)
+        stride_dA_cs_pos, has_dt_bias, dt_softplus, has_dt_limit, LOG1P_LIBDEVICE, BLOCK_SIZE_H, BLOCK_SIZE_CHUNK)
 
 
 def _first_config(configs, named_args, **kwargs):
@@ -242,9 +250,9 @@ def launch_arguments(dt: torch.Tensor, A: torch.Tensor, cu_chunk_seqlens: torch.
         stride_dA_cs_head=dA_cumsum.stride(0), stride_dA_cs_chunk=dA_cumsum.stride(1),
         stride_dA_cs_pos=dA_cumsum.stride(2),
         signal_next=int(signal_next),
-        HAS_DT_BIAS=dt_bias is not None,
-        DT_SOFTPLUS=bool(dt_softplus),
-        HAS_DT_LIMIT=tuple(dt_limit) != (0.0, math.inf),
+        has_dt_bias=int(dt_bias is not None),
+        dt_softplus=int(bool(dt_softplus)),
+        has_dt_limit=int(tuple(dt_limit) != (0.0, math.inf)),
         LOG1P_LIBDEVICE=USE_LIBDEVICE,
         BLOCK_SIZE_CHUNK=next_power_of_2(chunk_size),
         **pdl_arguments(),

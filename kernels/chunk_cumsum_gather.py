@@ -27,19 +27,20 @@ import triton.language as tl
 
 from kernels import chunk_cumsum, gather
 from kernels.backend import cdiv, wait_for_previous_kernel
-from kernels.chunk_cumsum import chunk_cumsum_tile
+from kernels.chunk_cumsum import RUNTIME_FLAGS, chunk_cumsum_tile
 from kernels.direct_launch import launch
 from kernels.gather import gather_tile
 
 
 # The chunk count is a grid extent read as a scalar; the index and mask are read one element per program (as in the
-# gather's own kernel): specializing any of them would only multiply binaries.
-@triton.jit(do_not_specialize=("nchunks", "stride_idx", "stride_has"),
+# gather's own kernel); the dt options are the cumsum's run-time branches (``kernels.chunk_cumsum.RUNTIME_FLAGS``):
+# specializing any of them would only multiply binaries.
+@triton.jit(do_not_specialize=("nchunks", "stride_idx", "stride_has", *RUNTIME_FLAGS),
             do_not_specialize_on_alignment=("idx_ptr", "has_ptr"))
 def _chunk_cumsum_gather_kernel(
     dt_ptr,  # (T, H) any float dtype
     A_ptr,  # (H,) fp32
-    dt_bias_ptr,  # (H,) fp32, unused without HAS_DT_BIAS
+    dt_bias_ptr,  # (H,) fp32, unused without has_dt_bias
     cu_chunk_seqlens_ptr,  # (C + 1,) int32/int64
     dt_out_ptr,  # (H, C, Q) fp32
     dA_cumsum_ptr,  # (H, C, Q) fp32
@@ -67,9 +68,9 @@ def _chunk_cumsum_gather_kernel(
     stride_idx,
     stride_has,
     stride_out_batch,
-    HAS_DT_BIAS: tl.constexpr,
-    DT_SOFTPLUS: tl.constexpr,
-    HAS_DT_LIMIT: tl.constexpr,
+    has_dt_bias,
+    dt_softplus,
+    has_dt_limit,
     LOG1P_LIBDEVICE: tl.constexpr,
     USE_PDL: tl.constexpr,
     BLOCK_SIZE_H: tl.constexpr,
@@ -86,7 +87,7 @@ def _chunk_cumsum_gather_kernel(
             dt_ptr, A_ptr, dt_bias_ptr, cu_chunk_seqlens_ptr, dt_out_ptr, dA_cumsum_ptr, pid % nchunks, pid // nchunks,
             nheads, chunk_size, dt_min, dt_max, stride_dt_token, stride_dt_head, stride_A_head, stride_dt_bias_head,
             stride_dt_out_head, stride_dt_out_chunk, stride_dt_out_pos, stride_dA_cs_head, stride_dA_cs_chunk,
-            stride_dA_cs_pos, HAS_DT_BIAS, DT_SOFTPLUS, HAS_DT_LIMIT, LOG1P_LIBDEVICE, BLOCK_SIZE_H, BLOCK_SIZE_CHUNK)
+            stride_dA_cs_pos, has_dt_bias, dt_softplus, has_dt_limit, LOG1P_LIBDEVICE, BLOCK_SIZE_H, BLOCK_SIZE_CHUNK)
     else:
         place = pid - cumsum_programs
         row_blocks = tl.cdiv(row, GATHER_BLOCK_SIZE)

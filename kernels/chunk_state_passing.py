@@ -56,13 +56,17 @@ from kernels.tuned_configs import Measured
 INIT_NONE, INIT_DENSE, INIT_BY_SLOT = 0, 1, 2
 
 # Metadata and index tensors are read one scalar at a time; counts and the mode flags are loop bounds and branch
-# conditions: specializing on their alignment or value class only multiplies binaries.
+# conditions: specializing on their alignment or value class only multiplies binaries. The state cache is written
+# through ``cache_ptr`` once per sequence (one tile, in the step of its last chunk), never read through it: that
+# pointer's alignment and its row stride's class would only choose the vector width of that one store, which never
+# changes a value stored, while they multiplied the binaries by the cache layout classes a server meets (aligned or
+# offset, padded or not).
 SCALAR_ONLY = {
     "do_not_specialize": ("nchunks", "stride_seq_idx", "stride_init_slot", "stride_has_init", "stride_final_idx",
                           "stride_last_chunk", "init_mode", "store_entering", "write_cache", "read_chunk_states",
-                          "signal_next"),
+                          "signal_next", "stride_cache_slot"),
     "do_not_specialize_on_alignment": ("cu_chunk_seqlens_ptr", "seq_idx_ptr", "init_slot_ptr", "has_init_ptr",
-                                       "final_idx_ptr", "last_chunk_ptr"),
+                                       "final_idx_ptr", "last_chunk_ptr", "cache_ptr"),
 }
 
 

@@ -44,10 +44,12 @@ BLOCK_SIZE = 1024
 READ_AHEAD_FROM = 8
 
 # Index tensors are read one scalar per program; the writeback flag is a branch condition: specializing on their
-# alignment or value class would only multiply binaries.
+# alignment or value class would only multiply binaries. The state cache gets one store per program, after the loop:
+# its pointer's alignment and row stride's class would only choose that store's vector width (never a value stored)
+# and multiplied the binaries by the cache layout classes a server meets (aligned or offset, padded or not).
 SCALAR_ONLY = {
-    "do_not_specialize": ("stride_final_idx", "stride_last_chunk", "write_cache"),
-    "do_not_specialize_on_alignment": ("final_idx_ptr", "last_chunk_ptr"),
+    "do_not_specialize": ("stride_final_idx", "stride_last_chunk", "write_cache", "stride_cache_slot"),
+    "do_not_specialize_on_alignment": ("final_idx_ptr", "last_chunk_ptr", "cache_ptr"),
 }
 
 

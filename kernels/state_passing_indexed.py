@@ -37,10 +37,13 @@ from kernels.state_passing import (
 BLOCK_SIZE = 512
 
 # Slot indices and the mask are single scalars, nchunks a loop bound: specializing on them only multiplies
-# binaries, so they are compiled once for all classes.
+# binaries, so they are compiled once for all classes. The state cache is touched twice per program, outside the
+# chunk loop (the initial row's load, the final row's store): its pointer's alignment and row stride's class would
+# only choose those two accesses' vector width (never a value) and multiplied the binaries by the cache layout
+# classes a server meets (aligned or offset, padded or not).
 SCALAR_ONLY = {
-    "do_not_specialize": ("nchunks",),
-    "do_not_specialize_on_alignment": ("init_slot_ptr", "has_init_ptr", "final_slot_ptr"),
+    "do_not_specialize": ("nchunks", "stride_cache_slot"),
+    "do_not_specialize_on_alignment": ("init_slot_ptr", "has_init_ptr", "final_slot_ptr", "cache_ptr"),
 }
 
 

@@ -3,7 +3,8 @@
 # the case corpus, the bench. Usage: scripts/gpu_run.sh [STEP...] with steps env, tests, cases, bench
 # (default: env tests cases bench; also pyc, launch-tests, durations, bench-twice, bench-nopdl, startup, baseline, suite,
 # suite-warm, suite-same, suite-same-noiso, warmup, cases-warm, stages, profile-ref, profile-warmup, peer-bench,
-# faults, vllm-corpus, fuzz-vllm). Full logs go under $OUT (the device tool brings them back); a short table is printed last.
+# faults, vllm-corpus, fuzz-vllm, readme,
+# readme-warm). Full logs go under $OUT (the device tool brings them back); a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"  # a given OUT may not exist yet: every step tees its log there
@@ -83,6 +84,24 @@ for step in $steps; do
         "$OUT/$name-report.json" > "$OUT/$name-failures.txt" 2>&1
       rm -rf "$OUT/$name-report.json.parts"  # merged above; dozens of part files would crowd out the logs
       head -n 1 "$OUT/$name-failures.txt" ;;
+    readme|readme-warm)  # the README's GPU command as a user types it (docs/suite-speed.md): `python -m pytest -n auto
+      # --device cuda`, plus --recompile-guard as the nightly workflow runs it and a report, in a source export of this
+      # tree (its tracked and unignored files without .git, what `git archive` ships; outside any repository):
+      # readme from a cold Triton cache and no byte-code, readme-warm again on what readme left. Prints the items,
+      # the case items run, the distinct binaries compiled; the wall time is the step's.
+      if [ "$step" = readme ]; then
+        export README_EXPORT=$(mktemp -d) README_TRITON_CACHE=$(mktemp -d)
+        git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do
+          [ -f "$f" ] && printf '%s\0' "$f"; done | tar --null -T - -cf - | tar -xf - -C "$README_EXPORT"
+      fi
+      run_step "$step" bash -c "cd '$README_EXPORT' && TRITON_CACHE_DIR='$README_TRITON_CACHE' $PY -m pytest -n auto \
+        --device cuda --recompile-guard --ssd-report '$OUT/$step-report.json'"
+      $PY -m harness times "$OUT/$step-report.json" --top 12 --by check --by worker > "$OUT/$step-times.txt" 2>&1
+      $PY -c "import sys; from harness.report import Report; r = Report.read(sys.argv[1]); \
+print('items', r.counts(), 'case items run', sum(i.nodeid.startswith('cases/') and i.outcome != 'skipped' for i in r.items))" \
+        "$OUT/$step-report.json" | tee "$OUT/$step-summary.txt"
+      grep -E '^compiles:' "$OUT/$step-times.txt" | tee -a "$OUT/$step-summary.txt"
+      rm -rf "$OUT/$step-report.json.parts" ;;
     startup)  # where a worker's start-up goes: environment, imports, one collection (cold then warm byte-code
       # caches, and a cProfile of it), and 16 xdist workers that start, collect everything and run nothing
       run_step startup-env bash -c "env | grep -E '^(PYTHON|PYTEST)' ; echo dont_write_bytecode=\$($PY -c 'import sys; print(sys.dont_write_bytecode)')"

@@ -25,8 +25,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="cuda, or cpu (Triton interpreter); auto = cuda when visible. Default: auto")
     group.addoption("--provider", default=None, metavar="MODULE:ATTR",
                     help="the ssd_prefill provider under test (default: kernels:provider)")
-    group.addoption("--workers-per-gpu", type=int, default=1, metavar="N",
-                    help="with -n auto on a GPU machine: xdist workers per GPU (default 1)")
+    group.addoption("--workers-per-gpu", type=int, default=None, metavar="N",
+                    help="with -n auto on a GPU machine: xdist workers per GPU (default: one per core, shared "
+                         "among the GPUs, as many as host and GPU memory hold; the run's header says how many)")
     group.addoption("--ssd-report", default=None, metavar="FILE",
                     help="write one merged JSON report (every item's outcome, duration, mismatch summary)")
     group.addoption("--shard", default=None, metavar="K/N",
@@ -147,7 +148,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     spec = config.getoption("provider") or DEFAULT_PROVIDER
-    return [f"ssd-harness: device={config.stash[state.DEVICE]} provider={spec}"]
+    auto_workers = workers.auto_workers_header(config)
+    return [f"ssd-harness: device={config.stash[state.DEVICE]} provider={spec}"] + ([auto_workers] if auto_workers
+                                                                                  else [])
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -21,6 +21,7 @@ CASES, TESTS = "cases", "tests"
 
 _cuda_context_key = pytest.StashKey[object]()  # an xdist worker's context-creating thread (backend)
 _role_key = pytest.StashKey[str | None]()  # an xdist worker's role (role_of), read once at its start
+_auto_workers_key = pytest.StashKey[str]()  # the controller's -n auto choice on GPUs, for the run's header
 
 
 def worker_index(worker_id: str | None) -> int | None:
@@ -86,17 +87,69 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+# What one xdist worker on a GPU takes beyond a core, as budgets: host memory for the worker and its case items'
+# child process (each imports torch and Triton and holds a case's CPU reference tensors), and GPU memory for their
+# CUDA contexts and the largest corpus case's tensors and workspaces. A host short of either runs fewer workers
+# rather than swapping or failing allocations.
+HOST_BYTES_PER_GPU_WORKER = 4 << 30
+GPU_BYTES_PER_WORKER = 4 << 30
+
+
+def workers_per_gpu_for_host(cores: int, host_memory: int, gpu_memory: int, gpus: int) -> int:
+    """``-n auto``'s xdist workers per GPU on a host with ``cores`` usable cores, ``host_memory`` bytes of memory and
+    ``gpus`` GPUs of ``gpu_memory`` bytes each: one worker per core (a worker's time is mostly host work: starting
+    kernels, Triton's launcher, references, inputs; the GPU runs many workers' small kernels side by side), shared
+    among the GPUs, as many as the host's and each GPU's memory hold (``HOST_BYTES_PER_GPU_WORKER``,
+    ``GPU_BYTES_PER_WORKER``); at least one."""
+    gpus = max(1, gpus)
+    by_cores = cores // gpus
+    by_host_memory = host_memory // (HOST_BYTES_PER_GPU_WORKER * gpus)
+    by_gpu_memory = gpu_memory // GPU_BYTES_PER_WORKER
+    return max(1, min(by_cores, by_host_memory, by_gpu_memory))
+
+
+def host_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def workers_per_gpu(config: pytest.Config, gpus: list[str]) -> tuple[int, str]:
+    """The workers per GPU this run uses with ``-n auto``, and why: ``--workers-per-gpu`` where given, else
+    ``workers_per_gpu_for_host`` on this host."""
+    override = config.getoption("workers_per_gpu")
+    if override is not None:
+        return max(1, override), "--workers-per-gpu"
+    cores, host_memory, gpu_memory = usable_cores(), host_memory_bytes(), backend.nvml_smallest_gpu_memory()
+    chosen = workers_per_gpu_for_host(cores, host_memory, gpu_memory, len(gpus))
+    return chosen, (f"{cores} cores, {host_memory / 2**30:.0f} GiB host memory, {len(gpus)} GPU(s) of "
+                    f"{gpu_memory / 2**30:.0f} GiB")
+
+
 def auto_num_workers(config: pytest.Config) -> int | None:
-    """``-n auto``: one worker per GPU (times --workers-per-gpu) on a GPU machine, else one per CPU core."""
+    """``-n auto``: ``workers_per_gpu`` workers per GPU on a GPU machine, else one per CPU core. The GPU choice is
+    kept for the run's header (``auto_workers_header``)."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None  # xdist's own override wins
+    gpus = listed_gpus(config)
+    if not gpus:
+        return usable_cores()
+    per_gpu, reason = workers_per_gpu(config, gpus)
+    config.stash[_auto_workers_key] = (f"ssd-harness: -n auto = {per_gpu} worker(s) per GPU x {len(gpus)} GPU(s) "
+                                       f"({reason})")
+    return len(gpus) * per_gpu
+
+
+def listed_gpus(config: pytest.Config) -> list[str]:
+    """The GPUs workers are pinned to (``backend.gpus_for_workers``); none where ``--device`` is invalid for this
+    machine, which ``pytest_configure`` reports."""
     try:
-        gpus = backend.gpus_for_workers(config.getoption("device"))
+        return backend.gpus_for_workers(config.getoption("device"))
     except ValueError:
-        gpus = []  # pytest_configure reports it
-    if gpus:
-        return max(1, len(gpus) * max(1, config.getoption("workers_per_gpu")))
-    return usable_cores()
+        return []
+
+
+def auto_workers_header(config: pytest.Config) -> str | None:
+    """The run header's line where ``-n auto`` sized the workers on GPUs: per GPU, and from what."""
+    return config.stash.get(_auto_workers_key, None)
 
 
 def is_xdist_worker(config: pytest.Config) -> bool:

@@ -199,28 +199,70 @@ def _add_one_autotuned(x_ptr, n, BLOCK: tl.constexpr):
     tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1.0, mask=offs < n)
 
 
-def test_tuned_afresh_tunes_every_autotuner_again_once_and_empties_the_providers_own_caches(device):
+def _launch_add_one(x):
+    _add_one_autotuned[lambda meta: (triton.cdiv(16, meta["BLOCK"]),)](x, 16)
+
+
+@pytest.fixture
+def warm_disk_autotuning(device, monkeypatch, tmp_path):
+    """``_add_one_autotuned`` with the disk cache of tuning results on (``TRITON_CACHE_AUTOTUNING=1``, which the GPU
+    suite sets) in an empty cache folder, so its first tuning stores a result there and a later one is answered from
+    it. On the GPU, Triton's own disk cache; under the interpreter, which never uses it (``Autotuner.__init__`` turns
+    ``cache_results`` off there, and ``check_disk_cache`` needs a compiled kernel), a stand-in with its contract: a
+    key stored answers without timing any config, a key not stored is timed and stored."""
+    tuner = _add_one_autotuned
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tuner, "cache", {})
+    monkeypatch.setattr(tuner, "cache_results", True)
+    if device == "cpu":
+        stored = {}
+
+        def check_disk_cache(tuning_key, configs, bench_fn):
+            if tuning_key in stored:
+                tuner.cache[tuning_key] = stored[tuning_key]
+                return True
+            bench_fn()
+            stored[tuning_key] = tuner.cache[tuning_key]
+            return False
+
+        monkeypatch.setattr(tuner, "check_disk_cache", check_disk_cache, raising=False)
+    return tuner
+
+
+def test_tuned_afresh_tunes_every_autotuner_again_once_and_empties_the_providers_own_caches(device,
+                                                                                            warm_disk_autotuning):
+    """With the disk cache of tuning results warm (a result for the key stored, as an earlier process leaves it),
+    a launch outside the block times nothing; inside, the autotuner times every config once, and the block reports
+    them."""
     x = torch.zeros(16, device=device)
-
-    def launch():
-        _add_one_autotuned[lambda meta: (triton.cdiv(16, meta["BLOCK"]),)](x, 16)
-
     BENCHED.clear()
-    launch()
-    assert len(BENCHED) == 2  # both configs timed at the first launch
-    launch()
-    assert len(BENCHED) == 2  # the key is tuned: no timing
+    _launch_add_one(x)
+    assert len(BENCHED) == 2  # both configs timed at the first launch, the result stored on disk
+    warm_disk_autotuning.cache.clear()  # as a new process starts: only the disk remembers
+    _launch_add_one(x)
+    assert len(BENCHED) == 2  # answered from the disk cache: no timing
     own = {("some", "key"): "a config"}
     provider = SimpleNamespace(tuning_caches=lambda: [own])
-    with bench.tuned_afresh([provider, ours()]):  # a provider without the hook has nothing of its own to empty
+    with bench.tuned_afresh([provider, ours()]) as timed:  # a provider without the hook has nothing to empty
         assert own == {}
-        launch()
-        assert len(BENCHED) == 4  # tuned again at its first launch inside the block
-        launch()
+        _launch_add_one(x)
+        assert len(BENCHED) == 4  # tuned again at its first launch inside the block, the disk's result unread
+        _launch_add_one(x)
         assert len(BENCHED) == 4  # and only once
-    launch()
+    assert timed == {"_add_one_autotuned": [str(c) for c in warm_disk_autotuning.configs]}, timed
+    _launch_add_one(x)
     assert len(BENCHED) == 4
     assert bool((x == 5 + 4).all()), x  # five launches, four timed trials: every one ran the kernel
+
+
+def test_bench_reports_per_kernel_the_configs_timed_in_each_round():
+    trials = [("w1", {"k": ["A", "B"], "peer_k": ["C"]}), ("w1", {"k": ["A", "B"]}), ("w2", {"k": ["B", "D"]})]
+    by_kernel = bench.trials_by_kernel(trials)
+    assert by_kernel == {"k": {"timed_per_round": [["w1", 2], ["w1", 2], ["w2", 2]], "configs": ["A", "B", "D"]},
+                         "peer_k": {"timed_per_round": [["w1", 1]], "configs": ["C"]}}
+    assert bench.trial_lines(by_kernel) == [
+        "tuned afresh k: configs timed per round 2, 2, 2", "  timed k: A", "  timed k: B", "  timed k: D",
+        "tuned afresh peer_k: configs timed per round 1", "  timed peer_k: C"]
 
 
 def test_a_call_that_cannot_be_prepared_is_reported_and_the_others_still_run():
@@ -765,11 +807,12 @@ def test_main_times_ours_against_the_peer_and_fails_when_nothing_was_timed(monke
     launcher.direct, launcher.through_triton = 40, 5  # launches before the bench: not this run's
     monkeypatch.setattr(direct_launch, "LAUNCHES", launcher)
 
-    def fake_bench(workloads, variants, provider, peer, rounds, timer, configs):
+    def fake_bench(workloads, variants, provider, peer, rounds, timer, configs, trials):
         seen.update(workloads=workloads, variants=variants, peer=peer.name, rounds=rounds, reps=timer.reps)
         launcher.direct += 12
         launcher.through_triton += 3
         configs["_bmm_chunk_kernel"] = {"(256, 128)": ["BLOCK_SIZE_M: 64", "BLOCK_SIZE_M: 32"]}
+        trials.append(("prefill-4256", {"_bmm_chunk_kernel": ["BLOCK_SIZE_M: 64", "BLOCK_SIZE_M: 32"]}))
         return [bench.Entry("prefill-4256", "ours", "indexed", {"path": "indexed"}, **ours_entry),
                 bench.Entry("prefill-4256", "peer", "snapshot", {"path": "snapshot"}, samples=peer_samples)], []
 
@@ -785,6 +828,9 @@ def test_main_times_ours_against_the_peer_and_fails_when_nothing_was_timed(monke
             "config _bmm_chunk_kernel (256, 128): BLOCK_SIZE_M: 32\n") in out
     # Whether our kernels took the direct launch path in this run (kernels.direct_launch), counted over the run only.
     assert "our kernels' launches in this run: 12 direct, 3 through Triton's path (TritonPath)" in out
+    # What tuning afresh timed: the trials per round, then each config timed.
+    assert ("tuned afresh _bmm_chunk_kernel: configs timed per round 2\n"
+            "  timed _bmm_chunk_kernel: BLOCK_SIZE_M: 64\n  timed _bmm_chunk_kernel: BLOCK_SIZE_M: 32\n") in out
     ours_entry.update(samples=[2.0], error=None)
     assert bench.main(["--peer", "reference:provider", "--workload", "prefill-4256"]) == 0
     assert "2.000x" in capsys.readouterr().out

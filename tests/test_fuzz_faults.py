@@ -26,8 +26,13 @@ from tests.support import harness
 CHECK = "determinism"
 HEARTBEAT = 0.5
 # Wall time for a search that loses a child at every shrinking step: enough for the first child's start-up and the
-# first fault on a busy host (a CUDA child also creates its context), then as many shrinking steps as fit.
-LOSING_BUDGET = {"cpu": 25, "cuda": 45}
+# first fault on a busy host (a CUDA child also creates its context), then as many shrinking steps as fit. Each step
+# starts a child (about 5 s on a busy 2-core host): a crash is found within seconds under the interpreter and first
+# shrunk by about 8 s, so 15 s holds one smaller case with room to spare.
+LOSING_BUDGET = {"cpu": 15, "cuda": 45}
+# A hang costs the item time limit on top, at the first fault and at each confirmation and shrinking step: the
+# hang search first saw its hang after about 17 s under the interpreter on a busy host.
+HANG_BUDGET = {"cpu": 25, "cuda": 45}
 
 
 def _batch_of_two_or_more(case) -> bool:
@@ -87,7 +92,7 @@ def test_a_segfault_on_batches_is_found_shrunk_and_written_and_repro_shows_it(tm
 
 
 def test_a_hang_across_chunks_is_found_shrunk_and_written_and_repro_shows_it(tmp_path, device):
-    found, log = _search(tmp_path, device, "hangs_across_chunks", time_budget=LOSING_BUDGET[device],
+    found, log = _search(tmp_path, device, "hangs_across_chunks", time_budget=HANG_BUDGET[device],
                          item_timeout=3)
     case = _written(found, _crosses_a_chunk_boundary)
     assert found.failure.kind == "hang", found
@@ -106,14 +111,14 @@ def test_a_hang_that_does_not_repeat_is_no_finding(tmp_path, device, monkeypatch
     the 2 s limit, and that would be a real timeout, not the one-off slowness this test is about."""
     if device == "cuda":
         warmed = fuzz("kernels:provider", budget=6, out_dir=tmp_path / "warm", device=device, checks=[CHECK],
-                      time_budget=LOSING_BUDGET[device] * 2, heartbeat=HEARTBEAT, log=io.StringIO())
+                      time_budget=HANG_BUDGET[device] * 2, heartbeat=HEARTBEAT, log=io.StringIO())
         assert isinstance(warmed, NoFailure), warmed
     marks = tmp_path / "marks"
     marks.mkdir()
     monkeypatch.setenv(fp.SlowOnceAcrossChunks.MARKS_ENV, str(marks))
     log = io.StringIO()
     found = fuzz("tests.faulty_providers:slow_once_across_chunks", budget=6, out_dir=tmp_path / "found",
-                 device=device, checks=[CHECK], timeout=2, time_budget=LOSING_BUDGET[device] * 2,
+                 device=device, checks=[CHECK], timeout=2, time_budget=HANG_BUDGET[device] * 2,
                  heartbeat=HEARTBEAT, log=log)
     assert isinstance(found, NoFailure), found
     assert list(marks.iterdir()), "no drawn case crossed a chunk boundary: the test saw no first call time out"
@@ -163,12 +168,13 @@ def test_a_sticky_device_error_is_shrunk_in_healthy_processes_through_the_cli(tm
 def test_the_cli_heartbeat_and_time_budget_with_a_slow_provider(tmp_path, device):
     """Every call of ``slow`` takes longer than Hypothesis' default deadline: no example may fail for that (the
     item time limit, not Hypothesis, stops slow items). The time budget ends the search, which reports that nothing
-    failed (exit 0), and the heartbeat kept saying where it was."""
-    proc = harness("fuzz", "--budget", "1000", "--time-budget", "10", "--heartbeat", str(HEARTBEAT), "--check",
+    failed (exit 0), and the heartbeat kept saying where it was. The budget is waited out: 5 s is ten heartbeats,
+    twice the five asked for, and several examples of the slow provider."""
+    proc = harness("fuzz", "--budget", "1000", "--time-budget", "5", "--heartbeat", str(HEARTBEAT), "--check",
                    CHECK, "--provider", "tests.faulty_providers:slow", "--device", device, "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert re.search(r"fuzz: no failure in [1-9]\d* examples, [1-9]\d* items .*; stopped early: the time budget "
-                     r"of 10 s ran out", proc.stdout), proc.stdout
+                     r"of 5 s ran out", proc.stdout), proc.stdout
     beats = re.findall(r"^fuzz: searching: \d+ examples, 0 faults, 0 process restarts, \d+ s; no failure yet$",
                        proc.stderr, flags=re.MULTILINE)
     assert len(beats) >= 5, proc.stderr

@@ -422,6 +422,7 @@ def test_auto_workers_on_gpus_come_from_the_listed_gpus_without_torch(monkeypatc
     class Config:
         def __init__(self, device):
             self.device = device
+            self.stash = pytest.Stash()
 
         def getoption(self, name):
             return {"device": self.device, "workers_per_gpu": 3}[name]
@@ -439,6 +440,52 @@ def test_auto_workers_on_gpus_come_from_the_listed_gpus_without_torch(monkeypatc
     with pytest.raises(ValueError, match="device: expected one of"):
         backend.gpus_for_workers("gpu")
     assert backend.nvml_device_count("libno-such-nvml.so.1") == 0
+
+
+GIB = 1 << 30
+
+
+@pytest.mark.parametrize("cores, host_gib, gpu_gib, gpus, expected", [
+    (16, 128, 139, 1, 16),   # one H200, 16 cores: one worker per core
+    (128, 560, 139, 8, 16),  # eight H200s: the cores shared among them
+    (64, 32, 80, 1, 8),      # host memory decides
+    (64, 512, 24, 1, 6),     # the GPU's memory decides
+    (4, 16, 80, 8, 1),       # fewer cores than GPUs: still one worker per GPU
+    (1, 1, 0, 1, 1),         # nothing fits: at least one
+])
+def test_workers_per_gpu_come_from_the_hosts_cores_and_memory(cores, host_gib, gpu_gib, gpus, expected):
+    assert workers.workers_per_gpu_for_host(cores, host_gib * GIB, gpu_gib * GIB, gpus) == expected
+
+
+def test_auto_workers_on_a_gpu_host_default_to_the_hosts_rule_and_say_so_in_the_header(monkeypatch):
+    """``-n auto --device cuda`` without ``--workers-per-gpu`` sizes the workers by ``workers_per_gpu_for_host``;
+    the option overrides it; the run's header names the choice and what decided it."""
+    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setattr(workers, "usable_cores", lambda: 16)
+    monkeypatch.setattr(workers, "host_memory_bytes", lambda: 128 * GIB)
+    monkeypatch.setattr(backend, "nvml_smallest_gpu_memory", lambda: 139 * GIB)
+
+    class Config:
+        def __init__(self, per_gpu):
+            self.per_gpu = per_gpu
+            self.stash = pytest.Stash()
+
+        def getoption(self, name):
+            return {"device": "cuda", "workers_per_gpu": self.per_gpu, "provider": None}[name]
+
+    default, override = Config(None), Config(3)
+    assert plugin.pytest_xdist_auto_num_workers(default) == 16
+    assert plugin.pytest_xdist_auto_num_workers(override) == 3
+    for config in (default, override):
+        config.stash[state.DEVICE] = "cuda"
+    assert plugin.pytest_report_header(default)[1] == (
+        "ssd-harness: -n auto = 16 worker(s) per GPU x 1 GPU(s) (16 cores, 128 GiB host memory, 1 GPU(s) of 139 GiB)")
+    assert plugin.pytest_report_header(override)[1].endswith("3 worker(s) per GPU x 1 GPU(s) (--workers-per-gpu)")
+
+
+def test_the_smallest_gpus_memory_is_zero_without_a_driver():
+    assert backend.nvml_smallest_gpu_memory("libno-such-nvml.so.1") == 0
 
 
 def test_the_cuda_context_is_created_on_a_side_thread_through_the_driver():

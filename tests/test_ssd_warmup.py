@@ -261,6 +261,32 @@ def test_int_values_follow_the_kernels_flags():
     assert int_values(k, "hdim", values) == values  # specialized everywhere
 
 
+@pytest.mark.parametrize("registration", ["chunk_state_passing", "state_passing_batched", "state_passing_indexed"])
+def test_the_state_kernels_have_one_binary_for_every_cache_layout(registration):
+    """The state passing kernels touch the cache once or twice per program, outside their chunk loops: an aligned or
+    offset cache, with rows padded to a multiple of 16 or not (the plan enumerates all four), is one specialization.
+    """
+    planned, _ = plan([(SHAPE, (torch.bfloat16,), (torch.bfloat16,))], [registration])
+    keys = [k for p in planned for k in p.keys]
+    assert keys
+    for key in keys:
+        params = dict(key.params)
+        assert params["cache_ptr"] == "*bf16 (alignment not specialized)", key.describe()
+        assert params["stride_cache_slot"] == "i32 (not specialized)", key.describe()
+
+
+@pytest.mark.parametrize("registration", ["chunk_cumsum", "chunk_cumsum_gather"])
+def test_the_cumsum_kernels_have_one_binary_for_every_dt_option(registration):
+    """dt_bias, softplus and the dt limit are run-time branches of the cumsum's tile: a model with every combination
+    of them needs the binaries of a model with none."""
+    def keys(**options):
+        planned, _ = plan([(SHAPE, (torch.bfloat16,), (torch.bfloat16,), options)], [registration])
+        return {(k.kernel, k.key) for p in planned for k in p.keys}
+
+    every = keys()  # the request's defaults: each option off and on
+    assert every and every == keys(dt_bias_options=(False,), softplus_options=(False,), dt_limit_options=(False,))
+
+
 def test_main_prints_time_and_count(capsys):
     assert main(["--shape", "2,4,8,1,8", "--io", "float16", "--state", "float32", "--kernels", "chunk_cumsum",
                  "bmm_chunk"]) == 0

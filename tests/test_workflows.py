@@ -110,15 +110,38 @@ def test_nightly_uses_only_existing_harness_commands_and_pytest_options(pytestco
         assert harness_help_exit_code("no-such-command") != 0  # the check can fail
     for sub in sorted(subcommands):
         assert harness_help_exit_code(sub) == 0, f"python -m harness {sub} --help failed"
-    options = set()
-    for line in lines:
-        m = re.search(r'PYTEST_ARGS="([^"]*)"', line)
-        if m:
-            options |= {tok.split("=")[0] for tok in shlex.split(m.group(1)) if tok.startswith("--")}
-    assert {"--device", "--recompile-guard", "--shard", "--ssd-report"} <= options
+    options = {tok.split("=")[0] for tok in shlex.split(nightly_suite_line()) if tok.startswith("--")}
+    assert {"--device", "--recompile-guard", "--ssd-report"} <= options
     assert not defined(pytestconfig, "--no-such-option")  # the check can fail
     missing = [opt for opt in sorted(options) if not defined(pytestconfig, opt)]
     assert not missing, f"pytest options used by nightly-gpu.yml but not defined: {missing}"
+
+
+def nightly_suite_line() -> str:
+    """The nightly workflow's one step that runs pytest."""
+    lines = run_lines(load(ROOT / ".github/workflows/nightly-gpu.yml"))
+    (line,) = [line for line in lines if "-m pytest" in line or "make test" in line]
+    return line
+
+
+# Options that only add reports: the run they come with checks what the command without them checks.
+REPORT_OPTIONS = {"--junit-xml", "--ssd-report"}
+
+
+def test_nightly_suite_runs_the_readmes_gpu_command_as_written():
+    """The nightly suite is the README's GPU command (``python3 -m pytest -n auto --device cuda``) with the venv's
+    Python, plus ``--recompile-guard`` and report options only: no shard, worker count or cost file of its own, so
+    the defaults a user gets are the ones measured every night."""
+    readme = (ROOT / "README.md").read_text()
+    match = re.search(r"`python3 (-m pytest -n auto --device cuda)`", readme)
+    assert match, "README: the GPU command `python3 -m pytest -n auto --device cuda` is missing"
+    words = shlex.split(nightly_suite_line())
+    command = shlex.split(match.group(1))
+    assert words[0] == ".venv/bin/python" and words[1:1 + len(command)] == command, words
+    extra = words[1 + len(command):]
+    assert "--recompile-guard" in extra, extra
+    unexpected = [w for w in extra if w != "--recompile-guard" and w.split("=")[0] not in REPORT_OPTIONS]
+    assert not unexpected, f"nightly suite: options beyond the README's command: {unexpected}"
 
 
 def test_nightly_fuzz_ends_inside_its_timeout():
