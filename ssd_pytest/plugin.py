@@ -137,12 +137,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    reporting.write_report(session)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    reporting.write_report(session, exitstatus)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
-    reporting.terminal_summary(terminalreporter, config)
+    reporting.terminal_summary(terminalreporter, config, exitstatus)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

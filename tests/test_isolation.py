@@ -253,7 +253,7 @@ def test_an_unwritable_report_path_is_refused_before_any_item(tmp_path, tiny, ca
 
 
 def test_the_report_is_appended_live_while_the_run_goes_on(tiny, monkeypatch, device):
-    """Each record is in ``<report>.parts/cli.jsonl`` as soon as its item ends (what a killed run leaves); the
+    """Each record is in ``<report>.parts/<run>.cli.jsonl`` as soon as its item ends (what a killed run leaves); the
     provider here reads that file during the second case's call."""
     from harness.report import read_live
 
@@ -270,7 +270,7 @@ def test_the_report_is_appended_live_while_the_run_goes_on(tiny, monkeypatch, de
             self.supported_paths = self.inner.supported_paths
 
         def ssd_prefill(self, *args, **kwargs):
-            live = parts_dir(report) / "cli.jsonl"
+            (live,) = parts_dir(report).glob("*.cli.jsonl")  # <run>.cli.jsonl: this run's live part
             seen.append([r.case_id for r in read_live(live).items])
             return self.inner.ssd_prefill(*args, **kwargs)
 
