@@ -247,16 +247,22 @@ def _live_report(path: Path | None, inputs: list[Path]):
         raise Unusable(f"--json {path}: cannot write the report there ({reason}); nothing was run") from None
 
 
-def _say(*lines: str) -> bool:
-    """Print ``lines`` to stdout; False where stdout cannot take them (a closed pipe, a full disk), after which
-    stdout is pointed at the null device so that nothing later (the interpreter's final flush included) fails on
-    it. What ran is still in the report, and the exit status says the run could not finish."""
-    try:
-        print(*lines, sep="\n", flush=True)
-        return True
-    except OSError:
-        _drop_stdout()
-        return False
+class _Output:
+    """A run's stdout, which may go away (a closed pipe, a full disk): the first failed write is kept in ``lost``
+    and stdout then points at the null device, so that the run goes on to its report (and the interpreter's final
+    flush does not fail); the run's exit status then says it could not run as asked (2)."""
+
+    def __init__(self):
+        self.lost = ""
+
+    def say(self, *lines: str) -> None:
+        if self.lost:
+            return
+        try:
+            print(*lines, sep="\n", flush=True)
+        except OSError as exc:
+            self.lost = f"stdout failed ({exc.strerror or exc})"
+            _drop_stdout()
 
 
 def _drop_stdout() -> None:
@@ -410,25 +416,18 @@ def cmd_run(args) -> int:
 
 
 def _run_plan(args, runner, device: str, spec: str, cases, plan, bad, live) -> int:
-    """Run the plan, printing as it goes. An I/O error (stdout closed, the live report's disk full) stops the run
-    like a provider that cannot run: exit 2, with the report of what ran written where it still can be."""
-    try:
-        return _run_items(args, runner, device, spec, cases, plan, bad, live)
-    except OSError as exc:  # printing the summary itself failed: stdout is gone
-        _drop_stdout()
-        print(f"error: run: output failed ({exc.strerror or exc})", file=sys.stderr)
-        return EXIT_UNUSABLE
-
-
-def _run_items(args, runner, device: str, spec: str, cases, plan, bad, live) -> int:
+    """Run the plan, printing as it goes. An I/O error writing the live report (a full disk) stops the run like a
+    provider that cannot run; a stdout that goes away does not stop it (``_Output``). Either way the exit status is
+    2 and the report of what ran is written where it still can be."""
     from harness.checks.providers import ProviderError
     from harness.isolation import IsolationError
     from harness.progress import CaseProgress, item_weight
     from harness.report import Report, summary_lines
 
     repro_device = None if args.device == "auto" else args.device
-    print(f"ssd-harness run: {len(cases)} cases, {len(plan)} items, {len(bad)} bad case files, device={device}, "
-          f"provider={spec}, isolation={runner.mode}, item time limit: {runner.limit.describe()}", flush=True)
+    out = _Output()
+    out.say(f"ssd-harness run: {len(cases)} cases, {len(plan)} items, {len(bad)} bad case files, device={device}, "
+            f"provider={spec}, isolation={runner.mode}, item time limit: {runner.limit.describe()}")
     records, failures, last_note = [], 0, ""
     interrupted, aborted, in_flight = False, "", None
     for file, message in bad:
@@ -437,7 +436,7 @@ def _run_items(args, runner, device: str, spec: str, cases, plan, bad, live) -> 
         if live is not None:
             live.append(record)
         failures += 1
-        print(f"ERROR       {message}", flush=True)
+        out.say(f"ERROR       {message}")
     case_number = {case_id: k for k, case_id in enumerate(dict.fromkeys(c.id for c, _ in plan), 1)}
     ncases = len(case_number)
     progress = CaseProgress(plan, lambda case, check: item_weight(case, check, device))
@@ -458,27 +457,27 @@ def _run_items(args, runner, device: str, spec: str, cases, plan, bad, live) -> 
                             f"{result.status.value.upper():<11} {case.id}::{check} "
                             f"({result.duration:.2f}s) failures so far: {failures}")
                     if result.status.is_failure:  # what differed, on the item's own line (as pytest -rf shows it)
-                        print(f"{line} - {result.summary}\n    repro: {result.repro}", flush=True)
+                        out.say(f"{line} - {result.summary}\n    repro: {result.repro}")
                     else:  # a skip's reason, or an xfail's summary, once for a run of items that share it
                         note = result.summary or result.reason
                         note, last_note = ("" if note == last_note and not result.summary else note), note
-                        print(line + (f"\n    {note}" if note else ""), flush=True)
+                        out.say(line + (f"\n    {note}" if note else ""))
                 case_line = progress.item_done(case, check, result.status.value)
                 if case_line and not args.quiet:
-                    print(case_line, flush=True)
+                    out.say(case_line)
                 for restart in runner.restarts[restarts:]:
                     if restart.cause != result.summary:  # a sticky device error: the item's own error differs
-                        print(f"    provider process replaced: {restart.cause}", flush=True)
+                        out.say(f"    provider process replaced: {restart.cause}")
         except KeyboardInterrupt:
             interrupted = True
-            print(f"\ninterrupted: {len(records)} of {len(plan)} items finished"
-                  + (f"; {in_flight} was running and is not reported" if in_flight else ""), flush=True)
+            out.say(f"\ninterrupted: {len(records)} of {len(plan)} items finished"
+                    + (f"; {in_flight} was running and is not reported" if in_flight else ""))
         except (ProviderError, IsolationError) as exc:
             aborted = str(exc)
-            _say(f"\nstopped: {aborted}")
-        except OSError as exc:  # stdout closed, or the live report's disk full: what ran is still reported
+            out.say(f"\nstopped: {aborted}")
+        except OSError as exc:  # the live report's disk full: what ran is still reported
             aborted = f"I/O error ({exc.strerror or exc}) after {len(records)} of {len(plan)} items"
-            _say(f"\nstopped: {aborted}")
+            out.say(f"\nstopped: {aborted}")
     status = (EXIT_INTERRUPTED if interrupted else EXIT_UNUSABLE if aborted else
               EXIT_FAILED if failures else EXIT_OK)
     unfinished = "interrupted" if interrupted else f"stopped: {aborted}" if aborted else ""
@@ -490,19 +489,24 @@ def _run_items(args, runner, device: str, spec: str, cases, plan, bad, live) -> 
     if interrupted or aborted:
         lines.append(f"{'INTERRUPTED' if interrupted else 'STOPPED'}: {len(records)} of {len(plan)} collected items "
                      f"reported; an unfinished run is not a pass (exit {status})")
-    _say(*lines)
+    out.say(*lines)
+    if out.lost and not interrupted:
+        status = EXIT_UNUSABLE
     if live is not None:
         meta = {"device": device, "provider": spec, "command": "run", "collected": len(plan),
                 "reported": len(records), "interrupted": interrupted, "in_flight": in_flight, "aborted": aborted,
-                "exit_status": status, "run": live.run, **runner.describe()}
+                "exit_status": status, "output_error": out.lost, "run": live.run, **runner.describe()}
         try:
             live.finish(Report(items=records, meta=meta))
         except OSError as exc:
             raise Unusable(f"--json {args.json}: cannot write the report ({exc.strerror or exc}); its live part "
                            f"{live.live} keeps what was written before the error") from None
-        _say(f"json report: {args.json}")
+        out.say(f"json report: {args.json}")
     if aborted:
         raise Unusable(aborted)
+    if out.lost:
+        raise Unusable(f"{out.lost}; the run went on: {len(records)} of {len(plan)} items reported"
+                       + (f" in {args.json}" if live is not None else ""))
     if status in (EXIT_OK, EXIT_FAILED) and _nothing_ran(records):
         print(f"error: nothing ran: {len(plan)} items, none passed or failed"
               f"{' (every case file is bad)' if not plan else ' (every item was skipped or unsupported)'}",
@@ -800,4 +804,8 @@ def main(argv: list[str] | None = None) -> int:
         return COMMANDS[args.command](args)
     except Unusable as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    except BrokenPipeError:  # stdout closed under the command (``| head``): the could-not-run status, no traceback
+        _drop_stdout()
+        print(f"error: {args.command}: stdout was closed before the output ended", file=sys.stderr)
         return EXIT_UNUSABLE

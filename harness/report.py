@@ -68,6 +68,8 @@ def refuse_unsafe_target(path: str | os.PathLike, what: str = "report", inputs: 
     (the case files being run, the report being read), or, for ``what="report"``, an existing non-empty file that is
     not a report of this harness (a case file given as the report by mistake)."""
     path = Path(path)
+    if any(Path(given).resolve() == path.resolve() for given in inputs):  # also a report read from its parts only
+        raise UnsafeTarget(f"{path}: is also an input of this command; it is not overwritten")
     try:
         st = path.stat()
     except FileNotFoundError:
