@@ -72,10 +72,8 @@ def refuse_unsafe_target(path: str | os.PathLike, what: str = "report", inputs: 
         raise UnsafeTarget(f"{path}: is also an input of this command; it is not overwritten")
     try:
         st = path.stat()
-    except FileNotFoundError:
+    except OSError:  # nothing there to destroy (missing, or under a file): the write itself says why it fails
         return
-    except OSError as exc:
-        raise UnsafeTarget(f"{path}: cannot inspect it ({exc.strerror or exc})") from None
     if stat.S_ISDIR(st.st_mode):
         raise UnsafeTarget(f"{path}: is a folder, not a file")
     if not stat.S_ISREG(st.st_mode):
@@ -101,7 +99,6 @@ def write_atomic(path: str | os.PathLike, text: str) -> Path:
     (``refuse_unsafe_target``), never replaced."""
     path = Path(path)
     refuse_unsafe_target(path, what="file")
-    path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o644)  # mkstemp's 0600 would make the file private to this user
@@ -158,7 +155,9 @@ class Report:
         }
 
     def write(self, path: str | os.PathLike) -> Path:
-        """``write_atomic``: readers never see half a report, and a failed write leaves the earlier file."""
+        """``write_atomic``, into a folder made where missing: readers never see half a report, and a failed write
+        leaves the earlier file."""
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         return write_atomic(path, json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n")
 
     @classmethod

@@ -234,6 +234,7 @@ def test_an_interrupted_run_reports_what_finished_and_says_so(tiny, how, device)
     assert (meta["collected"], meta["reported"]) == (3, 1)
     assert meta["in_flight"] == f"{tiny}::{fp.FAULTING_CASE}::determinism"
     assert "INTERRUPTED: 1 of 3 collected items reported" in out
+    assert "the run did not finish (interrupted)" in out and "no failures" not in out, out  # not a pass
     assert_gone(_pids(pids))
 
 
