@@ -147,9 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
     times = sub.add_parser("times", help="where a run spent its time, from a JSON report (by check and family)",
                            description="Time per check family and case family from a report written by "
                                        "run --json or pytest --ssd-report, slowest first; for pytest reports "
-                                       "also each process's start-up and the Triton compiles (harness.timeline).")
+                                       "also each process's start-up and the Triton compiles (harness.timeline). "
+                                       "Exit status: 1 when the report holds a failure, 130 when its run did not "
+                                       "finish (interrupted, killed, stopped), else 0; 2 when the report or "
+                                       "--write-durations cannot be read or written.")
     times.add_argument("report", type=Path, help="the JSON report (or, of a run that was killed, its name: the "
-                                                 "parts its processes wrote are merged)")
+                                                 "parts its processes wrote are read, and left in place)")
     times.add_argument("--by", action="append", choices=("check", "family", "worker"), default=None,
                        help="grouping (repeatable; default check and family)")
     times.add_argument("--top", type=int, default=15, metavar="N", help="the N slowest groups (default 15)")
@@ -164,7 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
                           description="One self-contained HTML page (inline SVG) from a report written by run "
                                       "--json or pytest --ssd-report: per check its outcomes and each item's largest "
                                       "error over its bound (bounded checks) or ulp distance (exact checks).")
-    html.add_argument("report", type=Path, help="the JSON report (or a killed run's report, from its live parts)")
+    html.add_argument("report", type=Path, help="the JSON report (or a killed run's report, from its live parts, "
+                                                "which are read and left in place; the page says the run did not "
+                                                "finish)")
     html.add_argument("-o", "--out", type=Path, required=True, metavar="FILE", help="the HTML file to write")
 
     # Listed here for the overview; main() hands their arguments (and --help) to harness.bench and harness.warmup.

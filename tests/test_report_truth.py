@@ -23,7 +23,6 @@ from harness.report import (
     append_live,
     merge_parts,
     parts_dir,
-    read_parts,
     summary_lines,
     write_part,
 )
@@ -197,6 +196,8 @@ def test_report_html_of_a_killed_run_says_so_and_writes_no_report(tmp_path):
 
 
 def test_runs_sharing_a_report_path_keep_their_own_parts(tmp_path):
+    from harness.report import read_parts
+
     path = tmp_path / "r.json"
     append_live(path, "runA", "gw0", _passed("f::a"))
     write_part(path, "runA", "gw0", Report([_passed("f::a")], meta={"worker": "gw0", "provider": "A"}))
