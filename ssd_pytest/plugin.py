@@ -133,6 +133,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = yield
     case_items.locate_skip(item, report)
+    reporting.carry_first_line(report, call)
     return report
 
 

@@ -188,6 +188,25 @@ class Recorder:
                 session.shouldstop = self.write_error
 
 
+def carry_first_line(report: pytest.TestReport, call: pytest.CallInfo) -> None:
+    """A case item's failure is plain text whose first line says what differed. pytest before 9 shows a plain-text
+    report as the node id alone in the ``-r`` short summary, where an exception gets ``FAILED <id> - <first line>``.
+    So the text is carried as pytest carries an exception's report (from the public ``ExceptionInfo.getrepr``):
+    printed as it is, with its first line as the crash message that the short summary, junit's failure message
+    and xdist's transfer of the report read. Where that report is not shaped so, the text stays plain."""
+    text = report.longrepr
+    if not (report.failed and isinstance(text, str) and text.strip() and call.excinfo is not None):
+        return
+    try:
+        carried = call.excinfo.getrepr(style="native", chain=False)
+        (entry,) = carried.reprtraceback.reprentries
+        entry.lines = [text if text.endswith("\n") else text + "\n"]
+        carried.reprcrash.message = text.strip().splitlines()[0]
+    except (AttributeError, ValueError):
+        return
+    report.longrepr = carried
+
+
 def merged_records(config: pytest.Config) -> list[ItemRecord]:
     """Later records of a nodeid replace earlier ones (a failing teardown after a passing call)."""
     by_id: dict[str, ItemRecord] = {}

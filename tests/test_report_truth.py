@@ -306,3 +306,22 @@ def test_times_of_a_killed_run_that_passed_so_far_exits_130_and_writes_nothing(t
     append_live(path, "run1", "main", ItemRecord("f::c::determinism", "passed", case_id="c", check="determinism"))
     assert cli.main(["times", str(path)]) == cli.EXIT_INTERRUPTED
     assert not path.exists() and (parts_dir(path) / "run1.main.jsonl").exists()
+
+
+def test_a_mismatch_carries_its_first_line_as_pytests_crash_message(pytester):
+    """``-rf``: pytest 8 reads an item's line from ``longrepr.reprcrash.message`` alone (a plain-text report gets
+    ``FAILED <id>``); a mismatch carries its first line there, as an exception does, and its full text unchanged."""
+    from harness.checks import load_provider
+
+    load_provider("reference:provider")
+    case = pytester.makefile(".yaml", tiny=bp.TINY_CASES)
+    check, case_id = bp.CAUGHT_BY["wrong_slot"]
+    reprec = pytester.inline_run("-p", "ssd_pytest.plugin", "--device", "cpu", "-p", "no:cacheprovider",
+                                 "--isolation", "none", "--provider", "tests.broken_providers:on_reference.wrong_slot",
+                                 f"{case.name}::{case_id}::{check}")
+    (failed,) = reprec.getreports("pytest_runtest_logreport")[1:2]
+    assert failed.failed, failed
+    message = failed.longrepr.reprcrash.message
+    assert message.startswith("cache storage outside written slots [2] (storage elements): "), message
+    text = str(failed.longrepr)
+    assert text.startswith(message + "\n") and "repro: python -m harness repro" in text, text
