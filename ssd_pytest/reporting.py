@@ -266,7 +266,7 @@ def write_report(session: pytest.Session, exitstatus: int) -> None:
             merge_parts(path, run, meta={**{k: v for k, v in meta.items() if k != "device"}, "phases": phases,
                                          **run_meta(config, exitstatus)},
                         overrides=_recorder(config).crashes)
-    except (OSError, UnsafeTarget) as exc:
+    except (OSError, ValueError) as exc:  # a full disk, an unsafe target, a part cut short
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         _recorder(config).write_error = f"--ssd-report {path}: cannot write the report ({reason})"
     if _recorder(config).write_error:

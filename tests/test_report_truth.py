@@ -133,6 +133,19 @@ def test_run_json_never_overwrites_a_case_file_or_a_file_that_is_not_a_report(tm
     assert target.read_bytes() == before
 
 
+def test_pytest_refuses_a_report_path_holding_something_else(pytester):
+    """``--ssd-report`` naming a case file (or any non-empty file that is not a report) is a usage error, and the
+    file is left as it was."""
+    pytester.makepyfile(test_one="def test_one():\n    pass\n")
+    notes = pytester.makefile(".yaml", notes=bp.TINY_CASES)
+    before = notes.read_bytes()
+    result = pytester.runpytest_inprocess("-p", "ssd_pytest.plugin", "--device", "cpu", "-p", "no:cacheprovider",
+                                          "test_one.py", "--ssd-report", str(notes))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "is not an ssd-harness report; it is not overwritten" in result.stderr.str()
+    assert notes.read_bytes() == before
+
+
 def test_a_live_report_removes_nothing_before_its_run_finishes(tmp_path):
     """The earlier report, a file named like the old probe (``<report>.tmp``) and another run's parts stay as they
     are while a run goes on; ``finish`` replaces the report (renamed into place) and removes only its own part."""
