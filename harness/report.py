@@ -110,6 +110,11 @@ def write_atomic(path: str | os.PathLike, text: str) -> Path:
     return path
 
 
+def item_count(records: list[ItemRecord]) -> int:
+    """The records of items (``<file>::...``), leaving out the files that could not be collected (``<file>``)."""
+    return sum(1 for r in records if "::" in r.nodeid)
+
+
 def unfinished_reason(meta: dict, reported: int) -> str:
     """Why the run a report describes did not finish, from its meta, or "" where it did (or an older report does not
     say): interrupted, stopped by an error, processes that never wrote their final part (killed), or fewer items
@@ -144,7 +149,7 @@ class Report:
     @property
     def unfinished(self) -> str:
         """Why the run did not finish ("" where it did): ``unfinished_reason``."""
-        return unfinished_reason(self.meta, len([r for r in self.items if r.check or "::" in r.nodeid]))
+        return unfinished_reason(self.meta, item_count(self.items))
 
     def to_dict(self) -> dict:
         return {

@@ -15,6 +15,7 @@ from harness.report import (
     Report,
     UnsafeTarget,
     append_live,
+    item_count,
     merge_parts,
     new_run_id,
     refuse_unsafe_target,
@@ -24,6 +25,7 @@ from harness.report import (
 )
 from ssd_pytest import state
 from ssd_pytest.items import runner_description
+from ssd_pytest.progress import case_and_check
 from ssd_pytest.workers import holds_cuda_context, is_xdist_controller, is_xdist_worker, process_name, worker_role
 
 _records_key = pytest.StashKey[list]()
@@ -148,7 +150,8 @@ class Recorder:
         """xdist's report of an item whose worker died: an error, kept apart so that no later record replaces it
         (xdist hands the unfinished unit, the crashed item included, to the replacement worker, where it may pass)."""
         text = str(report.longrepr).strip() if report.longrepr else "the worker running it died"
-        record = ItemRecord(nodeid=report.nodeid, outcome="error", source=report.nodeid.split("::", 1)[0],
+        source, case_id, check = case_and_check(report.nodeid, self.config) or (report.nodeid.split("::")[0], "", "")
+        record = ItemRecord(nodeid=report.nodeid, outcome="error", source=source, case_id=case_id, check=check,
                             summary=text.splitlines()[0], message=text[-MESSAGE_CHARS:],
                             worker=node.gateway.id if (node := getattr(report, "node", None)) else "",
                             start=time.time())
@@ -282,7 +285,7 @@ def terminal_summary(terminalreporter, config: pytest.Config, exitstatus: int) -
         return
     terminalreporter.section("ssd-harness summary")
     meta = run_meta(config, exitstatus)
-    for line in summary_lines(records, unfinished=unfinished_reason(meta, len(records))):
+    for line in summary_lines(records, unfinished=unfinished_reason(meta, item_count(records))):
         terminalreporter.write_line(line)
     for worker, why in meta["crashed_workers"].items():
         terminalreporter.write_line(f"worker {worker} died: {why}")
