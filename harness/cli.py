@@ -503,8 +503,9 @@ def _run_plan(args, runner, device: str, spec: str, cases, plan, bad, live) -> i
                 "exit_status": status, "output_error": out.lost, "run": live.run, **runner.describe()}
         try:
             live.finish(Report(items=records, meta=meta))
-        except OSError as exc:
-            raise Unusable(f"--json {args.json}: cannot write the report ({exc.strerror or exc}); its live part "
+        except (OSError, ValueError) as exc:  # a full disk; a target replaced by a device or FIFO meanwhile
+            raise Unusable(f"--json {args.json}: cannot write the report ({getattr(exc, 'strerror', None) or exc}); "
+                           f"its live part "
                            f"{live.live} keeps what was written before the error") from None
         out.say(f"json report: {args.json}")
     if aborted:

@@ -131,3 +131,13 @@ def test_write_durations_where_it_cannot_be_written_exits_2_with_the_reason(tmp_
     err = capsys.readouterr().err
     assert err.startswith(f"error: --write-durations {out}: cannot write it (") and "Traceback" not in err, err
     assert path.read_bytes() == before
+
+
+def test_a_report_cut_short_is_refused_with_the_reason(tmp_path, capsys):
+    """A report truncated by a full disk (written by something other than this harness's rename) is exit 2 with the
+    reason, not a traceback."""
+    path = tmp_path / "report.json"
+    Report(items=records()).write(path)
+    path.write_text(path.read_text()[:100])
+    assert cli.main(["times", str(path)]) == cli.EXIT_UNUSABLE
+    assert capsys.readouterr().err.startswith(f"error: {path}: cannot read the report (")
