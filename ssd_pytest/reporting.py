@@ -25,7 +25,7 @@ from harness.report import (
 )
 from ssd_pytest import state
 from ssd_pytest.items import runner_description
-from ssd_pytest.progress import case_and_check
+from ssd_pytest.progress import XDIST_CRASH_PHASE, case_and_check
 from ssd_pytest.workers import holds_cuda_context, is_xdist_controller, is_xdist_worker, process_name, worker_role
 
 _records_key = pytest.StashKey[list]()
@@ -34,7 +34,6 @@ _session_key = pytest.StashKey[pytest.Session]()
 # Set by the controller (or a run without xdist) before its workers start, read by each worker: the name of this run's
 # report parts (``harness.report.new_run_id``), so that runs sharing one --ssd-report never touch each other's.
 RUN_ID_ENV = "SSD_HARNESS_REPORT_RUN"
-XDIST_CRASH_PHASE = "???"  # the ``when`` of the report xdist's controller makes for a worker that died mid-item
 
 
 def report_path(config: pytest.Config) -> str | None:
