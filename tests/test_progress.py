@@ -116,4 +116,3 @@ def test_a_crashed_items_case_line_counts_it_once_as_an_error(pytester):
     for when in ("setup", "call", "teardown"):
         lines.pytest_runtest_logreport(pytest.TestReport(other, ("tiny.yaml", 0, other), {}, "passed", None, when))
     assert [line.split("[")[0].split() for line in written] == [["tiny-direct", "1", "passed", "1", "error"]], written
-    config._ensure_unconfigure()

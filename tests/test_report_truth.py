@@ -91,7 +91,6 @@ def test_a_crashed_items_error_outlives_its_rerun_on_the_replacement_worker(pyte
     write_part(report, "run1", "gw2", Report([_passed(nodeid, "gw2")], meta={"worker": "gw2"}))
     merged = merge_parts(report, "run1", overrides=recorder.crashes)
     assert [(r.nodeid, r.outcome) for r in merged.items] == [(nodeid, "error")]
-    config._ensure_unconfigure()
 
 
 # ---------------------------------------------------------------- 2. nothing at the path is destroyed
