@@ -147,9 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
     times = sub.add_parser("times", help="where a run spent its time, from a JSON report (by check and family)",
                            description="Time per check family and case family from a report written by "
                                        "run --json or pytest --ssd-report, slowest first; for pytest reports "
-                                       "also each process's start-up and the Triton compiles (harness.timeline).")
+                                       "also each process's start-up and the Triton compiles (harness.timeline). "
+                                       "Exit status: 1 when the report holds a failure, 130 when its run did not "
+                                       "finish (interrupted, killed, stopped), else 0; 2 when the report or "
+                                       "--write-durations cannot be read or written.")
     times.add_argument("report", type=Path, help="the JSON report (or, of a run that was killed, its name: the "
-                                                 "parts its processes wrote are merged)")
+                                                 "parts its processes wrote are read, and left in place)")
     times.add_argument("--by", action="append", choices=("check", "family", "worker"), default=None,
                        help="grouping (repeatable; default check and family)")
     times.add_argument("--top", type=int, default=15, metavar="N", help="the N slowest groups (default 15)")
@@ -164,7 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
                           description="One self-contained HTML page (inline SVG) from a report written by run "
                                       "--json or pytest --ssd-report: per check its outcomes and each item's largest "
                                       "error over its bound (bounded checks) or ulp distance (exact checks).")
-    html.add_argument("report", type=Path, help="the JSON report (or a killed run's report, from its live parts)")
+    html.add_argument("report", type=Path, help="the JSON report (or a killed run's report, from its live parts, "
+                                                "which are read and left in place; the page says the run did not "
+                                                "finish)")
     html.add_argument("-o", "--out", type=Path, required=True, metavar="FILE", help="the HTML file to write")
 
     # Listed here for the overview; main() hands their arguments (and --help) to harness.bench and harness.warmup.
@@ -231,17 +236,49 @@ def _sigterm_interrupts():
         signal.signal(signal.SIGTERM, previous)
 
 
-def _live_report(path: Path | None):
-    """The ``--json`` report, created before the first item; an unwritable path is refused (exit 2)."""
-    from harness.report import LiveReport
+def _live_report(path: Path | None, inputs: list[Path]):
+    """The ``--json`` report, created before the first item; an unwritable path, or one whose content the report
+    must not replace (a device, a FIFO, a case file: ``refuse_unsafe_target``), is refused (exit 2)."""
+    from harness.report import LiveReport, UnsafeTarget
 
     if path is None:
         return None
     try:
-        return LiveReport(path)
+        return LiveReport(path, inputs=tuple(inputs))
+    except UnsafeTarget as exc:
+        raise Unusable(f"--json {exc}; nothing was run") from None
     except OSError as exc:
         reason = exc.strerror or exc
         raise Unusable(f"--json {path}: cannot write the report there ({reason}); nothing was run") from None
+
+
+class _Output:
+    """A run's stdout, which may go away (a closed pipe, a full disk): the first failed write is kept in ``lost``
+    and stdout then points at the null device, so that the run goes on to its report (and the interpreter's final
+    flush does not fail); the run's exit status then says it could not run as asked (2)."""
+
+    def __init__(self):
+        self.lost = ""
+
+    def say(self, *lines: str) -> None:
+        if self.lost:
+            return
+        try:
+            print(*lines, sep="\n", flush=True)
+        except OSError as exc:
+            self.lost = f"stdout failed ({exc.strerror or exc})"
+            _drop_stdout()
+
+
+def _drop_stdout() -> None:
+    import os
+
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError, AttributeError):  # no file descriptor (a captured stdout): replace the object
+        sys.stdout = open(os.devnull, "w")
 
 
 def _restart_lines(runner) -> list[str]:
@@ -371,6 +408,7 @@ def cmd_run(args) -> int:
     runner, device, spec = _runner(args)
     try:
         files = _case_files(paths)
+        live = _live_report(args.json, files)
         runner.start()  # the child's imports overlap with loading the cases
         loaded = load_each(files)
         plan, bad = _plan(loaded.cases, loaded.errors, args.check)
@@ -378,23 +416,26 @@ def cmd_run(args) -> int:
             raise Unusable(f"nothing to run: no check of the {len(loaded.cases)} cases under "
                            f"{', '.join(map(str, paths))} is selected"
                            f"{' by --check ' + ', '.join(args.check) if args.check else ''}")
-        return _run_plan(args, runner, device, spec, loaded.cases, plan, bad)
+        return _run_plan(args, runner, device, spec, loaded.cases, plan, bad, live)
     except (ProviderError, IsolationError) as exc:
         raise Unusable(str(exc)) from None
     finally:
         runner.close()
 
 
-def _run_plan(args, runner, device: str, spec: str, cases, plan, bad) -> int:
+def _run_plan(args, runner, device: str, spec: str, cases, plan, bad, live) -> int:
+    """Run the plan, printing as it goes. An I/O error writing the live report (a full disk) stops the run like a
+    provider that cannot run; a stdout that goes away does not stop it (``_Output``). Either way the exit status is
+    2 and the report of what ran is written where it still can be."""
     from harness.checks.providers import ProviderError
     from harness.isolation import IsolationError
     from harness.progress import CaseProgress, item_weight
     from harness.report import Report, summary_lines
 
-    live = _live_report(args.json)
     repro_device = None if args.device == "auto" else args.device
-    print(f"ssd-harness run: {len(cases)} cases, {len(plan)} items, {len(bad)} bad case files, device={device}, "
-          f"provider={spec}, isolation={runner.mode}, item time limit: {runner.limit.describe()}", flush=True)
+    out = _Output()
+    out.say(f"ssd-harness run: {len(cases)} cases, {len(plan)} items, {len(bad)} bad case files, device={device}, "
+            f"provider={spec}, isolation={runner.mode}, item time limit: {runner.limit.describe()}")
     records, failures, last_note = [], 0, ""
     interrupted, aborted, in_flight = False, "", None
     for file, message in bad:
@@ -403,7 +444,7 @@ def _run_plan(args, runner, device: str, spec: str, cases, plan, bad) -> int:
         if live is not None:
             live.append(record)
         failures += 1
-        print(f"ERROR       {message}", flush=True)
+        out.say(f"ERROR       {message}")
     case_number = {case_id: k for k, case_id in enumerate(dict.fromkeys(c.id for c, _ in plan), 1)}
     ncases = len(case_number)
     progress = CaseProgress(plan, lambda case, check: item_weight(case, check, device))
@@ -424,45 +465,57 @@ def _run_plan(args, runner, device: str, spec: str, cases, plan, bad) -> int:
                             f"{result.status.value.upper():<11} {case.id}::{check} "
                             f"({result.duration:.2f}s) failures so far: {failures}")
                     if result.status.is_failure:  # what differed, on the item's own line (as pytest -rf shows it)
-                        print(f"{line} - {result.summary}\n    repro: {result.repro}", flush=True)
+                        out.say(f"{line} - {result.summary}\n    repro: {result.repro}")
                     else:  # a skip's reason, or an xfail's summary, once for a run of items that share it
                         note = result.summary or result.reason
                         note, last_note = ("" if note == last_note and not result.summary else note), note
-                        print(line + (f"\n    {note}" if note else ""), flush=True)
+                        out.say(line + (f"\n    {note}" if note else ""))
                 case_line = progress.item_done(case, check, result.status.value)
                 if case_line and not args.quiet:
-                    print(case_line, flush=True)
+                    out.say(case_line)
                 for restart in runner.restarts[restarts:]:
                     if restart.cause != result.summary:  # a sticky device error: the item's own error differs
-                        print(f"    provider process replaced: {restart.cause}", flush=True)
+                        out.say(f"    provider process replaced: {restart.cause}")
         except KeyboardInterrupt:
             interrupted = True
-            print(f"\ninterrupted: {len(records)} of {len(plan)} items finished"
-                  + (f"; {in_flight} was running and is not reported" if in_flight else ""), flush=True)
+            out.say(f"\ninterrupted: {len(records)} of {len(plan)} items finished"
+                    + (f"; {in_flight} was running and is not reported" if in_flight else ""))
         except (ProviderError, IsolationError) as exc:
             aborted = str(exc)
-            print(f"\nstopped: {aborted}", flush=True)
+            out.say(f"\nstopped: {aborted}")
+        except OSError as exc:  # the live report's disk full: what ran is still reported
+            aborted = f"I/O error ({exc.strerror or exc}) after {len(records)} of {len(plan)} items"
+            out.say(f"\nstopped: {aborted}")
     status = (EXIT_INTERRUPTED if interrupted else EXIT_UNUSABLE if aborted else
               EXIT_FAILED if failures else EXIT_OK)
-    print()
-    print("\n".join(_table(records)))
-    print("\n".join(_skip_lines(records, verbose=args.verbose)))
+    unfinished = "interrupted" if interrupted else f"stopped: {aborted}" if aborted else ""
+    lines = ["", *_table(records), *_skip_lines(records, verbose=args.verbose)]
     if bad:
-        print(f"bad case files (not run): {len(bad)}")
-        print("\n".join(f"  {file}" for file, _ in bad))
-    print("\n".join(summary_lines(records)))
-    print("\n".join(_restart_lines(runner)) or "provider process restarts: 0")
+        lines += [f"bad case files (not run): {len(bad)}", *(f"  {file}" for file, _ in bad)]
+    lines += summary_lines(records, unfinished=unfinished)
+    lines += _restart_lines(runner) or ["provider process restarts: 0"]
     if interrupted or aborted:
-        print(f"{'INTERRUPTED' if interrupted else 'STOPPED'}: {len(records)} of {len(plan)} collected items reported;"
-              f" an unfinished run is not a pass (exit {status})")
+        lines.append(f"{'INTERRUPTED' if interrupted else 'STOPPED'}: {len(records)} of {len(plan)} collected items "
+                     f"reported; an unfinished run is not a pass (exit {status})")
+    out.say(*lines)
+    if out.lost and not interrupted:
+        status = EXIT_UNUSABLE
     if live is not None:
         meta = {"device": device, "provider": spec, "command": "run", "collected": len(plan),
                 "reported": len(records), "interrupted": interrupted, "in_flight": in_flight, "aborted": aborted,
-                "exit_status": status, **runner.describe()}
-        live.finish(Report(items=records, meta=meta))
-        print(f"json report: {args.json}")
+                "exit_status": status, "output_error": out.lost, "run": live.run, **runner.describe()}
+        try:
+            live.finish(Report(items=records, meta=meta))
+        except (OSError, ValueError) as exc:  # a full disk; a target replaced by a device or FIFO meanwhile
+            raise Unusable(f"--json {args.json}: cannot write the report ({getattr(exc, 'strerror', None) or exc}); "
+                           f"its live part "
+                           f"{live.live} keeps what was written before the error") from None
+        out.say(f"json report: {args.json}")
     if aborted:
         raise Unusable(aborted)
+    if out.lost:
+        raise Unusable(f"{out.lost}; the run went on: {len(records)} of {len(plan)} items reported"
+                       + (f" in {args.json}" if live is not None else ""))
     if status in (EXIT_OK, EXIT_FAILED) and _nothing_ran(records):
         print(f"error: nothing ran: {len(plan)} items, none passed or failed"
               f"{' (every case file is bad)' if not plan else ' (every item was skipped or unsupported)'}",
@@ -596,7 +649,10 @@ def cmd_generate(args) -> int:
     from harness.cases.loader import load_cases
     from harness.checks.tiers import cpu_tier_items
 
-    written = list(generate_corpus(args.out) or [])
+    try:
+        written = list(generate_corpus(args.out) or [])
+    except OSError as exc:
+        raise Unusable(f"--out {args.out}: cannot write the corpus there ({exc.strerror or exc})") from None
     cases = load_cases(written)  # as every run reads them: each case's tiers are the loader's
     on_cpu, items = cpu_tier_items(cases)
     print(f"generated: {len(written)} files under {args.out}: {len(cases)} cases, {items} items, {on_cpu} of them "
@@ -661,17 +717,32 @@ def cmd_bench(argv: list[str]) -> int:
     return int(bench.main(argv) or 0)
 
 
+def _read_report(path: Path):
+    """The report at ``path``, or the live parts of a run there that did not finish (``load_report``: read, never
+    written back); a note on stdout says which."""
+    from harness.report import load_report
+
+    try:
+        report, note = load_report(path)
+    except FileNotFoundError:
+        raise Unusable(f"{path}: no such report") from None
+    except (OSError, ValueError) as exc:
+        raise Unusable(f"{path}: cannot read the report ({getattr(exc, 'strerror', None) or exc})") from None
+    if note:
+        print(note)
+    return report
+
+
 def cmd_times(args) -> int:
-    from harness.report import Report, longest_durations, merge_parts, parts_dir, timing_lines, write_durations
+    """Exit status as ``run``'s for the run reported: 1 where any item failed, 130 where the run did not finish
+    (``Report.unfinished``: interrupted, killed, stopped), else 0; 2 where the report or the durations cannot be
+    read or written."""
+    from harness.report import Report, UnsafeTarget, longest_durations, timing_lines, write_durations
     from harness.timeline import compile_lines, startup_lines
 
-    if args.report.is_file():
-        report = Report.read(args.report)
-    elif parts_dir(args.report).is_dir():  # a run killed before it merged: its workers' live parts
-        report = merge_parts(args.report, remove=False)
-        print(f"{args.report}: merged from the workers' parts (the run did not finish)")
-    else:
-        raise Unusable(f"{args.report}: no such report")
+    if args.longest_of and not args.write_durations:
+        raise Unusable("--longest-of: only with --write-durations")
+    report = _read_report(args.report)
     records = report.items
     if not records:
         raise Unusable(f"{args.report}: no items (the run it reports ran nothing)")
@@ -682,8 +753,6 @@ def cmd_times(args) -> int:
                   compile_lines(report.meta, top=args.top)):
         if lines:
             print("\n".join(lines))
-    if args.longest_of and not args.write_durations:
-        raise Unusable("--longest-of: only with --write-durations")
     if args.write_durations:
         source = str(args.report)
         if args.longest_of:
@@ -692,25 +761,30 @@ def cmd_times(args) -> int:
             earlier = Report.read(args.longest_of)
             records = longest_durations(records, earlier.items)
             source = f"{source}, each item's longest of it and {earlier.meta.get('source') or args.longest_of}"
-        write_durations(records, args.write_durations, source=source)
+        try:
+            write_durations(records, args.write_durations, source=source, inputs=(args.report, args.longest_of))
+        except (OSError, UnsafeTarget) as exc:
+            raise Unusable(f"--write-durations {args.write_durations}: cannot write it "
+                           f"({getattr(exc, 'strerror', None) or exc})") from None
         print(f"durations of {len(records)} items: {args.write_durations}")
-    return EXIT_OK
+    failures, unfinished = report.failures, report.unfinished
+    if unfinished:
+        print(f"the run did not finish ({unfinished}): not a pass")
+    if failures:
+        print(f"failures: {len(failures)} of {len(records)} items")
+    return EXIT_FAILED if failures else EXIT_INTERRUPTED if unfinished else EXIT_OK
 
 
 def cmd_report_html(args) -> int:
-    from harness.report import Report, merge_parts, parts_dir
+    from harness.report import UnsafeTarget, refuse_unsafe_target, write_atomic
     from harness.report_html import render
 
-    if args.report.is_file():
-        report = Report.read(args.report)
-    elif parts_dir(args.report).is_dir():  # a run killed before it merged: its live parts
-        report = merge_parts(args.report, remove=False)
-    else:
-        raise Unusable(f"{args.report}: no such report")
+    report = _read_report(args.report)
     try:
-        args.out.write_text(render(report, title=f"ssd-harness: {args.report.name}"), encoding="utf-8")
-    except OSError as exc:
-        raise Unusable(f"--out {args.out}: cannot write it ({exc.strerror or exc})") from None
+        refuse_unsafe_target(args.out, what="page", inputs=(args.report,))
+        write_atomic(args.out, render(report, title=f"ssd-harness: {args.report.name}"))
+    except (OSError, UnsafeTarget) as exc:
+        raise Unusable(f"--out {args.out}: cannot write it ({getattr(exc, 'strerror', None) or exc})") from None
     print(f"wrote {args.out}: {sum(1 for r in report.items if r.check)} case items")
     return EXIT_OK
 
@@ -745,4 +819,8 @@ def main(argv: list[str] | None = None) -> int:
         return COMMANDS[args.command](args)
     except Unusable as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    except BrokenPipeError:  # stdout closed under the command (``| head``): the could-not-run status, no traceback
+        _drop_stdout()
+        print(f"error: {args.command}: stdout was closed before the output ended", file=sys.stderr)
         return EXIT_UNUSABLE

@@ -1,16 +1,22 @@
 """The run report: one record per ``<file>::<case id>::<check>`` item, merged across xdist workers, as JSON, plus
 the short terminal summary that groups failures by check and by case family.
 
-Each xdist worker appends every record, as it is decided, to ``<report>.parts/<worker>.jsonl`` (so a run killed by a
-time limit still leaves what it did) and writes ``<report>.parts/<worker>.json`` when its session ends; the
-controller merges the parts (``merge_parts``) and writes one file. ``merge_parts`` also recovers a killed run from
-the live files. The CLI writes the same model, live as well (``LiveReport``).
+Each xdist worker appends every record, as it is decided, to ``<report>.parts/<run>.<worker>.jsonl`` (so a run killed
+by a time limit still leaves what it did) and writes ``<report>.parts/<run>.<worker>.json`` when its session ends;
+the controller merges its own run's parts (``merge_parts``) and writes one file. ``<run>`` is unique per run
+(``new_run_id``), so two runs sharing a report path never read, mix or remove each other's parts. ``read_parts``
+recovers a killed run from its live files without writing anything. The CLI writes the same model, live as well
+(``LiveReport``). Every file is written beside its target under a name of its own and renamed into place
+(``write_atomic``); a target that is not a regular file, or not a report, is refused (``refuse_unsafe_target``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
+import stat
 import tempfile
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field, replace
@@ -52,6 +58,82 @@ class ItemRecord:
         return self.outcome in FAILURE_OUTCOMES
 
 
+class UnsafeTarget(ValueError):
+    """An output path whose current content this harness must not replace."""
+
+
+def refuse_unsafe_target(path: str | os.PathLike, what: str = "report", inputs: tuple = ()) -> None:
+    """Raise ``UnsafeTarget`` where writing ``path`` would destroy something: a folder, a device, a FIFO or a socket
+    (renaming a regular file over ``/dev/null`` replaces the null device for the whole machine), one of ``inputs``
+    (the case files being run, the report being read), or, for ``what="report"``, an existing non-empty file that is
+    not a report of this harness (a case file given as the report by mistake)."""
+    path = Path(path)
+    if any(Path(given).resolve() == path.resolve() for given in inputs):  # also a report read from its parts only
+        raise UnsafeTarget(f"{path}: is also an input of this command; it is not overwritten")
+    try:
+        st = path.stat()
+    except OSError:  # nothing there to destroy (missing, or under a file): the write itself says why it fails
+        return
+    if stat.S_ISDIR(st.st_mode):
+        raise UnsafeTarget(f"{path}: is a folder, not a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeTarget(f"{path}: is not a regular file (a device, FIFO or socket); it is not replaced")
+    for given in inputs:
+        if Path(given).exists() and path.samefile(given):
+            raise UnsafeTarget(f"{path}: is also an input of this command; it is not overwritten")
+    if what == "report" and st.st_size and not _is_report(path):
+        raise UnsafeTarget(f"{path}: exists and is not an ssd-harness report; it is not overwritten")
+
+
+def _is_report(path: Path) -> bool:
+    """The schema line comes first in every report this module writes (``Report.to_dict``, ``write_durations``)."""
+    with open(path, "rb") as fh:
+        head = fh.read(200)
+    return REPORT_SCHEMA.split("/", 1)[0].encode() in head
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` through a file unique to this call next to ``path``, renamed into place: readers never see a
+    half-written file, two writers never share the temporary file, and a failed write (a full disk) leaves the
+    target as it was; the temporary file is removed on any failure. A target that is not a regular file is refused
+    (``refuse_unsafe_target``), never replaced."""
+    path = Path(path)
+    refuse_unsafe_target(path, what="file")
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o644)  # mkstemp's 0600 would make the file private to this user
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(name, path)
+    finally:
+        Path(name).unlink(missing_ok=True)
+    return path
+
+
+def item_count(records: list[ItemRecord]) -> int:
+    """The records of items (``<file>::...``), leaving out the files that could not be collected (``<file>``)."""
+    return sum(1 for r in records if "::" in r.nodeid)
+
+
+def unfinished_reason(meta: dict, reported: int) -> str:
+    """Why the run a report describes did not finish, from its meta, or "" where it did (or an older report does not
+    say): interrupted, stopped by an error, processes that never wrote their final part (killed), or fewer items
+    reported than collected."""
+    reasons = []
+    if meta.get("interrupted"):
+        reasons.append("interrupted")
+    if meta.get("aborted"):
+        reasons.append(f"stopped: {meta['aborted']}")
+    crashed = meta.get("crashed_workers") or {}  # their items are errors already: the run went on without them
+    killed = [w for w in meta.get("unfinished_workers") or () if w not in crashed]
+    if killed:
+        reasons.append(f"killed before its end ({', '.join(killed)} never wrote a final part)")
+    collected = meta.get("collected")
+    if isinstance(collected, int) and reported < collected:
+        reasons.append(f"{reported} of {collected} collected items reported")
+    return "; ".join(reasons)
+
+
 @dataclass
 class Report:
     items: list[ItemRecord] = field(default_factory=list)
@@ -64,6 +146,11 @@ class Report:
     def failures(self) -> list[ItemRecord]:
         return [r for r in self.items if r.is_failure]
 
+    @property
+    def unfinished(self) -> str:
+        """Why the run did not finish ("" where it did): ``unfinished_reason``."""
+        return unfinished_reason(self.meta, item_count(self.items))
+
     def to_dict(self) -> dict:
         return {
             "schema": REPORT_SCHEMA,
@@ -73,19 +160,10 @@ class Report:
         }
 
     def write(self, path: str | os.PathLike) -> Path:
-        """Write through a file unique to this call next to ``path``, renamed into place (readers never see half a
-        report, and two runs writing the same report never share the temporary file); removed on any failure."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            os.fchmod(fd, 0o644)  # mkstemp's 0600 would make the report private to this user
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n")
-            os.replace(name, path)
-        finally:
-            Path(name).unlink(missing_ok=True)
-        return path
+        """``write_atomic``, into a folder made where missing: readers never see half a report, and a failed write
+        leaves the earlier file."""
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        return write_atomic(path, json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n")
 
     @classmethod
     def read(cls, path: str | os.PathLike) -> "Report":
@@ -95,13 +173,15 @@ class Report:
         return cls(items=[ItemRecord(**r) for r in data["items"]], meta=dict(data.get("meta", {})))
 
 
-def write_durations(records: list[ItemRecord], path: str | os.PathLike, source: str = "") -> None:
+def write_durations(records: list[ItemRecord], path: str | os.PathLike, source: str = "", inputs: tuple = ()) -> None:
     """A compact report of node ids, outcomes and durations only (one item per line): what pytest
-    ``--durations-from`` needs to order and shard a later run, small enough to keep in the repository."""
+    ``--durations-from`` needs to order and shard a later run, small enough to keep in the repository. ``path`` is
+    refused where it is one of ``inputs`` or holds something other than a report (``refuse_unsafe_target``)."""
+    refuse_unsafe_target(path, inputs=tuple(p for p in inputs if p is not None))
     lines = [json.dumps({"nodeid": r.nodeid, "outcome": r.outcome, "duration": round(r.duration, 3)})
              for r in records]
     head = json.dumps({"schema": REPORT_SCHEMA, "meta": {"source": source}})[:-1]
-    Path(path).write_text(head + ', "items": [\n' + ",\n".join(lines) + "\n]}\n")
+    write_atomic(path, head + ', "items": [\n' + ",\n".join(lines) + "\n]}\n")
 
 
 def longest_durations(records: list[ItemRecord], earlier: list[ItemRecord]) -> list[ItemRecord]:
@@ -116,16 +196,32 @@ def parts_dir(report_path: str | os.PathLike) -> Path:
     return Path(str(report_path) + ".parts")
 
 
-def write_part(report_path: str | os.PathLike, worker: str, report: Report) -> Path:
-    """A worker's share of the report, merged by the controller at the end."""
-    return report.write(parts_dir(report_path) / f"{worker}.json")
+def new_run_id() -> str:
+    """A name for this run's parts, unique among runs sharing a report path (at the same time or one after another):
+    the process id, and random bits for process ids reused across machines or containers."""
+    return f"{os.getpid()}-{secrets.token_hex(4)}"
 
 
-def append_live(report_path: str | os.PathLike, worker: str, record: ItemRecord) -> None:
+def _part_file(report_path: str | os.PathLike, run: str, worker: str, suffix: str) -> Path:
+    return parts_dir(report_path) / f"{run}.{worker}{suffix}"
+
+
+def _run_and_worker(part: Path) -> tuple[str, str]:
+    """``<run>.<worker>.json[l]`` -> (run, worker)."""
+    run, _, worker = part.name.removesuffix(".jsonl").removesuffix(".json").partition(".")
+    return run, worker
+
+
+def write_part(report_path: str | os.PathLike, run: str, worker: str, report: Report) -> Path:
+    """A worker's share of the report, merged by its run's controller at the end."""
+    return report.write(_part_file(report_path, run, worker, ".json"))
+
+
+def append_live(report_path: str | os.PathLike, run: str, worker: str, record: ItemRecord) -> None:
     """One record as one JSON line, flushed at once (O_APPEND: a line is never interleaved with another's)."""
-    folder = parts_dir(report_path)
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / f"{worker}.jsonl", "a", encoding="utf-8") as fh:
+    part = _part_file(report_path, run, worker, ".jsonl")
+    part.parent.mkdir(parents=True, exist_ok=True)
+    with open(part, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(asdict(record)) + "\n")
 
 
@@ -137,7 +233,7 @@ def read_live(path: Path) -> Report:
             items.append(ItemRecord(**json.loads(line)))
         except (json.JSONDecodeError, TypeError):
             continue
-    return Report(items=items, meta={"worker": path.stem})
+    return Report(items=items, meta={"worker": _run_and_worker(path)[1]})
 
 
 def merge_reports(reports: list[Report], meta: dict | None = None) -> Report:
@@ -160,66 +256,94 @@ def merge_reports(reports: list[Report], meta: dict | None = None) -> Report:
     return Report(items=list(by_id.values()), meta=merged_meta)
 
 
-def merge_parts(report_path: str | os.PathLike, meta: dict | None = None, remove: bool = True) -> Report:
-    """Merge every ``<report>.parts/<worker>.json`` into ``<report>``, and the live ``<worker>.jsonl`` of any worker
-    that never wrote its ``.json`` (killed); returns the merged report."""
+def run_parts(report_path: str | os.PathLike, run: str | None = None) -> tuple[str | None, list[Path]]:
+    """The part files of run ``run`` under ``<report>.parts``; with ``run`` None, of the run whose parts were
+    written last (a killed run's, read by ``times`` and ``report-html``). Returns (run, files)."""
     folder = parts_dir(report_path)
-    part_files = sorted(folder.glob("*.json")) if folder.is_dir() else []
-    live_files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
-    finished = {p.stem for p in part_files}
-    reports = [Report.read(p) for p in part_files]
-    unfinished = [p for p in live_files if p.stem not in finished]
-    reports += [read_live(p) for p in unfinished]
+    files = [p for p in folder.iterdir() if p.name.endswith((".json", ".jsonl"))] if folder.is_dir() else []
+    if run is None and files:
+        run = _run_and_worker(max(files, key=lambda p: p.stat().st_mtime))[0]
+    return run, sorted(p for p in files if _run_and_worker(p)[0] == run)
+
+
+def read_parts(report_path: str | os.PathLike, run: str | None = None, meta: dict | None = None,
+               overrides: list[ItemRecord] = ()) -> tuple[Report, list[Path]]:
+    """Merge run ``run``'s ``<run>.<worker>.json`` parts, and the live ``.jsonl`` of any worker that never wrote its
+    ``.json`` (killed, named in meta ``unfinished_workers``); ``overrides`` (the controller's records of crashed
+    workers' items) replace any worker's record of the same item. Writes nothing; returns the report and the files
+    read."""
+    run, files = run_parts(report_path, run)
+    part_files = [p for p in files if p.name.endswith(".json")]
+    finished = {_run_and_worker(p)[1] for p in part_files}
+    unfinished = [p for p in files if p.name.endswith(".jsonl") and _run_and_worker(p)[1] not in finished]
+    reports = [Report.read(p) for p in part_files] + [read_live(p) for p in unfinished]
     merged = merge_reports(reports, meta)
+    merged.meta.setdefault("run", run)
     if unfinished:  # workers that never finished (the run was killed): their records are up to the kill
-        merged.meta["unfinished_workers"] = sorted(p.stem for p in unfinished)
+        merged.meta["unfinished_workers"] = sorted(_run_and_worker(p)[1] for p in unfinished)
+    if overrides:
+        by_id = {r.nodeid: r for r in merged.items}
+        by_id.update({r.nodeid: r for r in overrides})
+        merged.items = list(by_id.values())
+    return merged, files
+
+
+def merge_parts(report_path: str | os.PathLike, run: str, meta: dict | None = None,
+                overrides: list[ItemRecord] = ()) -> Report:
+    """``read_parts`` of run ``run``, written to ``<report>``; then that run's parts (only) are removed."""
+    merged, files = read_parts(report_path, run, meta, overrides)
     merged.write(report_path)
-    if remove:
-        for p in part_files + live_files:
-            p.unlink()
-        if folder.is_dir() and not any(folder.iterdir()):
-            folder.rmdir()
+    for p in files:
+        p.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # another run's parts may still be there
+        parts_dir(report_path).rmdir()
     return merged
+
+
+def load_report(path: str | os.PathLike) -> tuple[Report, str]:
+    """A report to read (``times``, ``report-html``): the file, or where a run's live parts are newer than it (a run
+    that was killed, or is still going), those parts, merged in memory only (the parts stay, and nothing is written
+    where the finished report goes). Returns (report, a note saying where it came from, or ""). FileNotFoundError
+    where there is neither."""
+    path = Path(path)
+    run, files = run_parts(path)
+    newest_part = max((p.stat().st_mtime for p in files), default=None)
+    if path.is_file() and (newest_part is None or newest_part <= path.stat().st_mtime):
+        return Report.read(path), ""
+    if newest_part is None:
+        raise FileNotFoundError(f"{path}: no such report")
+    report, _ = read_parts(path, run)
+    return report, f"{path}: merged from the live parts of run {run}, which did not finish"
 
 
 class LiveReport:
     """A report written while its run goes on (the CLI's ``run --json``): created only where the report can be
-    written, refused (OSError) before the first item otherwise; each record appended at once, as one line, to
-    ``<report>.parts/<worker>.jsonl`` (what a killed run leaves: ``merge_parts`` and ``harness times`` read it);
-    the whole report written by ``finish``, which then removes the live part. A report left by an earlier run at
-    the same path is removed at the start, so that a killed run never leaves one that reads as its own."""
+    written, refused (OSError, ``UnsafeTarget``) before the first item otherwise; each record appended at once, as
+    one line, to ``<report>.parts/<run>.<worker>.jsonl`` (what a killed run leaves: ``load_report`` reads it); the
+    whole report written by ``finish``, which then removes the live part. Nothing at the path is removed or changed
+    before ``finish``: a killed run leaves the earlier report in place and its live part newer than it, which
+    ``load_report`` then reads instead."""
 
-    def __init__(self, path: str | os.PathLike, worker: str = "cli"):
-        self.path, self.worker = Path(path), worker
-        if self.path.is_dir():
-            raise IsADirectoryError(f"{self.path}: is a folder, not a file")
+    def __init__(self, path: str | os.PathLike, worker: str = "cli", inputs: tuple = ()):
+        self.path, self.worker, self.run = Path(path), worker, new_run_id()
+        refuse_unsafe_target(self.path, inputs=inputs)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        probe = self.path.with_name(self.path.name + ".tmp")  # the file Report.write renames into place
-        probe.write_text("")
-        probe.unlink()
-        self.path.unlink(missing_ok=True)
-        clear_parts(self.path)
-        self.live = parts_dir(self.path) / f"{worker}.jsonl"
+        fd, probe = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        os.close(fd)  # the folder takes the temporary file that Report.write renames into place
+        os.unlink(probe)
+        self.live = _part_file(self.path, self.run, worker, ".jsonl")
         self.live.parent.mkdir(parents=True, exist_ok=True)
         self.live.write_text("")
 
     def append(self, record: ItemRecord) -> None:
-        append_live(self.path, self.worker, record)
+        append_live(self.path, self.run, self.worker, record)
 
     def finish(self, report: Report) -> Path:
         path = report.write(self.path)
         self.live.unlink(missing_ok=True)
-        if not any(self.live.parent.iterdir()):
+        with contextlib.suppress(OSError):  # another run's parts may still be there
             self.live.parent.rmdir()
         return path
-
-
-def clear_parts(report_path: str | os.PathLike) -> None:
-    """Stale parts from an earlier run must not leak into this one (called before workers start)."""
-    folder = parts_dir(report_path)
-    if folder.is_dir():
-        for p in [*folder.glob("*.json"), *folder.glob("*.jsonl")]:
-            p.unlink()
 
 
 def failure_groups(records: list[ItemRecord]) -> tuple[dict[str, list[ItemRecord]], dict[str, list[ItemRecord]]]:
@@ -232,9 +356,10 @@ def failure_groups(records: list[ItemRecord]) -> tuple[dict[str, list[ItemRecord
     return dict(by_check), dict(by_family)
 
 
-def summary_lines(records: list[ItemRecord], max_cases: int = 4) -> list[str]:
+def summary_lines(records: list[ItemRecord], max_cases: int = 4, unfinished: str = "") -> list[str]:
     """Short summary: outcome counts of case items and of the other tests, then case-item failures grouped by check
-    and by family (a few case ids each), then the other tests' failures by node id."""
+    and by family (a few case ids each), then the other tests' failures by node id. ``unfinished``: why the run did
+    not finish (``unfinished_reason``); its line replaces "no failures", which an unfinished run never reads as."""
     cases = [r for r in records if r.check]
     others = [r for r in records if not r.check]
 
@@ -246,8 +371,10 @@ def summary_lines(records: list[ItemRecord], max_cases: int = 4) -> list[str]:
         lines.append(f"other tests: {counted(others)}")
     by_check, by_family = failure_groups(cases)
     other_failures = [r.nodeid for r in others if r.is_failure]
+    if unfinished:
+        lines.append(f"the run did not finish ({unfinished}): not a pass, whatever the items reported say")
     if not by_check and not other_failures:
-        lines.append("no failures")
+        lines.append(f"0 failures among the {len(records)} items reported" if unfinished else "no failures")
         return lines
     for title, groups in (("failures by check", by_check), ("failures by case family", by_family)):
         if not groups:

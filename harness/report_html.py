@@ -92,6 +92,11 @@ def render(report: Report, title: str = "ssd-harness run") -> str:
         "</head><body>", f"<h1>{html.escape(title)}</h1>", f"<p>{html.escape(head)}</p>",
         f"<p>items: {html.escape(counts)}</p>",
     ]
+    if report.unfinished:  # a run cut short reads as one, whatever its items say
+        out.append(f'<p style="color:#b00"><strong>The run did not finish</strong> '
+                   f"({html.escape(report.unfinished)}): not a pass.</p>")
+    for worker, why in (meta.get("crashed_workers") or {}).items():
+        out.append(f'<p style="color:#b00">worker <code>{html.escape(worker)}</code> died: {html.escape(why)}</p>')
     for check in sorted(by_check):
         records = by_check[check]
         bounded = any(r.bound_use is not None for r in records)

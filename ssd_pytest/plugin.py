@@ -134,16 +134,17 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = yield
     case_items.locate_skip(item, report)
+    reporting.carry_first_line(report, call)
     return report
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    reporting.write_report(session)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    reporting.write_report(session, exitstatus)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
-    reporting.terminal_summary(terminalreporter, config)
+    reporting.terminal_summary(terminalreporter, config, exitstatus)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

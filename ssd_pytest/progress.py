@@ -18,6 +18,8 @@ import pytest
 from harness.progress import CaseProgress
 from ssd_pytest.items import is_case_file
 
+XDIST_CRASH_PHASE = "???"  # the ``when`` of the report xdist's controller makes for a worker that died mid-item
+
 
 class CaseKey(NamedTuple):
     """A case as ``CaseProgress`` reads it: ``id``, what its line shows (the file too where two files share an id)."""
@@ -57,6 +59,7 @@ class CaseLines:
         self.progress: CaseProgress | None = None
         self.keys: dict[str, tuple[CaseKey, str]] = {}  # case item node id -> (its case, its check)
         self.outcomes: dict[str, str] = {}
+        self.ended: set[str] = set()  # items whose line is counted: a crashed item re-run by xdist counts once
         self.xdist_controller = False  # set when the plan comes from the workers' collection
 
     def plan(self, nodeids: list[str], weight: Callable[[str], float]) -> None:
@@ -88,10 +91,11 @@ class CaseLines:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         found = self.keys.get(report.nodeid)
-        if found is None or self.progress is None:
+        if found is None or self.progress is None or report.nodeid in self.ended:
             return
         self.outcomes[report.nodeid] = item_outcome(report, self.outcomes.get(report.nodeid))
-        if report.when == "teardown":
+        if report.when in ("teardown", XDIST_CRASH_PHASE):  # a worker that died mid-item sends no teardown
+            self.ended.add(report.nodeid)
             key, check = found
             line = self.progress.item_done(key, check, self.outcomes.pop(report.nodeid))
             if line:

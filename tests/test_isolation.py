@@ -240,6 +240,7 @@ def test_an_interrupted_run_reports_what_finished_and_says_so(tiny, how, device)
     assert (meta["collected"], meta["reported"]) == (3, 1)
     assert meta["in_flight"] == f"{tiny}::{fp.FAULTING_CASE}::determinism"
     assert "INTERRUPTED: 1 of 3 collected items reported" in out
+    assert "the run did not finish (interrupted)" in out and "no failures" not in out, out  # not a pass
     assert_gone(_pids(pids))
 
 
@@ -259,7 +260,7 @@ def test_an_unwritable_report_path_is_refused_before_any_item(tmp_path, tiny, ca
 
 
 def test_the_report_is_appended_live_while_the_run_goes_on(tiny, monkeypatch, device):
-    """Each record is in ``<report>.parts/cli.jsonl`` as soon as its item ends (what a killed run leaves); the
+    """Each record is in ``<report>.parts/<run>.cli.jsonl`` as soon as its item ends (what a killed run leaves); the
     provider here reads that file during the second case's call."""
     from harness.report import read_live
 
@@ -276,7 +277,7 @@ def test_the_report_is_appended_live_while_the_run_goes_on(tiny, monkeypatch, de
             self.supported_paths = self.inner.supported_paths
 
         def ssd_prefill(self, *args, **kwargs):
-            live = parts_dir(report) / "cli.jsonl"
+            (live,) = parts_dir(report).glob("*.cli.jsonl")  # <run>.cli.jsonl: this run's live part
             seen.append([r.case_id for r in read_live(live).items])
             return self.inner.ssd_prefill(*args, **kwargs)
 

@@ -89,3 +89,30 @@ def test_with_v_pytest_keeps_its_line_per_item_and_adds_no_case_line(pytester, d
     assert result.ret == 0, result.stdout.str()
     assert not [line for line in result.outlines if line.startswith("tiny-")]
     result.stdout.fnmatch_lines(["*tiny.yaml::tiny-direct::determinism PASSED*"])
+
+
+def test_a_crashed_items_case_line_counts_it_once_as_an_error(pytester):
+    """xdist's report of an item whose worker died (``when="???"``) ends the item, as a teardown does: its case's
+    line counts it as an error, and the replacement worker's re-run of it is not counted again."""
+    from ssd_pytest.progress import CaseLines
+    from tests.broken_providers import TINY_CASES
+
+    pytester.makefile(".yaml", tiny=TINY_CASES)
+    config = pytester.parseconfigure("-p", "ssd_pytest.plugin", "--device", "cpu")
+    written: list[str] = []
+    lines = CaseLines(config, SimpleNamespace(write=lambda text, flush=False: written.append(text)))
+    lines.xdist_controller = True
+    nodeid = "tiny.yaml::tiny-direct::determinism"
+    lines.plan([nodeid, "tiny.yaml::tiny-direct::masked_state"], lambda nodeid: 1.0)
+
+    def report(when, outcome):
+        return pytest.TestReport(nodeid, ("tiny.yaml", 0, nodeid), {}, outcome, None, when)
+
+    lines.pytest_runtest_logreport(report("???", "failed"))
+    for when in ("setup", "call", "teardown"):  # the re-run, on the replacement worker
+        lines.pytest_runtest_logreport(report(when, "passed"))
+    assert written == []  # the case's other item has not ended
+    other = "tiny.yaml::tiny-direct::masked_state"
+    for when in ("setup", "call", "teardown"):
+        lines.pytest_runtest_logreport(pytest.TestReport(other, ("tiny.yaml", 0, other), {}, "passed", None, when))
+    assert [line.split("[")[0].split() for line in written] == [["tiny-direct", "1", "passed", "1", "error"]], written

@@ -46,34 +46,41 @@ def test_rejects_unknown_grouping():
         timing_lines(records(), by="seed")
 
 
-def test_cli_prints_both_groupings(tmp_path, capsys):
-    path = tmp_path / "report.json"
+def test_cli_prints_both_groupings_and_exits_as_the_run_did(tmp_path, capsys):
+    """``times`` exits as README and --help say: 1 for a report with a failure, 0 for one without."""
+    path, passing = tmp_path / "report.json", tmp_path / "passing.json"
     Report(items=records()).write(path)
-    assert cli.main(["times", str(path)]) == 0
+    assert cli.main(["times", str(path)]) == cli.EXIT_FAILED
     out = capsys.readouterr().out
     assert "time by check: 9.0s" in out and "time by family: 9.0s" in out
+    assert "failures: 1 of 4 items" in out
+    Report(items=[r for r in records() if not r.is_failure]).write(passing)
+    assert cli.main(["times", str(passing)]) == cli.EXIT_OK
     assert cli.main(["times", str(tmp_path / "none.json")]) == 2
     assert "no such report" in capsys.readouterr().err
 
 
 def test_a_killed_run_leaves_its_records_and_times_reads_them(tmp_path, capsys):
     """Workers append each record as it is decided; a run killed before the merge (a CI time limit) still yields a
-    report, and a line cut by the kill is dropped, not fatal."""
+    report, and a line cut by the kill is dropped, not fatal. ``times`` reads the parts without writing the report
+    or removing them, says the run did not finish, and exits 1 for the failure it holds."""
     from harness.report import append_live, merge_parts, parts_dir, write_part
 
     report = tmp_path / "r.json"
     done = ItemRecord("f::c1::determinism", "passed", duration=1.5, case_id="c1", check="determinism", worker="gw0")
     failed = ItemRecord("f::c2::determinism", "failed", duration=2.0, case_id="c2", check="determinism",
                         worker="gw1", message="determinism failed\nfirst mismatch at (0, 1)")
-    append_live(report, "gw0", done)
-    write_part(report, "gw0", Report([done], meta={"worker": "gw0"}))  # gw0 finished: its .json wins
-    append_live(report, "gw1", failed)
-    with open(parts_dir(report) / "gw1.jsonl", "a") as fh:
+    append_live(report, "run1", "gw0", done)
+    write_part(report, "run1", "gw0", Report([done], meta={"worker": "gw0"}))  # gw0 finished: its .json wins
+    append_live(report, "run1", "gw1", failed)
+    with open(parts_dir(report) / "run1.gw1.jsonl", "a") as fh:
         fh.write('{"nodeid": "f::c3::determin')  # killed mid-line
-    assert cli.main(["times", str(report)]) == 0
+    assert cli.main(["times", str(report)]) == cli.EXIT_FAILED
     out = capsys.readouterr().out
-    assert "merged from the workers' parts" in out and "determinism" in out
-    merged = merge_parts(report)
+    assert "merged from the live parts of run run1, which did not finish" in out and "determinism" in out
+    assert "the run did not finish (killed before its end (gw1 never wrote a final part))" in out
+    assert not report.exists() and len(list(parts_dir(report).iterdir())) == 3
+    merged = merge_parts(report, "run1")
     assert {r.nodeid: r.outcome for r in merged.items} == {"f::c1::determinism": "passed",
                                                           "f::c2::determinism": "failed"}
     assert merged.failures[0].message.endswith("first mismatch at (0, 1)")
@@ -86,7 +93,7 @@ def test_durations_written_by_times_are_read_back_as_costs(tmp_path, capsys):
 
     path, compact = tmp_path / "report.json", tmp_path / "durations.json"
     Report(items=records()).write(path)
-    assert cli.main(["times", str(path), "--write-durations", str(compact)]) == 0
+    assert cli.main(["times", str(path), "--write-durations", str(compact)]) == cli.EXIT_FAILED  # y failed
     assert f"durations of 4 items: {compact}" in capsys.readouterr().out
     costs = ItemCosts.from_report(compact)
     assert costs.durations == {"a::x::reference_bound": 3.0, "a::y::reference_bound": 5.0, "a::x::determinism": 1.0}
@@ -102,9 +109,35 @@ def test_durations_can_keep_each_items_longest(tmp_path, capsys):
     Report(items=[ItemRecord("a::x::reference_bound", "passed", duration=9.0),
                   ItemRecord("a::y::reference_bound", "passed", duration=1.0),
                   ItemRecord("gone::z", "passed", duration=50.0)], meta={"source": "run 1"}).write(earlier)
-    assert cli.main(["times", str(path), "--write-durations", str(compact), "--longest-of", str(earlier)]) == 0
+    assert cli.main(["times", str(path), "--write-durations", str(compact), "--longest-of",
+                     str(earlier)]) == cli.EXIT_FAILED  # y failed
     costs = ItemCosts.from_report(compact)
     assert costs.durations == {"a::x::reference_bound": 9.0, "a::y::reference_bound": 5.0, "a::x::determinism": 1.0}
     assert Report.read(compact).meta["source"] == f"{path}, each item's longest of it and run 1"
     assert cli.main(["times", str(path), "--longest-of", str(earlier)]) == cli.EXIT_UNUSABLE
     assert "--longest-of: only with --write-durations" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("target", ["/dev/full", "folder/sub.json", "report"])
+def test_write_durations_where_it_cannot_be_written_exits_2_with_the_reason(tmp_path, capsys, target):
+    """A full disk (``/dev/full``: a device, never replaced), a path under a regular file, and the report being read
+    are each refused with the CLI's error line, not a traceback; the report read is left as it was."""
+    path = tmp_path / "report.json"
+    Report(items=records()).write(path)
+    before = path.read_bytes()
+    (tmp_path / "folder").write_text("a file, not a folder")
+    out = {"/dev/full": "/dev/full", "folder/sub.json": str(tmp_path / "folder/sub.json"), "report": str(path)}[target]
+    assert cli.main(["times", str(path), "--write-durations", out]) == cli.EXIT_UNUSABLE
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --write-durations {out}: cannot write it (") and "Traceback" not in err, err
+    assert path.read_bytes() == before
+
+
+def test_a_report_cut_short_is_refused_with_the_reason(tmp_path, capsys):
+    """A report truncated by a full disk (written by something other than this harness's rename) is exit 2 with the
+    reason, not a traceback."""
+    path = tmp_path / "report.json"
+    Report(items=records()).write(path)
+    path.write_text(path.read_text()[:100])
+    assert cli.main(["times", str(path)]) == cli.EXIT_UNUSABLE
+    assert capsys.readouterr().err.startswith(f"error: {path}: cannot read the report (")
