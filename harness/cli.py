@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -104,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     repro.add_argument("file", type=Path, help="the case file (.yaml or .yml)")
     repro.add_argument("--case", default=None, metavar="ID", help="case id (default: every case in the file)")
     _add_check_option(repro, "check name (repeatable; default: the case's checks)")
+    repro.add_argument("--config", default=None, metavar="KERNEL:INDEX",
+                       help="every_config: force only config INDEX of the autotuned kernel KERNEL (and that kernel's "
+                            "first config, the baseline of its declared-exact outputs), as a failure's rerun line "
+                            "names it")
     _add_target_options(repro)
     _add_isolation_options(repro)
 
@@ -498,6 +503,12 @@ def cmd_repro(args) -> int:
     if not items:
         raise Unusable(f"{args.file}: nothing to run: no check applies to "
                        f"{'case ' + repr(args.case) if args.case else 'its cases'}")
+    if args.config:
+        from harness.checks.configs import CONFIG_ENV, NAME
+
+        if args.check != [NAME]:
+            raise Unusable(f"--config selects a config for --check {NAME} alone; found --check {args.check}")
+        os.environ[CONFIG_ENV] = args.config  # the check reads it, in this process or the item's child
     runner, device, spec = _runner(args)
     repro_device = None if args.device == "auto" else args.device
     failed, verdicts, shown = 0, 0, None
