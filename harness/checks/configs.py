@@ -5,9 +5,10 @@ A test sees the config the autotuner picked on that machine that day; an autotun
 config, and a config that a compiler gets wrong corrupts outputs wherever the tuner happens to pick it. The check:
 
 1. makes one call (every autotuner at its own pick) with a hook on Triton's ``Autotuner.run``
-   (``harness.triton_autotuner.launches_reported``), the provider's own tuning caches emptied (``provider.tuning_caches()``: a launcher that keeps the chosen config and
-   then launches the kernel directly would otherwise bypass the autotuner), and keeps, per autotuner launched, the
-   configs its launches may choose from (``candidate_configs``: after its ``early_config_prune`` and perf model);
+   (``harness.triton_autotuner.launches_reported``), the provider's own tuning caches emptied
+   (``provider.tuning_caches()``: a launcher that keeps the chosen config and then launches the kernel directly
+   would otherwise bypass the autotuner), and keeps, per autotuner launched, the configs its launches may choose
+   from (``candidate_configs``: after its ``early_config_prune`` and perf model);
 2. drops configs that give the same binary for the case (``binary_identity``: under the interpreter the program is
    numpy code that warps and stages do not change), and the config a kernel picked at every launch: that first
    call ran it, and is judged like each forced call and is the baseline of the exact comparisons;
