@@ -4,6 +4,7 @@ the budget and the one-config rerun are reported as such; our kernels pass on co
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from harness.checks import CheckContext, Status, get_check, load_provider, run_c
 from harness.checks import configs as every_config
 from tests import autotuned_providers as ap
 from tests.broken_providers import TINY_CASES
+from tests.support import harness
 
 CHECK = "every_config"
 REPO = Path(__file__).resolve().parents[1]
@@ -152,3 +154,20 @@ def test_our_kernels_pass_on_corpus_cases(device, file, case_id, forced):
     assert stats["configs_forced"] == forced, stats
     assert set(stats["exact_across_configs"]) == {k for k, v in stats["autotuners"].items() if "chunk_scan" in k
                                                   or "bmm_chunk" in k}, stats
+
+
+def test_repro_config_reruns_that_config_and_leaves_the_environment(tiny, tmp_path, device):
+    _cpu_only(device)
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY_CASES)
+    spec = "tests.autotuned_providers:row_copy_out"
+    common = ("repro", str(path), "--case", "tiny-direct", "--device", device, "--provider", spec)
+
+    proc = harness(*common, "--check", CHECK, "--config", f"{ap.ROW_COPY}:1")
+
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"FAILED: tiny-direct::{CHECK}" in proc.stdout and "1 of 1 forced configs fail" in proc.stdout, proc.stdout
+    assert every_config.CONFIG_ENV not in os.environ
+    proc = harness(*common, "--check", "reference_bound", "--config", f"{ap.ROW_COPY}:1")
+    assert proc.returncode == 2 and "--config selects a config for --check every_config alone" in proc.stderr
+    assert every_config.CONFIG_ENV not in os.environ
