@@ -81,7 +81,7 @@ def test_an_unknown_declared_output_is_an_error(tiny, device):
     assert result.status is Status.ERROR and "exact_across_configs" in result.summary, result.summary
 
 
-def test_a_config_the_device_cannot_run_is_reported_not_passed(tiny, device, monkeypatch):
+def test_a_config_the_device_cannot_run_is_reported_not_passed(tiny, device):
     """Triton raises OutOfResources for a config that needs more shared memory than the device has; the config is
     listed as not runnable on this device and the others are still judged."""
     _cpu_only(device)
