@@ -100,6 +100,22 @@ def test_a_config_the_device_cannot_run_is_reported_not_passed(tiny, device):
     assert line.startswith(f"{ap.ROW_COPY}[1] ROWS=16") and "not runnable on this device" in line, line
 
 
+def test_a_config_whose_call_raises_is_the_items_error_naming_it(tiny, device):
+    _cpu_only(device)
+
+    def crash(nargs):
+        raise ValueError("bad launch")
+
+    kernel = triton.autotune(configs=[triton.Config({"ROWS": 4}), triton.Config({"ROWS": 16}, pre_hook=crash)],
+                             key=["row_len"])(ap._row_copy)
+
+    result = run_check(tiny["tiny-direct"], CHECK, ap.RowCopyOut(kernel), device=device)
+
+    assert result.status is Status.ERROR, result.status
+    assert result.summary == (f"RuntimeError: forced {ap.ROW_COPY}[1] ROWS=16 num_warps=4 num_stages=3: the call "
+                              "raised ValueError: bad launch"), result.summary
+
+
 def test_past_the_budget_the_item_says_not_all_ran(tiny, device, monkeypatch):
     """The miscompiled config comes after the budget: the item is not passed, and says what ran."""
     _cpu_only(device)

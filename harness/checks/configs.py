@@ -18,10 +18,12 @@ config, and a config that a compiler gets wrong corrupts outputs wherever the tu
    declares outputs of that kernel bit-identical across its configs (``provider.exact_across_configs``,
    docs/provider.md), against the first call, bit for bit.
 
-A config the device cannot run (Triton raises ``OutOfResources``: more shared memory than the device has) is
-listed as not runnable on this device, neither a pass nor a crash. At most ``CONFIG_BUDGET`` forced calls run per
-item: past it the item is skipped as ``not all ran`` with what ran in its stats (a failure among those that ran still
-fails it). ``CONFIG_ENV`` (``python -m harness repro ... --config KERNEL:INDEX``) runs one config alone.
+A config the device cannot run (Triton raises ``OutOfResources``, e.g. more shared memory than the device has, or
+another error its autotuner skips such a config for: ``_not_runnable``) is listed as not runnable on this device,
+neither a pass nor a crash. Any other exception of a forced call is the item's error, naming the config. At most
+``CONFIG_BUDGET`` forced calls run per item: past it the item is skipped as ``not all ran`` with what ran in its
+stats (a failure among those that ran still fails it). ``CONFIG_ENV`` (``python -m harness repro ... --config
+KERNEL:INDEX``) runs one config alone.
 """
 
 from __future__ import annotations
@@ -42,6 +44,16 @@ CONFIG_BUDGET = 96
 # ``KERNEL:INDEX``: run only config INDEX (its position in the autotuner's config list) of the autotuner whose
 # kernel is KERNEL (``kernel_name``), forced even where it is the autotuner's pick.
 CONFIG_ENV = "SSD_HARNESS_CONFIG"
+
+
+def _not_runnable() -> tuple[type, ...]:
+    """What Triton raises for a config that cannot be built or launched on this device, and what its autotuner
+    therefore skips when it tunes (``Autotuner._bench`` gives such a config an infinite time): more resources than
+    the device has, a ptxas failure, a ``tl.static_assert`` the config fails."""
+    from triton.compiler.errors import CompileTimeAssertionFailure
+    from triton.runtime.errors import OutOfResources, PTXASError
+
+    return OutOfResources, PTXASError, CompileTimeAssertionFailure
 
 
 @dataclass(frozen=True)
@@ -162,8 +174,6 @@ def _compare_exact(call, baseline, outputs: frozenset[str], what: str) -> None:
 
 
 def _every_config(ctx) -> dict:
-    from triton.runtime.errors import OutOfResources
-
     from harness import triton_autotuner as tt
     from harness.checks.bound import reference_judge
     from harness.checks.calls import run_call
@@ -173,6 +183,7 @@ def _every_config(ctx) -> dict:
     from harness.guards.autotune import emptied
     from kernels.backend import forced_config
 
+    NOT_RUNNABLE = _not_runnable()  # noqa: N806 - a constant of this call, imported with Triton
     caches = tuning_caches(ctx.provider)
     exact = exact_across_configs(ctx.provider)
     judge = reference_judge(ctx)
@@ -198,9 +209,13 @@ def _every_config(ctx) -> dict:
             with emptied(caches), forced_config(found[kernel].tuner, candidate.config):
                 try:
                     call = run_call(ctx, f"forced {candidate.label}")
-                except OutOfResources as exc:
-                    not_runnable.append(f"{candidate.label}: not runnable on this device: {exc}")
+                except NOT_RUNNABLE as exc:
+                    not_runnable.append(f"{candidate.label}: not runnable on this device: "
+                                        f"{type(exc).__name__}: {exc}")
                     continue
+                except Exception as exc:
+                    raise RuntimeError(f"forced {candidate.label}: the call raised {type(exc).__name__}: "
+                                       f"{exc}".splitlines()[0]) from exc
             ran.append(candidate.label)
             try:
                 judge(call, under=f"forced {candidate.label}")
