@@ -25,7 +25,12 @@ configuration, as a vLLM server's startup dummy runs do (``VllmSSDProvider.warmu
 recompile guard names whatever a real call needs beyond that); ``stages`` offers vLLM's gather, whose contract is
 the harness's, and not its state passing, whose contract is not (the comment at ``VllmSSDProvider.stages``);
 ``tuning_caches`` names vLLM's own cache of tuned configs; ``stage_launches`` launches each of vLLM's stages alone
-for the stage bench, through vLLM's private stage functions (``STAGE_FUNCTIONS`` says which, and the gate).
+for the stage bench, through vLLM's private stage functions (``STAGE_FUNCTIONS`` says which, and the gate);
+``exact_across_configs`` names the kernels whose configs cannot change the states (bmm and the chunk scan write none).
+
+``SSD_HARNESS_VLLM_KEEP_RACY_CONFIGS=1`` (read by ``keep_racy_configs`` alone, when the ops are imported) imports
+vLLM's chunk scan with ``_drop_racy_wgmma_configs`` as the identity, so that ``every_config`` forces all of its configs
+on sm90 too, the ones vLLM drops there because Triton miscompiles them (``_racy_configs_kept`` says how).
 
 Where our contract and vLLM 0.33's differ:
 
