@@ -167,6 +167,9 @@ class CheckContext:
         self.provider_spec = provider_spec
         self._pristine = None
         self.shared_calls: dict = {}
+        # ``harness.checks.bound.reference_judge``'s judge: the fp64 reference of the case's inputs and its bounds,
+        # made once per case for every check that judges calls against it.
+        self.reference_judge = None
 
     def inputs(self):
         if self._pristine is None:

@@ -41,8 +41,15 @@ def _merge(stats: dict, what: str, measured) -> None:
 def reference_judge(ctx) -> Callable[[Call], dict]:
     """``judge(call, under="")``: judges one finished call of the case (``harness.checks.calls.Call``) against the fp64
     sequential reference within the derived bound, raising ``Mismatch`` outside it and returning the measured stats.
-    The reference and its bounds are computed once, from the case's inputs before any call (the cache still holds
-    the initial states), so several calls of one case are judged against one truth."""
+    The reference and its bounds are computed once per case context (``CheckContext.reference_judge``), from the
+    case's inputs before any call (the cache still holds the initial states), so every call of the case that a
+    check judges (``reference_bound``'s, ``every_config``'s) is judged against one truth."""
+    if ctx.reference_judge is None:
+        ctx.reference_judge = _make_judge(ctx)
+    return ctx.reference_judge
+
+
+def _make_judge(ctx) -> Callable[..., dict]:
     from harness import bounds
 
     case = ctx.case
