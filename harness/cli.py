@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -104,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     repro.add_argument("file", type=Path, help="the case file (.yaml or .yml)")
     repro.add_argument("--case", default=None, metavar="ID", help="case id (default: every case in the file)")
     _add_check_option(repro, "check name (repeatable; default: the case's checks)")
+    repro.add_argument("--config", default=None, metavar="KERNEL:INDEX",
+                       help="every_config: force only config INDEX of the autotuned kernel KERNEL (and that kernel's "
+                            "first config, the baseline of its declared-exact outputs), as a failure's rerun line "
+                            "names it")
     _add_target_options(repro)
     _add_isolation_options(repro)
 
@@ -524,6 +529,27 @@ def _run_plan(args, runner, device: str, spec: str, cases, plan, bad, live) -> i
     return status
 
 
+def _choose_config(args):
+    """``repro --config KERNEL:INDEX``: put the choice where ``every_config`` reads it (``CONFIG_ENV``, which the
+    item's child process inherits); returns what puts the environment back."""
+    from harness.checks.configs import CONFIG_ENV, NAME
+
+    if not args.config:
+        return lambda: None
+    if args.check != [NAME]:
+        raise Unusable(f"--config selects a config for --check {NAME} alone; found --check {args.check}")
+    saved = os.environ.get(CONFIG_ENV)
+    os.environ[CONFIG_ENV] = args.config
+
+    def forget() -> None:
+        if saved is None:
+            os.environ.pop(CONFIG_ENV, None)
+        else:
+            os.environ[CONFIG_ENV] = saved
+
+    return forget
+
+
 def cmd_repro(args) -> int:
     from harness.cases.files import not_case_files
     from harness.cases.loader import load_case_file
@@ -554,7 +580,12 @@ def cmd_repro(args) -> int:
     if not items:
         raise Unusable(f"{args.file}: nothing to run: no check applies to "
                        f"{'case ' + repr(args.case) if args.case else 'its cases'}")
-    runner, device, spec = _runner(args)
+    forget_config = _choose_config(args)
+    try:
+        runner, device, spec = _runner(args)
+    except BaseException:
+        forget_config()
+        raise
     repro_device = None if args.device == "auto" else args.device
     failed, verdicts, shown = 0, 0, None
     try:
@@ -580,6 +611,7 @@ def cmd_repro(args) -> int:
         raise Unusable(str(exc)) from None
     finally:
         runner.close()
+        forget_config()
     for line in _restart_lines(runner):
         print(line)
     if not verdicts:

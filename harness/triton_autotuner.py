@@ -16,6 +16,10 @@ again for each round (``harness.bench.tuned_afresh``). All three reach into
 - ``Autotuner.cache_results``: the instance's switch for the disk cache of tuning results, fixed when the autotuner
   is created (from its ``cache_results=`` argument or ``knobs.autotuning.cache``, the process-wide switch, which is
   therefore not enough alone for autotuners that exist already).
+- ``Autotuner.prune_configs(kwargs)``: the configs left for a launch after ``early_config_prune`` and the perf
+  model, reading the positional arguments from ``Autotuner.nargs`` (``candidate_configs``); ``Autotuner.configs``,
+  the instance's config list, and ``Autotuner.arg_names``.
+- ``Autotuner.best_config``: the config its last launch ran (set by ``run`` before it launches).
 - ``Autotuner.do_bench``: a ``functools.cached_property`` giving the benchmarker: the ``do_bench=`` argument (kept as
   ``_do_bench``), else ``driver.active.get_benchmarker()``, which needs a GPU driver and fails under the interpreter.
   An entry in the instance ``__dict__`` overrides it. ``Autotuner._bench(self, *args, config, **meta)`` hands every
@@ -38,7 +42,7 @@ from triton.runtime.autotuner import Autotuner
 from kernels.triton_version import UnsupportedTriton, version_problem
 
 _WHERE = "harness/triton_autotuner.py relies on Autotuner internals"
-_INSTANCE_ATTRS = ("cache", "cache_results", "_do_bench", "configs")
+_INSTANCE_ATTRS = ("cache", "cache_results", "_do_bench", "configs", "arg_names")
 _ABSENT = object()
 
 
@@ -52,6 +56,8 @@ def require_supported() -> None:
         missing.append("Autotuner.run")
     if not callable(Autotuner.__dict__.get("_bench")):
         missing.append("Autotuner._bench")
+    if not callable(Autotuner.__dict__.get("prune_configs")):
+        missing.append("Autotuner.prune_configs")
     if not isinstance(Autotuner.__dict__.get("do_bench"), functools.cached_property):
         missing.append("Autotuner.do_bench as a functools.cached_property")
     params = inspect.signature(Autotuner.__init__).parameters
@@ -130,14 +136,23 @@ def disk_cache_off() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def launches_reported(on_launch: Callable[[Any], None]) -> Iterator[None]:
-    """Call ``on_launch(autotuner)`` at every launch of any autotuned kernel, before it tunes or runs."""
+def launches_reported(on_launch: Callable[..., None], arguments: bool = False,
+                      on_return: Callable[[Any], None] | None = None) -> Iterator[None]:
+    """Call ``on_launch(autotuner)`` at every launch of any autotuned kernel, before it tunes or runs; with
+    ``arguments``, ``on_launch(autotuner, args, kwargs)`` with the launch's arguments. ``on_return(autotuner)``
+    after the launch returns, when ``Autotuner.best_config`` holds the config it ran."""
     wrapped = Autotuner.__dict__["run"]
 
     @functools.wraps(wrapped)
     def run(self, *args, **kwargs):
-        on_launch(self)
-        return wrapped(self, *args, **kwargs)
+        if arguments:
+            on_launch(self, args, kwargs)
+        else:
+            on_launch(self)
+        ret = wrapped(self, *args, **kwargs)
+        if on_return is not None:
+            on_return(self)
+        return ret
 
     Autotuner.run = run
     try:
@@ -162,6 +177,22 @@ def trials_reported(on_trial: Callable[[Any, Any], None]) -> Iterator[None]:
         yield
     finally:
         Autotuner._bench = wrapped
+
+
+def candidate_configs(tuner: Any, args: tuple, kwargs: dict) -> list:
+    """The configs the autotuner may choose from for a launch with these arguments: every config, after its
+    ``early_config_prune`` and perf-model pruning (``Autotuner.prune_configs``, which reads the positional arguments
+    from ``Autotuner.nargs``, as ``Autotuner.run`` sets them). A config pruned here is never benchmarked, so never
+    chosen, for this launch."""
+    _checked(tuner)
+    if len(tuner.configs) <= 1:
+        return list(tuner.configs)
+    saved = getattr(tuner, "nargs", None)
+    tuner.nargs = dict(zip(tuner.arg_names, args))  # noqa: B905 - as Autotuner.run: fewer args than names
+    try:
+        return list(tuner.prune_configs(kwargs))
+    finally:
+        tuner.nargs = saved
 
 
 def interpreter_do_bench(kernel_call: Callable, quantiles=(0.5, 0.2, 0.8), **_):

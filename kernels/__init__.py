@@ -15,8 +15,8 @@ settle_interpreter()
 class TritonSSDProvider:
     """The provider interface (docs/provider.md): a name, the paths it has, ``ssd_prefill``, and the optional hooks
     ``warmup(requests)`` (the warmup registry, ``kernels.warmup``), ``stages`` (the stage functions the stage-level
-    checks call, with docs/architecture.md's stage contracts) and ``stage_launches`` (each stage of a call alone,
-    for the stage bench: ``kernels.stage_launches``)."""
+    checks call, with docs/architecture.md's stage contracts), ``stage_launches`` (each stage of a call alone, for
+    the stage bench: ``kernels.stage_launches``) and ``exact_across_configs`` (for ``every_config``)."""
 
     name = "triton-ssd"
     supported_paths = frozenset({"snapshot", "indexed"})
@@ -32,6 +32,13 @@ class TritonSSDProvider:
         self.ssd_prefill = ssd_prefill
         self.stages = SimpleNamespace(state_passing=state_passing, state_passing_indexed=state_passing_indexed,
                                       gather_initial_states=gather_initial_states)
+        # bmm and the chunk scan write no state (CB and out only), so the final states and the cache keep their bits
+        # whichever of their configs runs (``every_config`` holds them to it; docs/provider.md).
+        from kernels.bmm_chunk import bmm_chunk_kernel
+        from kernels.chunk_scan import chunk_scan_kernel
+        from kernels.specialization import kernel_name
+
+        self.exact_across_configs = {kernel_name(k): ("states",) for k in (bmm_chunk_kernel, chunk_scan_kernel)}
 
     def warmup(self, requests) -> object:
         """Every specialization the SSD path can need for these model configurations (a server's startup warmup):

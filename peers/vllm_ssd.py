@@ -25,7 +25,12 @@ configuration, as a vLLM server's startup dummy runs do (``VllmSSDProvider.warmu
 recompile guard names whatever a real call needs beyond that); ``stages`` offers vLLM's gather, whose contract is
 the harness's, and not its state passing, whose contract is not (the comment at ``VllmSSDProvider.stages``);
 ``tuning_caches`` names vLLM's own cache of tuned configs; ``stage_launches`` launches each of vLLM's stages alone
-for the stage bench, through vLLM's private stage functions (``STAGE_FUNCTIONS`` says which, and the gate).
+for the stage bench, through vLLM's private stage functions (``STAGE_FUNCTIONS`` says which, and the gate);
+``exact_across_configs`` names the kernels whose configs cannot change the states (bmm and the chunk scan write none).
+
+``SSD_HARNESS_VLLM_KEEP_RACY_CONFIGS=1`` (read by ``keep_racy_configs`` alone, when the ops are imported) imports
+vLLM's chunk scan with ``_drop_racy_wgmma_configs`` as the identity, so that ``every_config`` forces all of its configs
+on sm90 too, the ones vLLM drops there because Triton miscompiles them (``_racy_configs_kept`` says how).
 
 Where our contract and vLLM 0.33's differ:
 
@@ -64,6 +69,7 @@ Where our contract and vLLM 0.33's differ:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import json
@@ -76,16 +82,59 @@ from types import SimpleNamespace
 import torch
 
 OPS_ENV = "SSD_HARNESS_VLLM_OPS"
+# "1": import vLLM's chunk scan with every one of its configs, the ones ``_drop_racy_wgmma_configs`` drops on sm90
+# included (``_racy_configs_kept``); read by ``keep_racy_configs`` alone.
+KEEP_RACY_ENV = "SSD_HARNESS_VLLM_KEEP_RACY_CONFIGS"
 VLLM_VERSION = "0.33.0"
 DEFAULT_OPS_DIR = Path(__file__).resolve().parents[1] / ".peers" / f"vllm-{VLLM_VERSION}"
 ASSEMBLE_COMMAND = "python scripts/assemble_vllm_ops.py"
 OPS = "vllm.model_executor.layers.mamba.ops"
 COMBINED = f"{OPS}.ssd_combined"
 GATHER = f"{OPS}.gather_initial_states"
+CHUNK_SCAN = f"{OPS}.ssd_chunk_scan"
+_ABSENT = object()
 # vLLM keywords the mapping relies on: a vLLM whose function lacks one cannot be driven faithfully.
 NEEDED_KEYWORDS = ("chunk_size", "cu_seqlens", "cu_chunk_seqlens", "last_chunk_indices", "seq_idx", "out", "D", "z",
                    "dt_bias", "initial_states", "dt_softplus", "dt_limit", "return_intermediate_states",
                    "state_dtype", "final_states_out", "final_state_indices")
+
+
+def keep_racy_configs() -> bool:
+    """``SSD_HARNESS_VLLM_KEEP_RACY_CONFIGS``: "1" keeps every chunk-scan config (``_racy_configs_kept``), unset or
+    "0" imports vLLM's ops as they are."""
+    raw = os.environ.get(KEEP_RACY_ENV, "")
+    if raw not in ("", "0", "1"):
+        raise ImportError(f"peers.vllm_ssd: {KEEP_RACY_ENV}={raw!r}: expected '1' (keep the racy chunk-scan "
+                          "configs) or '0' / unset (vLLM's ops as they are)")
+    return raw == "1"
+
+
+@contextlib.contextmanager
+def _racy_configs_kept():
+    """vLLM's ssd_chunk_scan filters its autotuner's configs when the module is imported: ``_drop_racy_wgmma_configs``
+    returns the list unchanged unless ``current_platform`` is CUDA with capability 9.0, where it drops the configs
+    Triton miscompiles. While the ops are imported here, ``current_platform.is_device_capability`` answers False
+    (ssd_chunk_scan asks it nothing else at import), so that filter is the identity and every config stays, for
+    ``every_config`` to force them. The module must not be imported already: its configs are fixed then."""
+    if CHUNK_SCAN in sys.modules:
+        raise ImportError(f"peers.vllm_ssd: {KEEP_RACY_ENV}=1 but {CHUNK_SCAN} was imported already, with its configs "
+                          "filtered; set the variable before anything imports vLLM's ops")
+    platform = importlib.import_module("vllm.platforms").current_platform
+    own = vars(platform).get("is_device_capability", _ABSENT)
+    platform.is_device_capability = lambda *args, **kwargs: False
+    try:
+        yield
+    finally:
+        if own is _ABSENT:
+            del platform.is_device_capability
+        else:
+            platform.is_device_capability = own
+
+
+def _import_modules():
+    """ssd_combined and gather_initial_states, every chunk-scan config kept where ``keep_racy_configs()``."""
+    with _racy_configs_kept() if keep_racy_configs() else contextlib.nullcontext():
+        return importlib.import_module(COMBINED), importlib.import_module(GATHER)
 
 
 def _import_from_folder(folder: Path, why: str):
@@ -103,7 +152,7 @@ def _import_from_folder(folder: Path, why: str):
                           f"imported vllm from {getattr(loaded, '__file__', '?')}")
     sys.path.insert(0, str(folder))
     try:
-        combined, gather = importlib.import_module(COMBINED), importlib.import_module(GATHER)
+        combined, gather = _import_modules()
     finally:
         sys.path.remove(str(folder))
     manifest = folder / "ASSEMBLED.json"
@@ -120,12 +169,15 @@ def _import_ops():
         import vllm
     except ImportError as exc:
         return _import_from_folder(DEFAULT_OPS_DIR, f"vllm is not installed ({exc})")
-    combined, gather = importlib.import_module(COMBINED), importlib.import_module(GATHER)
+    combined, gather = _import_modules()
     version = getattr(vllm, "__version__", "unknown")
     return combined, gather, version, f"installed vllm {version} ({os.path.dirname(vllm.__file__)})"
 
 
 _combined, _gather_module, VERSION, SOURCE = _import_ops()
+CHUNK_SCAN_CONFIGS = len(sys.modules[CHUNK_SCAN]._chunk_scan_fwd_kernel.configs)
+if keep_racy_configs():
+    SOURCE += f"; {KEEP_RACY_ENV}=1: _drop_racy_wgmma_configs bypassed, {CHUNK_SCAN_CONFIGS} chunk-scan configs kept"
 mamba_chunk_scan_combined_varlen = _combined.mamba_chunk_scan_combined_varlen
 gather_initial_states = _gather_module.gather_initial_states
 
@@ -317,9 +369,13 @@ class VllmSSDProvider:
     the optional hooks (docs/provider.md#optional-hooks): ``warmup(requests)``, ``stages``, ``tuning_caches`` and
     ``stage_launches``."""
 
-    name = f"vllm-{VERSION}-ssd"
+    name = f"vllm-{VERSION}-ssd" + ("-all-chunk-scan-configs" if keep_racy_configs() else "")
     supported_paths = frozenset({"snapshot"})
     source = SOURCE
+    # bmm and the chunk scan write no state (CB and out only): the final states and the cache keep their bits
+    # whichever of their configs runs (``every_config`` holds them to it; docs/provider.md).
+    exact_across_configs = {f"{OPS}.ssd_bmm._bmm_chunk_fwd_kernel": ("states",),
+                            f"{CHUNK_SCAN}._chunk_scan_fwd_kernel": ("states",)}
     # Stage hooks with the harness's stage contracts (docs/architecture.md). The snapshot gather is vLLM's, with the
     # same contract (the adapter's copy: a bool mask made from an int one, and under the interpreter the wrapper's
     # own kernel launch). Not offered: vLLM's state passing (``_state_passing_fwd``, private) takes (C, H, P*N)

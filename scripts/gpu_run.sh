@@ -203,6 +203,25 @@ print('items', r.counts(), 'case items run', sum(i.nodeid.startswith('cases/') a
       $PY -c "import sys; from harness.report import Report; r = Report.read(sys.argv[1]); print(r.counts()); [print(f'=== {i.nodeid}\n{i.message}') for i in r.failures]" \
         "$OUT/vllm-report.json" > "$OUT/vllm-failures.txt" 2>&1 && rm -rf "$OUT/vllm-report.json.parts"
       head -n 1 "$OUT/vllm-failures.txt" ;;
+    every-config|every-config-vllm|every-config-vllm-all)  # every_config (docs/checks.md#every_config) over the corpus
+      # and the regressions: every config of every autotuner the call reaches, forced. every-config: our kernels;
+      # every-config-vllm: vLLM 0.33's stock ops (ops from the carried .peers/); every-config-vllm-all: the same with
+      # SSD_HARNESS_VLLM_KEEP_RACY_CONFIGS=1 (_drop_racy_wgmma_configs as the identity: all 23 chunk-scan configs).
+      # A cold Triton cache: every forced config compiles once per specialization (set STEP_TIMEOUT to fit).
+      export TRITON_CACHE_DIR=$(mktemp -d)
+      provider=(); keep=0
+      [ "$step" != every-config ] && provider=(--provider peers.vllm_ssd:provider)
+      [ "$step" = every-config-vllm-all ] && keep=1
+      SSD_HARNESS_VLLM_KEEP_RACY_CONFIGS=$keep run_step "$step" $PY -m pytest cases -q -k every_config -n "$WORKERS" \
+        --workers-per-gpu "$WORKERS" --device cuda -p no:cacheprovider "${provider[@]}" \
+        --ssd-report "$OUT/$step-report.json" -rfE --tb=line
+      $PY -c "import sys; from harness.report import Report; r = Report.read(sys.argv[1]); print(r.counts()); [print(f'=== {i.nodeid}\n{i.message}') for i in r.failures]; [print(f'--- {i.nodeid}: {i.reason}') for i in r.items if i.reason]" \
+        "$OUT/$step-report.json" > "$OUT/$step-findings.txt" 2>&1 && rm -rf "$OUT/$step-report.json.parts"
+      head -n 1 "$OUT/$step-findings.txt"
+      # The serving shapes again from the now warm cache, each item's stats printed: the configs forced and those
+      # not runnable on this device (pytest's report keeps outcomes, not stats)
+      SSD_HARNESS_VLLM_KEEP_RACY_CONFIGS=$keep run_step "$step-serving" $PY -m harness repro \
+        cases/regressions/every-config-serving-shapes.yaml --check every_config --device cuda "${provider[@]}" ;;
     fuzz-vllm)  # the fuzzer against vLLM's kernels: a fault is a finding, shrunk in fresh children and written as YAML;
       # then repro of each file it wrote (FUZZ_SECONDS: the search's wall-time budget)
       export TRITON_CACHE_DIR=$(mktemp -d)

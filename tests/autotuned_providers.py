@@ -142,3 +142,80 @@ class CachedConfigWriteback(SlotUpdateWriteback):
 
 in_place = SlotUpdateWriteback(reads_private_copy=False)
 private_copy = SlotUpdateWriteback(reads_private_copy=True)
+
+
+# ``out`` through an autotuned row copy, one of whose configs is wrong: ``RowCopyOut`` wraps ``reference:provider``
+# (which launches no Triton kernel) and copies its ``out`` into the caller's through ``row_copy``. The config with
+# ``ROWS == MISCOMPILED_ROWS`` stands in for a config the compiler gets wrong: it writes NaN into the last row of each
+# block of rows, as vLLM's racy wgmma chunk-scan configs write NaN into whole output rows. It is not the first config,
+# so the interpreter's stand-in benchmarker (the first config wins) never picks it: only forcing it shows it.
+# ``ROWS == NUDGED_ROWS`` moves the last row of each block by one ulp: within any reference bound, caught only where
+# the provider declares ``out`` bit-identical across the kernel's configs.
+MISCOMPILED_ROWS = 8
+NUDGED_ROWS = 2
+
+
+@triton.jit
+def _row_copy(dst_ptr, src_ptr, n_rows, row_len, ROWS: tl.constexpr, COLS: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, COLS)
+    offs = rows[:, None] * row_len + cols[None, :]
+    m = (rows[:, None] < n_rows) & (cols[None, :] < row_len)
+    v = tl.load(src_ptr + offs, mask=m, other=0.0)
+    last = (rows % ROWS == ROWS - 1)[:, None]
+    if ROWS == 8:
+        v = tl.where(last, float("nan"), v)
+    if ROWS == 2:
+        v = tl.where(last & (v != 0.0), (v.to(tl.int32, bitcast=True) + 1).to(tl.float32, bitcast=True), v)
+    tl.store(dst_ptr + offs, v, mask=m)
+
+
+ROW_COPY_CONFIGS = [triton.Config({"ROWS": 4}), triton.Config({"ROWS": MISCOMPILED_ROWS}),
+                    triton.Config({"ROWS": 16})]
+row_copy = triton.autotune(configs=ROW_COPY_CONFIGS, key=["row_len"])(_row_copy)
+row_copy_without_miscompiled = triton.autotune(
+    configs=[c for c in ROW_COPY_CONFIGS if c.kwargs["ROWS"] != MISCOMPILED_ROWS], key=["row_len"])(_row_copy)
+row_copy_nudging = triton.autotune(configs=[triton.Config({"ROWS": 4}), triton.Config({"ROWS": NUDGED_ROWS})],
+                                   key=["row_len"])(_row_copy)
+ROW_COPY = "tests.autotuned_providers._row_copy"  # the kernel's name in reports (module.qualname)
+
+
+class RowCopyOut:
+    """``reference:provider``'s call, its fp32 ``out`` copied into the caller's by the autotuned ``kernel``.
+    ``exact_across_configs``: the provider's declaration (docs/provider.md), if any."""
+
+    def __init__(self, kernel, exact_across_configs: dict | None = None, base: str = "reference:provider"):
+        self.kernel = kernel
+        self.base = base
+        self._inner = None
+        if exact_across_configs is not None:
+            self.exact_across_configs = exact_across_configs
+
+    @property
+    def inner(self):
+        if self._inner is None:
+            from harness.checks.providers import load_provider
+
+            self._inner = load_provider(self.base)
+        return self._inner
+
+    name = "row-copy-out"
+
+    @property
+    def supported_paths(self):
+        return self.inner.supported_paths
+
+    def ssd_prefill(self, *args, out, **kwargs):
+        if out.dtype != torch.float32:
+            raise NotImplementedError(f"RowCopyOut copies fp32 rows; out is {out.dtype}")
+        staged = torch.empty_like(out, memory_format=torch.contiguous_format)
+        copied = torch.empty_like(staged)
+        returned = self.inner.ssd_prefill(*args, out=staged, **kwargs)
+        rows, row_len = out.shape[0], out[0].numel()
+        self.kernel[lambda meta: (triton.cdiv(rows, meta["ROWS"]),)](
+            copied, staged, rows, row_len, COLS=triton.next_power_of_2(row_len))
+        out.copy_(copied)
+        return returned
+
+
+row_copy_out = RowCopyOut(row_copy)  # ``--provider tests.autotuned_providers:row_copy_out``

@@ -27,6 +27,7 @@ from tests import broken_providers as bp
 EXPECTED_CHECKS = {
     "indexed_vs_snapshot", "auto_vs_snapshot", "untouched_storage", "masked_state", "readonly_inputs",
     "returned_shapes", "determinism", "reference_bound", "state_passing_exact", "gather_exact", "autotune_idempotent",
+    "every_config",
 }
 
 
@@ -170,6 +171,7 @@ def test_the_checks_of_a_case_share_the_calls_they_make_identically(tiny_cases, 
     provider = _CountingCalls(kernels_provider)
     ctx = CheckContext(case, provider, device)
     stage_level = {"autotune_idempotent", "state_passing_exact", "gather_exact"}  # no plain ssd_prefill calls
+    stage_level.add("every_config")  # its calls are its own: one per forced config, each under other configs
     names = [name for name, _ in selected_checks(case) if name not in stage_level]
     for name in names:
         result = run_check(case, name, provider, device=device, context=ctx)

@@ -151,8 +151,8 @@ def test_the_gpu_marker_follows_the_cpu_tier_item_by_item(pytester, device):
     out = run_inner(pytester, device, str(path), "--collect-only", "-q", "-m", "gpu").stdout.lines
     gpu = sorted(line.rsplit("::", 1)[1] for line in out if "::" in line)
     # The stage checks, the one call on the case's path that four checks read, and determinism's second call fit;
-    # the snapshot and indexed calls and the tuning from scratch do not.
-    assert gpu == ["auto_vs_snapshot", "autotune_idempotent", "indexed_vs_snapshot"], gpu
+    # the snapshot and indexed calls, the tuning from scratch and the forced configs do not.
+    assert gpu == ["auto_vs_snapshot", "autotune_idempotent", "every_config", "indexed_vs_snapshot"], gpu
 
 
 def test_xfail_is_honoured_and_stale_xfail_fails_strictly(pytester, device):

@@ -25,7 +25,7 @@ from tests.support import harness
 
 # Two sequences of 40 new tokens over 4 heads, each crossing a 64-token chunk boundary: 4 chunks x 4 heads = 16
 # blocks, one call 16 x SECONDS_PER_BLOCK. Its checks share the call on path auto (the case's) and the snapshot
-# call; all but autotune_idempotent fit in the case budget (CPU_CASE_SECONDS).
+# call; all but autotune_idempotent and every_config fit in the case budget (CPU_CASE_SECONDS).
 H4_CASE = """\
 schema: ssd-case/1
 id: h4-two-sequences
@@ -101,11 +101,12 @@ def test_a_large_case_runs_the_checks_that_read_its_one_call(tmp_path):
 
 
 def test_a_small_case_runs_every_item(tmp_path):
-    _, case = _load(tmp_path, H4_CASE.replace("context: 50", "context: 0").replace("context: 30", "context: 0"))
-    assert case.cpu_blocks() == 8  # 2 chunks x 4 heads
+    _, case = _load(tmp_path, H4_CASE.replace("context: 50", "context: 0").replace("context: 30", "context: 0")
+                    .replace("nheads: 4", "nheads: 2"))
+    assert case.cpu_blocks() == 4  # 2 chunks x 2 heads
     assert all(runs_on_cpu(case, name) for name, _ in selected_checks(case))
     plan = cpu_plan(case)  # the costliest item runs too: the whole case fits
-    assert max(plan.seconds, key=plan.seconds.get) == "autotune_idempotent" and plan.spent <= CPU_CASE_SECONDS
+    assert max(plan.seconds, key=plan.seconds.get) == "every_config" and plan.spent <= CPU_CASE_SECONDS
 
 
 def test_tiers_cpu_overrides_the_estimate_both_ways(tmp_path):
@@ -122,8 +123,9 @@ def test_the_skip_is_decided_on_the_cpu_only(tmp_path):
     provider = load_provider("kernels:provider")
     result = run_check(case, "autotune_idempotent", provider, device="cpu")
     assert result.status is Status.SKIPPED and result.reason == cpu_tier_reason(case, "autotune_idempotent")
-    every = (sum(H4_RUNS.values()) + get_check("autotune_idempotent").cpu_calls) * CALL
-    assert cpu_tier_gaps(case) == (["autotune_idempotent"],
+    beyond = ["autotune_idempotent", "every_config"]
+    every = (sum(H4_RUNS.values()) + sum(get_check(n).cpu_calls for n in beyond)) * CALL
+    assert cpu_tier_gaps(case) == (beyond,
                                    f"16 blocks: all its checks are estimated at {every:.1f} s > "
                                    f"{CPU_CASE_SECONDS:g} s per case; the others take {cpu_plan(case).spent:.1f} s")
 
@@ -133,7 +135,8 @@ def test_validate_warns_about_a_regression_the_cpu_tier_skips(tmp_path):
     proc = harness("validate", str(tmp_path / "cases"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     _, why = cpu_tier_gaps(case)
-    assert (f"warning: {path}: h4-two-sequences: the CPU tier skips autotune_idempotent ({why}), so CI runs them "
+    assert (f"warning: {path}: h4-two-sequences: the CPU tier skips autotune_idempotent, every_config ({why}), so CI "
+            f"runs them "
             f"only on the nightly GPU run, not on every change; add tiers: {{cpu: true}} to the case to run them on "
             f"the CPU tier too") in proc.stdout
     assert "ok: 1 cases in 1 files, 1 warning(s)" in proc.stdout

@@ -518,3 +518,37 @@ def test_warmup_hook_covers_its_layouts_and_the_guard_names_what_it_does_not(cas
         else:  # on the GPU, the compile itself; the unaligned state pointer is the class no warmup call had
             kernel = "vllm.model_executor.layers.mamba.ops.gather_initial_states._gather_initial_states_kernel"
             assert f"compile hook: {kernel} compiled key [('*fp32', '')" in text, text
+
+
+@pytest.mark.skipif(not (OPS_FOLDER / "vllm").is_dir(), reason=f"the assembled ops folder {OPS_FOLDER} is absent: "
+                    f"run {ASSEMBLE}")
+@pytest.mark.parametrize("keep", ["0", "1"])
+def test_keep_racy_configs_makes_the_chunk_scan_filter_the_identity(keep):
+    """On a platform that says CUDA sm90, vLLM 0.33 drops its racy chunk-scan configs when the module is imported;
+    SSD_HARNESS_VLLM_KEEP_RACY_CONFIGS=1 keeps all 23 (every_config's sweep of them) and gives the platform back."""
+    import os
+    import subprocess
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(OPS_FOLDER)!r})
+        import vllm.platforms as platforms
+        sys.path.remove({str(OPS_FOLDER)!r})
+        platform = platforms.current_platform
+        platform.is_cuda = lambda: True
+        platform.is_device_capability = lambda capability, device_id=0: capability in (90, (9, 0))
+        import peers.vllm_ssd as adapter
+        print(adapter.CHUNK_SCAN_CONFIGS, adapter.provider.name, platform.is_device_capability(90))
+    """)
+    env = {**os.environ, "SSD_HARNESS_VLLM_KEEP_RACY_CONFIGS": keep, "SSD_HARNESS_VLLM_OPS": str(OPS_FOLDER),
+           "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    count, name, sm90 = proc.stdout.split()
+    assert sm90 == "True"  # the platform as it was before the import
+    if keep == "1":
+        assert (int(count), name) == (23, "vllm-0.33.0-ssd-all-chunk-scan-configs")
+    else:
+        assert int(count) < 23 and name == "vllm-0.33.0-ssd", (count, name)

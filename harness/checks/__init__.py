@@ -16,6 +16,7 @@ from harness.checks import states as _states  # noqa: F401
 from harness.checks import bound as _bound  # noqa: F401
 from harness.checks import kernel_exact as _kernel_exact  # noqa: F401
 from harness.checks import autotune as _autotune  # noqa: F401
+from harness.checks import configs as _configs  # noqa: F401
 # isort: on
 
 __all__ = [

@@ -22,6 +22,17 @@ class NotApplicable(Exception):
     is the reason the skip reports."""
 
 
+class NotAllRan(NotApplicable):
+    """Raised by a check that stopped at its budget with part of its work undone and nothing wrong in the part it
+    did: a skip whose reason says so (``reason_prefix``) and whose stats say what ran, never a pass."""
+
+    reason_prefix = "not all ran"
+
+    def __init__(self, message: str, stats: dict):
+        super().__init__(message)
+        self.stats = stats
+
+
 def _always(case) -> tuple[bool, str]:
     return True, ""
 
@@ -156,6 +167,9 @@ class CheckContext:
         self.provider_spec = provider_spec
         self._pristine = None
         self.shared_calls: dict = {}
+        # ``harness.checks.bound.reference_judge``'s judge: the fp64 reference of the case's inputs and its bounds,
+        # made once per case for every check that judges calls against it.
+        self.reference_judge = None
 
     def inputs(self):
         if self._pristine is None:

@@ -9,6 +9,9 @@
   Triton's autotuners (a launcher that remembers the chosen config and then launches the kernel directly, which
   Triton's autotuner never sees again). ``autotune_idempotent`` empties them for its tuned call and restores them
   after; without the hook only Triton's own caches are reset (``tuning_caches`` returns []).
+- ``provider.exact_across_configs``: kernel name -> the call's outputs (``CONFIG_OUTPUTS``) that are bit-identical
+  whichever of that autotuned kernel's configs runs; ``every_config`` holds them to it (``exact_across_configs``
+  returns {} without it: every config is then held to the reference bound only).
 - ``provider.stage_launches(**call)``: each stage of one call as a closure launching it alone on that call's
   intermediates, for ``harness bench --stages`` (``stage_launches_hook``); a provider without it is timed by
   profiling its whole calls only.
@@ -92,6 +95,25 @@ def tuning_caches(provider) -> list:
     return list(hook()) if callable(hook) else []
 
 
+# What a provider may declare bit-identical across an autotuned kernel's configs: ``out``, and ``states``: the
+# cache's whole storage and the returned tensor (final or chunk-end states, whichever the call's mode gives).
+CONFIG_OUTPUTS = ("out", "states")
+
+
+def exact_across_configs(provider) -> dict[str, frozenset[str]]:
+    """``provider.exact_across_configs`` as kernel name -> outputs, {} without it. Raises ``ValueError`` for an
+    output not in ``CONFIG_OUTPUTS``."""
+    declared = getattr(provider, "exact_across_configs", None) or {}
+    found = {}
+    for kernel, outputs in dict(declared).items():
+        unknown = sorted(set(outputs) - set(CONFIG_OUTPUTS))
+        if unknown:
+            raise ValueError(f"provider {provider_name(provider)!r}: exact_across_configs[{kernel!r}] names "
+                             f"{unknown}; expected some of {CONFIG_OUTPUTS}")
+        found[str(kernel)] = frozenset(outputs)
+    return found
+
+
 def stage_hook(provider, name: str) -> tuple[Callable | None, str]:
     """(``provider.stages.<name>``, "") or (None, the unsupported reason naming the missing hook)."""
     if name not in STAGE_HOOKS:
@@ -113,4 +135,4 @@ def stage_launches_hook(provider) -> tuple[Callable | None, str]:
 
 
 __all__ = ["ModelConfig", "model_config", "model_configs", "warmup_hook", "stage_hook", "stage_launches_hook",
-           "tuning_caches", "STAGE_HOOKS", "D_KINDS"]
+           "tuning_caches", "exact_across_configs", "CONFIG_OUTPUTS", "STAGE_HOOKS", "D_KINDS"]

@@ -79,7 +79,9 @@ def run_check(
     try:
         result.stats = dict(check.run(ctx) or {})
     except NotApplicable as exc:
-        result.status, result.reason = Status.SKIPPED, f"not applicable: {exc}"
+        result.status = Status.SKIPPED
+        result.reason = f"{getattr(exc, 'reason_prefix', 'not applicable')}: {exc}"
+        result.stats = dict(getattr(exc, "stats", {}))
         result.duration = time.perf_counter() - start
         return result
     except Mismatch as exc:

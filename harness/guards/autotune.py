@@ -260,7 +260,8 @@ def _compare_returned(replayed: Any, tuned: list[tuple[str, torch.Tensor]]) -> l
 
 
 @contextlib.contextmanager
-def _emptied(caches: Iterable[MutableMapping]) -> Iterator[None]:
+def emptied(caches: Iterable[MutableMapping]) -> Iterator[None]:
+    """Each mapping empty inside the block, its content back afterwards."""
     caches = list(caches)
     saved = [dict(c) for c in caches]
     for c in caches:
@@ -295,7 +296,7 @@ def check_autotune_safe(
     if not named:
         raise ValueError("check_autotune_safe: the call has no tensor arguments to snapshot")
     snap = StorageSnapshot.take(named)
-    with fresh_autotune_state(do_bench) as state, _emptied(own_caches):
+    with fresh_autotune_state(do_bench) as state, emptied(own_caches):
         returned = _returned_copies(call(*args, **kwargs))
         report = AutotuneReport(state.chosen(), state.trials.launches, len(snap.tensors), state.trials.configs,
                                 [kernel_name(t) for t in state.tuners])
