@@ -57,7 +57,10 @@ def test_every_item_beyond_the_cpu_tier_skips_naming_the_limits_and_the_override
     for case, name in beyond:
         result = run_check(case, name, provider, device="cpu")  # decided before any tensor is built
         assert result.status in (Status.SKIPPED, Status.UNSUPPORTED), (case.id, name, result.status)
-        if result.status is Status.SKIPPED:
+        if result.status is Status.SKIPPED and case.tiers.cpu is False:  # the case's own word: GPU only
+            assert "tiers.cpu is false" in result.reason, result.reason
+            assert str(case.source) in result.reason, result.reason
+        elif result.status is Status.SKIPPED:  # the estimate's
             assert "s per case (" in result.reason and "tiers: {cpu: true}" in result.reason, result.reason
             assert str(case.source) in result.reason, result.reason
 

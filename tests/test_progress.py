@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from harness.progress import CaseProgress, format_duration, format_eta
+from tests.support import needs_cpu_interpreter
 
 pytest_plugins = ["pytester"]
 
@@ -91,6 +92,7 @@ def test_with_v_pytest_keeps_its_line_per_item_and_adds_no_case_line(pytester, d
     result.stdout.fnmatch_lines(["*tiny.yaml::tiny-direct::determinism PASSED*"])
 
 
+@needs_cpu_interpreter
 def test_a_crashed_items_case_line_counts_it_once_as_an_error(pytester):
     """xdist's report of an item whose worker died (``when="???"``) ends the item, as a teardown does: its case's
     line counts it as an error, and the replacement worker's re-run of it is not counted again."""

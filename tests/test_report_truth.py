@@ -27,7 +27,7 @@ from harness.report import (
     write_part,
 )
 from tests import broken_providers as bp
-from tests.support import harness
+from tests.support import harness, needs_cpu_interpreter
 
 pytest_plugins = ["pytester"]
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,6 +40,7 @@ def _passed(nodeid: str, worker: str = "gw0") -> ItemRecord:
 # ---------------------------------------------------------------- 1. a crashed worker's item
 
 
+@needs_cpu_interpreter
 def test_a_worker_killed_mid_item_is_an_error_and_the_report_counts_match_pytests(tmp_path):
     """``pytest -n 2 --ssd-report`` where one item SIGKILLs its own worker: pytest counts it failed; the report has
     every item pytest reported, that one an error naming the crash, and names the worker that died. Restarting
@@ -71,6 +72,7 @@ def test_a_worker_killed_mid_item_is_an_error_and_the_report_counts_match_pytest
     assert "no failures" not in proc.stdout and f"worker {dead['worker']} died" in proc.stdout, out
 
 
+@needs_cpu_interpreter
 def test_a_crashed_items_error_outlives_its_rerun_on_the_replacement_worker(pytester):
     """xdist hands a crashed worker's unfinished unit, the crashed item included, to the replacement worker, where
     it may pass: the controller's crash report (``when="???"``) stays the item's record, in its summary and in the
@@ -108,6 +110,7 @@ def _run(tiny: Path, *args: str):
                    "--check", "determinism", *args)
 
 
+@needs_cpu_interpreter
 def test_run_json_refuses_a_fifo_and_leaves_it_in_place(tmp_path, tiny):
     """A FIFO (as a device such as the null device) given as ``--json`` is refused before anything runs, and is
     neither unlinked nor replaced by a regular file; no parts folder is made beside it."""
@@ -120,6 +123,7 @@ def test_run_json_refuses_a_fifo_and_leaves_it_in_place(tmp_path, tiny):
     assert not parts_dir(fifo).exists() and "PASSED" not in proc.stdout
 
 
+@needs_cpu_interpreter
 @pytest.mark.parametrize("which", ["the case file run", "another file"])
 def test_run_json_never_overwrites_a_case_file_or_a_file_that_is_not_a_report(tmp_path, tiny, which):
     target = tiny if which == "the case file run" else tmp_path / "notes.yaml"
@@ -132,6 +136,7 @@ def test_run_json_never_overwrites_a_case_file_or_a_file_that_is_not_a_report(tm
     assert target.read_bytes() == before
 
 
+@needs_cpu_interpreter
 def test_pytest_refuses_a_report_path_holding_something_else(pytester):
     """``--ssd-report`` naming a case file (or any non-empty file that is not a report) is a usage error, and the
     file is left as it was."""
@@ -165,6 +170,7 @@ def test_a_live_report_removes_nothing_before_its_run_finishes(tmp_path):
 # ---------------------------------------------------------------- 3. unfinished runs never read as passes
 
 
+@needs_cpu_interpreter
 def test_an_interrupted_pytest_run_says_so_in_its_report_and_summary(pytester):
     """A run stopped by Ctrl-C (a test raising KeyboardInterrupt) after one item: the merged report says it was
     interrupted, with pytest's exit status and how many items were collected, and its summary does not read "no
@@ -221,6 +227,7 @@ def test_runs_sharing_a_report_path_keep_their_own_parts(tmp_path):
     assert [r.nodeid for r in other.items] == ["f::b"]
 
 
+@needs_cpu_interpreter
 def test_a_pytest_run_leaves_another_runs_parts_alone(pytester):
     """A second run on the same ``--ssd-report`` (one still going) keeps its live part: this run neither clears it
     at its start nor merges it into its own report."""
@@ -247,6 +254,7 @@ class _ClosedPipe:
         raise BrokenPipeError(errno.EPIPE, "Broken pipe")
 
 
+@needs_cpu_interpreter
 def test_a_closed_stdout_runs_every_item_writes_the_report_and_exits_2(tmp_path, tiny, monkeypatch, capsys):
     report = tmp_path / "r.json"
     monkeypatch.setattr(sys, "stdout", _ClosedPipe())
@@ -259,6 +267,7 @@ def test_a_closed_stdout_runs_every_item_writes_the_report_and_exits_2(tmp_path,
     assert data.counts() == {"passed": 3} and data.meta["exit_status"] == cli.EXIT_UNUSABLE
 
 
+@needs_cpu_interpreter
 def test_a_full_disk_under_the_live_report_stops_the_run_with_its_report(tmp_path, tiny, monkeypatch):
     """The live part's write fails (ENOSPC) at the second item: the run stops there with exit 2, and the report
     of the items that ran is written where that still works."""
@@ -282,17 +291,19 @@ def test_a_full_disk_under_the_live_report_stops_the_run_with_its_report(tmp_pat
     assert len(data.items) == 2 and "stopped: I/O error" in data.unfinished  # the second ran; its line did not fit
 
 
-def test_a_full_disk_under_a_pytest_live_part_stops_the_run_without_a_traceback(pytester, monkeypatch):
-    from ssd_pytest import reporting
-
-    def full(*args):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(reporting, "append_live", full)
+@needs_cpu_interpreter
+def test_a_full_disk_under_a_pytest_live_part_stops_the_run_without_a_traceback(pytester):
+    """In a process of its own: the full disk is a stand-in patched in by the run's conftest, which must not reach
+    the report of the run this test belongs to."""
+    pytester.makeconftest("import errno\n"
+                          "from ssd_pytest import reporting\n"
+                          "def full(*args):\n"
+                          "    raise OSError(errno.ENOSPC, 'No space left on device')\n"
+                          "reporting.append_live = full\n")
     pytester.makepyfile(test_two="def test_one():\n    pass\ndef test_two():\n    pass\n")
     report = pytester.path / "r.json"
-    result = pytester.runpytest_inprocess("-p", "ssd_pytest.plugin", "--device", "cpu", "-p", "no:cacheprovider",
-                                          "--ssd-report", str(report))
+    result = pytester.runpytest_subprocess("-p", "ssd_pytest.plugin", "--device", "cpu", "-p", "no:cacheprovider",
+                                           "--ssd-report", str(report))
     text = result.stdout.str() + result.stderr.str()
     assert result.ret == pytest.ExitCode.INTERNAL_ERROR and "INTERNALERROR" not in text, text
     assert "cannot write this run's live part (No space left on device)" in text
@@ -320,6 +331,7 @@ def test_times_of_a_killed_run_that_passed_so_far_exits_130_and_writes_nothing(t
     assert not path.exists() and (parts_dir(path) / "run1.main.jsonl").exists()
 
 
+@needs_cpu_interpreter
 def test_a_mismatch_carries_its_first_line_as_pytests_crash_message(pytester):
     """``-rf``: pytest 8 reads an item's line from ``longrepr.reprcrash.message`` alone (a plain-text report gets
     ``FAILED <id>``); a mismatch carries its first line there, as an exception does, and its full text unchanged."""
