@@ -48,8 +48,9 @@ import triton
 
 from kernels.backend import INTERPRET
 from kernels.environment import DIRECT_LAUNCH_ENV
+from kernels.triton_internals import DIRECT_LAUNCH_VERIFIED, launch_internals
 
-VERIFIED = "3.6.0"
+VERIFIED = DIRECT_LAUNCH_VERIFIED
 LIMIT = 256  # bindings kept, over every kernel and shape: a few per stage kernel and shape class in use
 
 
@@ -99,10 +100,8 @@ class TritonRuntime:
 
     def __init__(self):
         from triton import knobs
-        from triton.runtime.autotuner import Autotuner
-        from triton.runtime.driver import driver
-        from triton.runtime.jit import JITFunction
 
+        Autotuner, JITFunction, driver = launch_internals()
         self.Autotuner, self.JITFunction, self.driver, self.knobs = Autotuner, JITFunction, driver, knobs
         self.jit_run = inspect.unwrap(JITFunction.__dict__["run"])
         self.autotuner_run = inspect.unwrap(Autotuner.__dict__["run"])

@@ -80,12 +80,27 @@ else:
     BaseBackend = InterpretedFunction = JITFunction = MockTensor = create_function_from_signature = None
 
 
+# Direct launches (``kernels.direct_launch``) call a compiled binary's launcher with Triton's own argument
+# convention, which is read from this one version; every other version launches through Triton's path.
+DIRECT_LAUNCH_VERIFIED = "3.6.0"
+
+
+def launch_internals() -> tuple:
+    """(``Autotuner``, ``JITFunction``, ``driver``): what ``kernels.direct_launch`` reads of Triton's launch path, on
+    ``DIRECT_LAUNCH_VERIFIED`` only (it checks the version before it asks)."""
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.driver import driver
+    from triton.runtime.jit import JITFunction
+
+    return Autotuner, JITFunction, driver
+
+
 def require_specialization() -> None:
     """Raise ``UnsupportedTriton`` unless this Triton's binder and jit classes are the verified ones."""
     if SPECIALIZATION_PROBLEM is not None:
         raise UnsupportedTriton(SPECIALIZATION_PROBLEM)
 
 
-__all__ = ["PDL_AVAILABLE", "PDL_PROBLEM", "SPECIALIZATION_PROBLEM", "BaseBackend", "InterpretedFunction",
-           "JITFunction", "MockTensor", "UnsupportedTriton", "create_function_from_signature", "gdc_launch_dependents",
-           "gdc_wait", "require_specialization"]
+__all__ = ["DIRECT_LAUNCH_VERIFIED", "PDL_AVAILABLE", "PDL_PROBLEM", "SPECIALIZATION_PROBLEM", "BaseBackend",
+           "InterpretedFunction", "JITFunction", "MockTensor", "UnsupportedTriton", "create_function_from_signature",
+           "gdc_launch_dependents", "gdc_wait", "launch_internals", "require_specialization"]
