@@ -134,6 +134,26 @@ def _case_scope_class():
                 self._second_round.append(node)  # held back until the first round is over (``schedule``)
                 return
             super()._reschedule(node)
+            # A worker runs an item only once it knows the next one or is told to stop: a node holding a single
+            # one-item unit (a replacement worker's first unit after a crash) would wait for ever.
+            if not node.shutting_down and self.workqueue and self._pending_of(self.assigned_work[node]) < 2:
+                self._assign_work_unit(node)
+
+        def remove_node(self, node) -> str | None:
+            """xdist's, except that the item the node crashed on is not queued again: xdist reports it as crashed
+            (``handle_crashitem``), and a replacement worker running it again would crash again, once per restart
+            xdist allows."""
+            workload = self.assigned_work.pop(node)
+            if not self._pending_of(workload):
+                return None
+            crashitem = next(nodeid for unit in workload.values() for nodeid, done in unit.items() if not done)
+            for unit in workload.values():
+                if crashitem in unit:
+                    unit[crashitem] = True
+            self.workqueue.update({scope: unit for scope, unit in workload.items() if not all(unit.values())})
+            for other in self.assigned_work:
+                self._reschedule(other)
+            return crashitem
 
     return CaseScopeScheduling
 
