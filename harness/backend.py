@@ -7,6 +7,7 @@ may come first). The pytest plugin and the CLI call it first thing.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib.metadata
 import importlib.util
@@ -62,19 +63,32 @@ def gpus_for_workers(requested: str = "auto") -> list[str]:
     return gpus
 
 
-def nvml_device_count(library: str = "libnvidia-ml.so.1") -> int:
-    """GPUs the NVIDIA driver reports (NVML, as ``nvidia-smi`` counts them); 0 where there is no driver."""
+@contextlib.contextmanager
+def _nvml(library: str):
+    """The NVIDIA driver's NVML library, initialized for the block; None where there is no driver."""
     try:
         nvml = ctypes.CDLL(library)
     except OSError:
-        return 0
+        yield None
+        return
     if nvml.nvmlInit_v2() != 0:
-        return 0
+        yield None
+        return
     try:
-        count = ctypes.c_uint(0)
-        return count.value if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0 else 0
+        yield nvml
     finally:
         nvml.nvmlShutdown()
+
+
+def _nvml_count(nvml) -> int:
+    count = ctypes.c_uint(0)
+    return count.value if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0 else 0
+
+
+def nvml_device_count(library: str = "libnvidia-ml.so.1") -> int:
+    """GPUs the NVIDIA driver reports (NVML, as ``nvidia-smi`` counts them); 0 where there is no driver."""
+    with _nvml(library) as nvml:
+        return 0 if nvml is None else _nvml_count(nvml)
 
 
 class _NvmlMemory(ctypes.Structure):
@@ -85,25 +99,16 @@ def nvml_smallest_gpu_memory(library: str = "libnvidia-ml.so.1") -> int:
     """The total memory, in bytes, of the smallest GPU the NVIDIA driver reports (NVML); 0 where there is no driver
     or no GPU. Every GPU of the host counts, not only those CUDA_VISIBLE_DEVICES lists (which may name them by UUID):
     a host's GPUs are normally one model, and the smallest is the safe bound where they are not."""
-    try:
-        nvml = ctypes.CDLL(library)
-    except OSError:
-        return 0
-    if nvml.nvmlInit_v2() != 0:
-        return 0
-    try:
-        count = ctypes.c_uint(0)
-        if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+    with _nvml(library) as nvml:
+        if nvml is None:
             return 0
         sizes = []
-        for index in range(count.value):
+        for index in range(_nvml_count(nvml)):
             handle, memory = ctypes.c_void_p(), _NvmlMemory()
             if (nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle)) == 0
                     and nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory)) == 0):
                 sizes.append(memory.total)
         return min(sizes, default=0)
-    finally:
-        nvml.nvmlShutdown()
 
 
 def create_cuda_context_in_background(library: str = "libcuda.so.1", driver=None, after=None):
