@@ -172,7 +172,7 @@ def time_stage(name: str, fn, kernel, configs: list, reps: int, timer=time_one_s
 
 def _forced_rows(name: str, fn, kernel, configs: list, reps: int, timer) -> list[StageTiming]:
     """Every shipped and candidate config of an autotuned stage, each forced in turn."""
-    from kernels.backend import forced_config
+    from harness.triton_autotuner import forced_config
 
     rows = []
     shipped = {describe(c) for c in configs}

@@ -179,6 +179,21 @@ def trials_reported(on_trial: Callable[[Any, Any], None]) -> Iterator[None]:
         Autotuner._bench = wrapped
 
 
+@contextlib.contextmanager
+def forced_config(tuner: Any, config: Any) -> Iterator[None]:
+    """Run the autotuned kernel ``tuner`` with only ``config``: a one-config autotuner launches it without timing or
+    pruning. Restores the configs and the tuning cache afterwards (``every_config``, ``bench --stages``, the tests
+    of every config of our stages)."""
+    saved_configs, saved_cache = tuner.configs, dict(tuner.cache)
+    tuner.configs, tuner.cache = [config], {}
+    try:
+        yield
+    finally:
+        tuner.configs = saved_configs
+        tuner.cache.clear()
+        tuner.cache.update(saved_cache)
+
+
 def candidate_configs(tuner: Any, args: tuple, kwargs: dict) -> list:
     """The configs the autotuner may choose from for a launch with these arguments: every config, after its
     ``early_config_prune`` and perf-model pruning (``Autotuner.prune_configs``, which reads the positional arguments

@@ -9,7 +9,6 @@ are switched here, in one place, and passed to kernels as constexprs; the GPU ke
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 
@@ -137,21 +136,6 @@ def least_overshoot(**block_over: str):
         return [c for c in configs if overshoot(c, sizes) == least]
 
     return prune
-
-
-@contextlib.contextmanager
-def forced_config(kernel, config: triton.Config):
-    """Run the autotuned ``kernel`` (a ``triton.runtime.Autotuner``) with only ``config``: a one-config autotuner
-    launches it without timing or pruning. Restores the configs and the tuning cache afterwards (tests of every
-    config, and ``python -m harness bench --stages``, which times candidate configs)."""
-    saved_configs, saved_cache = kernel.configs, dict(kernel.cache)
-    kernel.configs, kernel.cache = [config], {}
-    try:
-        yield
-    finally:
-        kernel.configs = saved_configs
-        kernel.cache.clear()
-        kernel.cache.update(saved_cache)
 
 
 # Programmatic dependent launch: every stage kernel is launched with ``launch_pdl``, so the GPU may start placing its

@@ -317,7 +317,7 @@ def test_the_runtime_binds_what_triton_chose_and_launches_it_as_jit_run_does():
 
 
 def test_a_config_with_a_pre_hook_or_a_forced_config_is_left_to_triton():
-    from kernels.backend import forced_config
+    from harness.triton_autotuner import forced_config
 
     binary = FakeBinary()
     configs = [triton.Config({"BLOCK": 16}), triton.Config({"BLOCK": 32}, pre_hook=lambda nargs: None)]

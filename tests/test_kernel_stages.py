@@ -30,6 +30,7 @@ import triton
 from harness import bounds
 from harness.cases.model import Shape
 from harness.compare import Mismatch, assert_bits_equal, assert_within_bound
+from harness.triton_autotuner import forced_config
 from harness.varlen import build_varlen_metadata
 from kernels import bmm_chunk as kbmm
 from kernels import chunk_cumsum as kcumsum
@@ -37,7 +38,6 @@ from kernels import chunk_scan as kscan
 from kernels import chunk_state as kstate
 from kernels import chunk_state_bmm as kone
 from kernels import tuned_configs
-from kernels.backend import forced_config
 from kernels.environment import arithmetic_profile
 from reference import arith
 from reference import chunked as ref

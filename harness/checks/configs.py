@@ -12,10 +12,10 @@ config, and a config that a compiler gets wrong corrupts outputs wherever the tu
 2. drops configs that give the same binary for the case (``binary_identity``: under the interpreter the program is
    numpy code that warps and stages do not change), and the config a kernel picked at every launch: that first
    call ran it, and is judged like each forced call and is the baseline of the exact comparisons;
-3. per autotuner and remaining config, forces that config (``kernels.backend.forced_config``; the other autotuners
-   keep their picks) with the provider's tuning caches emptied, calls on fresh inputs, and judges the result against
-   the fp64 reference within the case's bound (``harness.checks.bound.reference_judge``) and, where the provider
-   declares outputs of that kernel bit-identical across its configs (``provider.exact_across_configs``,
+3. per autotuner and remaining config, forces that config (``harness.triton_autotuner.forced_config``; the other
+   autotuners keep their picks) with the provider's tuning caches emptied, calls on fresh inputs, and judges the
+   result against the fp64 reference within the case's bound (``harness.checks.bound.reference_judge``) and, where
+   the provider declares outputs of that kernel bit-identical across its configs (``provider.exact_across_configs``,
    docs/provider.md), against the first call, bit for bit.
 
 A config the device cannot run (Triton raises ``OutOfResources``, e.g. more shared memory than the device has, or
@@ -181,7 +181,6 @@ def _every_config(ctx) -> dict:
     from harness.checks.providers import DEFAULT_PROVIDER
     from harness.checks.runner import repro_line
     from harness.guards.autotune import emptied
-    from kernels.backend import forced_config
 
     NOT_RUNNABLE = _not_runnable()  # noqa: N806 - a constant of this call, imported with Triton
     caches = tuning_caches(ctx.provider)
@@ -206,7 +205,7 @@ def _every_config(ctx) -> dict:
             if len(ran) + len(not_runnable) == CONFIG_BUDGET:
                 stopped = True
                 break
-            with emptied(caches), forced_config(found[kernel].tuner, candidate.config):
+            with emptied(caches), tt.forced_config(found[kernel].tuner, candidate.config):
                 try:
                     call = run_call(ctx, f"forced {candidate.label}")
                 except NOT_RUNNABLE as exc:
