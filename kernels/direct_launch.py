@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import collections
 import inspect
+import operator
 import os
 import threading
 from dataclasses import dataclass
@@ -65,17 +66,41 @@ def direct_launch_setting(raw: str | None) -> bool:
 
 
 def shape_key(kernel: Any, device: int, arguments: dict) -> tuple:
-    """What decides the binary and the config of a launch of ``kernel`` with ``arguments`` on ``device``: each
-    argument's name, and for a tensor its dtype and whether its address is 16-byte aligned (what Triton specializes a
-    pointer on), for anything else its type and exact value (Triton keys ints on their class, constexprs and the
-    autotuner's key arguments on their value; the exact value is finer than either)."""
-    parts: list = [kernel, device]
-    for name, value in arguments.items():
-        if isinstance(value, torch.Tensor):
-            parts.append((name, value.dtype, value.data_ptr() % 16 == 0))
-        else:
-            parts.append((name, type(value), value))
-    return tuple(parts)
+    """What decides the binary and the config of a launch of ``kernel`` with ``arguments`` on ``device``: the
+    arguments' names and types, for a tensor its dtype and whether its address is 16-byte aligned (what Triton
+    specializes a pointer on), for anything else its exact value (Triton keys ints on their class, constexprs and the
+    autotuner's key arguments on their value; the exact value is finer than either). The type of every argument is
+    in the key, so ``True`` and ``1``, or ``1`` and ``1.0``, never share one."""
+    values = tuple(arguments.values())
+    types = tuple(map(type, values))
+    split = _SPLITS.get(types)
+    if split is None:
+        split = _SPLITS[types] = _split(types)
+    tensors, scalars = split
+    return (kernel, device, tuple(arguments), types, scalars(values),
+            tuple([(t.dtype, not t.data_ptr() & 15) for t in tensors(values)]))
+
+
+def _split(types: tuple) -> tuple[Any, Any]:
+    """(the tensors of an argument tuple, its other values) as two getters, for arguments of these types."""
+    tensor_at = [i for i, kind in enumerate(types) if issubclass(kind, torch.Tensor)]
+    other_at = [i for i, kind in enumerate(types) if not issubclass(kind, torch.Tensor)]
+    return _picker(tensor_at), _picker(other_at)
+
+
+def _picker(positions: list[int]):
+    """A getter of the values at ``positions`` of a tuple, as a tuple (``operator.itemgetter`` returns a bare value
+    for one position and fails on none)."""
+    if not positions:
+        return lambda values: ()
+    if len(positions) == 1:
+        (at,) = positions
+        return lambda values: (values[at],)
+    return operator.itemgetter(*positions)
+
+
+# Argument types -> the getters of their tensors and other values: one entry per launch site's argument layout.
+_SPLITS: dict[tuple, tuple[Any, Any]] = {}
 
 
 @dataclass
@@ -93,6 +118,10 @@ class Binding:
     params: tuple[str, ...]  # the kernel's parameter names, in order
     constexprs: dict  # the config's kwargs (block sizes ...), merged into the arguments
     instrumentation_mode: str  # Triton's compile option at binding time (part of its key, not of the shape key)
+
+    def __post_init__(self):
+        # The binary's arguments in parameter order, from the launch's arguments merged with the config's constexprs.
+        self.in_order = _picker_by_name(self.params)
 
 
 class TritonRuntime:
@@ -190,11 +219,21 @@ class TritonRuntime:
         stream = self.stream(binding.device)
         grid_0, grid_1, grid_2 = (tuple(grid) + (1, 1))[:3]
         binary.run(grid_0, grid_1, grid_2, stream, binary.function, binary.packed_metadata, None, None, None,
-                   *[arguments[name] for name in binding.params])
+                   *binding.in_order(arguments))
         return binary
 
 
 _MISSING = object()
+
+
+def _picker_by_name(names: tuple[str, ...]):
+    """A getter of a dict's values at ``names``, in that order, as a tuple."""
+    if not names:
+        return lambda mapping: ()
+    if len(names) == 1:
+        (name,) = names
+        return lambda mapping: (mapping[name],)
+    return operator.itemgetter(*names)
 
 
 def tuning_key_of(tuner: Any, arguments: dict) -> tuple:

@@ -65,6 +65,10 @@ def test_the_shape_key_separates_what_triton_compiles_apart_and_keeps_one_shape_
     assert dl.shape_key(chunk_cumsum.chunk_cumsum_kernel, 1, variants["base"]) != keys["base"]
     # An int and a bool of one value are different arguments to Triton.
     assert dl.shape_key(None, 0, {"flag": True}) != dl.shape_key(None, 0, {"flag": 1})
+    assert dl.shape_key(None, 0, {"scale": 1}) != dl.shape_key(None, 0, {"scale": 1.0})
+    # A tensor subclass is a tensor to the key (its dtype and alignment), never a value compared by ``==``.
+    weight = torch.nn.Parameter(torch.zeros(4), requires_grad=False)
+    assert dl.shape_key(None, 0, {"w": weight}) == dl.shape_key(None, 0, {"w": torch.nn.Parameter(torch.ones(4))})
 
 
 def test_the_tuning_key_is_the_autotuners_own(device):
@@ -181,10 +185,11 @@ def test_the_cache_keeps_the_most_recently_launched_shapes_up_to_its_limit():
     for n in (1, 2, 1, 3):  # 1 was launched again after 2, so 2 is the oldest when 3 comes
         cache.launch(kernel, (1,), {"n": n})
     assert len(cache.bindings) == 2
-    assert [key[-1][-1] for key in cache.bindings] == [1, 3]
+    keys = {n: dl.shape_key(kernel, runtime.device(), {"n": n}) for n in (1, 2, 3)}
+    assert list(cache.bindings) == [keys[1], keys[3]]
     cache.launch(kernel, (1,), {"n": 2})  # evicted: Triton's path again, and bound again
     assert [a["n"] for a in kernel.launches] == [1, 2, 3, 2]
-    assert [key[-1][-1] for key in cache.bindings] == [3, 2]
+    assert list(cache.bindings) == [keys[3], keys[2]]
 
 
 def test_triton_decides_whenever_a_binding_is_stale_unbindable_or_launches_are_watched():
