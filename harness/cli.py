@@ -433,6 +433,7 @@ def _run_plan(args, runner, device: str, spec: str, cases, plan, bad, live) -> i
     provider that cannot run; a stdout that goes away does not stop it (``_Output``). Either way the exit status is
     2 and the report of what ran is written where it still can be."""
     from harness.checks.providers import ProviderError
+    from harness.checks.runner import run_selected
     from harness.isolation import IsolationError
     from harness.progress import CaseProgress, item_weight
     from harness.report import Report, summary_lines
@@ -452,13 +453,14 @@ def _run_plan(args, runner, device: str, spec: str, cases, plan, bad, live) -> i
         out.say(f"ERROR       {message}")
     case_number = {case_id: k for k, case_id in enumerate(dict.fromkeys(c.id for c, _ in plan), 1)}
     ncases = len(case_number)
-    progress = CaseProgress(plan, lambda case, check: item_weight(case, check, device))
+    progress = CaseProgress(plan, lambda case, check: item_weight(case, check, device, args.check))
     with _sigterm_interrupts():
         try:
             for i, (case, check) in enumerate(plan, 1):
                 start, in_flight = time.time(), f"{case.source}::{case.id}::{check}"
                 restarts = len(runner.restarts)
-                result = runner.run(case, check, repro_device=repro_device)
+                result = run_selected(runner, case, check, device=device, named=args.check, provider_spec=spec,
+                                      repro_device=repro_device)
                 record = _record(result, in_flight, start)
                 records.append(record)
                 in_flight = None
@@ -556,6 +558,7 @@ def cmd_repro(args) -> int:
     from harness.cases.schema import CaseError
     from harness.checks import selected_checks
     from harness.checks.providers import ProviderError
+    from harness.checks.runner import run_selected
     from harness.isolation import IsolationError
 
     if not args.file.is_file():
@@ -594,7 +597,8 @@ def cmd_repro(args) -> int:
                 if case is not shown:
                     print(case.summary())
                     shown = case
-                result = runner.run(case, check, repro_device=repro_device)
+                result = run_selected(runner, case, check, device=device, named=args.check, provider_spec=spec,
+                                      repro_device=repro_device)
                 failed += result.status.is_failure
                 verdicts += result.status.value not in ("skipped", "unsupported")
                 print(f"{result.status.value.upper()}: {case.id}::{check} ({result.duration:.2f}s)")

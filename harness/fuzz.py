@@ -247,6 +247,7 @@ class _Runners:
     def __init__(self, provider_spec: str, device: str, *, isolation: str | None, timeout, provider):
         from harness.isolation import open_runner, spare
 
+        self.device = device
         self._open = lambda: open_runner(provider_spec, device, isolation=isolation, timeout=timeout,
                                          provider=provider, spare_owner=spare.CLI)
         self.active = self._open()
@@ -328,9 +329,13 @@ class _Search:
 
     def _run(self, case: Case) -> Failure | None:
         from harness.checks import selected_checks
+        from harness.checks.tiers import tier_reason
 
         self._check_time()
-        names = [n for n, _ in selected_checks(case) if not self.only or n in self.only]
+        # The items the run's tier leaves out (harness.checks.tiers: the CPU tier's cost model, the checks that run
+        # on the GPU only when --check names them) would only report their skip: not run, as a front end skips them.
+        names = [n for n, _ in selected_checks(case) if (not self.only or n in self.only)
+                 and not tier_reason(case, n, self.runners.device, self.only)]
         if self.target is not None:
             names = [n for n in names if n == self.target.check]
         with self._lock:

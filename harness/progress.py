@@ -21,11 +21,12 @@ ITEM_OVERHEAD = 0.01
 ID_WIDTH = 48  # case ids are padded to the longest in the run, up to this
 
 
-def item_weight(case, check: str, device: str) -> float:
-    """Expected cost of an item, in estimated interpreter seconds (relative on the GPU)."""
-    from harness.checks.tiers import cpu_estimate, runs_on_cpu
+def item_weight(case, check: str, device: str, named=None) -> float:
+    """Expected cost of an item, in estimated interpreter seconds (relative on the GPU); ``named``: the checks the
+    run's ``--check`` names (an item its tier skips costs only its start)."""
+    from harness.checks.tiers import cpu_estimate, tier_reason
 
-    if device == "cpu" and not runs_on_cpu(case, check):
+    if tier_reason(case, check, device, named):
         return ITEM_OVERHEAD
     return ITEM_OVERHEAD + cpu_estimate(case, check)
 

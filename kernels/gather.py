@@ -24,9 +24,15 @@ NUM_WARPS = 8
 
 # The index and mask are read one element per program: specializing on their alignment or stride class would only
 # multiply binaries (block-table column views come in every class), so they are compiled once for all classes.
+# The cache pointer's alignment and its row stride's class are not specialized either. A row's load can be 16-byte
+# vectors only where both are (every row 16-byte aligned), and ``ssd_prefill`` then gathers inside the cumsum's
+# kernel (``kernels.chunk_cumsum_gather``, which keeps that specialization); this kernel runs where the rows are not
+# (no 16-byte row loads there, specialized or not), in the unfused plan of the stage bench (``kernels.plan``: there
+# its loads on aligned rows are no longer 16-byte vectors) and in the stage hook. A copy's bits do not depend on its
+# load width; the specialization only multiplied the binaries by the cache layout classes.
 SCALAR_ONLY = {
-    "do_not_specialize": ("stride_idx", "stride_has", "overlaps_previous"),
-    "do_not_specialize_on_alignment": ("idx_ptr", "has_ptr"),
+    "do_not_specialize": ("stride_idx", "stride_has", "overlaps_previous", "stride_cache_slot"),
+    "do_not_specialize_on_alignment": ("idx_ptr", "has_ptr", "cache_ptr"),
 }
 
 

@@ -451,20 +451,20 @@ F32 = torch.float32
 
 @register("gather")
 def _gather_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
+    """Every cache layout (aligned or offset, rows padded to a multiple of 16 or not) and index view, of the classes
+    the kernel specializes (``kernels.gather.SCALAR_ONLY``)."""
     from kernels import gather
 
+    k = gather._gather_initial_states_kernel
     s = req.shape
-    for (state, cache_aligned, pad, idx_dtype, idx_aligned, idx_stride, mask_dtype, has_aligned,
-         has_stride) in itertools.product(req.state_dtypes, ALIGNMENTS, ROW_PADS, req.index_dtypes,
-                                          req.index_alignments, req.index_strides, req.mask_dtypes,
-                                          req.index_alignments, req.index_strides):
-        arguments = gather.launch_arguments(
-            _cache(state, s, pad, cache_aligned),
-            standin((1,), idx_dtype, strides=(idx_stride,), aligned=idx_aligned),
-            standin((1,), mask_dtype, strides=(has_stride,), aligned=has_aligned),
-            standin((1, s.nheads, s.headdim, s.dstate), state))
-        yield spec_for(gather._gather_initial_states_kernel, arguments,
-                       why=f"{state} cache, {idx_dtype} index stride {idx_stride}")
+    pads = ROW_PADS[:1] if _param(k, "stride_cache_slot").do_not_specialize else ROW_PADS
+    for state, cache_aligned, pad in itertools.product(req.state_dtypes, alignments(k, "cache_ptr", ALIGNMENTS),
+                                                       pads):
+        for idx, has in itertools.product(_index_views(k, "idx_ptr", "stride_idx", req),
+                                          _index_views(k, "has_ptr", "stride_has", req, req.mask_dtypes)):
+            arguments = gather.launch_arguments(_cache(state, s, pad, cache_aligned), idx, has,
+                                                standin((1, s.nheads, s.headdim, s.dstate), state))
+            yield spec_for(k, arguments, why=f"{state} cache, {idx.dtype} index stride {idx.stride(0)}")
 
 
 @register("chunk_cumsum_gather")

@@ -207,12 +207,13 @@ print('items', r.counts(), 'case items run', sum(i.nodeid.startswith('cases/') a
       # and the regressions: every config of every autotuner the call reaches, forced. every-config: our kernels;
       # every-config-vllm: vLLM 0.33's stock ops (ops from the carried .peers/); every-config-vllm-all: the same with
       # SSD_HARNESS_VLLM_KEEP_RACY_CONFIGS=1 (_drop_racy_wgmma_configs as the identity: all 23 chunk-scan configs).
-      # A cold Triton cache: every forced config compiles once per specialization (set STEP_TIMEOUT to fit).
+      # A cold Triton cache: every forced config compiles once per specialization (set STEP_TIMEOUT to fit). Named by
+      # --check: a GPU run that does not name every_config skips it outside the cases whose checks: name it.
       export TRITON_CACHE_DIR=$(mktemp -d)
       provider=(); keep=0
       [ "$step" != every-config ] && provider=(--provider peers.vllm_ssd:provider)
       [ "$step" = every-config-vllm-all ] && keep=1
-      SSD_HARNESS_VLLM_KEEP_RACY_CONFIGS=$keep run_step "$step" $PY -m pytest cases -q -k every_config -n "$WORKERS" \
+      SSD_HARNESS_VLLM_KEEP_RACY_CONFIGS=$keep run_step "$step" $PY -m pytest cases -q --check every_config -n "$WORKERS" \
         --workers-per-gpu "$WORKERS" --device cuda -p no:cacheprovider "${provider[@]}" \
         --ssd-report "$OUT/$step-report.json" -rfE --tb=line
       $PY -c "import sys; from harness.report import Report; r = Report.read(sys.argv[1]); print(r.counts()); [print(f'=== {i.nodeid}\n{i.message}') for i in r.failures]; [print(f'--- {i.nodeid}: {i.reason}') for i in r.items if i.reason]" \

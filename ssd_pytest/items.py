@@ -3,8 +3,10 @@ cases, a ``CaseNode`` one case (its built inputs are shared by its checks), a ``
 
 An item's location is its case's line in the YAML file, so the skip lines of ``-rs`` point there. Items outside the
 CPU tier (``harness.checks.tiers``) carry the ``gpu`` marker with the tier's reason (``-m gpu`` selects them,
-``-m "not gpu"`` leaves them out); on the CPU tier they are skipped at collection with that reason
-(``skip_gpu_only``)."""
+``-m "not gpu"`` leaves them out); on the CPU tier they are skipped at collection with that reason, and on the GPU
+the items of a check that runs there only when named (``harness.checks.tiers.tier_reason``) unless ``--check`` or the
+case's ``checks:`` names it (``skip_by_tier``). ``--check NAME`` keeps only the case items of the checks it names
+(``keep_named_checks``)."""
 
 from __future__ import annotations
 
@@ -255,15 +257,45 @@ GPU_MARKER = ("gpu(reason): needs the GPU: real compiles on a CUDA device, or (c
               "interpreter tier; skipped under the interpreter with the reason")
 
 
-def skip_gpu_only(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On the CPU tier, a skip marker with the tier's reason on every case item marked ``gpu``: decided from the
-    case alone, before any setup (the recompile guard's warmup) or child process."""
-    if config.stash[state.DEVICE] != "cpu":
+def check_option(config: pytest.Config) -> list[str]:
+    """The checks ``--check`` names (none: every check the cases select); an unknown name is a usage error."""
+    named = config.getoption("check") or []
+    if named:
+        from harness.checks import check_names
+
+        unknown = [n for n in named if n not in check_names()]
+        if unknown:
+            raise pytest.UsageError(f"--check: unknown {unknown}; known: {', '.join(sorted(check_names()))}")
+    return named
+
+
+def keep_named_checks(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With ``--check``, deselect the case items of every other check (as ``python -m harness run --check`` runs
+    only those); items that are not case items stay."""
+    named = check_option(config)
+    if not named:
         return
+    kept, dropped = [], []
     for item in items:
-        marker = item.get_closest_marker("gpu") if isinstance(item, CheckItem) else None
-        if marker is not None:
-            item.add_marker(pytest.mark.skip(reason=marker.kwargs["reason"]))
+        (dropped if isinstance(item, CheckItem) and item.check not in named else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+def skip_by_tier(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A skip marker with the tier's reason (``harness.checks.tiers.tier_reason``, as the CLI asks it) on every case
+    item the run's device leaves out: on the CPU tier the items marked ``gpu``; on the GPU the items of a check that
+    runs there only when named, where neither ``--check`` nor the case's ``checks:`` names it. Decided from the case,
+    the device and the selection alone, before any setup (the recompile guard's warmup) or child process."""
+    from harness.checks.tiers import tier_reason
+
+    device, named = config.stash[state.DEVICE], check_option(config)
+    for item in items:
+        if isinstance(item, CheckItem):
+            reason = tier_reason(item.case, item.check, device, named)
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 def locate_skip(item: pytest.Item, report: pytest.TestReport) -> None:

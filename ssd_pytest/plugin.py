@@ -28,6 +28,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--workers-per-gpu", type=int, default=None, metavar="N",
                     help="with -n auto on a GPU machine: xdist workers per GPU (default: one per core, shared "
                          "among the GPUs, as many as host and GPU memory hold; the run's header says how many)")
+    group.addoption("--check", action="append", default=None, metavar="NAME",
+                    help="only the case items of this check (repeatable; the other case items are deselected, other "
+                         "tests stay); a check that runs on the GPU only when named (every_config) runs there. "
+                         "Default: every check each case selects")
     group.addoption("--ssd-report", default=None, metavar="FILE",
                     help="write one merged JSON report (every item's outcome, duration, mismatch summary)")
     group.addoption("--shard", default=None, metavar="K/N",
@@ -93,6 +97,7 @@ def pytest_configure(config: pytest.Config) -> None:
                 backend.shorten_autotuning()
     except (ValueError, RuntimeError) as exc:
         raise pytest.UsageError(str(exc)) from None
+    case_items.check_option(config)  # an unknown --check name stops the run before any worker starts
     case_items.configure(config)
     case_items.start_spare_runner(config)
     reporting.configure(config)
@@ -112,7 +117,8 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector):
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    case_items.skip_gpu_only(config, items)
+    case_items.keep_named_checks(config, items)
+    case_items.skip_by_tier(config, items)
     sharding.keep_shard(config, items)
 
 

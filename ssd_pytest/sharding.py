@@ -25,16 +25,19 @@ def measured_costs(config: pytest.Config) -> ItemCosts | None:
     return config.stash[_costs_key]
 
 
-# Expected seconds of a case item the CPU tier skips (decided before anything is built), and of a test that is no
+# Expected seconds of a case item a tier skips (decided before anything is built), and of a test that is no
 # case item, when no earlier run measured them.
 SKIPPED_ITEM_SECONDS = 0.01
 OTHER_TEST_SECONDS = 1.0
 
 
 def item_cost(item: pytest.Item) -> float:
-    """Measured seconds with ``--durations-from``; otherwise a case item's estimated interpreter seconds
-    (``harness.checks.tiers``: its calls x the case's blocks; on the GPU a relative size), a skip's on the CPU tier,
-    and ``OTHER_TEST_SECONDS`` for any other test."""
+    """A case item skipped before it runs (its tier's skip marker, ``items.skip_by_tier``): a skip's, whatever an
+    earlier run measured for it (that run may have run it); then measured seconds with ``--durations-from``;
+    otherwise a case item's estimated interpreter seconds (``harness.checks.tiers``: its calls x the case's blocks;
+    on the GPU a relative size), a skip's on the CPU tier, and ``OTHER_TEST_SECONDS`` for any other test."""
+    if isinstance(item, CheckItem) and item.get_closest_marker("skip") is not None:
+        return SKIPPED_ITEM_SECONDS
     measured = measured_costs(item.config)
     if measured is not None:
         return measured(item.nodeid)

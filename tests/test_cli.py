@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -267,3 +268,63 @@ def test_generate_writes_a_corpus_that_validates(tmp_path):
     assert re.search(r"generated: 5 files under .*: \d+ cases, \d+ items, \d+ of them in the CPU tier", proc.stdout), \
         proc.stdout
     assert harness("validate", str(tmp_path / "corpus")).returncode == 0
+
+
+class _RecordingRunner:
+    """Stands in for the GPU's provider process: records the items that reach it and passes them."""
+
+    mode, processes = "none", 0
+    limit = SimpleNamespace(describe=lambda: "none")
+
+    def __init__(self):
+        self.ran, self.restarts = [], []
+
+    def start(self):
+        pass
+
+    def close(self):
+        pass
+
+    def describe(self):
+        return {"isolation": self.mode}
+
+    def run(self, case, check, *, repro_device=None, guard=False):
+        from harness.checks import CheckResult, Status
+
+        self.ran.append(f"{case.id}::{check}")
+        return CheckResult(case.id, check, Status.PASSED, source=str(case.source))
+
+
+def test_run_and_repro_on_the_gpu_skip_every_config_unless_check_names_it(tiny_file, tmp_path, monkeypatch, capsys):
+    """The GPU's decision without a GPU (the runner and device ``_runner`` returns): ``run`` skips every_config's
+    items with the tier's reason, in its output and its JSON report, and they never reach the provider's process;
+    ``--check every_config`` runs them; ``repro`` follows the same rule."""
+    import json
+
+    from harness.checks.tiers import tier_reason
+
+    runner = _RecordingRunner()
+    monkeypatch.setattr(cli, "_runner", lambda args: (runner, "cuda", "kernels:provider"))
+    report = tmp_path / "run.json"
+    assert cli.main(["run", str(tiny_file), "--json", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert runner.ran and not any(item.endswith("::every_config") for item in runner.ran), runner.ran
+    skipped = [i for i in json.loads(report.read_text())["items"] if i["check"] == "every_config"]
+    assert len(skipped) == 3 and {i["outcome"] for i in skipped} == {"skipped"}, skipped
+    assert all(i["reason"].startswith("not run by default on the GPU: ") for i in skipped), skipped
+    assert "--check every_config runs it" in out
+
+    runner.ran.clear()
+    assert cli.main(["run", str(tiny_file), "--check", "every_config"]) == 0
+    assert runner.ran == ["tiny-direct::every_config", "tiny-batch::every_config", "tiny-returned::every_config"]
+
+    runner.ran.clear()
+    assert cli.main(["repro", str(tiny_file), "--case", "tiny-direct"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny-direct::every_config" not in runner.ran and "SKIPPED: tiny-direct::every_config" in out
+    from harness.cases.loader import load_case_file
+
+    case = next(c for c in load_case_file(tiny_file) if c.id == "tiny-direct")
+    assert f"  reason: {tier_reason(case, 'every_config', 'cuda')}" in out
+    assert cli.main(["repro", str(tiny_file), "--case", "tiny-direct", "--check", "every_config"]) == 0
+    assert runner.ran[-1] == "tiny-direct::every_config"

@@ -187,7 +187,8 @@ def test_negative_control_stride1_warmup_then_column_view_fires(device):
 
 def test_scalar_only_arguments_decision():
     """Decision (kernels.gather.SCALAR_ONLY): the gather reads one index and one mask element per program, so
-    their alignment and stride classes only multiply binaries. Measure what the decorator flags would save."""
+    their alignment and stride classes only multiply binaries; so do the cache's (the rows' load width, on the
+    unaligned rows and the unfused bench plan this kernel runs on). Measure what the decorator flags would save."""
     full = warmup("cpu", SHAPE, [torch.float32], STATE_DTYPES, kernels=["gather"])
     decided = gather.SCALAR_ONLY
     unspecialized = {p for flag in decided.values() for p in flag}

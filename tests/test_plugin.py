@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from harness import backend
+from harness.cases.loader import load_case_file
 from harness.compile_claims import CLAIMS_ENV
 from harness.report import ItemRecord, Report, merge_reports, summary_lines
 from ssd_pytest import plugin, state, workers, xdist_scheduling
@@ -153,6 +154,84 @@ def test_the_gpu_marker_follows_the_cpu_tier_item_by_item(pytester, device):
     # The stage checks, the one call on the case's path that four checks read, and determinism's second call fit;
     # the snapshot and indexed calls, the tuning from scratch and the forced configs do not.
     assert gpu == ["auto_vs_snapshot", "autotune_idempotent", "every_config", "indexed_vs_snapshot"], gpu
+
+
+# The GPU's collection without a GPU: the device the plugin decided, replaced by "cuda" once every plugin has
+# configured (the tier decisions read it at collection), and each collected item's skip reason written down.
+AS_ON_THE_GPU = """
+import json
+import pytest
+from ssd_pytest import state
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    config.stash[state.DEVICE] = "cuda"
+
+def pytest_collection_finish(session):
+    skips = {}
+    for item in session.items:
+        marker = item.get_closest_marker("skip")
+        skips[item.nodeid.split("::", 1)[1]] = marker.kwargs["reason"] if marker else None
+    (session.config.rootpath / "skips.json").write_text(json.dumps(skips))
+"""
+
+
+def _skips_on_the_gpu(pytester, device, *args) -> dict:
+    pytester.makeconftest(AS_ON_THE_GPU)
+    result = run_inner(pytester, device, "--collect-only", "-q", *args)
+    assert result.ret == 0, result.stdout.str()
+    return json.loads((pytester.path / "skips.json").read_text())
+
+
+def test_on_the_gpu_every_config_is_skipped_unless_named_with_the_reason(pytester, tiny, device):
+    """A default GPU run skips every_config's items (each config it forces is a binary of its own there) with a
+    reason that says why and how to run it; every other item keeps running."""
+    from harness.checks.tiers import gpu_default_reason
+
+    skips = _skips_on_the_gpu(pytester, device, str(tiny))
+    every = {item: why for item, why in skips.items() if item.endswith("::every_config")}
+    assert len(every) == 3 and all(why and why.startswith("not run by default on the GPU: ") for why in every.values())
+    assert all("--check every_config runs it" in why for why in every.values()), every
+    case = load_case_file(tiny)[0]
+    assert every[f"{case.id}::every_config"] == gpu_default_reason(case, "every_config")
+    assert {item: why for item, why in skips.items() if why} == every, skips  # nothing else is skipped
+
+
+def test_on_the_gpu_check_every_config_runs_it_and_only_it(pytester, tiny, device):
+    skips = _skips_on_the_gpu(pytester, device, str(tiny), "--check", "every_config")
+    assert sorted(skips) == ["tiny-batch::every_config", "tiny-direct::every_config", "tiny-returned::every_config"]
+    assert set(skips.values()) == {None}, skips
+
+
+def test_on_the_gpu_a_case_naming_every_config_runs_it_by_default(pytester, device):
+    regression = ROOT / "cases" / "regressions" / "every-config-serving-shapes.yaml"
+    path = pytester.path / "serving.yaml"
+    path.write_text(regression.read_text())
+    skips = _skips_on_the_gpu(pytester, device, str(path))
+    assert len(skips) == len(load_case_file(regression)) and all(k.endswith("::every_config") for k in skips)
+    assert set(skips.values()) == {None}, skips
+
+
+def test_an_unnamed_every_config_skipped_on_the_gpu_reaches_no_provider(pytester, tiny, device):
+    """Run, not only collected: the skip comes before any setup or provider process, its line names the reason."""
+    pytester.makeconftest(AS_ON_THE_GPU)
+    result = run_inner(pytester, device, str(tiny), "-k", "tiny-direct and every_config")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["SKIPPED [[]1[]] tiny.yaml*: not run by default on the GPU: on the GPU each config "
+                                 "it forces is a binary of its own to compile*--check every_config runs it*"])
+
+
+def test_check_names_an_unknown_check_as_a_usage_error(pytester, tiny, device):
+    result = run_inner(pytester, device, str(tiny), "--check", "no_such_check")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--check: unknown [[]'no_such_check'[]]; known: *every_config*"])
+
+
+def test_check_keeps_the_named_checks_items_on_the_cpu_tier_too(pytester, tiny, device):
+    out = run_inner(pytester, device, str(tiny), "--collect-only", "-q", "--check", "determinism",
+                    "--check", "reference_bound").stdout.lines
+    checks = sorted({line.rsplit("::", 1)[1] for line in out if "::" in line})
+    assert checks == ["determinism", "reference_bound"], out
 
 
 def test_xfail_is_honoured_and_stale_xfail_fails_strictly(pytester, device):

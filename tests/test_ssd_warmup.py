@@ -261,11 +261,14 @@ def test_int_values_follow_the_kernels_flags():
     assert int_values(k, "hdim", values) == values  # specialized everywhere
 
 
-@pytest.mark.parametrize("registration", ["chunk_state_passing", "state_passing_batched", "state_passing_indexed"])
+@pytest.mark.parametrize("registration", ["chunk_state_passing", "state_passing_batched", "state_passing_indexed",
+                                          "gather"])
 def test_the_state_kernels_have_one_binary_for_every_cache_layout(registration):
     """The state passing kernels touch the cache once or twice per program, outside their chunk loops: an aligned or
     offset cache, with rows padded to a multiple of 16 or not (the plan enumerates all four), is one specialization.
-    """
+    So is the gather's: it runs where the rows are not all 16-byte aligned (the aligned ones gather inside the
+    cumsum's kernel, which keeps the class) or in the unfused stage bench, and a copy's bits do not depend on its
+    load width."""
     planned, _ = plan([(SHAPE, (torch.bfloat16,), (torch.bfloat16,))], [registration])
     keys = [k for p in planned for k in p.keys]
     assert keys

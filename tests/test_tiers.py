@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -12,6 +13,7 @@ from harness.cases.loader import load_case_file
 from harness.cases.model import Tiers
 from harness.checks import Status, get_check, load_provider, run_check, selected_checks
 from harness.checks.kernel_exact import STATE_PASSING_SECONDS_PER_STATE
+from harness.checks.runner import run_selected
 from harness.checks.tiers import (
     CPU_CASE_SECONDS,
     SECONDS_PER_BLOCK,
@@ -19,7 +21,9 @@ from harness.checks.tiers import (
     cpu_plan,
     cpu_tier_gaps,
     cpu_tier_reason,
+    gpu_default_reason,
     runs_on_cpu,
+    tier_reason,
 )
 from tests.support import harness
 
@@ -148,3 +152,65 @@ def test_validate_is_quiet_about_forced_regressions_and_about_the_corpus(tmp_pat
     proc = harness("validate", str(tmp_path / "cases"))
     assert proc.returncode == 0 and "warning" not in proc.stdout, proc.stdout
     assert "ok: 2 cases in 2 files\n" in proc.stdout
+
+
+REPO = Path(__file__).resolve().parents[1]
+SERVING_SHAPES = REPO / "cases" / "regressions" / "every-config-serving-shapes.yaml"
+
+
+def test_every_config_runs_on_the_gpu_only_when_named(tmp_path):
+    """Each config every_config forces is a binary of its own on the GPU: a run that does not name it (--check, or
+    the case's checks: list) skips its GPU items with a reason saying why and how to run it; every other check of
+    the case runs there, and naming it runs it."""
+    _, case = _load(tmp_path, H4_CASE)
+    assert case.checks == ("all",) and "every_config" in [n for n, _ in selected_checks(case)]
+    reason = tier_reason(case, "every_config", "cuda")
+    assert reason == gpu_default_reason(case, "every_config") == (
+        f"not run by default on the GPU: {get_check('every_config').gpu_when_named}; --check every_config runs it "
+        "(pytest or python -m harness run), as does a case whose checks: list names it")
+    assert "binary of its own to compile" in reason and "scripts/gpu_run.sh every-config" in reason
+    assert [n for n, _ in selected_checks(case) if tier_reason(case, n, "cuda")] == ["every_config"]
+    assert tier_reason(case, "every_config", "cuda", ["every_config"]) == ""
+    assert tier_reason(case, "every_config", "cuda", ["reference_bound"]) == reason  # named: another check only
+
+
+def test_a_case_naming_every_config_runs_it_on_the_gpu_by_default():
+    cases = load_case_file(SERVING_SHAPES)
+    assert cases and all(c.checks == ("every_config",) for c in cases)
+    assert all(tier_reason(c, "every_config", "cuda") == "" for c in cases)
+
+
+def test_naming_every_config_leaves_the_cpu_tier_to_its_cost_model(tmp_path):
+    """Under the interpreter the tier's estimate decides, named or not: every_config runs on a small case and is
+    skipped with the tier's reason on one beyond the limit."""
+    _, small = _load(tmp_path, H4_CASE.replace("context: 50", "context: 0").replace("context: 30", "context: 0")
+                     .replace("nheads: 4", "nheads: 2"))
+    assert tier_reason(small, "every_config", "cpu") == ""
+    assert tier_reason(small, "every_config", "cpu", ["every_config"]) == ""
+    _, big = _load(tmp_path, H4_CASE)
+    for named in (None, ["every_config"]):
+        assert tier_reason(big, "every_config", "cpu", named) == cpu_tier_reason(big, "every_config") != ""
+
+
+class _Runner:
+    def __init__(self):
+        self.ran = []
+
+    def run(self, case, check, *, repro_device=None):
+        self.ran.append(check)
+        return SimpleNamespace(status=Status.PASSED, check=check)
+
+
+def test_the_front_ends_skip_an_unnamed_every_config_on_the_gpu_without_reaching_the_provider(tmp_path):
+    """``run_selected`` is what ``python -m harness run`` and ``repro`` run each item through: on the GPU an unnamed
+    every_config is SKIPPED with the tier's reason and its repro line, and never reaches the provider's process;
+    named, it runs, as every other check does."""
+    _, case = _load(tmp_path, H4_CASE)
+    runner = _Runner()
+    skipped = run_selected(runner, case, "every_config", device="cuda", named=None, repro_device="cuda")
+    assert skipped.status is Status.SKIPPED and skipped.reason == tier_reason(case, "every_config", "cuda")
+    assert skipped.repro.endswith("--check every_config --case h4-two-sequences --device cuda"), skipped.repro
+    assert runner.ran == []
+    run_selected(runner, case, "every_config", device="cuda", named=["every_config"])
+    run_selected(runner, case, "reference_bound", device="cuda", named=None)
+    assert runner.ran == ["every_config", "reference_bound"]

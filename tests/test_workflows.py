@@ -117,6 +117,17 @@ def test_nightly_uses_only_existing_harness_commands_and_pytest_options(pytestco
     assert not missing, f"pytest options used by nightly-gpu.yml but not defined: {missing}"
 
 
+def test_nightly_forces_every_config_over_the_whole_corpus():
+    """A default GPU run skips every_config outside the cases that name it (harness.checks.tiers): the nightly run
+    names it, on every case file under cases/, on the GPU, its report kept."""
+    lines = run_lines(load(ROOT / ".github/workflows/nightly-gpu.yml"))
+    forced = [shlex.split(line) for line in lines if "--check every_config" in line]
+    assert len(forced) == 1, forced
+    words = forced[0]
+    assert words[words.index("-m") + 1:words.index("-m") + 4] == ["harness", "run", "cases"], words
+    assert words[words.index("--device") + 1] == "cuda" and "--json" in words, words
+
+
 def nightly_suite_line() -> str:
     """The nightly workflow's one step that runs pytest."""
     lines = run_lines(load(ROOT / ".github/workflows/nightly-gpu.yml"))

@@ -66,6 +66,11 @@ class Check:
     # Why the recompile guard does not judge this check ("" = it does): a check that makes the provider do what a
     # warmed server never does (tune from scratch) compiles by design, whatever the provider's warmup covered.
     not_a_serving_call: str = ""
+    # Why a GPU run leaves this check out unless it is named ("" = it runs wherever it applies): a check whose every
+    # item compiles binaries no other item needs runs on the GPU only where the run's selection (``--check``) or the
+    # case's own ``checks:`` list names it (``harness.checks.tiers.gpu_default_reason``); elsewhere its GPU items are
+    # skipped with this reason. The CPU tier's cost model decides there, as for every check.
+    gpu_when_named: str = ""
 
     def applies(self, case, provider, provider_spec: str = "") -> tuple[bool, str]:
         """(True, "") or (False, reason); a reason starting with ``unsupported:`` means the provider lacks a path."""

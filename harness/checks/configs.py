@@ -251,5 +251,8 @@ register(
         run=_every_config,
         cpu_calls=4.0,
         not_a_serving_call="it forces configs that the server's own tuning never chose",
+        gpu_when_named=("on the GPU each config it forces is a binary of its own to compile, for every case's "
+                        "shapes and options; the nightly GPU run's every_config step and scripts/gpu_run.sh "
+                        "every-config run it over the whole corpus"),
     )
 )

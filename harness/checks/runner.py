@@ -11,7 +11,7 @@ from harness.cases.limits import device_fit_problem
 from harness.checks.base import CheckContext, CheckResult, NotApplicable, Status
 from harness.checks.providers import DEFAULT_PROVIDER, pythonpath_entry
 from harness.checks.registry import get_check
-from harness.checks.tiers import cpu_tier_reason
+from harness.checks.tiers import cpu_tier_reason, tier_reason
 from harness.compare import Mismatch
 
 
@@ -99,6 +99,19 @@ def run_check(
         result.message = failure_message(result.summary, trace, case, result.repro)
     result.duration = time.perf_counter() - start
     return apply_expect(result, case, provider_spec, fault="exception")
+
+
+def run_selected(runner, case, check_name: str, *, device: str, named, provider_spec: str = DEFAULT_PROVIDER,
+                 repro_device: str | None = None) -> CheckResult:
+    """A front end's item: SKIPPED with the tier's reason where the run on ``device`` leaves it out
+    (``harness.checks.tiers.tier_reason``, ``named``: the checks the run's ``--check`` names), without reaching the
+    provider's process; else ``runner.run`` (``harness.isolation``'s runner, which runs ``run_check``)."""
+    reason = tier_reason(case, check_name, device, named)
+    if reason:
+        result = _blank_result(case, check_name, provider_spec, repro_device)
+        result.status, result.reason = Status.SKIPPED, reason
+        return result
+    return runner.run(case, check_name, repro_device=repro_device)
 
 
 def failure_message(summary: str, details: str, case, repro: str) -> str:

@@ -8,12 +8,18 @@ to make plus its own ``cpu_calls``; both were measured (docs/checks.md#tiers). T
 ``CPU_CASE_SECONDS`` of estimated interpreter time on one case: all its checks when they fit, else its cheapest items
 within the limit (cheapest first: the checks that only read the case's one shared call cost nothing once it is made).
 A case's ``tiers.cpu`` overrides this for all its items (true: every one runs there, false: none does).
+
+The GPU tier runs every item, except those of a check that runs there only when named (``Check.gpu_when_named``:
+its items compile binaries no other item needs): it runs where the run's selection (``--check``) or the case's own
+``checks:`` list names it, and is skipped with the reason elsewhere (``gpu_default_reason``). ``tier_reason`` is what
+every front end asks before it runs an item.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Collection
 
 from harness.cases.model import cpu_block_factors
 from harness.checks.registry import get_check, selected_checks
@@ -129,6 +135,27 @@ def cpu_tier_gaps(case) -> tuple[list[str], str]:
     ran = f"the others take {plan.spent:.1f} s" if plan.runs else "none fits"
     return skipped, (f"{case.cpu_blocks()} blocks: all its checks are estimated at {every:.1f} s > "
                      f"{CPU_CASE_SECONDS:g} s per case; {ran}")
+
+
+def gpu_default_reason(case, check_name: str, named: Collection[str] | None = None) -> str:
+    """Why a GPU run skips this item, or "" when it runs it: a check with ``Check.gpu_when_named`` runs on the GPU
+    only where ``named`` (the run's ``--check`` selection) or the case's own ``checks:`` list names it. The reason
+    says why, and how to run it."""
+    check = get_check(check_name)
+    if not check.gpu_when_named or check_name in (named or ()) or check_name in case.checks:
+        return ""
+    return (f"not run by default on the GPU: {check.gpu_when_named}; --check {check_name} runs it (pytest or "
+            f"python -m harness run), as does a case whose checks: list names it")
+
+
+def tier_reason(case, check_name: str, device: str, named: Collection[str] | None = None) -> str:
+    """Why a run on ``device`` ("cpu": the interpreter; else the GPU) skips this item without running it, or "" when
+    it runs it; ``named``: the checks the run's selection names (``--check``). The CPU tier's cost model under the
+    interpreter (``cpu_tier_reason``, whatever is named); the checks that run only when named on the GPU
+    (``gpu_default_reason``)."""
+    if device == "cpu":
+        return cpu_tier_reason(case, check_name)
+    return gpu_default_reason(case, check_name, named)
 
 
 def runs_on_cpu(case, check_name: str) -> bool:
