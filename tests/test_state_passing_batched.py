@@ -37,17 +37,24 @@ def assert_same_writes(got: dict, expected: dict, what: str) -> None:
         assert_bits_equal(got[name], tensor, what=f"{what}: {name}")
 
 
-@pytest.mark.parametrize("read_ahead_from", [0, 1 << 30], ids=["read-ahead", "chunk-a-step"])
+# Both loop shapes of the batched kernel: reading ahead from any chunk count, and never (a chunk a step).
+LOOP_SHAPES = {"read-ahead": 0, "chunk-a-step": 1 << 30}
+
+
 @pytest.mark.parametrize("mode", ["direct", "returned", "checkpoint"])
 @pytest.mark.parametrize("io,state", [("bfloat16", "bfloat16"), ("float16", "float32"), ("float32", "float32")])
-def test_the_pair_writes_the_fused_kernels_bits(io, state, mode, read_ahead_from, device, monkeypatch):
+def test_the_pair_writes_the_fused_kernels_bits(io, state, mode, device, monkeypatch):
+    """The fused kernel does not read ``READ_AHEAD_FROM`` (only the batched state passing does), so its call is
+    made once and each loop shape's pair is compared with it."""
     batch = BATCH if mode == "direct" else [s[:4] + (5 + i,) for i, s in enumerate(BATCH)]  # slots unused there
     case = make_case(batch, io=io, state=state, headdim=8, chunk_size=16, mode=mode, slots=8)
-    monkeypatch.setattr(state_passing_batched, "READ_AHEAD_FROM", read_ahead_from)
     fused = snapshot_call(case, device, FUSED, monkeypatch)
-    pair = snapshot_call(case, device, PAIR, monkeypatch)
-    assert not fused["pair"] and pair["pair"]
-    assert_same_writes(pair["written"], fused["written"], f"pair vs fused kernel, {io}/{state} {mode}")
+    assert not fused["pair"]
+    for loop, read_ahead_from in LOOP_SHAPES.items():
+        monkeypatch.setattr(state_passing_batched, "READ_AHEAD_FROM", read_ahead_from)
+        pair = snapshot_call(case, device, PAIR, monkeypatch)
+        assert pair["pair"], loop
+        assert_same_writes(pair["written"], fused["written"], f"pair ({loop}) vs fused kernel, {io}/{state} {mode}")
 
 
 def test_the_dispatch_follows_the_chunk_count_only():

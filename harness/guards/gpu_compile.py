@@ -134,10 +134,10 @@ def compiler_child_env() -> dict[str, str]:
     return {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
 
 
-def compile_distinct(launches: Iterable[Launch], target: tuple = SM90) -> int:
-    """Compile every distinct specialization among ``launches`` for ``target`` in a fresh process; raise
-    ``GpuCompileError`` naming the kernel and specialization of each one the GPU compiler rejects. Returns the
-    number compiled."""
+def compile_each(launches: Iterable[Launch], target: tuple = SM90) -> list[tuple[PortableLaunch, str | None]]:
+    """Compile every distinct specialization among ``launches`` for ``target`` in one fresh process (its start-up,
+    importing torch, is most of a small compile's cost: callers with several groups of launches compile them
+    together); returns each distinct launch with the compiler's error text, None where it compiled."""
     todo = distinct(launches)
     if not todo:
         raise ValueError("compile_distinct: no launches: nothing would be checked")
@@ -152,12 +152,25 @@ def compile_distinct(launches: Iterable[Launch], target: tuple = SM90) -> int:
             raise RuntimeError(f"gpu_compile child failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
         with open(result, "rb") as fh:
             errors = pickle.load(fh)
-    failed = [(launch, err) for launch, err in zip(todo, errors, strict=True) if err is not None]
+    return list(zip(todo, errors, strict=True))
+
+
+def raise_failures(compiled: list[tuple[PortableLaunch, str | None]], target: tuple = SM90) -> int:
+    """``GpuCompileError`` naming the kernel and specialization of each launch of ``compiled`` (``compile_each``'s
+    answer) that the GPU compiler rejected; else the number compiled."""
+    failed = [(launch, err) for launch, err in compiled if err is not None]
     if failed:
         raise GpuCompileError("\n".join(
             f"{launch.kernel} does not compile for {target[0]} sm_{target[1]}:\n  {launch.describe}\n{err}"
             for launch, err in failed))
-    return len(todo)
+    return len(compiled)
+
+
+def compile_distinct(launches: Iterable[Launch], target: tuple = SM90) -> int:
+    """Compile every distinct specialization among ``launches`` for ``target`` in a fresh process; raise
+    ``GpuCompileError`` naming the kernel and specialization of each one the GPU compiler rejects. Returns the
+    number compiled."""
+    return raise_failures(compile_each(launches, target), target)
 
 
 def _child(job: str, result: str) -> None:
