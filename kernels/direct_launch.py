@@ -36,7 +36,6 @@ exit_hook, *arguments)`` and ``driver.active.get_current_device`` / ``get_curren
 
 from __future__ import annotations
 
-import collections
 import inspect
 import operator
 import os
@@ -67,18 +66,26 @@ def direct_launch_setting(raw: str | None) -> bool:
 
 def shape_key(kernel: Any, device: int, arguments: dict) -> tuple:
     """What decides the binary and the config of a launch of ``kernel`` with ``arguments`` on ``device``: the
-    arguments' names and types, for a tensor its dtype and whether its address is 16-byte aligned (what Triton
-    specializes a pointer on), for anything else its exact value (Triton keys ints on their class, constexprs and the
-    autotuner's key arguments on their value; the exact value is finer than either). The type of every argument is
-    in the key, so ``True`` and ``1``, or ``1`` and ``1.0``, never share one."""
+    arguments' names and types, for a tensor its dtype, whether its address is 16-byte aligned (what Triton
+    specializes a pointer on) and whether it is on a GPU, for anything else its exact value (Triton keys ints on their
+    class, constexprs and the autotuner's key arguments on their value; the exact value is finer than either). The
+    type of every argument is in the key, so ``True`` and ``1``, or ``1`` and ``1.0``, never share one."""
+    return launch_key(kernel, device, arguments)[0]
+
+
+def launch_key(kernel: Any, device: int, arguments: dict) -> tuple[tuple, list[int]]:
+    """(``shape_key``, the tensors' addresses in argument order): the addresses are read once, for the key's
+    alignment and for the launch (``TritonRuntime.launch``)."""
     values = tuple(arguments.values())
     types = tuple(map(type, values))
     split = _SPLITS.get(types)
     if split is None:
         split = _SPLITS[types] = _split(types)
     tensors, scalars = split
-    return (kernel, device, tuple(arguments), types, scalars(values),
-            tuple([(t.dtype, not t.data_ptr() & 15) for t in tensors(values)]))
+    held = tensors(values)
+    addresses = [t.data_ptr() for t in held]
+    signature = tuple([(t.dtype, not address & 15, t.is_cuda) for t, address in zip(held, addresses)])
+    return (kernel, device, tuple(arguments), types, scalars(values), signature), addresses
 
 
 def _split(types: tuple) -> tuple[Any, Any]:
@@ -118,6 +125,8 @@ class Binding:
     params: tuple[str, ...]  # the kernel's parameter names, in order
     constexprs: dict  # the config's kwargs (block sizes ...), merged into the arguments
     instrumentation_mode: str  # Triton's compile option at binding time (part of its key, not of the shape key)
+    # The tensor arguments' names in argument order where every one is on a GPU, else None (``TritonRuntime.launch``).
+    address_names: tuple[str, ...] | None = None
 
     def __post_init__(self):
         # The binary's arguments in parameter order, from the launch's arguments merged with the config's constexprs.
@@ -186,7 +195,7 @@ class TritonRuntime:
         if triton_key is None:
             return None
         return Binding(result, jit, tuner, config, tuning_key, triton_key, device, params, constexprs,
-                       self.knobs.compilation.instrumentation_mode)
+                       self.knobs.compilation.instrumentation_mode, gpu_tensor_names(arguments))
 
     def current(self, binding: Binding) -> bool:
         """Whether Triton's path would still launch ``binding``'s binary with its config."""
@@ -208,19 +217,36 @@ class TritonRuntime:
                 return False  # Triton's path raises for it
         return True
 
-    def launch(self, binding: Binding, grid: Any, arguments: dict) -> Any:
-        """``binding``'s binary on these arguments, as ``JITFunction.run`` launches it with no launch hooks."""
+    def launch(self, binding: Binding, grid: Any, arguments: dict, addresses: list[int]) -> Any:
+        """``binding``'s binary on these arguments, as ``JITFunction.run`` launches it with no launch hooks.
+        ``addresses``: the tensors' (``launch_key``). Where every tensor is on a GPU they go to the launcher as
+        addresses: for device memory the address is the device pointer that the launcher would otherwise look up
+        per tensor through the driver (``cuPointerGetAttribute``)."""
         if binding.tuner is not None:
             binding.tuner.best_config = binding.config
         arguments = {**arguments, **binding.constexprs}
         if callable(grid):
             grid = grid(arguments)
+        if binding.address_names is not None:
+            arguments.update(zip(binding.address_names, addresses))
         binary = binding.binary
         stream = self.stream(binding.device)
         grid_0, grid_1, grid_2 = (tuple(grid) + (1, 1))[:3]
         binary.run(grid_0, grid_1, grid_2, stream, binary.function, binary.packed_metadata, None, None, None,
                    *binding.in_order(arguments))
         return binary
+
+
+def gpu_tensor_names(arguments: dict) -> tuple[str, ...] | None:
+    """The tensor arguments' names in argument order, or None where one of them is not on a GPU (its pointer is
+    the launcher's to look up, or to refuse)."""
+    names = []
+    for name, value in arguments.items():
+        if isinstance(value, torch.Tensor):
+            if not value.is_cuda:
+                return None
+            names.append(name)
+    return tuple(names)
 
 
 _MISSING = object()
@@ -252,28 +278,31 @@ class LaunchCache:
 
     def __init__(self, runtime: Any, limit: int = LIMIT):
         self.runtime, self.limit = runtime, limit
-        self.bindings: collections.OrderedDict[tuple, Binding] = collections.OrderedDict()
+        # key -> [binding, the launch count at its latest launch] (the eviction order: least recently launched out)
+        self.bindings: dict[tuple, list] = {}
         self.direct = self.through_triton = 0
         self._lock = threading.Lock()
+        self._launches = 0
 
     def launch(self, kernel: Any, grid: Any, arguments: dict) -> Any:
         runtime = self.runtime
         if not runtime.unwatched():
             return self._through_triton(kernel, grid, arguments, None)
         device = runtime.device()
-        key = shape_key(kernel, device, arguments)
-        with self._lock:
-            try:
-                binding = self.bindings.get(key)
-            except TypeError:  # an argument no key can hold (a list ...): Triton's path decides what it means
-                key = binding = None
-            if binding is not None:
-                self.bindings.move_to_end(key)
-        if key is None:
+        key, addresses = launch_key(kernel, device, arguments)
+        try:
+            entry = self.bindings.get(key)
+        except TypeError:  # an argument no key can hold (a list ...): Triton's path decides what it means
             return self._through_triton(kernel, grid, arguments, None)
+        binding = None
+        if entry is not None:
+            with self._lock:
+                self._launches += 1
+                entry[1] = self._launches
+            binding = entry[0]
         if binding is not None and runtime.current(binding):
             self.direct += 1
-            return runtime.launch(binding, grid, arguments)
+            return runtime.launch(binding, grid, arguments, addresses)
         return self._through_triton(kernel, grid, arguments, (key, device))
 
     def _through_triton(self, kernel: Any, grid: Any, arguments: dict, bind_as: tuple | None) -> Any:
@@ -286,10 +315,10 @@ class LaunchCache:
                 if binding is None:
                     self.bindings.pop(key, None)
                 else:
-                    self.bindings[key] = binding
-                    self.bindings.move_to_end(key)
-                    while len(self.bindings) > self.limit:
-                        self.bindings.popitem(last=False)
+                    self._launches += 1
+                    self.bindings[key] = [binding, self._launches]
+                    while len(self.bindings) > self.limit:  # the least recently launched out
+                        del self.bindings[min(self.bindings, key=lambda k: self.bindings[k][1])]
         return result
 
     def clear(self) -> None:

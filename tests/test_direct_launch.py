@@ -10,6 +10,7 @@ GPU only, launches real stages both ways and compares the bits.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 
 import pytest
@@ -66,6 +67,11 @@ def test_the_shape_key_separates_what_triton_compiles_apart_and_keeps_one_shape_
     # An int and a bool of one value are different arguments to Triton.
     assert dl.shape_key(None, 0, {"flag": True}) != dl.shape_key(None, 0, {"flag": 1})
     assert dl.shape_key(None, 0, {"scale": 1}) != dl.shape_key(None, 0, {"scale": 1.0})
+    # The addresses the key read are the tensors', in argument order; which tensors may go to the launcher as
+    # addresses: all of them on a GPU, else none.
+    x, y = torch.zeros(4), torch.zeros(8)
+    assert dl.launch_key(None, 0, {"x": x, "n": 3, "y": y})[1] == [x.data_ptr(), y.data_ptr()]
+    assert dl.gpu_tensor_names({"x": x, "n": 3}) is None and dl.gpu_tensor_names({"n": 3}) == ()
     # A tensor subclass is a tensor to the key (its dtype and alignment), never a value compared by ``==``.
     weight = torch.nn.Parameter(torch.zeros(4), requires_grad=False)
     assert dl.shape_key(None, 0, {"w": weight}) == dl.shape_key(None, 0, {"w": torch.nn.Parameter(torch.ones(4))})
@@ -160,7 +166,7 @@ class FakeRuntime:
     def current(self, binding):
         return binding not in self.stale
 
-    def launch(self, binding, grid, arguments):
+    def launch(self, binding, grid, arguments, addresses):
         self.direct_launches.append((binding, grid, arguments["n"]))
         return binding
 
@@ -282,12 +288,18 @@ def test_the_runtime_binds_what_triton_chose_and_launches_it_as_jit_run_does():
         assert binding is not None and binding.params == ("x_ptr", "out_ptr", "n", "alpha", "FLAG", "BLOCK")
         assert runtime.current(binding)
         tuner.best_config = None
-        runtime.launch(binding, lambda meta: (triton.cdiv(meta["n"], meta["BLOCK"]),), arguments)
+        addresses = [x.data_ptr(), out.data_ptr()]
+        assert binding.address_names is None  # tensors off the GPU: the launcher gets the tensors themselves
+        runtime.launch(binding, lambda meta: (triton.cdiv(meta["n"], meta["BLOCK"]),), arguments, addresses)
         assert binary.calls == [(2, 1, 1, 1234, "function handle", "packed metadata", None, None, None,
                                  x, out, 64, 0.5, True, 32)]
         assert tuner.best_config is configs[1] and "BLOCK" not in arguments  # the caller's dict is left as it was
-        runtime.launch(binding, (3, 2), arguments)
+        runtime.launch(binding, (3, 2), arguments, addresses)
         assert binary.calls[-1][:3] == (3, 2, 1)
+        # Every tensor on a GPU: their addresses (the launch key's) go to the launcher in the tensors' places.
+        on_gpu = dataclasses.replace(binding, address_names=("x_ptr", "out_ptr"))
+        runtime.launch(on_gpu, (1,), arguments, [4096, 8192])
+        assert binary.calls[-1][9:] == (4096, 8192, 64, 0.5, True, 32)
 
         tuner.cache.clear()  # forgotten (the bench's fresh tuning): Triton's path must tune again
         assert not runtime.current(binding)
@@ -381,7 +393,7 @@ class ThroughTritonRuntime(FakeRuntime):
     def bind(self, kernel, arguments, result, device):
         return kernel
 
-    def launch(self, binding, grid, arguments):
+    def launch(self, binding, grid, arguments, addresses):
         self.direct_launches.append(binding)
         return binding[grid](**arguments)
 
