@@ -60,13 +60,17 @@ INIT_NONE, INIT_DENSE, INIT_BY_SLOT = 0, 1, 2
 # through ``cache_ptr`` once per sequence (one tile, in the step of its last chunk), never read through it: that
 # pointer's alignment and its row stride's class would only choose the vector width of that one store, which never
 # changes a value stored, while they multiplied the binaries by the cache layout classes a server meets (aligned or
-# offset, padded or not).
+# offset, padded or not). The initial states are read through ``init_ptr`` once per sequence, never per chunk (one
+# tile: before the chunk loop for the first sequence, in the step of each later one's first chunk): the paged cache
+# by slot on the indexed path, the dense snapshot on the snapshot path. Its alignment and ``stride_init_row``'s
+# class would likewise only choose that one load's vector width, never a value loaded, while on the indexed path
+# they multiplied the binaries by the same cache layout classes.
 SCALAR_ONLY = {
     "do_not_specialize": ("nchunks", "stride_seq_idx", "stride_init_slot", "stride_has_init", "stride_final_idx",
                           "stride_last_chunk", "init_mode", "store_entering", "write_cache", "read_chunk_states",
-                          "signal_next", "stride_cache_slot"),
+                          "signal_next", "stride_cache_slot", "stride_init_row"),
     "do_not_specialize_on_alignment": ("cu_chunk_seqlens_ptr", "seq_idx_ptr", "init_slot_ptr", "has_init_ptr",
-                                       "final_idx_ptr", "last_chunk_ptr", "cache_ptr"),
+                                       "final_idx_ptr", "last_chunk_ptr", "cache_ptr", "init_ptr"),
 }
 
 

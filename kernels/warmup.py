@@ -498,14 +498,20 @@ def _chunk_cumsum_gather_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
 
 @register("state_passing_indexed")
 def _state_passing_indexed_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
+    """Every cache layout and slot or mask view, of the classes the kernel specializes
+    (``kernels.state_passing_indexed.SCALAR_ONLY``)."""
     from kernels import state_passing_indexed as spi
 
+    k = spi._state_passing_indexed_kernel
     s = req.shape
     H, P, N, Q = s.nheads, s.headdim, s.dstate, s.chunk_size
-    for (state, cache_aligned, pad, idx_dtype, init_aligned, final_aligned, mask_dtype, has_aligned,
-         nchunks) in itertools.product(req.state_dtypes, ALIGNMENTS, ROW_PADS, req.index_dtypes,
-                                       req.index_alignments, req.index_alignments, req.mask_dtypes,
-                                       req.index_alignments, COUNT_CLASSES):
+    for ((cache_aligned, pad), state, idx_dtype, init_aligned, final_aligned, mask_dtype, has_aligned,
+         nchunks) in itertools.product(_cache_layouts(k, s, (("cache_ptr", "stride_cache_slot"),)),
+                                       req.state_dtypes, req.index_dtypes,
+                                       alignments(k, "init_slot_ptr", req.index_alignments),
+                                       alignments(k, "final_slot_ptr", req.index_alignments), req.mask_dtypes,
+                                       alignments(k, "has_init_ptr", req.index_alignments),
+                                       COUNT_CLASSES):
         arguments = spi.launch_arguments(
             standin((nchunks, H, P, N), F32), standin((H, nchunks, Q), F32),
             state_cache=_cache(state, s, pad, cache_aligned),
@@ -513,8 +519,7 @@ def _state_passing_indexed_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
             has_initial_state=standin((1,), mask_dtype, aligned=has_aligned),
             final_slot_index=standin((1,), idx_dtype, aligned=final_aligned),
             out=standin((nchunks, H, P, N), state))
-        yield spec_for(spi._state_passing_indexed_kernel, arguments,
-                       why=f"{state} cache, {idx_dtype} slots, {nchunks} chunks")
+        yield spec_for(k, arguments, why=f"{state} cache, {idx_dtype} slots, {nchunks} chunks")
 
 
 @register("chunk_cumsum")
@@ -612,15 +617,28 @@ def _chunk_scan_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
                        why=f"{io} io, {state} states, D {d_kind}, z={has_z}, {path}, nchunks~{nchunks}")
 
 
-def _writeback_targets(kernel: Any, req: WarmupRequest, state: torch.dtype, mode: str) -> list[tuple]:
-    """(cache, final slots) stand-ins a snapshot-path states kernel writes its final states through, in ``mode``:
-    the user's cache and final slots (direct), a fresh (Bt, H, P, N) result and an int64 arange of slots
-    (returned), or nothing (checkpoint: the launcher's placeholders stand in)."""
+def _cache_layouts(kernel: Any, shape: ModelShape,
+                   through: Sequence[tuple[str, str]]) -> list[tuple[bool, int]]:
+    """(aligned, row pad) of the paged caches a kernel sees through its (pointer, row stride) parameters
+    ``through``: aligned or offset where one of the pointers is specialized on alignment, one row pad per class of
+    the row stride where one of the strides is specialized; otherwise one layout stands in for all."""
+    row = shape.nheads * shape.headdim * shape.dstate
+    aligned = sorted({a for ptr, _ in through for a in alignments(kernel, ptr, ALIGNMENTS)}, reverse=True)
+    pads = representatives(lambda p: row + p, candidates=range(17))
+    if all(_param(kernel, stride).do_not_specialize for _, stride in through):
+        pads = pads[:1]
+    return list(itertools.product(aligned, pads))
+
+
+def _writeback_targets(kernel: Any, req: WarmupRequest, state: torch.dtype, mode: str,
+                       through: Sequence[tuple[str, str]] = (("cache_ptr", "stride_cache_slot"),)) -> list[tuple]:
+    """(cache, final slots) stand-ins a states kernel writes its final states through, in ``mode``: the user's
+    cache and final slots (direct; the cache's layouts those the kernel specializes ``through``), a fresh
+    (Bt, H, P, N) result and an int64 arange of slots (returned), or nothing (checkpoint: the launcher's
+    placeholders stand in)."""
     s = req.shape
     if mode == "direct":
-        row = s.nheads * s.headdim * s.dstate
-        return [(_cache(state, s, pad, aligned), final) for aligned in ALIGNMENTS
-                for pad in representatives(lambda p: row + p, candidates=range(17))
+        return [(_cache(state, s, pad, aligned), final) for aligned, pad in _cache_layouts(kernel, s, through)
                 for final in _index_views(kernel, "final_idx_ptr", "stride_final_idx", req)]
     if mode == "returned":
         return [(standin((1, s.nheads, s.headdim, s.dstate), state), standin((1,), torch.int64))]
@@ -666,12 +684,15 @@ def _chunk_state_passing_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
     # The indexed path runs this kernel only on calls of fewer chunks than the pair's (``kernels.plan``).
     few = representatives(lambda c: c * Q, own, candidates=range(1, PAIR_FROM_CHUNKS))
 
+    # By slot the cache is also read, through the initial state's pointer and row stride.
+    by_slot = (("cache_ptr", "stride_cache_slot"), ("init_ptr", "stride_init_row"))
+
     if "indexed" in req.paths and "direct" in req.modes:
         for state, meta, nchunks, io in itertools.product(req.state_dtypes, req.metadata_dtypes, few,
                                                           req.io_dtypes):
             fp32 = standin((H, nchunks, Q), F32)
             for (cache, final), slot, has in itertools.product(
-                    _writeback_targets(k, req, state, "direct"),
+                    _writeback_targets(k, req, state, "direct", by_slot),
                     _index_views(k, "init_slot_ptr", "stride_init_slot", req),
                     _index_views(k, "has_init_ptr", "stride_has_init", req, req.mask_dtypes)):
                 arguments = csp.launch_arguments(

@@ -107,6 +107,8 @@ CALLS = {
         io=torch.float16, state=torch.bfloat16, contexts=(3, 0), tokens=(13, 9), D="per_channel", z=True, bias=True,
         softplus=True, limit=True, table=(5, 1, 1), row_pad=3, offset=1),
     "indexed-direct-fp32-Dhead": dict(contexts=(5,), tokens=(19,), D="per_head", path="indexed"),
+    # Few chunks: the fused kernel reads the initial state from the cache by slot, here an unaligned padded one.
+    "indexed-direct-fp32-offset-cache": dict(contexts=(5,), tokens=(19,), path="indexed", row_pad=3, offset=1),
     # From kernels.plan.PAIR_FROM_CHUNKS chunks either path runs chunk state's kernel and a state passing kernel.
     "indexed-pair-direct-bf16": dict(io=torch.bfloat16, state=torch.bfloat16, contexts=(5,), tokens=(70,),
                                      path="indexed"),
@@ -268,7 +270,8 @@ def test_the_state_kernels_have_one_binary_for_every_cache_layout(registration):
     offset cache, with rows padded to a multiple of 16 or not (the plan enumerates all four), is one specialization.
     So is the gather's: it runs where the rows are not all 16-byte aligned (the aligned ones gather inside the
     cumsum's kernel, which keeps the class) or in the unfused stage bench, and a copy's bits do not depend on its
-    load width."""
+    load width. The fused kernel also reads the initial state through its own pointer and row stride, the cache's
+    on the indexed path (by slot), once per sequence: one specialization too."""
     planned, _ = plan([(SHAPE, (torch.bfloat16,), (torch.bfloat16,))], [registration])
     keys = [k for p in planned for k in p.keys]
     assert keys
@@ -276,6 +279,9 @@ def test_the_state_kernels_have_one_binary_for_every_cache_layout(registration):
         params = dict(key.params)
         assert params["cache_ptr"] == "*bf16 (alignment not specialized)", key.describe()
         assert params["stride_cache_slot"] == "i32 (not specialized)", key.describe()
+        if registration == "chunk_state_passing":
+            assert params["init_ptr"].endswith("(alignment not specialized)"), key.describe()
+            assert params["stride_init_row"] == "i32 (not specialized)", key.describe()
 
 
 @pytest.mark.parametrize("registration", ["chunk_cumsum", "chunk_cumsum_gather"])
