@@ -168,13 +168,16 @@ def launch_arguments(C: torch.Tensor, B: torch.Tensor, cu_chunk_seqlens: torch.T
     """The kernel's arguments by name for these tensors (the launcher's, and the warmup registry's on stand-ins);
     the block sizes come from the autotuner's config."""
     check_overlap_flags(signal_next, overlaps_previous)
+    B_strides = B.stride()
+    C_strides = C.stride()
+    CB_strides = CB.stride()
     return dict(
         C_ptr=C, B_ptr=B, cu_chunk_seqlens_ptr=cu_chunk_seqlens, CB_ptr=CB,
         dstate=C.shape[2], chunk_size=CB.shape[2],
-        stride_C_token=C.stride(0), stride_C_group=C.stride(1), stride_C_dstate=C.stride(2),
-        stride_B_token=B.stride(0), stride_B_group=B.stride(1), stride_B_dstate=B.stride(2),
-        stride_CB_chunk=CB.stride(0), stride_CB_group=CB.stride(1), stride_CB_m=CB.stride(2),
-        stride_CB_n=CB.stride(3),
+        stride_C_token=C_strides[0], stride_C_group=C_strides[1], stride_C_dstate=C_strides[2],
+        stride_B_token=B_strides[0], stride_B_group=B_strides[1], stride_B_dstate=B_strides[2],
+        stride_CB_chunk=CB_strides[0], stride_CB_group=CB_strides[1], stride_CB_m=CB_strides[2],
+        stride_CB_n=CB_strides[3],
         signal_next=int(signal_next), overlaps_previous=int(overlaps_previous),
         DOT_FP32_OPERANDS=DOT_FP32_OPERANDS,
         FP32_DOT_PRECISION=FP32_DOT_PRECISION,

@@ -240,15 +240,19 @@ def launch_arguments(dt: torch.Tensor, A: torch.Tensor, cu_chunk_seqlens: torch.
     """The kernel's arguments by name for these tensors (the launcher's, and the warmup registry's on stand-ins),
     less the config's. Without dt_bias, A stands in for its pointer (never read) and its stride is 0."""
     H, _, chunk_size = dt_out.shape
+    dt_strides = dt.stride()
+    dA_cumsum_strides = dA_cumsum.stride()
+    dt_out_strides = dt_out.stride()
     return dict(
         dt_ptr=dt, A_ptr=A, dt_bias_ptr=dt_bias if dt_bias is not None else A,
         cu_chunk_seqlens_ptr=cu_chunk_seqlens, dt_out_ptr=dt_out, dA_cumsum_ptr=dA_cumsum,
         nheads=H, chunk_size=chunk_size, dt_min=float(dt_limit[0]), dt_max=float(dt_limit[1]),
-        stride_dt_token=dt.stride(0), stride_dt_head=dt.stride(1), stride_A_head=A.stride(0),
+        stride_dt_token=dt_strides[0], stride_dt_head=dt_strides[1], stride_A_head=A.stride(0),
         stride_dt_bias_head=dt_bias.stride(0) if dt_bias is not None else 0,
-        stride_dt_out_head=dt_out.stride(0), stride_dt_out_chunk=dt_out.stride(1), stride_dt_out_pos=dt_out.stride(2),
-        stride_dA_cs_head=dA_cumsum.stride(0), stride_dA_cs_chunk=dA_cumsum.stride(1),
-        stride_dA_cs_pos=dA_cumsum.stride(2),
+        stride_dt_out_head=dt_out_strides[0], stride_dt_out_chunk=dt_out_strides[1],
+        stride_dt_out_pos=dt_out_strides[2],
+        stride_dA_cs_head=dA_cumsum_strides[0], stride_dA_cs_chunk=dA_cumsum_strides[1],
+        stride_dA_cs_pos=dA_cumsum_strides[2],
         signal_next=int(signal_next),
         has_dt_bias=int(dt_bias is not None),
         dt_softplus=int(bool(dt_softplus)),

@@ -331,24 +331,32 @@ def launch_arguments(CB: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA
     init = initial_states if initial_states is not None else states
     z_arg = z if z is not None else x
     D_arg = D if D is not None else dt_out
+    C_strides = C.stride()
+    CB_strides = CB.stride()
+    dA_cumsum_strides = dA_cumsum.stride()
+    dt_out_strides = dt_out.stride()
+    out_strides = out.stride()
+    states_strides = states.stride()
+    x_strides = x.stride()
     return dict(
         CB_ptr=CB, x_ptr=x, z_ptr=z_arg, out_ptr=out, dt_ptr=dt_out, dA_cumsum_ptr=dA_cumsum, seq_idx_ptr=seq_idx,
         C_ptr=C, states_ptr=states, D_ptr=D_arg, initial_states_ptr=init, cu_chunk_seqlens_ptr=cu_chunk_seqlens,
         prev_chunk_offset=0 if states_are_entering else 1,
         has_initial_states=int(initial_states is not None),
         chunk_size=Q, hdim=P, dstate=N, nheads_per_group=H // G,
-        stride_CB_chunk=CB.stride(0), stride_CB_group=CB.stride(1), stride_CB_m=CB.stride(2), stride_CB_k=CB.stride(3),
-        stride_x_token=x.stride(0), stride_x_head=x.stride(1), stride_x_hdim=x.stride(2),
+        stride_CB_chunk=CB_strides[0], stride_CB_group=CB_strides[1], stride_CB_m=CB_strides[2],
+        stride_CB_k=CB_strides[3],
+        stride_x_token=x_strides[0], stride_x_head=x_strides[1], stride_x_hdim=x_strides[2],
         stride_z_token=z.stride(0) if z is not None else 0,
         stride_z_head=z.stride(1) if z is not None else 0,
         stride_z_hdim=z.stride(2) if z is not None else 0,
-        stride_out_token=out.stride(0), stride_out_head=out.stride(1), stride_out_hdim=out.stride(2),
-        stride_dt_head=dt_out.stride(0), stride_dt_chunk=dt_out.stride(1), stride_dt_pos=dt_out.stride(2),
-        stride_dA_cs_head=dA_cumsum.stride(0), stride_dA_cs_chunk=dA_cumsum.stride(1),
-        stride_dA_cs_pos=dA_cumsum.stride(2),
-        stride_C_token=C.stride(0), stride_C_group=C.stride(1), stride_C_dstate=C.stride(2),
-        stride_states_chunk=states.stride(0), stride_states_head=states.stride(1),
-        stride_states_hdim=states.stride(2), stride_states_dstate=states.stride(3),
+        stride_out_token=out_strides[0], stride_out_head=out_strides[1], stride_out_hdim=out_strides[2],
+        stride_dt_head=dt_out_strides[0], stride_dt_chunk=dt_out_strides[1], stride_dt_pos=dt_out_strides[2],
+        stride_dA_cs_head=dA_cumsum_strides[0], stride_dA_cs_chunk=dA_cumsum_strides[1],
+        stride_dA_cs_pos=dA_cumsum_strides[2],
+        stride_C_token=C_strides[0], stride_C_group=C_strides[1], stride_C_dstate=C_strides[2],
+        stride_states_chunk=states_strides[0], stride_states_head=states_strides[1],
+        stride_states_hdim=states_strides[2], stride_states_dstate=states_strides[3],
         stride_init_batch=initial_states.stride(0) if initial_states is not None else 0,
         stride_init_head=initial_states.stride(1) if initial_states is not None else 0,
         stride_D_head=D.stride(0) if D is not None else 0,

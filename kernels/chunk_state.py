@@ -231,18 +231,23 @@ def launch_arguments(B: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_
     the block sizes come from the autotuner's config."""
     _, H, P = x.shape
     _, G, N = B.shape
+    B_strides = B.stride()
+    dA_cumsum_strides = dA_cumsum.stride()
+    dt_out_strides = dt_out.stride()
+    states_strides = states.stride()
+    x_strides = x.stride()
     return dict(
         x_ptr=x, B_ptr=B, dt_ptr=dt_out, dA_cumsum_ptr=dA_cumsum, cu_chunk_seqlens_ptr=cu_chunk_seqlens,
         states_ptr=states,
         hdim=P, dstate=N, chunk_size=dt_out.shape[2], nheads_per_group=H // G,
         chunk_count_class=chunk_count_class(states.shape[0]),
-        stride_x_token=x.stride(0), stride_x_head=x.stride(1), stride_x_hdim=x.stride(2),
-        stride_B_token=B.stride(0), stride_B_group=B.stride(1), stride_B_dstate=B.stride(2),
-        stride_dt_head=dt_out.stride(0), stride_dt_chunk=dt_out.stride(1), stride_dt_pos=dt_out.stride(2),
-        stride_dA_cs_head=dA_cumsum.stride(0), stride_dA_cs_chunk=dA_cumsum.stride(1),
-        stride_dA_cs_pos=dA_cumsum.stride(2),
-        stride_states_chunk=states.stride(0), stride_states_head=states.stride(1),
-        stride_states_hdim=states.stride(2), stride_states_dstate=states.stride(3),
+        stride_x_token=x_strides[0], stride_x_head=x_strides[1], stride_x_hdim=x_strides[2],
+        stride_B_token=B_strides[0], stride_B_group=B_strides[1], stride_B_dstate=B_strides[2],
+        stride_dt_head=dt_out_strides[0], stride_dt_chunk=dt_out_strides[1], stride_dt_pos=dt_out_strides[2],
+        stride_dA_cs_head=dA_cumsum_strides[0], stride_dA_cs_chunk=dA_cumsum_strides[1],
+        stride_dA_cs_pos=dA_cumsum_strides[2],
+        stride_states_chunk=states_strides[0], stride_states_head=states_strides[1],
+        stride_states_hdim=states_strides[2], stride_states_dstate=states_strides[3],
         overlaps_previous=int(overlaps_previous),
         DOT_FP32_OPERANDS=DOT_FP32_OPERANDS,
         FP32_DOT_PRECISION=FP32_DOT_PRECISION,

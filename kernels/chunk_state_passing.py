@@ -366,21 +366,28 @@ def launch_arguments(B: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_
     given = chunk_states if chunk_states is not None else dA_cumsum
     given_strides = chunk_states.stride()[:2] if chunk_states is not None else out.stride()[:2]
     cfg = dict(config) if config is not None else tile_config(P, N, Q, x.element_size())
+    B_strides = B.stride()
+    dA_cumsum_strides = dA_cumsum.stride()
+    dt_out_strides = dt_out.stride()
+    x_strides = x.stride()
+    out_strides = out.stride()
+    init_strides = init.stride()
+    cache_strides = cache.stride()
     return dict(
         x_ptr=x, B_ptr=B, dt_ptr=dt_out, dA_cs_ptr=dA_cumsum, cu_chunk_seqlens_ptr=cu_chunk_seqlens,
         seq_idx_ptr=seq_idx, chunk_states_ptr=given, out_ptr=out, init_ptr=init, init_slot_ptr=slot,
         has_init_ptr=has, cache_ptr=cache, final_idx_ptr=final_idx, last_chunk_ptr=last_chunk,
         hdim=P, dstate=N, chunk_size=Q, nheads_per_group=H // G, nchunks=dt_out.shape[1],
-        stride_x_token=x.stride(0), stride_x_head=x.stride(1), stride_x_hdim=x.stride(2),
-        stride_B_token=B.stride(0), stride_B_group=B.stride(1), stride_B_dstate=B.stride(2),
-        stride_dt_head=dt_out.stride(0), stride_dt_chunk=dt_out.stride(1), stride_dt_pos=dt_out.stride(2),
-        stride_dA_head=dA_cumsum.stride(0), stride_dA_chunk=dA_cumsum.stride(1), stride_dA_pos=dA_cumsum.stride(2),
+        stride_x_token=x_strides[0], stride_x_head=x_strides[1], stride_x_hdim=x_strides[2],
+        stride_B_token=B_strides[0], stride_B_group=B_strides[1], stride_B_dstate=B_strides[2],
+        stride_dt_head=dt_out_strides[0], stride_dt_chunk=dt_out_strides[1], stride_dt_pos=dt_out_strides[2],
+        stride_dA_head=dA_cumsum_strides[0], stride_dA_chunk=dA_cumsum_strides[1], stride_dA_pos=dA_cumsum_strides[2],
         stride_seq_idx=seq_idx.stride(0),
         stride_chunk_states_chunk=given_strides[0], stride_chunk_states_head=given_strides[1],
-        stride_out_chunk=out.stride(0), stride_out_head=out.stride(1),
-        stride_init_row=init.stride(0), stride_init_head=init.stride(1),
+        stride_out_chunk=out_strides[0], stride_out_head=out_strides[1],
+        stride_init_row=init_strides[0], stride_init_head=init_strides[1],
         stride_init_slot=slot.stride(0), stride_has_init=has.stride(0),
-        stride_cache_slot=cache.stride(0), stride_cache_head=cache.stride(1),
+        stride_cache_slot=cache_strides[0], stride_cache_head=cache_strides[1],
         stride_final_idx=final_idx.stride(0), stride_last_chunk=last_chunk.stride(0),
         init_mode=init_mode, store_entering=int(init_mode == INIT_BY_SLOT), write_cache=int(write_cache),
         read_chunk_states=int(chunk_states is not None), signal_next=int(signal_next),

@@ -84,7 +84,7 @@ def launch_key(kernel: Any, device: int, arguments: dict) -> tuple[tuple, list[i
     tensors, scalars = split
     held = tensors(values)
     addresses = [t.data_ptr() for t in held]
-    signature = tuple([(t.dtype, not address & 15, t.is_cuda) for t, address in zip(held, addresses)])
+    signature = tuple([(t.dtype, not address & 15, t.is_cuda) for t, address in zip(held, addresses, strict=True)])
     return (kernel, device, tuple(arguments), types, scalars(values), signature), addresses
 
 
@@ -228,7 +228,7 @@ class TritonRuntime:
         if callable(grid):
             grid = grid(arguments)
         if binding.address_names is not None:
-            arguments.update(zip(binding.address_names, addresses))
+            arguments.update(zip(binding.address_names, addresses, strict=True))
         binary = binding.binary
         stream = self.stream(binding.device)
         grid_0, grid_1, grid_2 = (tuple(grid) + (1, 1))[:3]

@@ -181,14 +181,18 @@ def launch_arguments(states: torch.Tensor, dA_cumsum: torch.Tensor, *, state_cac
     nchunks, _, P, N = states.shape
     # A same-width view, not a copy: the kernel reads the mask as bytes.
     has_init = has_initial_state.view(torch.uint8) if has_initial_state.dtype == torch.bool else has_initial_state
+    dA_cumsum_strides = dA_cumsum.stride()
+    out_strides = out.stride()
+    state_cache_strides = state_cache.stride()
+    states_strides = states.stride()
     return dict(
         states_ptr=states, out_ptr=out, dA_cs_ptr=dA_cumsum, cache_ptr=state_cache, init_slot_ptr=init_slot_index,
         has_init_ptr=has_init, final_slot_ptr=final_slot_index,
         dim=P * N, nchunks=nchunks, chunk_size=dA_cumsum.shape[2],
-        stride_states_chunk=states.stride(0), stride_states_head=states.stride(1),
-        stride_out_chunk=out.stride(0), stride_out_head=out.stride(1),
-        stride_dA_head=dA_cumsum.stride(0), stride_dA_chunk=dA_cumsum.stride(1), stride_dA_q=dA_cumsum.stride(2),
-        stride_cache_slot=state_cache.stride(0), stride_cache_head=state_cache.stride(1),
+        stride_states_chunk=states_strides[0], stride_states_head=states_strides[1],
+        stride_out_chunk=out_strides[0], stride_out_head=out_strides[1],
+        stride_dA_head=dA_cumsum_strides[0], stride_dA_chunk=dA_cumsum_strides[1], stride_dA_q=dA_cumsum_strides[2],
+        stride_cache_slot=state_cache_strides[0], stride_cache_head=state_cache_strides[1],
         BLOCK_SIZE=fixed_block(P * N, BLOCK_SIZE),
         **pdl_arguments(),
     )
