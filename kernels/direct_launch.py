@@ -9,7 +9,9 @@ alignment, every other argument's exact value, the kernel and the device; finer 
 Triton's own path launch a key the first time, then binds what Triton chose (``Binding``: the compiled binary, the
 autotuner's config, the parameter order) and launches that binary directly for the key afterwards: the grid is
 computed from the arguments as Triton computes it, the arguments go to the binary's launcher in the kernel's
-parameter order, with the current stream, as ``JITFunction.run`` passes them.
+parameter order, with the current stream, as ``JITFunction.run`` passes them. The key reads every tensor's address
+(its alignment); where every tensor of the launch is on a GPU those addresses go to the launcher in the tensors'
+places, which it takes as device pointers as they are, instead of asking the driver for each tensor's.
 
 Nothing Triton's path would do differently may be skipped, so a launch takes Triton's path whenever:
 

@@ -89,8 +89,9 @@ for step in $steps; do
       # tree (its tracked and unignored files without .git, what `git archive` ships; outside any repository):
       # readme from a cold Triton cache and no byte-code, readme-warm again on what readme left. Prints the items,
       # the case items run, the distinct binaries compiled; the wall time is the step's.
-      if [ "$step" = readme ]; then
-        export README_EXPORT=$(mktemp -d) README_TRITON_CACHE=$(mktemp -d)
+      if [ "$step" = readme ]; then  # README_EXPORT / README_TRITON_CACHE: empty folders given by the caller, so that
+        # a later call of this script can run readme-warm on them (each folder is made here where not given)
+        export README_EXPORT=${README_EXPORT:-$(mktemp -d)} README_TRITON_CACHE=${README_TRITON_CACHE:-$(mktemp -d)}
         git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do
           [ -f "$f" ] && printf '%s\0' "$f"; done | tar --null -T - -cf - | tar -xf - -C "$README_EXPORT"
       fi
@@ -209,7 +210,9 @@ print('items', r.counts(), 'case items run', sum(i.nodeid.startswith('cases/') a
       # SSD_HARNESS_VLLM_KEEP_RACY_CONFIGS=1 (_drop_racy_wgmma_configs as the identity: all 23 chunk-scan configs).
       # A cold Triton cache: every forced config compiles once per specialization (set STEP_TIMEOUT to fit). Named by
       # --check: a GPU run that does not name every_config skips it outside the cases whose checks: name it.
-      export TRITON_CACHE_DIR=$(mktemp -d)
+      # EVERY_CONFIG_CACHE: one Triton cache for the steps of this call (every-config-vllm, then every-config-vllm-all
+      # compiles only the configs the first did not), else a cold one per step.
+      export TRITON_CACHE_DIR=${EVERY_CONFIG_CACHE:-$(mktemp -d)}
       provider=(); keep=0
       [ "$step" != every-config ] && provider=(--provider peers.vllm_ssd:provider)
       [ "$step" = every-config-vllm-all ] && keep=1
