@@ -146,10 +146,10 @@ def ssd_prefill(
     #    by slot), exiting states on the snapshot path; final states into the writeback target.
     writeback, result = _writeback(p.path, call.mode, state_cache, final_state_indices, batch, x.device)
     if p.states == "fused":
-        if p.path == "indexed":
-            sources = dict(state_cache=state_cache, initial_state_indices=initial_state_indices[:1],
-                           has_initial_states=has_initial_states[:1], final_state_indices=final_state_indices[:1],
-                           last_chunk_indices=last_chunk_indices[:1])
+        if p.path == "indexed":  # one sequence (``choose_path``): each index tensor is that sequence's one entry
+            sources = dict(state_cache=state_cache, initial_state_indices=initial_state_indices,
+                           has_initial_states=has_initial_states, final_state_indices=final_state_indices,
+                           last_chunk_indices=last_chunk_indices)
         else:
             sources = dict(initial_states=initial_states, last_chunk_indices=last_chunk_indices if writeback else None,
                            **writeback)
@@ -168,8 +168,8 @@ def ssd_prefill(
                                        overlaps_previous=p.bmm == "before_chunk_state")
         if p.path == "indexed":
             state_passing_indexed(chunk_states, dA_cumsum, state_cache=state_cache,
-                                  init_slot_index=initial_state_indices[:1], has_initial_state=has_initial_states[:1],
-                                  final_slot_index=final_state_indices[:1], out=workspace)
+                                  init_slot_index=initial_state_indices, has_initial_state=has_initial_states,
+                                  final_slot_index=final_state_indices, out=workspace)
         else:
             state_passing_batched(chunk_states, dA_cumsum, last_chunk_indices, initial_states=initial_states,
                                   out=workspace, **writeback)
