@@ -20,15 +20,11 @@ VENV_FLAGS ?=
 
 .PHONY: run test lint bench generate validate bytecode clean-venv
 
-# --no-compile: pip would byte-compile every file of every package (torch's thousands, most never imported: about half
-# of torch's install time); Python compiles what a process imports, once, into the same __pycache__ folders.
-PIP_INSTALL := $(PY) -m pip install -q --no-compile
-
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
-	$(PIP_INSTALL) --upgrade pip
-	$(if $(strip $(TORCH_SPEC)),$(PIP_INSTALL) "$(TORCH_SPEC)" $(if $(strip $(TORCH_INDEX)),--index-url $(TORCH_INDEX)))
-	$(PIP_INSTALL) -e ".[$(EXTRAS)]"
+	$(PY) -m pip install -q --upgrade pip
+	$(if $(strip $(TORCH_SPEC)),$(PY) -m pip install -q "$(TORCH_SPEC)" $(if $(strip $(TORCH_INDEX)),--index-url $(TORCH_INDEX)))
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
 	touch $@
 
 run: $(STAMP)
