@@ -97,15 +97,15 @@ def _split(types: tuple) -> tuple[Any, Any]:
     return _picker(tensor_at), _picker(other_at)
 
 
-def _picker(positions: list[int]):
-    """A getter of the values at ``positions`` of a tuple, as a tuple (``operator.itemgetter`` returns a bare value
-    for one position and fails on none)."""
-    if not positions:
-        return lambda values: ()
-    if len(positions) == 1:
-        (at,) = positions
-        return lambda values: (values[at],)
-    return operator.itemgetter(*positions)
+def _picker(keys: list) -> Any:
+    """A getter of the items at ``keys`` (positions of a tuple, or names of a dict), in that order, always as a
+    tuple (``operator.itemgetter`` returns a bare item for one key and fails on none)."""
+    if not keys:
+        return lambda items: ()
+    if len(keys) == 1:
+        (key,) = keys
+        return lambda items: (items[key],)
+    return operator.itemgetter(*keys)
 
 
 # Argument types -> the getters of their tensors and other values: one entry per launch site's argument layout.
@@ -132,7 +132,7 @@ class Binding:
 
     def __post_init__(self):
         # The binary's arguments in parameter order, from the launch's arguments merged with the config's constexprs.
-        self.in_order = _picker_by_name(self.params)
+        self.in_order = _picker(self.params)
 
 
 class TritonRuntime:
@@ -252,16 +252,6 @@ def gpu_tensor_names(arguments: dict) -> tuple[str, ...] | None:
 
 
 _MISSING = object()
-
-
-def _picker_by_name(names: tuple[str, ...]):
-    """A getter of a dict's values at ``names``, in that order, as a tuple."""
-    if not names:
-        return lambda mapping: ()
-    if len(names) == 1:
-        (name,) = names
-        return lambda mapping: (mapping[name],)
-    return operator.itemgetter(*names)
 
 
 def tuning_key_of(tuner: Any, arguments: dict) -> tuple:

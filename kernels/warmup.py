@@ -43,7 +43,6 @@ from kernels.tuned_configs import chunk_count_class
 INT_ONE, INT_MULTIPLE_OF_16, INT_OTHER = 1, 16, 3
 INDEX_STRIDES = (INT_ONE, INT_MULTIPLE_OF_16, INT_OTHER)  # contiguous, block table with 16k / other columns
 COUNT_CLASSES = (INT_ONE, INT_MULTIPLE_OF_16, INT_OTHER)  # batch, nchunks
-ROW_PADS = (0, 1)  # padded state-cache row: H*P*N + pad keeps or breaks the multiple-of-16 class
 # nchunks / batch / pad values tried for a count that enters ints as a*n + b: 1..16 cover every residue mod 16 and
 # 17 is "== 1 mod 16 but not 1"; ``representatives`` keeps one value per distinct tuple of classes.
 COUNT_CANDIDATES = tuple(range(1, 18))
@@ -457,9 +456,8 @@ def _gather_specs(req: WarmupRequest) -> Iterator[WarmupSpec]:
 
     k = gather._gather_initial_states_kernel
     s = req.shape
-    pads = ROW_PADS[:1] if _param(k, "stride_cache_slot").do_not_specialize else ROW_PADS
-    for state, cache_aligned, pad in itertools.product(req.state_dtypes, alignments(k, "cache_ptr", ALIGNMENTS),
-                                                       pads):
+    for state, (cache_aligned, pad) in itertools.product(
+            req.state_dtypes, _cache_layouts(k, s, (("cache_ptr", "stride_cache_slot"),))):
         for idx, has in itertools.product(_index_views(k, "idx_ptr", "stride_idx", req),
                                           _index_views(k, "has_ptr", "stride_has", req, req.mask_dtypes)):
             arguments = gather.launch_arguments(_cache(state, s, pad, cache_aligned), idx, has,
