@@ -181,8 +181,8 @@ def interpreter_install_problem() -> str | None:
 def configure(requested: str = "auto") -> str:
     """Resolve the device and set ``TRITON_INTERPRET`` to match, before any kernel module is imported. Under the
     interpreter, autotuners without a benchmarker of their own get a deterministic stand-in
-    (``harness.triton_autotuner.use_interpreter_benchmarker``), and helper calls inside a kernel are not patched again
-    (``harness.triton_interpreter.skip_nested_repatching``). Raises RuntimeError for the interpreter where this
+    (``harness.triton_autotuner.use_interpreter_benchmarker``), and the interpreter does not repeat work it already did
+    (``harness.triton_interpreter.install``). Raises RuntimeError for the interpreter where this
     Python's Triton or numpy cannot run it (``interpreter_install_problem``), naming the install line."""
     device = resolve_device(requested)
     if device == "cpu":
@@ -203,13 +203,13 @@ def configure(requested: str = "auto") -> str:
     else:
         # Triton's default autotuning benchmarker needs a GPU driver: without a stand-in, any provider's autotuned
         # kernel that brings no benchmarker of its own fails at its first launch under the interpreter.
+        from harness import triton_interpreter
         from harness.triton_autotuner import use_interpreter_benchmarker
-        from harness.triton_interpreter import skip_nested_repatching
 
         use_interpreter_benchmarker()
-        # The interpreter re-patches triton.language at every @jit helper call inside a kernel; the grid's patching
-        # already covers them (harness.triton_interpreter), and the operations are the same.
-        skip_nested_repatching()
+        # The interpreter repeats work whose result it already has (harness.triton_interpreter); the operations and
+        # their bits are the same.
+        triton_interpreter.install()
     return device
 
 

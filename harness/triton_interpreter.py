@@ -1,4 +1,5 @@
-"""Triton's interpreter without its repeated re-patching of ``triton.language`` inside a kernel.
+"""Triton's interpreter without the work it repeats: re-patching ``triton.language`` inside a kernel, listing the
+language's members for each grid, rebuilding its dtype table for each operation.
 
 Under ``TRITON_INTERPRET=1`` a launch runs ``GridExecutor.__call__``, which patches the ``triton.language`` modules
 the kernel's globals name (``tl``, ``tl.core``: every builtin of the module, of ``tl.tensor`` and ``tl.math``,
@@ -14,11 +15,22 @@ where a running grid already patched every ``triton.language`` module the helper
 names one the grid did not patch, or a jit function called outside any grid, is patched exactly as before. What
 each operation computes is unchanged: the patched attributes are the same functions over the same builder.
 
-It is installed only where the running Triton's two methods are the bodies this was written against (the source
-text compared, ``KNOWN_CALL``); any other Triton keeps its own interpreter untouched."""
+``remember_builtins`` replaces ``_patch_builtin``, which each grid runs over every language module: it lists the
+module's members with ``inspect.getmembers`` and rebinds those that are Triton builtins. The list is kept per module
+(or class) with its namespace (the module's dict, the class's MRO's dicts: what ``getmembers`` reads) and reused while
+that holds the same names bound to the same objects, so the same members are rebound as before; any change lists them
+again, and a module whose members can come from elsewhere (its own ``__getattr__``) is listed every time.
+
+``table_np_dtypes`` replaces ``_get_np_dtype``, which builds its dict of 19 dtypes at every call (several per
+interpreted operation): the same mapping, built once from the function it replaces.
+
+Each is installed only where the running Triton's function is the body this was written against (the source text
+compared, ``KNOWN_CALL``, or its hash); any other Triton keeps its own interpreter untouched (``install`` says why).
+``install`` installs all of them."""
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import textwrap
 import threading
@@ -37,13 +49,22 @@ def __call__(self, *args, **kwargs):
 # before running its programs, and restore them only after the last one.
 GRID_PATCHES = ("patch_scope = _patch_lang(self.fn)", "self.fn(**args)", "patch_scope.restore()")
 
+# The sha256 of the functions' source text (dedented, stripped) this module replaces, as Triton 3.6.0 has them.
+KNOWN_PATCH_BUILTIN = "50b034993150d256"
+KNOWN_NP_DTYPE = "cbce40fb1f530102"
+
 _grids = threading.local()  # .langs: a stack of the module sets patched by the grids running in this thread
 _installed = False
-upstream: dict[str, object] = {}  # the methods replaced, by name ("GridExecutor", "InterpretedFunction")
+upstream: dict[str, object] = {}  # what was replaced, by name ("GridExecutor", "InterpretedFunction", ...)
+_installed_speedups: dict[str, bool] = {}
 
 
 def _source(fn) -> str:
     return textwrap.dedent(inspect.getsource(fn)).strip()
+
+
+def _source_hash(fn) -> str:
+    return hashlib.sha256(_source(fn).encode()).hexdigest()[:16]
 
 
 def _langs(fn, interpreter) -> frozenset[int]:
@@ -108,3 +129,97 @@ def skip_nested_repatching() -> bool:
     interpreter.InterpretedFunction.__call__ = call_helper
     _installed = True
     return True
+
+
+def _replace_function(name: str, known_hash: str, make) -> str | None:
+    """Replace ``triton.runtime.interpreter.<name>`` by ``make(original)`` where its source hashes to ``known_hash``;
+    None when installed (now or before), else why not."""
+    from triton.runtime import interpreter
+
+    if _installed_speedups.get(name):
+        return None
+    original = getattr(interpreter, name, None)
+    if original is None:
+        return f"triton.runtime.interpreter has no {name}"
+    if _source_hash(original) != known_hash:
+        return f"triton.runtime.interpreter.{name} is not the body this was written against"
+    upstream[name] = original
+    setattr(interpreter, name, make(original))
+    _installed_speedups[name] = True
+    return None
+
+
+def _namespace(pkg) -> list[dict] | None:
+    """The dicts that ``inspect.getmembers(pkg)`` reads for a module or a plain class (its own, or its MRO's), or
+    None where members can come from elsewhere (a module's ``__getattr__``/``__dir__``, a metaclass of its own)."""
+    if isinstance(pkg, type):
+        return None if type(pkg) is not type else [vars(k) for k in pkg.__mro__]
+    names = getattr(pkg, "__dict__", None)
+    if not inspect.ismodule(pkg) or names is None or "__getattr__" in names or "__dir__" in names:
+        return None
+    return [names]
+
+
+def _remembering_patch_builtin(original):
+    from triton.runtime import interpreter
+
+    # id(module) -> (the module, its namespace's keys, their values, the builtins as getmembers listed them)
+    listed: dict[int, tuple] = {}
+
+    def patch_builtin(pkg, builder, scope):
+        dicts = _namespace(pkg)
+        if dicts is None:
+            return original(pkg, builder, scope)
+        keys = [key for names in dicts for key in names]
+        values = [value for names in dicts for value in names.values()]
+        known = listed.get(id(pkg))
+        if (known is None or known[0] is not pkg or known[1] != keys
+                or any(a is not b for a, b in zip(known[2], values, strict=True))):
+            builtins = [(name, member) for name, member in inspect.getmembers(pkg)
+                        if interpreter.tl.core.is_builtin(member)]
+            known = listed[id(pkg)] = (pkg, keys, values, builtins)
+        for name, member in known[3]:
+            interpreter._patch_attr(pkg, name, member, builder, scope)
+
+    return patch_builtin
+
+
+def _tabled_np_dtype(original):
+    from triton.runtime import interpreter
+
+    tl = interpreter.tl
+    scalars = (tl.int1, tl.float16, tl.float32, tl.float64, tl.int8, tl.uint8, tl.int16, tl.uint16, tl.int32,
+               tl.uint32, tl.int64, tl.uint64, tl.bfloat16, tl.float8e5, tl.float8e5b16, tl.float8e4nv, tl.float8e4b8,
+               tl.float8e4b15)
+    table = {dtype: original(dtype) for dtype in scalars}
+    pointer_dtype = original(tl.pointer_type(tl.int8))
+    pointer_type, block_type = tl.pointer_type, tl.block_type
+
+    def get_np_dtype(tt_dtype):
+        if isinstance(tt_dtype, pointer_type):
+            return pointer_dtype
+        if isinstance(tt_dtype, block_type):
+            element = tt_dtype.element_ty
+            return pointer_dtype if isinstance(element, pointer_type) else table[element]
+        return table[tt_dtype]  # a KeyError for any other, as the original's dict lookup
+
+    return get_np_dtype
+
+
+def remember_builtins() -> str | None:
+    """Install the kept member lists (module docstring); None when installed, else why not."""
+    return _replace_function("_patch_builtin", KNOWN_PATCH_BUILTIN, _remembering_patch_builtin)
+
+
+def table_np_dtypes() -> str | None:
+    """Install the dtype table built once (module docstring); None when installed, else why not."""
+    return _replace_function("_get_np_dtype", KNOWN_NP_DTYPE, _tabled_np_dtype)
+
+
+def install() -> dict[str, str | None]:
+    """Every speed-up of this module where it applies: name -> None (installed) or why it was left out."""
+    return {
+        "skip_nested_repatching": None if skip_nested_repatching() else install_problem(),
+        "remember_builtins": remember_builtins(),
+        "table_np_dtypes": table_np_dtypes(),
+    }

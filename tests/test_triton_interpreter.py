@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import textwrap
+import types
 
 import pytest
 import torch
@@ -106,3 +107,83 @@ def test_the_bits_are_those_of_tritons_own_interpreter(tmp_path, monkeypatch):
     theirs, patched = _launch(tmp_path, monkeypatch, "_scale")
     assert patched == 1 + PROGRAMS * CALLS  # Triton's own: every helper call patches again
     assert torch.equal(ours, theirs)
+
+
+def test_every_speedup_is_installed_on_the_pinned_triton():
+    assert triton_interpreter.install() == {"skip_nested_repatching": None, "remember_builtins": None,
+                                            "table_np_dtypes": None}
+
+
+def test_the_dtype_table_answers_as_the_function_it_replaces():
+    from triton.runtime import interpreter
+
+    original = triton_interpreter.upstream["_get_np_dtype"]
+    assert interpreter._get_np_dtype is not original
+    scalars = [tl.int1, tl.float16, tl.bfloat16, tl.float32, tl.float64, tl.int8, tl.uint8, tl.int16, tl.uint16,
+               tl.int32, tl.uint32, tl.int64, tl.uint64, tl.float8e5, tl.float8e5b16, tl.float8e4nv, tl.float8e4b8,
+               tl.float8e4b15]
+    kinds = scalars + [tl.pointer_type(tl.float16), tl.block_type(tl.pointer_type(tl.int32), [4])]
+    kinds += [tl.block_type(dtype, [2, 8]) for dtype in scalars]
+    for dtype in kinds:
+        assert interpreter._get_np_dtype(dtype) == original(dtype), dtype
+    for unknown in (tl.void, tl.block_type(tl.void, [2])):
+        with pytest.raises(KeyError):
+            original(unknown)
+        with pytest.raises(KeyError):
+            interpreter._get_np_dtype(unknown)
+
+
+def _stable_members(pkg) -> dict:
+    """name -> member, for the members that are the same object at each access (a class's bound class methods are
+    new objects each time; no builtin is one)."""
+    return {name: getattr(pkg, name) for name in dir(pkg) if getattr(pkg, name) is getattr(pkg, name)}
+
+
+def _rebound(pkg) -> dict:
+    """name -> the member rebound, by one call of the installed ``_patch_builtin`` (restored after)."""
+    from triton.runtime import interpreter
+
+    scope = interpreter._LangPatchScope()
+    before = _stable_members(pkg)
+    interpreter._patch_builtin(pkg, interpreter.interpreter_builder, scope)
+    changed = {name: before[name] for name in before if getattr(pkg, name) is not before[name]}
+    scope.restore()
+    assert all(getattr(pkg, name) is before[name] for name in before)
+    return changed
+
+
+def test_kept_member_lists_rebind_what_getmembers_finds_and_follow_every_change():
+    """The kept list is the one ``inspect.getmembers`` gives, and is listed again when a member is added, removed
+    or replaced (a builtin by a plain function, a plain function by a builtin)."""
+    import inspect
+
+    builtin_a, builtin_b = tl.core.builtin(lambda x, _semantic=None: x), tl.core.builtin(lambda x, _semantic=None: x)
+    pkg = types.ModuleType("stand_in_language")
+    pkg.a, pkg.plain = builtin_a, (lambda x: x)
+
+    def expected():
+        return {name for name, member in inspect.getmembers(pkg) if tl.core.is_builtin(member)}
+
+    assert set(_rebound(pkg)) == expected() == {"a"}
+    assert set(_rebound(pkg)) == {"a"}  # from the kept list
+    pkg.b = builtin_b  # added
+    assert set(_rebound(pkg)) == expected() == {"a", "b"}
+    pkg.plain = builtin_a  # a plain member replaced by a builtin
+    assert set(_rebound(pkg)) == expected() == {"a", "b", "plain"}
+    pkg.a = lambda x: x  # a builtin replaced by a plain function
+    assert set(_rebound(pkg)) == expected() == {"b", "plain"}
+    del pkg.b
+    assert set(_rebound(pkg)) == expected() == {"plain"}
+
+
+def test_the_language_modules_rebind_what_tritons_own_listing_rebinds():
+    from triton.runtime import interpreter
+
+    for pkg in (tl, tl.core, tl.tensor, tl.math, tl.core.tensor_descriptor_base):
+        ours = set(_rebound(pkg))
+        scope = interpreter._LangPatchScope()
+        before = _stable_members(pkg)
+        triton_interpreter.upstream["_patch_builtin"](pkg, interpreter.interpreter_builder, scope)
+        theirs = {name for name in before if getattr(pkg, name) is not before[name]}
+        scope.restore()
+        assert ours == theirs and ours, pkg
