@@ -304,3 +304,16 @@ class ReportsThreads(_Faulty):
 
 
 reports_threads = ReportsThreads()
+
+
+class ReportsWhere(_Faulty):
+    """Not a fault of a kernel: on the faulting case prints a line to standard output and one to standard error,
+    then raises with its working directory, so a test can see where a supervised child runs and writes."""
+
+    def fault(self) -> None:
+        print("reports_where: standard output", flush=True)
+        print("reports_where: standard error", file=sys.stderr, flush=True)
+        raise RuntimeError(f"cwd={os.getcwd()}")
+
+
+reports_where = ReportsWhere()

@@ -107,8 +107,8 @@ def test_a_provider_that_exits_or_crashes_fails_its_item_and_the_rest_run(tiny, 
     assert_only_items_of(report, proc, tiny, fp.FAULTING_CASE, cause, spec)
     assert [r["item"] for r in report.meta["restarts"]] == [f"{fp.FAULTING_CASE}::determinism"] * restarts
     assert report.meta["processes"] == 1 + restarts
-    # The first child was forked at the command's start (harness/__main__.py), its replacement spawned.
-    assert [s["how"] for s in report.meta["starts"]] == ["fork"] + ["spawn"] * restarts, report.meta["starts"]
+    # The first child was forked at the command's start (harness/__main__.py), its replacement by the fork server.
+    assert [s["how"] for s in report.meta["starts"]] == ["fork"] + ["fork server"] * restarts, report.meta["starts"]
     if provider == "segfaults":  # the dying child's Python stack is in the report
         (bad,) = [r for r in report.items if r.outcome == "error"]
         assert "faulty_providers.py" in bad.message and "in _segfault" in bad.message, bad.message
@@ -562,14 +562,14 @@ def _forked_supervisor(tiny: Path, provider: str, device: str) -> dict:
 
 def test_a_child_forked_at_start_runs_items_and_its_crash_is_still_the_items_error(tiny, device):
     """``spare.prefork``: the child forked right after torch's import serves the first start; when it dies,
-    the item is the error with the signal, and the replacement is spawned (the parent may have run torch ops since,
-    after which a fork is unsafe)."""
+    the item is the error with the signal, and the replacement comes from the fork server (the parent may have run
+    torch ops since, after which its own fork is unsafe)."""
     out = _forked_supervisor(tiny, "segfaults", device)
     statuses = [r[0] for r in out["results"]]
     assert statuses == ["passed", "error", "passed"], out
     assert "SIGSEGV (signal 11)" in out["results"][1][1], out
     starts = out["describe"]["starts"]
-    assert [s["how"] for s in starts] == ["fork", "spawn"], starts
+    assert [s["how"] for s in starts] == ["fork", "fork server"], starts
     assert "cpu" not in starts[0] and starts[1]["cpu"]["user"] > 0, starts  # the running child's CPU so far
     # A forked child imports nothing again: its configuration is quick next to a spawned one's torch import.
     phases = {"configure", "provider"} | ({"device_context"} if device == "cuda" else set())
@@ -625,7 +625,7 @@ def test_waiting_for_the_spares_context_is_bounded_and_needs_its_signal(monkeypa
 
 def test_no_fork_where_the_cuda_driver_is_initialized(monkeypatch):
     """A process whose CUDA driver started cannot fork a usable child: ``prefork`` refuses, says why, and the start
-    record of the spawned child carries the reason."""
+    record of the next child carries the reason."""
     from harness.isolation import forking, spare, supervisor
 
     monkeypatch.setattr(forking, "_cuda_driver_state", lambda: 0)
@@ -635,10 +635,10 @@ def test_no_fork_where_the_cuda_driver_is_initialized(monkeypatch):
     assert reason == ("the CUDA driver is initialized in this process (cuDeviceGetCount returned 0), and a forked "
                       "child cannot use it")
     assert spare._spare is None and not spare.waiting()
-    monkeypatch.setattr(supervisor, "_spawn", lambda: (_NeverStarted(), _NoChannel(), None))
+    monkeypatch.setattr(supervisor, "_fresh", lambda: ((_NeverStarted(), _NoChannel(), None), "fork server"))
     sup = supervisor.Supervisor("kernels:provider", "cpu")
     sup.start()
-    assert sup.describe()["starts"] == [{"how": f"spawn (no fork at start: {reason})"}]
+    assert sup.describe()["starts"] == [{"how": f"fork server (no fork at start: {reason})"}]
 
 
 class _Waiting:
@@ -652,13 +652,14 @@ class _Waiting:
 def test_a_spare_goes_only_to_its_owners_supervisor(monkeypatch):
     """A process's spare is forked for one owner (the CLI command, a pytest worker's config): a test that runs the
     CLI or an inner pytest session inside a worker must neither take nor discard the worker's spare, or the worker's
-    own case items wait for a spawned child. A supervisor of another owner, or of none, spawns; the owner's takes it."""
+    own case items wait for a fresh child. A supervisor of another owner, or of none, starts a fresh one; the owner's
+    takes it."""
     from harness.isolation import spare, supervisor
 
     owner = object()
     launched = (_Waiting(), _NoChannel(), None)
     monkeypatch.setattr(spare, "_spare", (os.getpid(), owner, launched))
-    monkeypatch.setattr(supervisor, "_spawn", lambda: (_NeverStarted(), _NoChannel(), None))
+    monkeypatch.setattr(supervisor, "_fresh", lambda: ((_NeverStarted(), _NoChannel(), None), "fork server"))
     assert spare.waiting() and spare.waiting(owner) and not spare.waiting(spare.CLI)
     assert spare.take(spare.CLI) is None and spare.take(None) is None
     spare.discard(spare.CLI)
@@ -666,7 +667,7 @@ def test_a_spare_goes_only_to_its_owners_supervisor(monkeypatch):
     for other in (None, spare.CLI, object()):
         sup = supervisor.Supervisor("kernels:provider", "cpu", spare_owner=other)
         sup.start()
-        assert sup.describe()["starts"][0]["how"].startswith("spawn"), other
+        assert sup.describe()["starts"][0]["how"] == "fork server", other
         assert spare.waiting(owner), other
     mine = supervisor.Supervisor("kernels:provider", "cpu", spare_owner=owner)
     mine.start()

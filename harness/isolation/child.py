@@ -25,7 +25,7 @@ import traceback
 STICKY_EXIT = 75
 
 
-def _exit_with_parent(parent_pid: int) -> None:
+def exit_with_parent(parent_pid: int) -> None:
     """Linux: the kernel kills this process when the parent dies (a supervisor killed without closing its child
     must not leave it running a hung item). Elsewhere the end of the request pipe ends the child between items."""
     try:
@@ -118,7 +118,7 @@ def run(read_fd: int, write_fd: int, trace_fd: int, parent_pid: int, context_mad
     ``Hello``; a spawned one imports what it needs. ``context_made_fd``: where to write ``protocol.CONTEXT_MADE`` once
     the device context exists (the parent waits for it before making its own), closed then or at exit."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _exit_with_parent(parent_pid)
+    exit_with_parent(parent_pid)
     faulthandler.enable(trace_fd, all_threads=True)  # the descriptor stays open for the process's lifetime
     faulthandler.register(signal.SIGUSR1, file=trace_fd, all_threads=True)
 

@@ -38,7 +38,7 @@ import harness.isolation.protocol as protocol
 from harness.checks.base import CheckResult
 from harness.checks.providers import ProviderError
 from harness.checks.runner import fault_result, repro_line
-from harness.isolation import forking, spare
+from harness.isolation import forking, forkserver, spare
 from harness.isolation.channel import Channel, ChannelClosed
 from harness.isolation.settings import TimeLimit, item_timeout
 from harness.isolation.spare import EXIT_WAIT_SECONDS
@@ -99,7 +99,7 @@ class Supervisor:
         self.starts: list[dict] = []  # per child: how it started, how long the first request waited, its phases
         self._start: dict = {}
         self.provider_name = ""
-        self._proc: subprocess.Popen | forking.ForkedProcess | None = None
+        self._proc: subprocess.Popen | forking.ForkedProcess | forkserver.ServerChild | None = None
         self._channel: Channel | None = None
         self._trace = None  # an unnamed file the child's faulthandler writes to (nothing to remove, ever)
         self._ready = False
@@ -114,16 +114,19 @@ class Supervisor:
         process's spare when ``spare.prefork`` made one for ``spare_owner``, else a fresh interpreter."""
         if self._proc is not None:
             return
-        launched = spare.take(self.spare_owner)
-        how = "fork" if launched is not None else (f"spawn (no fork at start: {spare.refused})" if spare.refused
-                                                   else "spawn")
-        self._proc, self._channel, self._trace = launched or _spawn()
+        launched, how = spare.take(self.spare_owner), "fork"
+        if launched is None:
+            launched, how = _fresh()
+            if spare.refused:
+                how += f" (no fork at start: {spare.refused})"
+        self._proc, self._channel, self._trace = launched
         self.processes += 1
         self._ready = False
         self._start = {"how": how}
         self.starts.append(self._start)
+        forked = not how.startswith("spawn")  # a fork has the environment of its fork, not this process's
         self._channel.send(protocol.Hello(list(sys.path), self.device, self.provider_spec, self.warmup_first,
-                                          _torch_threads(), _child_environ() if launched else None))
+                                          _torch_threads(), _child_environ() if forked else None))
 
     def _ready_channel(self) -> Channel:
         if self._ready and self._proc.poll() is not None:  # ended between requests: no item's fault
@@ -326,28 +329,45 @@ def _kill_leftovers(pgid: int) -> None:
         pass
 
 
-def _spawn() -> spare.Launched:
+def _fresh() -> tuple[spare.Launched, str]:
+    """A fresh child and how it started: forked by this process's fork server (``harness.isolation.forkserver``),
+    else spawned, with the reason the server did not fork it."""
     request_r, request_w, reply_r, reply_w, trace = spare.pipes_and_trace()
-    root = str(Path(__file__).resolve().parents[2])  # where ``harness`` is imported from, for ``-m``
-    env = _child_environ()
-    env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     try:
-        # Its own session: a terminal's Ctrl-C reaches the front end alone, which stops the child itself, and a kill
-        # at the time limit reaches whatever the child started (warmup compile processes).
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "harness.isolation.child", str(request_r), str(reply_w),
-             str(trace.fileno()), str(os.getpid())],
-            pass_fds=(request_r, reply_w, trace.fileno()), stdin=subprocess.DEVNULL, env=env,
-            start_new_session=True)
+        proc, refused = forkserver.fork(request_r, reply_w, trace.fileno(), _spawn_environ())
+        how = "fork server"
+        if proc is None:
+            how = f"spawn (no fork server: {refused})"
+            proc = _spawn(request_r, reply_w, trace)
     except BaseException:
         trace.close()
-        os.close(reply_r)
-        os.close(request_w)
+        for fd in (reply_r, request_w):
+            os.close(fd)
         raise
     finally:
         os.close(request_r)
         os.close(reply_w)
-    return proc, Channel(reply_r, request_w), trace
+    return (proc, Channel(reply_r, request_w), trace), how
+
+
+def _spawn_environ() -> dict[str, str]:
+    """A new interpreter's environment: this process's for its child (``_child_environ``), with the directory
+    ``harness`` is imported from first on its path, for ``-m``."""
+    root = str(Path(__file__).resolve().parents[2])
+    env = _child_environ()
+    env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
+
+
+def _spawn(request_r: int, reply_w: int, trace) -> subprocess.Popen:
+    """A new interpreter running ``harness.isolation.child`` on these descriptors."""
+    # Its own session: a terminal's Ctrl-C reaches the front end alone, which stops the child itself, and a kill at
+    # the time limit reaches whatever the child started (warmup compile processes).
+    return subprocess.Popen(
+        [sys.executable, "-m", "harness.isolation.child", str(request_r), str(reply_w), str(trace.fileno()),
+         str(os.getpid())],
+        pass_fds=(request_r, reply_w, trace.fileno()), stdin=subprocess.DEVNULL, env=_spawn_environ(),
+        start_new_session=True)
 
 
 def _child_environ() -> dict[str, str]:
