@@ -49,7 +49,7 @@ from kernels.backend import (
 )
 from kernels.chunk_state import accumulate_tokens, check_inputs, interpreter_config
 from kernels.direct_launch import launch
-from kernels.interface import MASK_DTYPES
+from kernels.interface import MASK_DTYPES, kernel_mask, kernel_slots
 from kernels.state_passing import check_index, check_state_rows, recurrence_step
 from kernels.tuned_configs import Measured
 
@@ -353,13 +353,12 @@ def launch_arguments(B: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_
         init_mode, init = INIT_DENSE, initial_states
     else:
         init_mode, init = INIT_NONE, out  # placeholder pointer, never read
-    slot = initial_state_indices if initial_state_indices is not None else seq_idx  # placeholders, never read
-    # A same-width view, not a copy: the kernel reads the mask as bytes.
-    has = has_initial_states if has_initial_states is not None else seq_idx
-    has = has.view(torch.uint8) if has.dtype == torch.bool else has
+    # seq_idx: the placeholder of an index the call does not read
+    slot = kernel_slots(initial_state_indices) if initial_state_indices is not None else seq_idx
+    has = kernel_mask(has_initial_states) if has_initial_states is not None else seq_idx
     write_cache = final_state_indices is not None
     cache = state_cache if write_cache else out  # placeholder pointer, never written
-    final_idx = final_state_indices if write_cache else seq_idx
+    final_idx = kernel_slots(final_state_indices) if write_cache else seq_idx
     last_chunk = last_chunk_indices if write_cache else seq_idx
     # Unread placeholder: an fp32 tensor with the workspace's strides, so that reading the chunk states (the stage
     # check) and computing them (every call) are one specialization, one binary.

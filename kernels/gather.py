@@ -14,7 +14,7 @@ import triton.language as tl
 
 from kernels.backend import cdiv, fixed_block, pdl_arguments, wait_at_end_if_overlapping, wait_unless_overlapping
 from kernels.direct_launch import launch
-from kernels.interface import INDEX_DTYPES, MASK_DTYPES
+from kernels.interface import INDEX_DTYPES, MASK_DTYPES, kernel_mask, kernel_slots
 
 # The fixed block over a row of H * P * N states on the GPU (under the interpreter a row is one block:
 # kernels.backend.fixed_block; a copy's bits do not depend on the block), and its warps: eight warps put one 16-byte
@@ -77,13 +77,12 @@ def launch_arguments(state_cache: torch.Tensor, initial_state_indices: torch.Ten
                      out: torch.Tensor, overlaps_previous: bool = False) -> dict:
     """The kernel's arguments by name for these tensors (the launcher's, and the warmup registry's on stand-ins)."""
     _, H, P, N = state_cache.shape
-    # A same-width view, not a copy: the kernel reads the mask as bytes.
-    has = has_initial_states.view(torch.uint8) if has_initial_states.dtype == torch.bool else has_initial_states
+    slots, has = kernel_slots(initial_state_indices), kernel_mask(has_initial_states)
     return dict(
-        cache_ptr=state_cache, idx_ptr=initial_state_indices, has_ptr=has, out_ptr=out,
+        cache_ptr=state_cache, idx_ptr=slots, has_ptr=has, out_ptr=out,
         row=H * P * N,
         stride_cache_slot=state_cache.stride(0),
-        stride_idx=initial_state_indices.stride(0),
+        stride_idx=slots.stride(0),
         stride_has=has.stride(0),
         stride_out_batch=out.stride(0),
         overlaps_previous=int(overlaps_previous),

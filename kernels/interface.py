@@ -18,6 +18,25 @@ MASK_DTYPES = (torch.bool, torch.uint8, torch.int8) + INDEX_DTYPES
 # The state cache and the state workspace.
 STATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
+
+
+def kernel_slots(t: torch.Tensor) -> torch.Tensor:
+    """Slot indices as every kernel reads them: int32. int32 passes as it is (a strided or unaligned view too); int64
+    is copied, so that no kernel compiles a binary per index dtype. Slots must fit in int32 (a larger one wraps, as
+    any cast does): a cache of 2**31 rows or more is not supported."""
+    return t if t.dtype == torch.int32 else t.to(torch.int32)
+
+
+def kernel_mask(t: torch.Tensor) -> torch.Tensor:
+    """``has_initial_states`` as every kernel reads it: bytes, nonzero where a sequence has an initial state. A bool,
+    uint8 or int8 mask is viewed as uint8 (same width, no copy); a wider integer one is compared with 0."""
+    if t.dtype == torch.uint8:
+        return t
+    if t.dtype in (torch.bool, torch.int8):
+        return t.view(torch.uint8)
+    return (t != 0).view(torch.uint8)
+
+
 PATHS = ("snapshot", "indexed", "auto")
 GATHERS = ("auto", "fused", "torch")
 

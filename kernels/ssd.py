@@ -206,5 +206,5 @@ def _writeback(path: str, mode: str, state_cache: torch.Tensor, final_state_indi
         return dict(state_cache=state_cache, final_state_indices=final_state_indices), None
     H, P, N = state_cache.shape[1:]
     result = torch.empty((batch, H, P, N), dtype=state_cache.dtype, device=device)
-    identity = torch.arange(batch, dtype=torch.int64, device=device)
+    identity = torch.arange(batch, dtype=torch.int32, device=device)
     return dict(state_cache=result, final_state_indices=identity), result

@@ -23,6 +23,7 @@ import triton.language as tl
 
 from kernels.backend import cdiv, fixed_block, pdl_arguments, wait_for_previous_kernel
 from kernels.direct_launch import launch
+from kernels.interface import kernel_slots
 from kernels.state_passing import (
     READ_AHEAD,
     check_index,
@@ -190,7 +191,7 @@ def launch_arguments(states: torch.Tensor, dA_cumsum: torch.Tensor, last_chunk_i
     C, _, P, N = states.shape
     write_cache = final_state_indices is not None
     cache = state_cache if write_cache else out
-    final = final_state_indices if write_cache else last_chunk_indices
+    final = kernel_slots(final_state_indices) if write_cache else last_chunk_indices
     return dict(
         states_ptr=states, out_ptr=out, dA_cs_ptr=dA_cumsum, init_ptr=initial_states, cache_ptr=cache,
         final_idx_ptr=final, last_chunk_ptr=last_chunk_indices,

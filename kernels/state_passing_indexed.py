@@ -21,7 +21,7 @@ import triton.language as tl
 
 from kernels.backend import cdiv, fixed_block, pdl_arguments, wait_for_previous_kernel
 from kernels.direct_launch import launch
-from kernels.interface import INDEX_DTYPES, MASK_DTYPES
+from kernels.interface import INDEX_DTYPES, MASK_DTYPES, kernel_mask, kernel_slots
 from kernels.state_passing import (
     READ_AHEAD,
     chunk_row,
@@ -179,15 +179,14 @@ def launch_arguments(states: torch.Tensor, dA_cumsum: torch.Tensor, *, state_cac
                      out: torch.Tensor) -> dict:
     """The kernel's arguments by name for these tensors (the launcher's, and the warmup registry's on stand-ins)."""
     nchunks, _, P, N = states.shape
-    # A same-width view, not a copy: the kernel reads the mask as bytes.
-    has_init = has_initial_state.view(torch.uint8) if has_initial_state.dtype == torch.bool else has_initial_state
     dA_cumsum_strides = dA_cumsum.stride()
     out_strides = out.stride()
     state_cache_strides = state_cache.stride()
     states_strides = states.stride()
     return dict(
-        states_ptr=states, out_ptr=out, dA_cs_ptr=dA_cumsum, cache_ptr=state_cache, init_slot_ptr=init_slot_index,
-        has_init_ptr=has_init, final_slot_ptr=final_slot_index,
+        states_ptr=states, out_ptr=out, dA_cs_ptr=dA_cumsum, cache_ptr=state_cache,
+        init_slot_ptr=kernel_slots(init_slot_index), has_init_ptr=kernel_mask(has_initial_state),
+        final_slot_ptr=kernel_slots(final_slot_index),
         dim=P * N, nchunks=nchunks, chunk_size=dA_cumsum.shape[2],
         stride_states_chunk=states_strides[0], stride_states_head=states_strides[1],
         stride_out_chunk=out_strides[0], stride_out_head=out_strides[1],

@@ -27,12 +27,13 @@ CHECK = "determinism"
 HEARTBEAT = 0.5
 # Wall time for a search that loses a child at every shrinking step: enough for the first child's start-up and the
 # first fault on a busy host (a CUDA child also creates its context), then as many shrinking steps as fit. Each step
-# starts a child (about 5 s on a busy 2-core host): a crash is found within seconds under the interpreter and first
-# shrunk by about 8 s, so 15 s holds one smaller case with room to spare.
+# starts a child (forked by the fork server: a fraction of a second; spawned, where it cannot fork, about 5 s on a
+# busy 2-core host): under the interpreter a crash search shrinks to the end within a few seconds.
 LOSING_BUDGET = {"cpu": 15, "cuda": 45}
 # A hang costs the item time limit on top, at the first fault and at each confirmation and shrinking step: the
-# hang search first saw its hang after about 17 s under the interpreter on a busy host.
-HANG_BUDGET = {"cpu": 25, "cuda": 45}
+# hang search first saw its hang after about 8 s under the interpreter on a busy 2-core host, and had shrunk it
+# within 12 s.
+HANG_BUDGET = {"cpu": 16, "cuda": 45}
 
 
 def _batch_of_two_or_more(case) -> bool:
