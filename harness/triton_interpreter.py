@@ -17,9 +17,12 @@ each operation computes is unchanged: the patched attributes are the same functi
 
 ``remember_builtins`` replaces ``_patch_builtin``, which each grid runs over every language module: it lists the
 module's members with ``inspect.getmembers`` and rebinds those that are Triton builtins. The list is kept per module
-(or class) with its namespace (the module's dict, the class's MRO's dicts: what ``getmembers`` reads) and reused while
-that holds the same names bound to the same objects, so the same members are rebound as before; any change lists them
-again, and a module whose members can come from elsewhere (its own ``__getattr__``) is listed every time.
+(or class) with its namespace (the module's dict, the class's MRO's dicts: what ``getmembers`` reads), a few states
+each, and reused while the namespace holds the same names bound to the same objects as a kept state, so the same
+members are rebound as before; any other state is listed again, and a module whose members can come from elsewhere
+(its own ``__getattr__``) is listed every time. A plain value (a function, a partial, a property: what access returns
+as it is) that is no builtin is compared as "no builtin", not by identity: the interpreter rebinds names to new such
+objects at every patching, and which one a name holds cannot change the listing.
 
 ``table_np_dtypes`` replaces ``_get_np_dtype``, which builds its dict of 19 dtypes at every call (several per
 interpreted operation): the same mapping, built once from the function it replaces.
@@ -30,10 +33,12 @@ compared, ``KNOWN_CALL``, or its hash); any other Triton keeps its own interpret
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import textwrap
 import threading
+import types
 
 KNOWN_CALL = '''
 def __call__(self, *args, **kwargs):
@@ -160,24 +165,40 @@ def _namespace(pkg) -> list[dict] | None:
     return [names]
 
 
+# Namespace states kept per module: a few, for modules met in more than one state.
+STATES_KEPT = 4
+# Values that class or module access returns as they are: which such object a name holds matters to the listing only
+# if it is a builtin. Triton's interpreter rebinds names to new ones of these at every patching (lambdas, nested
+# functions, partials, properties, ``print``), some never restored (a helper's own patching).
+_PLAIN = (types.FunctionType, types.BuiltinFunctionType, functools.partial, property)
+_NOT_BUILTIN = object()  # in a kept state: a plain value that is no builtin
+
+
 def _remembering_patch_builtin(original):
     from triton.runtime import interpreter
 
-    # id(module) -> (the module, its namespace's keys, their values, the builtins as getmembers listed them)
-    listed: dict[int, tuple] = {}
+    is_builtin = interpreter.tl.core.is_builtin
+    # id(module) -> [(the module, its namespace's keys, their values, the builtins as getmembers listed them), ...],
+    # the latest first
+    listed: dict[int, list[tuple]] = {}
 
     def patch_builtin(pkg, builder, scope):
         dicts = _namespace(pkg)
         if dicts is None:
             return original(pkg, builder, scope)
         keys = [key for names in dicts for key in names]
-        values = [value for names in dicts for value in names.values()]
-        known = listed.get(id(pkg))
-        if (known is None or known[0] is not pkg or known[1] != keys
-                or any(a is not b for a, b in zip(known[2], values, strict=True))):
-            builtins = [(name, member) for name, member in inspect.getmembers(pkg)
-                        if interpreter.tl.core.is_builtin(member)]
-            known = listed[id(pkg)] = (pkg, keys, values, builtins)
+        values = [_NOT_BUILTIN if isinstance(value, _PLAIN) and not is_builtin(value) else value
+                  for names in dicts for value in names.values()]
+        states = listed.setdefault(id(pkg), [])
+        for known in states:
+            if (known[0] is pkg and known[1] == keys
+                    and all(a is b for a, b in zip(known[2], values, strict=True))):
+                break
+        else:
+            builtins = [(name, member) for name, member in inspect.getmembers(pkg) if is_builtin(member)]
+            known = (pkg, keys, values, builtins)
+            states.insert(0, known)
+            del states[STATES_KEPT:]
         for name, member in known[3]:
             interpreter._patch_attr(pkg, name, member, builder, scope)
 

@@ -187,3 +187,40 @@ def test_the_language_modules_rebind_what_tritons_own_listing_rebinds():
         theirs = {name for name in before if getattr(pkg, name) is not before[name]}
         scope.restore()
         assert ours == theirs and ours, pkg
+
+
+def test_a_module_listed_in_two_states_in_turn_is_listed_once_per_state(monkeypatch):
+    """A grid can list ``tl.tensor`` twice in one patching, the second time with the first's rebinding in place: both
+    states are kept, so later grids list neither again."""
+    import inspect
+
+    pkg = types.ModuleType("stand_in_language")
+    first, second = (tl.core.builtin(lambda x, _semantic=None: x) for _ in range(2))
+    listings = []
+    real = inspect.getmembers
+    monkeypatch.setattr(inspect, "getmembers", lambda obj, *args: listings.append(obj) or real(obj, *args))
+    for _ in range(3):
+        for state in (first, second):
+            pkg.a = state
+            assert set(_rebound(pkg)) == {"a"}
+    assert len([p for p in listings if p is pkg]) == 2
+
+
+def test_a_plain_value_swapped_for_another_is_not_listed_again_but_one_turned_builtin_is(monkeypatch):
+    """The interpreter rebinds names to new lambdas at every patching: which plain, non-builtin object a name holds
+    cannot change the listing, so it is not listed again; a function whose builtin flag is set since is."""
+    import inspect
+
+    pkg = types.ModuleType("stand_in_language")
+    pkg.a = tl.core.builtin(lambda x, _semantic=None: x)
+    listings = []
+    real = inspect.getmembers
+    monkeypatch.setattr(inspect, "getmembers", lambda obj, *args: listings.append(obj) or real(obj, *args))
+    for _ in range(3):
+        pkg.plain = lambda x: x  # a new object each time
+        assert set(_rebound(pkg)) == {"a"}
+    assert len([p for p in listings if p is pkg]) == 1
+    turned = pkg.plain
+    setattr(turned, tl.core.TRITON_BUILTIN, True)
+    assert set(_rebound(pkg)) == {"a", "plain"}
+    assert len([p for p in listings if p is pkg]) == 2
