@@ -22,7 +22,9 @@ each, and reused while the namespace holds the same names bound to the same obje
 members are rebound as before; any other state is listed again, and a module whose members can come from elsewhere
 (its own ``__getattr__``) is listed every time. A plain value (a function, a partial, a property: what access returns
 as it is) that is no builtin is compared as "no builtin", not by identity: the interpreter rebinds names to new such
-objects at every patching, and which one a name holds cannot change the listing.
+objects at every patching, and which one a name holds cannot change the listing. The rebinding of each kept listing
+is built once per builder too: ``_patch_attr`` builds a lambda over a new ``TritonSemantic`` of the builder for every
+member at every grid, and a ``TritonSemantic`` holds nothing but its builder.
 
 ``table_np_dtypes`` replaces ``_get_np_dtype``, which builds its dict of 19 dtypes at every call (several per
 interpreted operation): the same mapping, built once from the function it replaces.
@@ -39,6 +41,7 @@ import inspect
 import textwrap
 import threading
 import types
+from typing import Any
 
 KNOWN_CALL = '''
 def __call__(self, *args, **kwargs):
@@ -56,6 +59,10 @@ GRID_PATCHES = ("patch_scope = _patch_lang(self.fn)", "self.fn(**args)", "patch_
 
 # The sha256 of the functions' source text (dedented, stripped) this module replaces, as Triton 3.6.0 has them.
 KNOWN_PATCH_BUILTIN = "50b034993150d256"
+# What the kept listings' rebinding reproduces: ``_patch_attr``'s lambda, over a ``TritonSemantic`` that holds only
+# its builder.
+KNOWN_PATCH_ATTR = "357c3d607cf9364e"
+KNOWN_SEMANTIC = "f5389d6ca3b8e75d"
 KNOWN_NP_DTYPE = "cbce40fb1f530102"
 
 _grids = threading.local()  # .langs: a stack of the module sets patched by the grids running in this thread
@@ -196,13 +203,27 @@ def _remembering_patch_builtin(original):
                 break
         else:
             builtins = [(name, member) for name, member in inspect.getmembers(pkg) if is_builtin(member)]
-            known = (pkg, keys, values, builtins)
+            known = (pkg, keys, values, builtins, {})
             states.insert(0, known)
             del states[STATES_KEPT:]
-        for name, member in known[3]:
-            interpreter._patch_attr(pkg, name, member, builder, scope)
+        rebindings = known[4].get(id(builder))
+        if rebindings is None or rebindings[0] is not builder:
+            rebindings = known[4][id(builder)] = (builder, _rebindings(known[3], builder))
+        for name, new_member in rebindings[1]:
+            scope.set_attr(pkg, name, new_member)
 
     return patch_builtin
+
+
+def _rebindings(builtins: list[tuple[str, Any]], builder) -> list[tuple[str, Any]]:
+    """What ``_patch_attr`` binds each builtin's name to: the member called with a ``TritonSemantic`` over
+    ``builder`` (which holds nothing else, so one serves every grid) in place of any ``_semantic`` given."""
+    from triton.runtime import interpreter
+
+    semantic = interpreter.TritonSemantic(builder)
+    return [(name, lambda *args, member=member, **kwargs: member(
+        *args, **{k: v for k, v in kwargs.items() if k != "_semantic"}, _semantic=semantic))
+        for name, member in builtins]
 
 
 def _tabled_np_dtype(original):
@@ -229,6 +250,13 @@ def _tabled_np_dtype(original):
 
 def remember_builtins() -> str | None:
     """Install the kept member lists (module docstring); None when installed, else why not."""
+    from triton.runtime import interpreter
+
+    if not _installed_speedups.get("_patch_builtin"):
+        for name, known in (("_patch_attr", KNOWN_PATCH_ATTR), ("TritonSemantic", KNOWN_SEMANTIC)):
+            found = getattr(interpreter, name, None)
+            if found is None or _source_hash(found) != known:
+                return f"triton.runtime.interpreter.{name} is not the one this was written against"
     return _replace_function("_patch_builtin", KNOWN_PATCH_BUILTIN, _remembering_patch_builtin)
 
 

@@ -224,3 +224,21 @@ def test_a_plain_value_swapped_for_another_is_not_listed_again_but_one_turned_bu
     setattr(turned, tl.core.TRITON_BUILTIN, True)
     assert set(_rebound(pkg)) == {"a", "plain"}
     assert len([p for p in listings if p is pkg]) == 2
+
+
+def test_a_kept_rebinding_calls_the_member_as_tritons_own_does():
+    """The rebound name calls the builtin with a TritonSemantic over the patching's builder in place of any
+    ``_semantic`` given, as ``_patch_attr``'s lambda does; one built once serves later grids."""
+    from triton.runtime import interpreter
+
+    pkg = types.ModuleType("stand_in_language")
+    pkg.a = tl.core.builtin(lambda x, _semantic=None: (x, _semantic))
+    results = []
+    theirs, ours = triton_interpreter.upstream["_patch_builtin"], interpreter._patch_builtin
+    for patch in (theirs, ours, ours):
+        scope = interpreter._LangPatchScope()
+        patch(pkg, interpreter.interpreter_builder, scope)
+        value, semantic = pkg.a(2, _semantic="dropped")
+        scope.restore()
+        results.append((value, type(semantic), semantic.builder))
+    assert results == [(2, interpreter.TritonSemantic, interpreter.interpreter_builder)] * 3
