@@ -30,8 +30,11 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(PY) -m harness run
 
-# Lint first: ruff takes about a second, so a lint error fails before the suite spends minutes.
+# Lint first: ruff takes about a second, so a lint error fails before the suite spends minutes. Then the tree's
+# byte-code, once: where the machine sets PYTHONDONTWRITEBYTECODE=1 (CI does) no process writes it, and every process
+# the suite starts (workers, case children, test subprocesses) would compile the tree's modules from source again.
 test: $(STAMP) lint
+	$(PY) -m compileall -q -j 0 harness kernels reference ssd_pytest peers tests conftest.py > /dev/null
 	$(PY) -m pytest -n auto $(PYTEST_ARGS)
 
 lint: $(STAMP)

@@ -193,3 +193,17 @@ def test_every_make_target_a_workflow_runs_exists():
     assert used, "no make call found in the workflows"
     missing = sorted(used - targets)
     assert not missing, f"make targets the workflows run but the Makefile lacks: {missing}"
+
+
+def test_make_test_writes_the_byte_code_of_every_python_folder_of_the_tree():
+    """``make test`` compiles the tree's modules once before the suite (the machines set PYTHONDONTWRITEBYTECODE=1):
+    every top-level folder with Python modules, and the top-level modules, are named, so a new one is not left to
+    compile in every process."""
+    _, recipe = make_rule("test")
+    (line,) = [line for line in recipe if "compileall" in line]
+    named = set(line.split("compileall", 1)[1].split(">")[0].split()) - {"-q", "-j", "0"}
+    skip = {"scripts", "docs", "notes", "cases"}  # scripts run as programs, once; the others hold no module
+    expected = {p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name not in skip
+                and any(p.rglob("*.py"))} | {p.name for p in ROOT.glob("*.py")}
+    expected -= {p.name for p in ROOT.iterdir() if p.name.endswith(".egg-info") or p.name in ("build", "reports")}
+    assert named == expected, (named, expected)
