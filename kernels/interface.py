@@ -23,7 +23,9 @@ STATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 def kernel_slots(t: torch.Tensor) -> torch.Tensor:
     """Slot indices as every kernel reads them: int32. int32 passes as it is (a strided or unaligned view too); int64
     is copied, so that no kernel compiles a binary per index dtype. Slots must fit in int32 (a larger one wraps, as
-    any cast does): a cache of 2**31 rows or more is not supported."""
+    any cast does): a cache of 2**31 rows or more is not supported. A copy is a kernel of its own: make it before a
+    chain of kernels that start beside each other (``kernels.ssd.ssd_prefill`` does, before its first launch), not
+    between two of them."""
     return t if t.dtype == torch.int32 else t.to(torch.int32)
 
 

@@ -32,7 +32,7 @@ from kernels.chunk_state import chunk_state
 from kernels.chunk_state_bmm import chunk_state_bmm, chunk_state_bmm_config
 from kernels.chunk_state_passing import chunk_state_passing
 from kernels.gather import gather_initial_states, gather_initial_states_torch
-from kernels.interface import CallShape, choose_gather, choose_path
+from kernels.interface import CallShape, choose_gather, choose_path, kernel_mask, kernel_slots
 from kernels.plan import plan, states_pair
 from kernels.state_passing_batched import state_passing_batched
 from kernels.state_passing_indexed import state_passing_indexed
@@ -103,6 +103,12 @@ def ssd_prefill(
     assert tuple(out.shape) == (T, H, P), f"out: expected ({T}, {H}, {P}), found {tuple(out.shape)}"
     assert tuple(cu_seqlens.shape) == (batch + 1,), (
         f"cu_seqlens: expected ({batch + 1},), found {tuple(cu_seqlens.shape)}")
+    # Slots and mask in the one form the kernels read (``kernel_slots``, ``kernel_mask``), before the first launch:
+    # a copy made between two kernels would stand between a kernel that signals the next one early and the kernel
+    # that starts beside it without waiting (the gather beside the cumsum reads the slots).
+    initial_state_indices, has_initial_states = kernel_slots(initial_state_indices), kernel_mask(has_initial_states)
+    if final_state_indices is not None:
+        final_state_indices = kernel_slots(final_state_indices)
     ws_dtype = state_cache.dtype if state_dtype is None else state_dtype
     call = CallShape(
         batch=batch,

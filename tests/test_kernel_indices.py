@@ -43,3 +43,40 @@ def test_the_plan_has_one_slot_dtype_and_one_mask_dtype_whatever_the_callers_use
                     seen.setdefault(name, set()).add(described.split()[0])
     assert seen and all(dtypes == {"*i32"} for name, dtypes in seen.items() if name in SLOT_PARAMS), seen
     assert all(dtypes <= {"*u8", "*i32"} for name, dtypes in seen.items() if name in MASK_PARAMS), seen
+
+
+def test_ssd_prefill_converts_before_its_first_launch_so_no_copy_stands_between_two_kernels(device, monkeypatch):
+    """A copy made between two launches would stand between the cumsum, which lets the next kernel start early, and
+    the gather that starts beside it without waiting: every stage of the call must receive slots and masks already
+    in the kernels' form, whatever dtype the caller passed."""
+    from harness.cases.builder import build_inputs
+    from kernels import provider, ssd
+    from tests.support import make_case
+
+    case = make_case([(0, 70, 1, True, 2), (9, 25, 4, False, 5)])
+    inputs = build_inputs(case, device)
+    kwargs = dict(inputs.kwargs(path="snapshot"), gather="fused")
+    kwargs["initial_state_indices"] = kwargs["initial_state_indices"].to(torch.int64)
+    kwargs["final_state_indices"] = kwargs["final_state_indices"].to(torch.int64)
+    kwargs["has_initial_states"] = kwargs["has_initial_states"].to(torch.int32)
+    seen = []
+    index_names = {"initial_state_indices", "final_state_indices", "has_initial_states", "init_slot_index",
+                   "final_slot_index", "has_initial_state"}
+
+    def recording(name, stage):
+        def run(*args, **kw):
+            for argument, value in kw.items():
+                if argument in index_names and value is not None:
+                    seen.append((name, argument, value.dtype))
+            for value in args:
+                if isinstance(value, torch.Tensor) and value.dtype in (torch.int64, torch.bool):
+                    seen.append((name, "positional", value.dtype))
+            return stage(*args, **kw)
+        return run
+
+    for name in ("chunk_cumsum_gather", "gather_initial_states", "gather_initial_states_torch", "chunk_state_passing",
+                 "state_passing_batched", "state_passing_indexed"):
+        monkeypatch.setattr(ssd, name, recording(name, getattr(ssd, name)))
+    provider.ssd_prefill(**kwargs)
+    assert seen, "no stage received an index tensor"
+    assert all(dtype in (torch.int32, torch.uint8) for _, _, dtype in seen), seen
