@@ -19,7 +19,6 @@ MASK_DTYPES = (torch.bool, torch.uint8, torch.int8) + INDEX_DTYPES
 STATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-
 def kernel_slots(t: torch.Tensor) -> torch.Tensor:
     """Slot indices as every kernel reads them: int32. int32 passes as it is (a strided or unaligned view too); int64
     is copied, so that no kernel compiles a binary per index dtype. Slots must fit in int32 (a larger one wraps, as

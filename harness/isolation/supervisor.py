@@ -333,12 +333,13 @@ def _fresh() -> tuple[spare.Launched, str]:
     """A fresh child and how it started: forked by this process's fork server (``harness.isolation.forkserver``),
     else spawned, with the reason the server did not fork it."""
     request_r, request_w, reply_r, reply_w, trace = spare.pipes_and_trace()
+    env = _spawn_environ()  # the server's, where this starts it; else the spawned child's
     try:
-        proc, refused = forkserver.fork(request_r, reply_w, trace.fileno(), _spawn_environ())
+        proc, refused = forkserver.fork(request_r, reply_w, trace.fileno(), env)
         how = "fork server"
         if proc is None:
             how = f"spawn (no fork server: {refused})"
-            proc = _spawn(request_r, reply_w, trace)
+            proc = _spawn(request_r, reply_w, trace, env)
     except BaseException:
         trace.close()
         for fd in (reply_r, request_w):
@@ -359,15 +360,14 @@ def _spawn_environ() -> dict[str, str]:
     return env
 
 
-def _spawn(request_r: int, reply_w: int, trace) -> subprocess.Popen:
-    """A new interpreter running ``harness.isolation.child`` on these descriptors."""
+def _spawn(request_r: int, reply_w: int, trace, env: dict[str, str]) -> subprocess.Popen:
+    """A new interpreter running ``harness.isolation.child`` on these descriptors, with ``env``."""
     # Its own session: a terminal's Ctrl-C reaches the front end alone, which stops the child itself, and a kill at
     # the time limit reaches whatever the child started (warmup compile processes).
     return subprocess.Popen(
         [sys.executable, "-m", "harness.isolation.child", str(request_r), str(reply_w), str(trace.fileno()),
          str(os.getpid())],
-        pass_fds=(request_r, reply_w, trace.fileno()), stdin=subprocess.DEVNULL, env=_spawn_environ(),
-        start_new_session=True)
+        pass_fds=(request_r, reply_w, trace.fileno()), stdin=subprocess.DEVNULL, env=env, start_new_session=True)
 
 
 def _child_environ() -> dict[str, str]:
