@@ -98,7 +98,8 @@ class ForkServer:
         return value
 
     def exit_status(self, pid: int, timeout: float | None) -> int | None:
-        """``pid``'s exit status once the server has reaped it, waiting at most ``timeout`` (None: until then)."""
+        """``pid``'s exit status once the server has reaped it, waiting at most ``timeout`` (None: until then); None
+        while it runs. Given once per pid."""
         end = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             while pid not in self._exits:
@@ -108,7 +109,7 @@ class ForkServer:
                 if remaining is not None and remaining <= 0:
                     return None
                 self._pump(remaining)
-            return self._exits[pid]
+            return self._exits.pop(pid)  # asked for once: ``ServerChild`` keeps it as its returncode
 
     def _pump(self, timeout: float | None) -> bool:
         """Read one message from the server within ``timeout`` (None: no limit); False when none came."""
