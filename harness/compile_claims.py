@@ -7,9 +7,10 @@ once the holders are done. Without this, workers warming overlapping requests at
 same binaries (docs/decisions.md: compile claims); compiles outside the warmups are not claimed and may still
 repeat.
 
-A claim whose process has died (a crashed worker) or was released after a failed compile does not hold anyone up:
-the waiter compiles itself (and meets the same error, in its own test). Claims live in a folder per run (the pytest
-plugin makes one for each xdist session), so nothing is left over between runs.
+A claim whose process has died (a crashed worker) or that outlives ``timeout`` does not hold anyone up: the waiter
+compiles unclaimed. A claim given back (after a failed compile) is claimed again by a waiter, which then meets the
+same error in its own test. Claims live in a folder per run (the pytest plugin makes one for each xdist
+session), so nothing is left over between runs.
 """
 
 from __future__ import annotations
@@ -87,15 +88,34 @@ class ClaimBoard:
             return True
         return True
 
-    def wait(self, name: str, timeout: float) -> bool:
-        """Wait until the claimed work is done (True), or its holder is gone or ``timeout`` passed (False: do it
-        yourself)."""
+    def wait(self, name: str, timeout: float) -> str:
+        """Wait on a claim another process holds, until its work is ``"done"``, the claim is ``"released"`` (its
+        holder gave it back: claim it again), its ``"holder died"``, or it ``"timed out"`` (the last two: do the
+        work yourself, unclaimed)."""
         deadline = time.monotonic() + timeout
         while not self.is_done(name):
-            if not self._holder_alive(name) or time.monotonic() > deadline:
-                return self.is_done(name)
+            if not self._claim(name).exists():
+                return "done" if self.is_done(name) else "released"
+            if not self._holder_alive(name):
+                return "done" if self.is_done(name) else "holder died"
+            if time.monotonic() > deadline:
+                return "timed out"
             time.sleep(POLL_SECONDS)
-        return True
+        return "done"
+
+    def claim_all(self, names: list[str]) -> tuple[list[str], str | None]:
+        """Claim every name not yet done, or none of them: ``(held, None)`` when this process now holds all those
+        (``held`` is empty when all are done), else ``([], blocker)``, ``blocker`` being the first name another
+        process holds (the claims taken on the way are given back). Names are taken in one order in every process,
+        so of two processes that want overlapping names, one gets all of them."""
+        held = []
+        for name in sorted(n for n in names if not self.is_done(n)):
+            if not self.try_claim(name):
+                for mine in held:
+                    self.release(mine)
+                return [], name
+            held.append(name)
+        return held, None
 
 
 def compile_claimed(specs: list[tuple[Any, list[str]]], order: list[int], claims: ClaimBoard,
@@ -103,30 +123,17 @@ def compile_claimed(specs: list[tuple[Any, list[str]]], order: list[int], claims
     """Compile ``specs[i]`` (a spec, and a claim name per binary it compiles) for ``i`` in ``order``. A spec whose
     binaries are all done elsewhere is loaded; one whose missing binaries this process can claim, all of them, it
     compiles; one with a binary another process holds is put aside (its own claims given back, so no two processes
-    ever wait on each other) and loaded at the end, once done, or compiled here if a holder died, gave up, or took
-    longer than ``timeout`` s. Claims are per binary, not per spec: specs of different requests share binaries
+    ever wait on each other) and loaded at the end, once done. At the end a binary whose holder gave its claim back
+    (a failed compile, or a process that could not get all it wanted) is claimed again, never compiled unclaimed,
+    so two waiters cannot both compile it; one whose holder died or took longer than ``timeout`` s is compiled here
+    unclaimed. Claims are per binary, not per spec: specs of different requests share binaries
     without sharing all of them, so a claim per spec would let every worker whose spec differs compile the shared
     binary. Returns the indices this process compiled under its own claims."""
     deferred, mine = [], []
-    for i in order:
-        spec, names = specs[i]
-        missing = [n for n in names if not claims.is_done(n)]
-        if not missing:
-            stats["found_done"] += 1
-            compile_one(spec)  # disk-cache loads
-            continue
-        held = []
-        for name in missing:
-            if not claims.try_claim(name):
-                break
-            held.append(name)
-        if len(held) < len(missing):
-            for name in held:
-                claims.release(name)
-            deferred.append(i)
-            continue
+
+    def compile_holding(i: int, held: list[str]) -> None:
         try:
-            compile_one(spec)
+            compile_one(specs[i][0])
         except BaseException:
             for name in held:
                 claims.release(name)
@@ -135,12 +142,32 @@ def compile_claimed(specs: list[tuple[Any, list[str]]], order: list[int], claims
             claims.finish(name)
         stats["claimed"] += 1
         mine.append(i)
+
+    for i in order:
+        spec, names = specs[i]
+        held, blocker = claims.claim_all(names)
+        if blocker is not None:
+            deferred.append(i)
+        elif held:
+            compile_holding(i, held)
+        else:
+            stats["found_done"] += 1
+            compile_one(spec)  # disk-cache loads
     stats["deferred"] += len(deferred)
     for i in deferred:
         spec, names = specs[i]
         start = time.monotonic()
-        for name in names:
-            claims.wait(name, max(0.0, timeout - (time.monotonic() - start)))
-        stats["wait_seconds"] += time.monotonic() - start
-        compile_one(spec)
+        while True:
+            held, blocker = claims.claim_all(names)
+            if blocker is None:
+                stats["wait_seconds"] += time.monotonic() - start
+                if held:  # a holder gave its claims back (a failed compile, or it could not get them all)
+                    compile_holding(i, held)
+                else:
+                    compile_one(spec)  # disk-cache loads
+                break
+            if claims.wait(blocker, max(0.0, timeout - (time.monotonic() - start))) in ("holder died", "timed out"):
+                stats["wait_seconds"] += time.monotonic() - start
+                compile_one(spec)
+                break
     return mine

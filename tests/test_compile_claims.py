@@ -5,8 +5,10 @@ spec in a shared folder, a short sleep) makes the races real on the CPU; on the 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -92,7 +94,7 @@ def test_a_claim_is_exclusive_and_done_is_seen_by_all(tmp_path):
     assert a.try_claim(name) and not b.try_claim(name)
     assert not b.is_done(name)
     a.finish(name)
-    assert b.is_done(name) and b.wait(name, timeout=0.0)
+    assert b.is_done(name) and b.wait(name, timeout=0.0) == "done"
 
 
 def test_a_dead_holder_or_a_timeout_does_not_hold_anyone_up(tmp_path):
@@ -100,10 +102,10 @@ def test_a_dead_holder_or_a_timeout_does_not_hold_anyone_up(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     name = ClaimBoard.name("dead")
     (tmp_path / f"{name}.claim").write_text(dead.stdout.strip())  # its holder has exited
-    assert board.wait(name, timeout=60.0) is False
+    assert board.wait(name, timeout=60.0) == "holder died"
     alive = ClaimBoard.name("alive")
     assert board.try_claim(alive)  # held by this (living) process, never finished
-    assert board.wait(alive, timeout=0.05) is False
+    assert board.wait(alive, timeout=0.05) == "timed out"
     calls = []
     before = dict(compile_claims.stats)
     mine = compile_claimed([("spec-dead", [name]), ("spec-alive", [alive])], [0, 1], board, calls.append,
@@ -124,6 +126,43 @@ def test_a_failed_compile_releases_its_claim_for_the_next_process(tmp_path):
         compile_claimed([("s", [name, other])], [0], board, broken)
     # Both free again: the next process reports its own error.
     assert not board.is_done(name) and board.try_claim(name) and board.try_claim(other)
+
+
+def test_a_claim_given_back_while_a_spec_waits_is_claimed_again_before_compiling(tmp_path):
+    """A waiter that finds the claim it waited on given back (its holder could not get all it wanted, or failed)
+    claims it itself: compiling unclaimed let two waiters compile the same binary (a fresh-clone CI run saw
+    binary 0 compiled twice in the race above)."""
+    board = ClaimBoard(tmp_path)
+    name = ClaimBoard.name("given back")
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / f"{name}.claim").write_text(str(other.pid))  # a living process holds it
+        threading.Timer(0.2, board.release, [name]).start()  # ... and gives it back, never done
+        seen = []
+
+        def compile_one(spec):
+            seen.append((tmp_path / f"{name}.claim").read_text())
+
+        before = compile_claims.stats["deferred"]
+        assert compile_claimed([("s", [name])], [0], board, compile_one, timeout=30.0) == [0]
+        assert seen == [str(os.getpid())]  # held here while compiling
+        assert board.is_done(name) and compile_claims.stats["deferred"] == before + 1
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_overlapping_claims_are_taken_in_one_order(tmp_path):
+    """Every process claims a spec's names sorted, so a blocker is always the first taken name someone holds, and
+    the claims taken before it are given back."""
+    board = ClaimBoard(tmp_path)
+    a, b, c = sorted(ClaimBoard.name("x", k) for k in range(3))
+    assert board.try_claim(b)
+    assert board.claim_all([c, b, a]) == ([], b)
+    assert board.try_claim(a)  # given back
+    board.release(a)
+    board.finish(b)
+    assert board.claim_all([c, b, a]) == ([a, c], None)  # the done one is not claimed
 
 
 def test_the_board_named_in_the_environment(monkeypatch, tmp_path):
