@@ -124,19 +124,14 @@ def workers_per_gpu(config: pytest.Config, gpus: list[str]) -> tuple[int, str]:
                     f"{gpu_memory / 2**30:.0f} GiB")
 
 
-# ``-n auto`` on the CPU tier: a worker beyond one per core. Some of the tier's tests wait rather than compute (on
-# child processes they supervise, time limits, hangs the fuzzer must find), and the extra worker computes meanwhile.
-CPU_EXTRA_WORKERS = 1
-
-
 def auto_num_workers(config: pytest.Config) -> int | None:
-    """``-n auto``: ``workers_per_gpu`` workers per GPU on a GPU machine, else one per CPU core and
-    ``CPU_EXTRA_WORKERS``. The GPU choice is kept for the run's header (``auto_workers_header``)."""
+    """``-n auto``: ``workers_per_gpu`` workers per GPU on a GPU machine, else one per CPU core. The GPU choice is
+    kept for the run's header (``auto_workers_header``)."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None  # xdist's own override wins
     gpus = listed_gpus(config)
     if not gpus:
-        return usable_cores() + CPU_EXTRA_WORKERS
+        return usable_cores()
     per_gpu, reason = workers_per_gpu(config, gpus)
     config.stash[_auto_workers_key] = (f"ssd-harness: -n auto = {per_gpu} worker(s) per GPU x {len(gpus)} GPU(s) "
                                        f"({reason})")

@@ -451,14 +451,14 @@ def test_cpu_threads_are_shared_fairly_among_workers():
     assert workers.cpu_threads_per_worker(0, 8) == 8
 
 
-def test_auto_workers_on_cpu_is_one_per_core_and_one_more(pytestconfig, monkeypatch):
+def test_auto_workers_on_cpu_is_one_per_core(pytestconfig, monkeypatch):
     monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
 
     class Config:
         def getoption(self, name):
             return {"device": "cpu", "workers_per_gpu": 3}[name]
 
-    assert plugin.pytest_xdist_auto_num_workers(Config()) == len(os.sched_getaffinity(0)) + 1
+    assert plugin.pytest_xdist_auto_num_workers(Config()) == len(os.sched_getaffinity(0))
 
 
 def test_only_an_xdist_controller_that_starts_workers_skips_the_device_set_up(pytester, device):
@@ -510,12 +510,12 @@ def test_auto_workers_on_gpus_come_from_the_listed_gpus_without_torch(monkeypatc
     assert backend.gpus_for_workers("auto") == backend.gpus_for_workers("cuda") == ["4", "6"]
     assert backend.gpus_for_workers("cpu") == []
     assert plugin.pytest_xdist_auto_num_workers(Config("auto")) == 6
-    assert plugin.pytest_xdist_auto_num_workers(Config("cpu")) == len(os.sched_getaffinity(0)) + 1
+    assert plugin.pytest_xdist_auto_num_workers(Config("cpu")) == len(os.sched_getaffinity(0))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert backend.gpus_for_workers("auto") == []
     with pytest.raises(ValueError, match="'cuda' requested but the NVIDIA driver reports no GPU"):
         backend.gpus_for_workers("cuda")
-    assert plugin.pytest_xdist_auto_num_workers(Config("cuda")) == len(os.sched_getaffinity(0)) + 1
+    assert plugin.pytest_xdist_auto_num_workers(Config("cuda")) == len(os.sched_getaffinity(0))
     with pytest.raises(ValueError, match="device: expected one of"):
         backend.gpus_for_workers("gpu")
     assert backend.nvml_device_count("libno-such-nvml.so.1") == 0
