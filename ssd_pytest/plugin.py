@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from harness import DEFAULT_PROVIDER, backend, timeline
+from ssd_pytest import arguments, progress, reporting, sharding, state, workers, xdist_scheduling
 from ssd_pytest import items as case_items
-from ssd_pytest import progress, reporting, sharding, state, workers, xdist_scheduling
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -78,6 +78,8 @@ class _WorkersFinished:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    if not workers.is_xdist_worker(config):  # a worker gets the controller's arguments, already checked there
+        arguments.refuse_misread_path_values(config)
     config.stash[state.PHASES] = timeline.new_phases()
     config.stash[state.LEDGER] = None
     worker_id = os.environ.get("PYTEST_XDIST_WORKER")
