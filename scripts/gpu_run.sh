@@ -64,8 +64,9 @@ for step in $steps; do
       # worker's own process (--isolation none), so that a pair of the two measures what isolation costs.
       # TAG names the logs (e.g. -2gpu); PIN prefixes the command (e.g. "taskset -c 0-15" for a 16-core budget).
       # DURATIONS: an earlier report whose item durations order the work longest first (default: the checked-in one);
-      # passed as one --durations-from=PATH token: as a separate argument an existing file outside the repository
-      # becomes part of pytest's rootdir search, and without the repository's conftest no plugin loads (run 58).
+      # passed as one --durations-from=PATH token (and every --ssd-report as one): as a separate argument an existing
+      # file outside the repository becomes part of pytest's rootdir search (run 58); the plugin now stops such a run
+      # (ssd_pytest/arguments.py).
       # A cold run also starts without the repository's byte-code and pytest's rewritten modules (step pyc).
       [ "$step" != suite-warm ] && export TRITON_CACHE_DIR=$(mktemp -d) && rm -rf "${PYTHONPYCACHEPREFIX:-/nonexistent}$PWD"
       extra="${SUITE_ARGS:-}"
@@ -75,7 +76,7 @@ for step in $steps; do
       name=$(unique_name "$step${TAG:-}")
       start_samplers "$name"
       run_step "$name" ${PIN:-} $PY -m pytest -q -n "$WORKERS" --workers-per-gpu "${WPG:-$WORKERS}" --device cuda \
-        -p no:cacheprovider --recompile-guard --durations-from="${DURATIONS:-scripts/gpu-durations.json}" --ssd-report "$OUT/$name-report.json" --junit-xml "$OUT/$name-junit.xml" \
+        -p no:cacheprovider --recompile-guard --durations-from="${DURATIONS:-scripts/gpu-durations.json}" --ssd-report="$OUT/$name-report.json" --junit-xml "$OUT/$name-junit.xml" \
         --durations 30 -rfE --tb=short $extra
       stop_samplers
       # A killed run leaves its workers' live parts; times merges them (and failures.txt keeps every failure's report).
@@ -96,7 +97,7 @@ for step in $steps; do
           [ -f "$f" ] && printf '%s\0' "$f"; done | tar --null -T - -cf - | tar -xf - -C "$README_EXPORT"
       fi
       run_step "$step" bash -c "cd '$README_EXPORT' && TRITON_CACHE_DIR='$README_TRITON_CACHE' $PY -m pytest -n auto \
-        --device cuda --recompile-guard --ssd-report '$OUT/$step-report.json'"
+        --device cuda --recompile-guard --ssd-report='$OUT/$step-report.json'"
       $PY -m harness times "$OUT/$step-report.json" --top 12 --by check --by worker > "$OUT/$step-times.txt" 2>&1
       $PY -c "import sys; from harness.report import Report; r = Report.read(sys.argv[1]); \
 print('items', r.counts(), 'case items run', sum(i.nodeid.startswith('cases/') and i.outcome != 'skipped' for i in r.items))" \
@@ -119,7 +120,7 @@ print('items', r.counts(), 'case items run', sum(i.nodeid.startswith('cases/') a
     cases)
       export TRITON_CACHE_DIR=$(mktemp -d)
       run_step cases $PY -m pytest cases -q -n "$WORKERS" --workers-per-gpu "$WORKERS" --device cuda -p no:cacheprovider \
-        --ssd-report "$OUT/cases-report.json" --junitxml "$OUT/cases-junit.xml" ;;
+        --ssd-report="$OUT/cases-report.json" --junitxml "$OUT/cases-junit.xml" ;;
     cases-warm)
       run_step cases-warm $PY -m pytest cases -q -n "$WORKERS" --workers-per-gpu "$WORKERS" --device cuda -p no:cacheprovider ;;
     warmup)  # the corpus warmup from a cold cache: compiled by WORKERS processes, then loaded in this one
@@ -184,7 +185,7 @@ print('items', r.counts(), 'case items run', sum(i.nodeid.startswith('cases/') a
       name=$(unique_name baseline)
       start_samplers "$name"
       run_step "$name" bash -c "cd .baseline && $PY -m pytest -q -n $WORKERS --workers-per-gpu ${WPG:-$WORKERS} \
-        --device cuda -p no:cacheprovider --recompile-guard --durations-from scripts/gpu-durations.json \
+        --device cuda -p no:cacheprovider --recompile-guard --durations-from=scripts/gpu-durations.json \
         ${BASE_REPORT_OPT:---json-report} $OUT/$name-report.json -rfE --tb=short"
       stop_samplers ;;
     faults)  # a real illegal memory access in one case (tiny-batch): that case errors, every other case passes
@@ -194,12 +195,12 @@ print('items', r.counts(), 'case items run', sum(i.nodeid.startswith('cases/') a
         --provider tests.faulty_providers:illegal_memory_access --json "$OUT/faults-cli.json"
       run_step faults-pytest $PY -m pytest /tmp/tiny.yaml -p ssd_pytest.plugin --rootdir . -q -n 4 --workers-per-gpu 4 \
         --device cuda -p no:cacheprovider \
-        --provider tests.faulty_providers:illegal_memory_access --ssd-report "$OUT/faults-pytest.json" -rfE --tb=line ;;
+        --provider tests.faulty_providers:illegal_memory_access --ssd-report="$OUT/faults-pytest.json" -rfE --tb=line ;;
     vllm-corpus)  # the whole corpus against vLLM's kernels (peers.vllm_ssd, ops from the carried .peers/), under the
       # recompile guard (the adapter's warmup hook) unless VLLM_ARGS says otherwise; autotune_idempotent runs always
       export TRITON_CACHE_DIR=$(mktemp -d)
       run_step vllm-corpus $PY -m pytest cases -q -n "$WORKERS" --workers-per-gpu "${WPG:-$WORKERS}" --device cuda \
-        -p no:cacheprovider --provider peers.vllm_ssd:provider --ssd-report "$OUT/vllm-report.json" -rfE --tb=line \
+        -p no:cacheprovider --provider peers.vllm_ssd:provider --ssd-report="$OUT/vllm-report.json" -rfE --tb=line \
         ${VLLM_ARGS---recompile-guard}
       $PY -c "import sys; from harness.report import Report; r = Report.read(sys.argv[1]); print(r.counts()); [print(f'=== {i.nodeid}\n{i.message}') for i in r.failures]" \
         "$OUT/vllm-report.json" > "$OUT/vllm-failures.txt" 2>&1 && rm -rf "$OUT/vllm-report.json.parts"
@@ -218,7 +219,7 @@ print('items', r.counts(), 'case items run', sum(i.nodeid.startswith('cases/') a
       [ "$step" = every-config-vllm-all ] && keep=1
       SSD_HARNESS_VLLM_KEEP_RACY_CONFIGS=$keep run_step "$step" $PY -m pytest cases -q --check every_config -n "$WORKERS" \
         --workers-per-gpu "$WORKERS" --device cuda -p no:cacheprovider "${provider[@]}" \
-        --ssd-report "$OUT/$step-report.json" -rfE --tb=line
+        --ssd-report="$OUT/$step-report.json" -rfE --tb=line
       $PY -c "import sys; from harness.report import Report; r = Report.read(sys.argv[1]); print(r.counts()); [print(f'=== {i.nodeid}\n{i.message}') for i in r.failures]; [print(f'--- {i.nodeid}: {i.reason}') for i in r.items if i.reason]" \
         "$OUT/$step-report.json" > "$OUT/$step-findings.txt" 2>&1 && rm -rf "$OUT/$step-report.json.parts"
       head -n 1 "$OUT/$step-findings.txt"
