@@ -74,22 +74,12 @@ def describe(config: triton.Config) -> dict[str, int]:
 
 @functools.cache
 def device_arch() -> str | None:
-    """The current CUDA device's architecture ("sm90" on the H200), or None under the interpreter. Stages ask on
-    every call, so it is kept per device: torch's capability query validates the device and reads its properties
-    each time."""
+    """The current CUDA device's architecture ("sm90" on the H200), or None under the interpreter."""
     if INTERPRET:
         return None
     import torch
 
-    return arch_of(torch.cuda.current_device())
-
-
-@functools.cache
-def arch_of(device: int) -> str:
-    """CUDA device ``device``'s architecture, asked once per process."""
-    import torch
-
-    major, minor = torch.cuda.get_device_capability(device)
+    major, minor = torch.cuda.get_device_capability()
     return f"sm{major}{minor}"
 
 

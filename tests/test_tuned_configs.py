@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
 
 from kernels import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, chunk_state_passing, tuned_configs
 
@@ -195,21 +194,3 @@ def test_an_entry_without_a_decision_or_a_logged_run_is_reported():
     assert logged_runs("## 2026-12-03 runs 111-112: x\n## 2026-11-29 run 4: y\n") == {4, 111, 112}
     assert unproven([("x", entry)], {"Checked-in configs"}, {4}) == [
         "x: no entry 'Nowhere' in docs/decisions.md", "x: runs (9999,) not all in notes/gpu-runs.md"]
-
-
-def test_the_architecture_is_asked_once_per_device(monkeypatch):
-    """Stages read the architecture on every call: torch's query runs once per device and process, and each device
-    keeps its own answer."""
-    asked = []
-
-    def capability(device):
-        asked.append(device)
-        return (9, 0) if device == 0 else (8, 0)
-
-    monkeypatch.setattr(torch.cuda, "get_device_capability", capability)
-    tuned_configs.arch_of.cache_clear()
-    try:
-        assert [tuned_configs.arch_of(d) for d in (0, 1, 0, 1, 0)] == ["sm90", "sm80", "sm90", "sm80", "sm90"]
-        assert asked == [0, 1]
-    finally:
-        tuned_configs.arch_of.cache_clear()
