@@ -39,6 +39,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--durations-from", default=None, metavar="REPORT",
                     help="a JSON report of an earlier run (--ssd-report): its item durations are the expected "
                          "costs that balance --shard and, under -n, hand out the longest work first")
+    parser.addini(sharding.GPU_DURATIONS_INI, default="",
+                  help="a JSON report of an earlier GPU run, relative to this file: the --durations-from of a run "
+                       "on the GPU that gives none")
     group.addoption("--recompile-guard", action="store_true",
                     help="before a case's first item, the provider's warmup(requests) hook on its model "
                          "configuration (once per configuration and worker); then fail any case item during which a "

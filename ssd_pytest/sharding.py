@@ -12,16 +12,41 @@ from ssd_pytest.items import CheckItem
 _costs_key = pytest.StashKey[ItemCosts]()
 
 
+# The configuration key naming the GPU run's measured durations, the default for ``--durations-from`` on the GPU:
+# there a few tests that start processes take tens of seconds each, and in collection order they can start last.
+GPU_DURATIONS_INI = "ssd_gpu_durations"
+
+
+def durations_source(config: pytest.Config) -> tuple[str, str] | None:
+    """(report path, where it was named): ``--durations-from``; else, where this run is on the GPU, the report the
+    configuration file's ``ssd_gpu_durations`` names (relative to that file); else None (the costs are estimates)."""
+    given = config.getoption("durations_from")
+    if given:
+        return given, "--durations-from"
+    if config.stash.get(state.DEVICE, None) != "cuda":
+        return None
+    named = config.getini(GPU_DURATIONS_INI)
+    if not named:
+        return None
+    where = f"{GPU_DURATIONS_INI} in {config.inipath}"
+    path = (config.inipath.parent if config.inipath else config.rootpath) / named
+    if not path.is_file():  # named, so meant: a run scheduled without it would be slower without saying why
+        raise pytest.UsageError(f"{where}: {named}: no such file ({path}); name a JSON report of an earlier GPU run "
+                                "(--ssd-report), or remove the key")
+    return str(path), where
+
+
 def measured_costs(config: pytest.Config) -> ItemCosts | None:
-    """``ItemCosts`` from ``--durations-from`` (read once per process), or None without it."""
-    path = config.getoption("durations_from")
-    if not path:
+    """``ItemCosts`` from ``durations_source`` (read once per process), or None without one."""
+    source = durations_source(config)
+    if source is None:
         return None
     if _costs_key not in config.stash:
+        path, where = source
         try:
             config.stash[_costs_key] = ItemCosts.from_report(path)
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise pytest.UsageError(f"--durations-from {path}: {exc}") from None
+            raise pytest.UsageError(f"{where} {path}: {exc}") from None
     return config.stash[_costs_key]
 
 

@@ -132,3 +132,56 @@ def test_preferred_kind_queue_hands_out_the_preferred_kind_then_the_others():
     assert q.popitem(last=False)[0] == "c1" and not q
     with pytest.raises(KeyError):
         q.popitem(last=False)
+
+
+class _Config:
+    """What ``durations_source`` reads of a pytest config: the option, the configuration key, its file, the device."""
+
+    def __init__(self, inipath, *, given=None, named="", device="cuda"):
+        from ssd_pytest import state
+
+        self.inipath, self.rootpath = inipath, inipath.parent
+        self._given, self._named = given, named
+        self.stash = pytest.Stash()
+        self.stash[state.DEVICE] = device
+
+    def getoption(self, name):
+        assert name == "durations_from"
+        return self._given
+
+    def getini(self, name):
+        from ssd_pytest.sharding import GPU_DURATIONS_INI
+
+        assert name == GPU_DURATIONS_INI
+        return self._named
+
+
+def test_on_the_gpu_the_configured_durations_are_the_default_and_the_option_wins(tmp_path):
+    from ssd_pytest.sharding import durations_source
+
+    ini = tmp_path / "pyproject.toml"
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "gpu.json").write_text("{}")
+    named = "scripts/gpu.json"
+    assert durations_source(_Config(ini, named=named)) == (str(tmp_path / named), f"ssd_gpu_durations in {ini}")
+    assert durations_source(_Config(ini, named=named, given="r.json")) == ("r.json", "--durations-from")
+    assert durations_source(_Config(ini, named=named, device="cpu")) is None  # the CPU tier: its own estimates
+    assert durations_source(_Config(ini)) is None
+    with pytest.raises(pytest.UsageError, match=r"ssd_gpu_durations in .*pyproject.toml: scripts/none.json: no such "
+                                                r"file \(.*/scripts/none.json\); name a JSON report"):
+        durations_source(_Config(ini, named="scripts/none.json"))
+
+
+def test_the_project_names_a_gpu_durations_report_that_holds_its_tests(pytestconfig):
+    """The key in this project's configuration names a report that reads, and its items are this suite's."""
+    from pathlib import Path
+
+    from harness.sharding import ItemCosts
+    from ssd_pytest.sharding import GPU_DURATIONS_INI
+
+    root = Path(__file__).resolve().parents[1]
+    assert pytestconfig.inipath == root / "pyproject.toml"
+    costs = ItemCosts.from_report(root / pytestconfig.getini(GPU_DURATIONS_INI))
+    files = {nodeid.split("::", 1)[0] for nodeid in costs.durations}
+    assert "tests/test_fuzz_faults.py" in files and "cases/corpus/direct.yaml" in files, sorted(files)[:10]
+    assert all((root / f).is_file() for f in files), sorted(f for f in files if not (root / f).is_file())
