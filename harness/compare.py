@@ -135,6 +135,8 @@ def assert_bits_equal(
             f"expected {tuple(expected.shape)} {expected.dtype}"
         ]
         raise Mismatch("\n".join(lines + _header(what, repro, context)), count=-1)
+    if actual.device == expected.device and torch.equal(int_view(actual.detach()), int_view(expected.detach())):
+        return  # equal bits, found where the tensors are: only a mismatch's report needs them on the host
     a = actual.detach().cpu()
     e = expected.detach().cpu()
     ai, ei = int_view(a), int_view(e)
