@@ -16,6 +16,8 @@ continuing its sequences in their own slots. Import after ``harness.backend.conf
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -148,11 +150,15 @@ private_copy = SlotUpdateWriteback(reads_private_copy=True)
 # (which launches no Triton kernel) and copies its ``out`` into the caller's through ``row_copy``. The config with
 # ``ROWS == MISCOMPILED_ROWS`` stands in for a config the compiler gets wrong: it writes NaN into the last row of each
 # block of rows, as vLLM's racy wgmma chunk-scan configs write NaN into whole output rows. It is not the first config,
-# so the interpreter's stand-in benchmarker (the first config wins) never picks it: only forcing it shows it.
+# so the interpreter's stand-in benchmarker (the first config wins) never picks it; on a GPU it stores its block
+# ``MISCOMPILED_STORES`` times, by far the slowest config, so a tuner that times the configs never picks it either:
+# only forcing it shows it.
 # ``ROWS == NUDGED_ROWS`` moves the last row of each block by one ulp: within any reference bound, caught only where
 # the provider declares ``out`` bit-identical across the kernel's configs.
 MISCOMPILED_ROWS = 8
 NUDGED_ROWS = 2
+# Under the interpreter each store is numpy work, and the stand-in benchmarker needs no slowness to pass it over.
+MISCOMPILED_STORES = tl.constexpr(1 if os.environ.get("TRITON_INTERPRET", "0") == "1" else 1 << 16)
 
 
 @triton.jit
@@ -165,6 +171,8 @@ def _row_copy(dst_ptr, src_ptr, n_rows, row_len, ROWS: tl.constexpr, COLS: tl.co
     last = (rows % ROWS == ROWS - 1)[:, None]
     if ROWS == 8:
         v = tl.where(last, float("nan"), v)
+        for _ in range(MISCOMPILED_STORES - 1):
+            tl.store(dst_ptr + offs, v, mask=m)
     if ROWS == 2:
         v = tl.where(last & (v != 0.0), (v.to(tl.int32, bitcast=True) + 1).to(tl.float32, bitcast=True), v)
     tl.store(dst_ptr + offs, v, mask=m)
