@@ -28,7 +28,8 @@ def durations_source(config: pytest.Config) -> tuple[str, str] | None:
     named = config.getini(GPU_DURATIONS_INI)
     if not named:
         return None
-    where = f"{GPU_DURATIONS_INI} in {config.inipath}"
+    # ``-o ssd_gpu_durations=...`` sets it without a configuration file: then it is relative to the rootdir.
+    where = f"{GPU_DURATIONS_INI} ({config.inipath or 'set with -o, no configuration file'})"
     path = (config.inipath.parent if config.inipath else config.rootpath) / named
     if not path.is_file():  # named, so meant: a run scheduled without it would be slower without saying why
         raise pytest.UsageError(f"{where}: {named}: no such file ({path}); name a JSON report of an earlier GPU run "

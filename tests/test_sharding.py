@@ -163,11 +163,15 @@ def test_on_the_gpu_the_configured_durations_are_the_default_and_the_option_wins
     (tmp_path / "scripts").mkdir()
     (tmp_path / "scripts" / "gpu.json").write_text("{}")
     named = "scripts/gpu.json"
-    assert durations_source(_Config(ini, named=named)) == (str(tmp_path / named), f"ssd_gpu_durations in {ini}")
+    assert durations_source(_Config(ini, named=named)) == (str(tmp_path / named), f"ssd_gpu_durations ({ini})")
+    without_file = _Config(ini, named=named)
+    without_file.inipath = None  # -o ssd_gpu_durations=... with no configuration file: relative to the rootdir
+    assert durations_source(without_file) == (str(tmp_path / named),
+                                              "ssd_gpu_durations (set with -o, no configuration file)")
     assert durations_source(_Config(ini, named=named, given="r.json")) == ("r.json", "--durations-from")
     assert durations_source(_Config(ini, named=named, device="cpu")) is None  # the CPU tier: its own estimates
     assert durations_source(_Config(ini)) is None
-    with pytest.raises(pytest.UsageError, match=r"ssd_gpu_durations in .*pyproject.toml: scripts/none.json: no such "
+    with pytest.raises(pytest.UsageError, match=r"ssd_gpu_durations \(.*pyproject.toml\): scripts/none.json: no such "
                                                 r"file \(.*/scripts/none.json\); name a JSON report"):
         durations_source(_Config(ini, named="scripts/none.json"))
 
