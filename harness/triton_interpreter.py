@@ -29,6 +29,12 @@ member at every grid, and a ``TritonSemantic`` holds nothing but its builder.
 ``table_np_dtypes`` replaces ``_get_np_dtype``, which builds its dict of 19 dtypes at every call (several per
 interpreted operation): the same mapping, built once from the function it replaces.
 
+``lazy_tuple_types`` makes a ``tl.tuple``'s type (a ``tuple_type`` of one ``constexpr_type`` per value, with a name
+string joined from their reprs) computed at its first read instead of at construction. Every interpreted tensor
+holds its shape as a ``tl.tuple`` and every block type unwraps its shape through a new one, so that type is built
+several times per operation and read almost never. A tuple's values are replaced only through ``_setitem``, which
+reads the type before it sets the new one, so the type read is the one construction would have built.
+
 Each is installed only where the running Triton's function is the body this was written against (the source text
 compared, ``KNOWN_CALL``, or its hash); any other Triton keeps its own interpreter untouched (``install`` says why).
 ``install`` installs all of them."""
@@ -64,6 +70,8 @@ KNOWN_PATCH_BUILTIN = "50b034993150d256"
 KNOWN_PATCH_ATTR = "357c3d607cf9364e"
 KNOWN_SEMANTIC = "f5389d6ca3b8e75d"
 KNOWN_NP_DTYPE = "cbce40fb1f530102"
+KNOWN_TUPLE_INIT = "4a073518b7c5b4ef"
+KNOWN_TYPE_FOR_TUPLE_VALUES = "9a0f4386213d7be2"
 
 _grids = threading.local()  # .langs: a stack of the module sets patched by the grids running in this thread
 _installed = False
@@ -265,10 +273,47 @@ def table_np_dtypes() -> str | None:
     return _replace_function("_get_np_dtype", KNOWN_NP_DTYPE, _tabled_np_dtype)
 
 
+def lazy_tuple_types() -> str | None:
+    """Install the ``tl.tuple`` type computed at its first read (module docstring); None when installed, else why
+    not."""
+    from triton.language import core
+
+    if _installed_speedups.get("lazy_tuple_types"):
+        return None
+    for fn, known in ((core.tuple.__init__, KNOWN_TUPLE_INIT),
+                      (core._type_for_tuple_values, KNOWN_TYPE_FOR_TUPLE_VALUES)):
+        if _source_hash(fn) != known:
+            return f"triton.language.core.{fn.__qualname__} is not the one this was written against"
+    tuple_type, type_for = core.tuple_type, core._type_for_tuple_values
+
+    def __init__(self, args, type=None):  # noqa: A002 - Triton's signature
+        self.values = [i for i in args]
+        if isinstance(type, tuple_type):
+            self.type = type
+        elif type is not None:  # make_template in ASTFunction.deserialize may pass a list or a tuple
+            self.type = tuple_type(type)
+
+    def get_type(self):
+        known = self.__dict__.get("_lazy_type")
+        if known is None:
+            known = self.__dict__["_lazy_type"] = type_for(self.__dict__["values"])
+        return known
+
+    def set_type(self, value) -> None:
+        self.__dict__["_lazy_type"] = value
+
+    upstream["tuple.__init__"] = core.tuple.__init__
+    core.tuple.__init__ = __init__
+    core.tuple.type = property(get_type, set_type)
+    _installed_speedups["lazy_tuple_types"] = True
+    return None
+
+
 def install() -> dict[str, str | None]:
     """Every speed-up of this module where it applies: name -> None (installed) or why it was left out."""
     return {
         "skip_nested_repatching": None if skip_nested_repatching() else install_problem(),
         "remember_builtins": remember_builtins(),
         "table_np_dtypes": table_np_dtypes(),
+        "lazy_tuple_types": lazy_tuple_types(),
     }

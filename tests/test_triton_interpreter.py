@@ -104,6 +104,7 @@ def test_the_bits_are_those_of_tritons_own_interpreter(tmp_path, monkeypatch):
     ours, _ = _launch(tmp_path, monkeypatch, "_scale")
     monkeypatch.setattr(interpreter.GridExecutor, "__call__", triton_interpreter.upstream["GridExecutor"])
     monkeypatch.setattr(interpreter.InterpretedFunction, "__call__", triton_interpreter.upstream["InterpretedFunction"])
+    monkeypatch.setattr(tl.core.tuple, "__init__", triton_interpreter.upstream["tuple.__init__"])  # types eagerly
     theirs, patched = _launch(tmp_path, monkeypatch, "_scale")
     assert patched == 1 + PROGRAMS * CALLS  # Triton's own: every helper call patches again
     assert torch.equal(ours, theirs)
@@ -111,7 +112,38 @@ def test_the_bits_are_those_of_tritons_own_interpreter(tmp_path, monkeypatch):
 
 def test_every_speedup_is_installed_on_the_pinned_triton():
     assert triton_interpreter.install() == {"skip_nested_repatching": None, "remember_builtins": None,
-                                            "table_np_dtypes": None}
+                                            "table_np_dtypes": None, "lazy_tuple_types": None}
+
+
+def _tuple_values() -> list:
+    return [1, 2.5, tl.float32, tl.constexpr(3), tl.core.tensor(None, tl.block_type(tl.float16, [4, 8]))]
+
+
+def _eager(values, type=None):  # noqa: A002 - Triton's parameter name
+    """A ``tl.tuple`` built by Triton's own constructor, which computes its type at once."""
+    built = tl.core.tuple.__new__(tl.core.tuple)
+    triton_interpreter.upstream["tuple.__init__"](built, values, type)
+    return built
+
+
+def test_a_tuples_type_read_late_is_the_one_its_construction_would_have_built():
+    values = _tuple_values()
+    lazy, eager = tl.core.tuple(values), _eager(values)
+    assert "_lazy_type" not in vars(lazy)  # not built until read
+    assert lazy.type == eager.type and str(lazy.type) == str(eager.type) and lazy.type.fields == eager.type.fields
+    assert lazy.type is lazy.type  # built once
+    named = tl.core.tuple_type([tl.int32, tl.float32], ["a", "b"])
+    given = tl.core.tuple([tl.core.tensor(None, tl.int32), tl.core.tensor(None, tl.float32)], named)
+    assert given.type is named and given.b is given.values[1]  # a given type is kept, and its fields name values
+    assert tl.core.tuple([1, 2], [tl.int32, tl.int32]).type == _eager([1, 2], [tl.int32, tl.int32]).type
+    # _setitem replaces a value and sets the type from the new values, unread before or read before.
+    for read_first in (False, True):
+        lazy, eager = tl.core.tuple(_tuple_values()), _eager(_tuple_values())
+        if read_first:
+            assert lazy.type == eager.type
+        lazy._setitem(1, tl.float64)
+        eager._setitem(1, tl.float64)
+        assert lazy.type == eager.type and str(lazy.type) == str(eager.type)
 
 
 def test_the_dtype_table_answers_as_the_function_it_replaces():
