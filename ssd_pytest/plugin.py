@@ -56,12 +56,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "error (env SSD_HARNESS_ITEM_TIMEOUT; default 120 on CPU, 300 on CUDA; 0 = none)")
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # xdist's hook: absent under -p no:xdist
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     return workers.auto_num_workers(config)
 
 
-@pytest.hookimpl(optionalhook=True)
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: absent under -p no:xdist
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return xdist_scheduling.make_scheduler(config, log)
 

@@ -878,3 +878,12 @@ def test_what_loads_before_a_workers_start_does_not_import_the_kernels_package()
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]", proc.stdout
+
+
+def test_without_xdist_the_plugin_loads_and_runs_the_items(pytester, tiny, device):
+    """``-p no:xdist`` leaves xdist's hooks unknown to pytest: the plugin's implementations of them are optional,
+    so the session runs instead of stopping on an INTERNALERROR."""
+    result = run_inner(pytester, device, str(tiny), "-p", "no:xdist", "--provider", "reference:provider",
+                       "-k", "tiny-direct and determinism")
+    assert result.ret == 0, result.stdout.str()
+    result.assert_outcomes(passed=1)
