@@ -1,5 +1,6 @@
-"""Triton's interpreter without the work it repeats: re-patching ``triton.language`` inside a kernel, listing the
-language's members for each grid, rebuilding its dtype table for each operation.
+"""Triton's interpreter without the work it repeats or throws away: re-patching ``triton.language`` inside a kernel,
+listing the language's members for each grid, rebuilding its dtype table for each operation, building each tuple's
+type, and integer overflow checks that nothing asserts.
 
 Under ``TRITON_INTERPRET=1`` a launch runs ``GridExecutor.__call__``, which patches the ``triton.language`` modules
 the kernel's globals name (``tl``, ``tl.core``: every builtin of the module, of ``tl.tensor`` and ``tl.math``,
@@ -34,6 +35,13 @@ string joined from their reprs) computed at its first read instead of at constru
 holds its shape as a ``tl.tuple`` and every block type unwraps its shape through a new one, so that type is built
 several times per operation and read almost never. A tuple's values are replaced only through ``_setitem``, which
 reads the type before it sets the new one, so the type read is the one construction would have built.
+
+``skip_dead_overflow_checks`` turns off the interpreter's ``sanitize_overflow`` option (on in ``InterpreterOptions``)
+where its ``debug`` option is off, as it is by default. The option makes every int32 add, sub and mul compute the
+operation again in int64 and compare it with int32's range on every lane, seven more interpreted operations per
+integer operation (about a third of an interpreted SSD call), and then hands the result to ``device_assert``, which
+drops it without ``debug``: the checks assert nothing, and the operation's own result is computed apart from them.
+With ``debug`` on, the checks assert, and they are left on. This one changes an option's value, not a function.
 
 Each is installed only where the running Triton's function is the body this was written against (the source text
 compared, ``KNOWN_CALL``, or its hash); any other Triton keeps its own interpreter untouched (``install`` says why).
@@ -309,6 +317,27 @@ def lazy_tuple_types() -> str | None:
     return None
 
 
+def skip_dead_overflow_checks() -> str | None:
+    """Turn off the interpreter's integer overflow checks where nothing asserts them (module docstring); None when
+    they are off, else why they stay."""
+    import dataclasses
+
+    from triton.runtime import interpreter
+
+    builder = getattr(interpreter, "interpreter_builder", None)
+    options = getattr(builder, "options", None)
+    fields = {f.name for f in dataclasses.fields(options)} if dataclasses.is_dataclass(options) else set()
+    if not {"sanitize_overflow", "debug"} <= fields:
+        return ("triton.runtime.interpreter.interpreter_builder has no options dataclass with sanitize_overflow and "
+                "debug")
+    if options.debug:
+        return "the interpreter runs with debug on, where its overflow checks assert"
+    if options.sanitize_overflow:
+        upstream.setdefault("interpreter_builder.options", options)
+        builder.options = dataclasses.replace(options, sanitize_overflow=False)
+    return None
+
+
 def install() -> dict[str, str | None]:
     """Every speed-up of this module where it applies: name -> None (installed) or why it was left out."""
     return {
@@ -316,4 +345,5 @@ def install() -> dict[str, str | None]:
         "remember_builtins": remember_builtins(),
         "table_np_dtypes": table_np_dtypes(),
         "lazy_tuple_types": lazy_tuple_types(),
+        "skip_dead_overflow_checks": skip_dead_overflow_checks(),
     }

@@ -112,7 +112,39 @@ def test_the_bits_are_those_of_tritons_own_interpreter(tmp_path, monkeypatch):
 
 def test_every_speedup_is_installed_on_the_pinned_triton():
     assert triton_interpreter.install() == {"skip_nested_repatching": None, "remember_builtins": None,
-                                            "table_np_dtypes": None, "lazy_tuple_types": None}
+                                            "table_np_dtypes": None, "lazy_tuple_types": None,
+                                            "skip_dead_overflow_checks": None}
+
+
+@triton.jit
+def _int32_square_kernel(x_ptr, y_ptr):
+    offs = tl.arange(0, 4)
+    x = tl.load(x_ptr + offs)
+    tl.store(y_ptr + offs, x * x)
+
+
+def test_integer_overflow_checks_are_skipped_only_where_nothing_asserts_them(monkeypatch):
+    """Without ``debug`` the checks' verdict is dropped: the int32 product wraps, with them or without (as a
+    compiled kernel's does). With ``debug`` they assert, and the speed-up leaves them on."""
+    import dataclasses
+
+    from triton.runtime import interpreter
+
+    x = torch.tensor([3, -7, 46341, 2**31 - 1], dtype=torch.int32)  # 46341**2 and (2**31 - 1)**2 overflow
+    checked = triton_interpreter.upstream["interpreter_builder.options"]
+    assert checked.sanitize_overflow and not checked.debug
+    assert not interpreter.interpreter_builder.options.sanitize_overflow
+    for options in (interpreter.interpreter_builder.options, checked):
+        monkeypatch.setattr(interpreter.interpreter_builder, "options", options)
+        y = torch.empty_like(x)
+        _int32_square_kernel[(1,)](x, y)
+        assert torch.equal(y, x * x)  # torch's int32 product wraps too
+    monkeypatch.setattr(interpreter.interpreter_builder, "options", dataclasses.replace(checked, debug=True))
+    assert triton_interpreter.skip_dead_overflow_checks() == ("the interpreter runs with debug on, where its "
+                                                             "overflow checks assert")
+    assert interpreter.interpreter_builder.options.sanitize_overflow
+    with pytest.raises(Exception, match="int32 overflow detected for operation mul"):
+        _int32_square_kernel[(1,)](x, torch.empty_like(x))
 
 
 def _tuple_values() -> list:
