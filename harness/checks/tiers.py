@@ -25,9 +25,9 @@ from harness.cases.model import cpu_block_factors
 from harness.checks.registry import get_check, selected_checks
 
 # Seconds of one interpreted call per block, measured with two processes on two cores (docs/checks.md#tiers).
-SECONDS_PER_BLOCK = 0.028
+SECONDS_PER_BLOCK = 0.0103
 # Estimated interpreter seconds the tier spends on one case.
-CPU_CASE_SECONDS = 2.0
+CPU_CASE_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
