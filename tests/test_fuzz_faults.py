@@ -48,10 +48,19 @@ def _crosses_a_chunk_boundary(case) -> bool:
 def _search(tmp_path, device, provider: str, *, time_budget: float, item_timeout: float = 60.0,
             isolation: str | None = None, provider_object=None) -> tuple[Finding | NoFailure, str]:
     log = io.StringIO()
-    found = fuzz(f"tests.faulty_providers:{provider}", budget=40, out_dir=tmp_path / "found", device=device,
-                 checks=[CHECK], timeout=item_timeout, time_budget=time_budget, heartbeat=HEARTBEAT, log=log,
-                 isolation=isolation, provider=provider_object)
+    try:
+        found = fuzz(f"tests.faulty_providers:{provider}", budget=40, out_dir=tmp_path / "found", device=device,
+                     checks=[CHECK], timeout=item_timeout, time_budget=time_budget, heartbeat=HEARTBEAT, log=log,
+                     isolation=isolation, provider=provider_object)
+    finally:
+        _show(log)
     return found, log.getvalue()
+
+
+def _show(log: io.StringIO) -> None:
+    """The search's progress lines to the test's captured output: pytest shows them with a failure, and with
+    ``-rP`` for a pass (when the first fault came and how long each shrinking step took: what sizes the budgets)."""
+    print(log.getvalue(), end="")
 
 
 def _written(found: Finding, region) -> object:
@@ -118,9 +127,12 @@ def test_a_hang_that_does_not_repeat_is_no_finding(tmp_path, device, monkeypatch
     marks.mkdir()
     monkeypatch.setenv(fp.SlowOnceAcrossChunks.MARKS_ENV, str(marks))
     log = io.StringIO()
-    found = fuzz("tests.faulty_providers:slow_once_across_chunks", budget=6, out_dir=tmp_path / "found",
-                 device=device, checks=[CHECK], timeout=2, time_budget=HANG_BUDGET[device] * 2,
-                 heartbeat=HEARTBEAT, log=log)
+    try:
+        found = fuzz("tests.faulty_providers:slow_once_across_chunks", budget=6, out_dir=tmp_path / "found",
+                     device=device, checks=[CHECK], timeout=2, time_budget=HANG_BUDGET[device] * 2,
+                     heartbeat=HEARTBEAT, log=log)
+    finally:
+        _show(log)
     assert isinstance(found, NoFailure), found
     assert list(marks.iterdir()), "no drawn case crossed a chunk boundary: the test saw no first call time out"
     assert not (tmp_path / "found").exists() or not list((tmp_path / "found").iterdir())
