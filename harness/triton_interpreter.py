@@ -12,9 +12,12 @@ and the outer grid's ``restore`` undoes it all at the end. The kernels call thei
 that repeated patching is a large share of an interpreted launch.
 
 ``skip_nested_repatching`` replaces ``InterpretedFunction.__call__`` with the same body that skips ``_patch_lang``
-where a running grid already patched every ``triton.language`` module the helper's globals name; a helper that
-names one the grid did not patch, or a jit function called outside any grid, is patched exactly as before. What
-each operation computes is unchanged: the patched attributes are the same functions over the same builder.
+where a running grid already patched every ``triton.language`` module the helper's globals name. A helper that
+names one the grid did not patch (Triton's own ``tl.zeros`` and ``tl.cdiv`` name ``core`` as well as ``tl``) is
+patched at its first call in the grid; the interpreter never restores a helper's patching, so the modules stay
+patched for the rest of the grid and later calls skip it too. A jit function called outside any grid is patched
+exactly as before. What each operation computes is unchanged: the patched attributes are the same functions over
+the same builder.
 
 ``remember_builtins`` replaces ``_patch_builtin``, which each grid runs over every language module: it lists the
 module's members with ``inspect.getmembers`` and rebinds those that are Triton builtins. The list is kept per module
@@ -142,10 +145,14 @@ def skip_nested_repatching() -> bool:
             stack.pop()
 
     def call_helper(self, *args, **kwargs):
-        # This is a device function call: patched already where the running grid patched its languages.
+        # This is a device function call: patched already where the running grid, or an earlier helper call in it,
+        # patched its languages (a helper's patching is never restored while the grid runs).
         stack = getattr(_grids, "langs", None)
-        if not stack or not _langs(self.fn, interpreter) <= stack[-1]:
+        langs = _langs(self.fn, interpreter)
+        if not stack or not langs <= stack[-1]:
             interpreter._patch_lang(self.fn)
+            if stack:
+                stack[-1] = stack[-1] | langs
         fn = self.rewrite()
         try:
             return fn(*args, **kwargs)
