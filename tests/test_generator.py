@@ -77,10 +77,11 @@ def test_corpus_size_and_tiers(cases):
     assert 150 <= len(cases) <= 400
     on_cpu, items = cpu_tier_items(cases)
     # docs/checks.md#tiers. every_config costs a call per forced config, so the tier runs it on the small cases only;
-    # the other checks' share is the fit's target.
+    # the other checks' share is what the case budget was chosen for (every item of the earlier tier, about three
+    # quarters of the corpus's items).
     forced = sum(n == "every_config" for c in cases for n, _ in selected_checks(c))
     forced_on_cpu = sum(runs_on_cpu(c, n) for c in cases for n, _ in selected_checks(c) if n == "every_config")
-    assert 0.6 <= (on_cpu - forced_on_cpu) / (items - forced) <= 0.7, (on_cpu, items, forced_on_cpu, forced)
+    assert 0.7 <= (on_cpu - forced_on_cpu) / (items - forced) <= 0.8, (on_cpu, items, forced_on_cpu, forced)
     assert forced_on_cpu > 0, "every_config runs on no case of the CPU tier"
     for c in cases:
         names = [n for n, _ in selected_checks(c)]

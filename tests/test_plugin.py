@@ -145,9 +145,13 @@ def test_the_gpu_marker_selects_the_case_items_outside_the_cpu_tier(pytester, de
 def test_the_gpu_marker_follows_the_cpu_tier_item_by_item(pytester, device):
     """A case beyond the CPU tier's per-case limit keeps its cheaper items on the CPU tier: only the items that do
     not fit carry ``gpu`` (harness.checks.tiers)."""
-    two = bp.TINY_CASES.split("  - id: tiny-batch")[0].replace(  # tiny-direct, 4 heads of 8 chunks: 32 blocks
+    from harness.checks.tiers import CPU_CASE_SECONDS, SECONDS_PER_BLOCK
+
+    # tiny-direct over 8 chunks, with as many heads as make two calls fit the tier's case budget and three not
+    heads = round(CPU_CASE_SECONDS / SECONDS_PER_BLOCK / 20)
+    two = bp.TINY_CASES.split("  - id: tiny-batch")[0].replace(
         "nheads: 2, headdim: 4, dstate: 16, ngroups: 1, chunk_size: 16",
-        "nheads: 4, headdim: 4, dstate: 16, ngroups: 1, chunk_size: 16").replace("tokens: 20", "tokens: 120")
+        f"nheads: {heads}, headdim: 4, dstate: 16, ngroups: 1, chunk_size: 16").replace("tokens: 20", "tokens: 120")
     path = pytester.makefile(".yaml", wide=two)
     out = run_inner(pytester, device, str(path), "--collect-only", "-q", "-m", "gpu").stdout.lines
     gpu = sorted(line.rsplit("::", 1)[1] for line in out if "::" in line)

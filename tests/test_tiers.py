@@ -27,22 +27,28 @@ from harness.checks.tiers import (
 )
 from tests.support import harness
 
-# Two sequences of 40 new tokens over 4 heads, each crossing a 64-token chunk boundary: 4 chunks x 4 heads = 16
-# blocks, one call 16 x SECONDS_PER_BLOCK. Its checks share the call on path auto (the case's) and the snapshot
-# call; all but autotune_idempotent and every_config fit in the case budget (CPU_CASE_SECONDS).
-H4_CASE = """\
+# The tier's budget in blocks of one call: how large H4_CASE must be for its checks to fit but for its two costliest
+# ones (about 5 calls of the case between them). Its heads follow it (even: two groups), so a refit of the constants
+# keeps each case below in its role.
+BUDGET_BLOCKS = CPU_CASE_SECONDS / SECONDS_PER_BLOCK
+HEADS = max(2, 2 * round(BUDGET_BLOCKS / 40))
+# Two sequences of 40 new tokens over HEADS heads, each crossing a 64-token chunk boundary: 4 chunks x HEADS heads =
+# BLOCKS blocks, one call BLOCKS x SECONDS_PER_BLOCK. Its checks share the call on path auto (the case's) and the
+# snapshot call; all but autotune_idempotent and every_config fit in the case budget (CPU_CASE_SECONDS).
+BLOCKS = 4 * HEADS
+H4_CASE = f"""\
 schema: ssd-case/1
 id: h4-two-sequences
 seed: 3
-shape: {nheads: 4, headdim: 16, dstate: 64, ngroups: 2, chunk_size: 64}
-dtype: {io: float16, state: float32}
+shape: {{nheads: {HEADS}, headdim: 16, dstate: 64, ngroups: 2, chunk_size: 64}}
+dtype: {{io: float16, state: float32}}
 sequences:
-  - {context: 50, tokens: 40, init_slot: 0, has_state: true, final_slot: 1}
-  - {context: 30, tokens: 40, init_slot: 2, has_state: true, final_slot: 3}
-cache: {slots: 5}
+  - {{context: 50, tokens: 40, init_slot: 0, has_state: true, final_slot: 1}}
+  - {{context: 30, tokens: 40, init_slot: 2, has_state: true, final_slot: 3}}
+cache: {{slots: 5}}
 """
-CALL = 16 * SECONDS_PER_BLOCK  # seconds of one call of H4_CASE
-STATE_PASSING = STATE_PASSING_SECONDS_PER_STATE * 4 * 4 * 16 * 64  # 4 chunks of H x P x N states
+CALL = BLOCKS * SECONDS_PER_BLOCK  # seconds of one call of H4_CASE
+STATE_PASSING = STATE_PASSING_SECONDS_PER_STATE * 4 * HEADS * 16 * 64  # 4 chunks of H x P x N states
 # What the tier runs of H4_CASE, in collection order, and what each costs in calls (a shared call charged to the
 # first check making it: auto_vs_snapshot makes the snapshot call and the auto call, which is the case's own).
 H4_RUNS = {"auto_vs_snapshot": 2.3, "untouched_storage": 0, "readonly_inputs": 0, "determinism": 1.0,
@@ -60,11 +66,11 @@ def _load(tmp_path: Path, text: str, folder: str = "cases") -> tuple[Path, objec
 
 def test_blocks_count_chunks_heads_and_the_block_sizes(tmp_path):
     _, case = _load(tmp_path, H4_CASE)
-    assert case.cpu_blocks() == 4 * 4
+    assert case.cpu_blocks() == 4 * HEADS
     wide = replace(case, shape=replace(case.shape, chunk_size=256, dstate=256))  # 2 chunks of 4 x 2 blocks
-    assert wide.cpu_blocks() == 2 * 4 * (256 // 64) * (256 // 128)
+    assert wide.cpu_blocks() == 2 * HEADS * (256 // 64) * (256 // 128)
     narrow = replace(case, shape=replace(case.shape, chunk_size=16, dstate=16))  # one block per small chunk
-    assert narrow.cpu_blocks() == 7 * 4  # 14+16+10 and 2+16+16+6 tokens
+    assert narrow.cpu_blocks() == 7 * HEADS  # 14+16+10 and 2+16+16+6 tokens
 
 
 def test_the_estimate_charges_each_shared_call_once_to_the_first_check_making_it(tmp_path):
@@ -90,23 +96,24 @@ def test_a_case_beyond_the_limit_runs_its_cheapest_items(tmp_path):
     total = (sum(H4_RUNS.values()) + get_check("autotune_idempotent").cpu_calls) * CALL
     assert reason == (
         f"beyond the CPU interpreter tier: autotune_idempotent would bring the case's estimated interpreter time to "
-        f"{total:.1f} s > {CPU_CASE_SECONDS:g} s per case (16 blocks = 4 chunks x 4 heads x 1 x 1, blocks of 64 chunk "
-        f"rows and 128 state columns, {SECONDS_PER_BLOCK} s per block and call; the tier runs its cheaper items: "
-        f"{', '.join(H4_RUNS)}); tiers: {{cpu: true}} in {path} runs it there anyway; runs on the GPU tier")
+        f"{total:.1f} s > {CPU_CASE_SECONDS:g} s per case ({BLOCKS} blocks = 4 chunks x {HEADS} heads x 1 x 1, "
+        f"blocks of 64 chunk rows and 128 state columns, {SECONDS_PER_BLOCK} s per block and call; the tier runs its "
+        f"cheaper items: {', '.join(H4_RUNS)}); tiers: {{cpu: true}} in {path} runs it there anyway; runs on the GPU "
+        "tier")
 
 
 def test_a_large_case_runs_the_checks_that_read_its_one_call(tmp_path):
     """Cheapest first: the stage checks, then the one call on the case's path with every check that only reads it;
     a second call (determinism's, the snapshot path's) no longer fits."""
-    _, case = _load(tmp_path, H4_CASE.replace("tokens: 40", "tokens: 300"))  # 12 chunks x 4 heads
-    assert case.cpu_blocks() == 48
+    _, case = _load(tmp_path, H4_CASE.replace("tokens: 40", "tokens: 300"))  # 12 chunks x HEADS heads
+    assert case.cpu_blocks() == 12 * HEADS
     assert cpu_plan(case).runs == {"untouched_storage", "readonly_inputs", "returned_shapes", "reference_bound",
                                    "state_passing_exact", "gather_exact"}
 
 
 def test_a_small_case_runs_every_item(tmp_path):
     _, case = _load(tmp_path, H4_CASE.replace("context: 50", "context: 0").replace("context: 30", "context: 0")
-                    .replace("nheads: 4", "nheads: 2"))
+                    .replace(f"nheads: {HEADS}", "nheads: 2"))
     assert case.cpu_blocks() == 4  # 2 chunks x 2 heads
     assert all(runs_on_cpu(case, name) for name, _ in selected_checks(case))
     plan = cpu_plan(case)  # the costliest item runs too: the whole case fits
@@ -130,7 +137,7 @@ def test_the_skip_is_decided_on_the_cpu_only(tmp_path):
     beyond = ["autotune_idempotent", "every_config"]
     every = (sum(H4_RUNS.values()) + sum(get_check(n).cpu_calls for n in beyond)) * CALL
     assert cpu_tier_gaps(case) == (beyond,
-                                   f"16 blocks: all its checks are estimated at {every:.1f} s > "
+                                   f"{BLOCKS} blocks: all its checks are estimated at {every:.1f} s > "
                                    f"{CPU_CASE_SECONDS:g} s per case; the others take {cpu_plan(case).spent:.1f} s")
 
 
@@ -184,7 +191,7 @@ def test_naming_every_config_leaves_the_cpu_tier_to_its_cost_model(tmp_path):
     """Under the interpreter the tier's estimate decides, named or not: every_config runs on a small case and is
     skipped with the tier's reason on one beyond the limit."""
     _, small = _load(tmp_path, H4_CASE.replace("context: 50", "context: 0").replace("context: 30", "context: 0")
-                     .replace("nheads: 4", "nheads: 2"))
+                     .replace(f"nheads: {HEADS}", "nheads: 2"))
     assert tier_reason(small, "every_config", "cpu") == ""
     assert tier_reason(small, "every_config", "cpu", ["every_config"]) == ""
     _, big = _load(tmp_path, H4_CASE)

@@ -106,7 +106,7 @@ def _gather_exact(ctx) -> dict:
 
 # Interpreter seconds per state element of every chunk (measured, docs/checks.md#tiers): the state-passing kernel
 # walks each chunk's H x P x N states in fixed blocks, whatever the chunk size.
-STATE_PASSING_SECONDS_PER_STATE = 4.2e-7
+STATE_PASSING_SECONDS_PER_STATE = 4.4e-7
 
 
 def _state_passing_seconds(case) -> float:

@@ -25,9 +25,9 @@ from harness.cases.model import cpu_block_factors
 from harness.checks.registry import get_check, selected_checks
 
 # Seconds of one interpreted call per block, measured with two processes on two cores (docs/checks.md#tiers).
-SECONDS_PER_BLOCK = 0.0103
+SECONDS_PER_BLOCK = 0.0093
 # Estimated interpreter seconds the tier spends on one case.
-CPU_CASE_SECONDS = 1.0
+CPU_CASE_SECONDS = 1.75
 
 
 @dataclass(frozen=True)
