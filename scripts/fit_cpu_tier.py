@@ -36,14 +36,10 @@ def terms(case, checks: frozenset[str]) -> tuple[float, float]:
     """(call-blocks, states) the tier charges for ``checks`` of ``case``: its estimate with each term's constant set
     to 1 and the other's to 0 (``tiers._in_order`` reads the constants at call time, unlike the cached plans)."""
     names = [name for name, _ in tiers.selected_checks(case)]
-    saved = tiers.SECONDS_PER_BLOCK, kernel_exact.STATE_PASSING_SECONDS_PER_STATE
     out = []
-    try:
-        for per_block, per_state in ((1.0, 0.0), (0.0, 1.0)):
-            tiers.SECONDS_PER_BLOCK, kernel_exact.STATE_PASSING_SECONDS_PER_STATE = per_block, per_state
+    for per_block, per_state in ((1.0, 0.0), (0.0, 1.0)):
+        with tiers.costed(per_block, per_state):
             out.append(sum(tiers._in_order(case, names, checks, skipped=False).values()))
-    finally:
-        tiers.SECONDS_PER_BLOCK, kernel_exact.STATE_PASSING_SECONDS_PER_STATE = saved
     return out[0], out[1]
 
 
@@ -63,18 +59,11 @@ def fit(report: dict, cases: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def budget_rows(cases: list, per_block: float, per_state: float, budgets: list[float]) -> list[tuple]:
     """(budget, items on the CPU tier, corpus items, estimated seconds) per case budget, with these constants."""
-    saved = tiers.SECONDS_PER_BLOCK, kernel_exact.STATE_PASSING_SECONDS_PER_STATE, tiers.CPU_CASE_SECONDS
     rows = []
-    try:
-        tiers.SECONDS_PER_BLOCK, kernel_exact.STATE_PASSING_SECONDS_PER_STATE = per_block, per_state
-        for budget in budgets:
-            tiers.CPU_CASE_SECONDS = budget
-            tiers.cpu_plan.cache_clear()
+    for budget in budgets:
+        with tiers.costed(per_block, per_state, budget):
             on_cpu, items = tiers.cpu_tier_items(cases)
             rows.append((budget, on_cpu, items, sum(tiers.cpu_plan(c).spent for c in cases)))
-    finally:
-        tiers.SECONDS_PER_BLOCK, kernel_exact.STATE_PASSING_SECONDS_PER_STATE, tiers.CPU_CASE_SECONDS = saved
-        tiers.cpu_plan.cache_clear()
     return rows
 
 

@@ -96,6 +96,32 @@ def test_corpus_size_and_tiers(cases):
     assert set(Counter(c.family for c in cases)) == {"direct", "multi", "fallback", "index_layouts", "serving"}
 
 
+# The tier as it stood before its constants were refitted to the faster interpreter (docs/decisions.md): the case
+# items it ran are the CPU coverage any later tier keeps.
+EARLIER_TIER = {"per_block": 0.028, "per_state": 3.3e-7, "budget": 2.0}
+
+
+def _on_cpu(cases) -> set:
+    from harness.checks import selected_checks
+    from harness.checks.tiers import runs_on_cpu
+
+    return {(c.id, n) for c in cases for n, _ in selected_checks(c) if runs_on_cpu(c, n)}
+
+
+def test_the_tier_runs_every_item_the_earlier_tier_ran(cases):
+    from harness.checks.tiers import costed
+
+    with costed(**EARLIER_TIER):
+        earlier = _on_cpu(cases)
+    now = _on_cpu(cases)
+    assert earlier <= now, sorted(earlier - now)
+    assert len(now) > len(earlier)
+    # The comparison can fail: at a case budget of 1 s, the serving shapes' state_passing_exact items drop out.
+    with costed(budget=1.0):
+        left_out = earlier - _on_cpu(cases)
+    assert left_out and all(check == "state_passing_exact" for _, check in left_out), sorted(left_out)
+
+
 def test_corpus_covers_dtypes_and_shapes(cases):
     direct = [c for c in cases if c.family == "direct"]
     triples = {(c.dtype.io, c.dtype.state, c.shape) for c in direct}

@@ -17,9 +17,10 @@ every front end asks before it runs an item.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
-from typing import Collection
+from typing import Collection, Iterator
 
 from harness.cases.model import cpu_block_factors
 from harness.checks.registry import get_check, selected_checks
@@ -28,6 +29,27 @@ from harness.checks.registry import get_check, selected_checks
 SECONDS_PER_BLOCK = 0.0093
 # Estimated interpreter seconds the tier spends on one case.
 CPU_CASE_SECONDS = 1.75
+
+
+@contextlib.contextmanager
+def costed(per_block: float | None = None, per_state: float | None = None,
+           budget: float | None = None) -> Iterator[None]:
+    """The tier decided with other constants inside the block (None keeps one): ``SECONDS_PER_BLOCK``,
+    ``kernel_exact.STATE_PASSING_SECONDS_PER_STATE`` and ``CPU_CASE_SECONDS``, restored after it, the cached plans
+    dropped on the way in and out. For refitting the constants and comparing tiers (``scripts/fit_cpu_tier.py``)."""
+    global SECONDS_PER_BLOCK, CPU_CASE_SECONDS
+    from harness.checks import kernel_exact
+
+    saved = SECONDS_PER_BLOCK, kernel_exact.STATE_PASSING_SECONDS_PER_STATE, CPU_CASE_SECONDS
+    try:
+        SECONDS_PER_BLOCK = saved[0] if per_block is None else per_block
+        kernel_exact.STATE_PASSING_SECONDS_PER_STATE = saved[1] if per_state is None else per_state
+        CPU_CASE_SECONDS = saved[2] if budget is None else budget
+        cpu_plan.cache_clear()
+        yield
+    finally:
+        SECONDS_PER_BLOCK, kernel_exact.STATE_PASSING_SECONDS_PER_STATE, CPU_CASE_SECONDS = saved
+        cpu_plan.cache_clear()
 
 
 @dataclass(frozen=True)
