@@ -353,9 +353,11 @@ def launch_arguments(B: torch.Tensor, x: torch.Tensor, dt_out: torch.Tensor, dA_
         init_mode, init = INIT_DENSE, initial_states
     else:
         init_mode, init = INIT_NONE, out  # placeholder pointer, never read
-    # seq_idx: the placeholder of an index the call does not read
+    # Placeholders of indices and a mask the call does not read, in the dtypes of the real ones (int32 slots, byte
+    # masks): a pointer's dtype is part of the binary's key, so a placeholder of another dtype would compile the
+    # same kernel again for the calls without slots. ``out``'s bytes: its last stride is 1 (``check_state_rows``).
     slot = kernel_slots(initial_state_indices) if initial_state_indices is not None else seq_idx
-    has = kernel_mask(has_initial_states) if has_initial_states is not None else seq_idx
+    has = kernel_mask(has_initial_states) if has_initial_states is not None else out.view(torch.uint8)
     write_cache = final_state_indices is not None
     cache = state_cache if write_cache else out  # placeholder pointer, never written
     final_idx = kernel_slots(final_state_indices) if write_cache else seq_idx
