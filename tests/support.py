@@ -30,16 +30,20 @@ needs_cpu_interpreter = pytest.mark.skipif(
 
 # ---- kernel-test cases ---------------------------------------------------------------------------------------------
 
-NHEADS, DSTATE, CHUNK = 3, 16, 64
+# The case corpus's smallest model shape (one group per head), so that a GPU compiles nothing for these cases that
+# the corpus's warmup has not compiled already.
+NHEADS, DSTATE, CHUNK, NGROUPS = 3, 16, 64, 3
+# The corpus's model shape of 16-token chunks: many chunks for few tokens.
+CHUNK16_SHAPE = dict(nheads=2, headdim=4, dstate=16, ngroups=1, chunk_size=16)
 ALL_OPTIONS = Options(D="per_channel", z=True, dt_bias=True, dt_softplus=True)
 CONTIGUOUS_INDICES = IndicesSpec()
 
 
 def make_case(sequences, *, io="float32", state="float32", headdim=5, options=ALL_OPTIONS, mode="direct",
               slots=8, row_pad=24, offset=7, fill="nan", indices=CONTIGUOUS_INDICES, seed=0, case_id="unit",
-              nheads=NHEADS, dstate=DSTATE, chunk_size=CHUNK, ngroups=1):
-    """A case, small by default (nheads 3, dstate 16, chunk 64). ``sequences``: (context, tokens, init_slot, has_state,
-    final_slot) tuples. The builder fills every slot with random states, masked-off init slots with NaN and every
+              nheads=NHEADS, dstate=DSTATE, chunk_size=CHUNK, ngroups=NGROUPS):
+    """A case, small by default (the shape above). ``sequences``: (context, tokens, init_slot, has_state, final_slot)
+    tuples. The builder fills every slot with random states, masked-off init slots with NaN and every
     gap (``offset`` elements before slot 0, ``row_pad`` after each row) with ``fill``. Tests call the kernels on it
     directly, on either device, so it belongs to the CPU tier."""
     return Case.create(

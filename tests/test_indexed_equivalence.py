@@ -86,7 +86,7 @@ def states(request, monkeypatch) -> str:
 @pytest.mark.parametrize("name", sorted(EQUIVALENCE_CASES))
 def test_indexed_path_equals_snapshot_path(name, states, device):
     seq, io, state, indices = EQUIVALENCE_CASES[name]
-    case = make_case([seq], io=io, state=state, indices=indices, headdim=7, case_id=name)
+    case = make_case([seq], io=io, state=state, indices=indices, case_id=name)
     snapshot, indexed = run_both(case, device)
     assert indexed[2]["plan"].states == snapshot[2]["plan"].states == states
     assert (indexed[2]["chunk_states"] is None) is (states == "fused")  # the fused kernel keeps them on chip
@@ -224,7 +224,7 @@ def test_both_paths_launch_one_chunk_scan_binary(name, device):
     from kernels.chunk_scan import chunk_scan_kernel
 
     seq, io, state, indices = EQUIVALENCE_CASES[name]
-    case = make_case([seq], io=io, state=state, indices=indices, headdim=7, case_id=name)
+    case = make_case([seq], io=io, state=state, indices=indices, case_id=name)
     keys = {}
     for path in ("snapshot", "indexed"):
         inputs = build_inputs(case, device)

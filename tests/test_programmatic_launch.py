@@ -100,7 +100,7 @@ def recorded_launches(monkeypatch, device, path: str, tamper=None, **extra) -> t
     from harness.cases.model import SequenceSpec, Shape
     from kernels import plan, provider
 
-    case = dataclasses.replace(workload_case("short-continuation"), shape=Shape(2, 16, 16, 1, 16),
+    case = dataclasses.replace(workload_case("short-continuation"), shape=Shape(2, 4, 16, 1, 16),
                                sequences=(SequenceSpec(16, 20, 3, True, 5),))
     launches = []
 

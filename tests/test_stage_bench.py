@@ -14,7 +14,7 @@ from harness import stage_bench
 from harness.cases.builder import build_inputs
 from harness.compare import assert_bits_equal
 from kernels import provider
-from tests.support import make_case
+from tests.support import CHUNK16_SHAPE, make_case
 
 TWO = [(40, 70, 1, True, 4), (0, 33, 2, False, 6)]
 
@@ -38,7 +38,7 @@ def test_stage_closures_reproduce_the_call(path, extra, sequences, pair, layout,
 
     # The states as they run on calls of few chunks (one kernel) or of many (chunk state's kernel, then state passing).
     monkeypatch.setattr(plan, "PAIR_FROM_CHUNKS", 1 if pair else 1 << 30)
-    case = make_case(sequences, io="bfloat16", state="bfloat16", headdim=8, chunk_size=32, **layout)
+    case = make_case(sequences, io="bfloat16", state="bfloat16", **CHUNK16_SHAPE, **layout)
     inputs = build_inputs(case, device)
     expected_inputs = inputs.clone()
     workspace: dict = {}

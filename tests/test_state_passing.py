@@ -105,7 +105,7 @@ PAST_LAST_ROW = 3.0
 
 
 def run_indexed_and_snapshot(dtype, init_slot, has_init, final_slot, device, *, index_dtype=torch.int32,
-                             layout="contiguous", contexts=(70,), tokens=(150,), headdim=7,
+                             layout="contiguous", contexts=(70,), tokens=(150,), headdim=5,
                              indexed=state_passing_indexed):
     """One sequence through both kernels on two identical caches.
 

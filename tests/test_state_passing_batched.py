@@ -11,7 +11,7 @@ import torch
 from harness.cases.builder import build_inputs
 from harness.compare import Mismatch, assert_bits_equal
 from kernels import plan, provider, ssd, state_passing_batched
-from tests.support import make_case
+from tests.support import CHUNK16_SHAPE, make_case
 
 # A long new sequence, one continuing mid-chunk from a masked-off (NaN) slot, one continuing from the slot another
 # sequence's final state goes to (crossed), and a padded sequence (negative final slot) of one chunk.
@@ -47,7 +47,7 @@ def test_the_pair_writes_the_fused_kernels_bits(io, state, mode, device, monkeyp
     """The fused kernel does not read ``READ_AHEAD_FROM`` (only the batched state passing does), so its call is
     made once and each loop shape's pair is compared with it."""
     batch = BATCH if mode == "direct" else [s[:4] + (5 + i,) for i, s in enumerate(BATCH)]  # slots unused there
-    case = make_case(batch, io=io, state=state, headdim=8, chunk_size=16, mode=mode, slots=8)
+    case = make_case(batch, io=io, state=state, mode=mode, slots=8, **CHUNK16_SHAPE)
     fused = snapshot_call(case, device, FUSED, monkeypatch)
     assert not fused["pair"]
     for loop, read_ahead_from in LOOP_SHAPES.items():
@@ -69,7 +69,7 @@ def test_the_shipped_threshold_runs_the_pair_on_a_call_of_that_many_chunks(devic
     kernel (chunk 16: the sequence's tokens set its chunk count)."""
     ran = {}
     for n in (plan.PAIR_FROM_CHUNKS - 1, plan.PAIR_FROM_CHUNKS):
-        case = make_case([(0, 16 * n, 1, False, 2)], io="float32", state="float32", headdim=4, chunk_size=16)
+        case = make_case([(0, 16 * n, 1, False, 2)], io="float32", state="float32", **CHUNK16_SHAPE)
         inputs = build_inputs(case, device)
         ws: dict = {}
         provider.ssd_prefill(**inputs.kwargs(path="snapshot"), workspace_out=ws)
@@ -81,7 +81,7 @@ def test_the_shipped_threshold_runs_the_pair_on_a_call_of_that_many_chunks(devic
 def test_a_batched_kernel_walking_the_wrong_chunks_is_caught(device, monkeypatch):
     """Negative control: each sequence's last chunk passed one too early (its last chunk never stepped, the next
     sequence starting a chunk early) must differ from the fused kernel's bits."""
-    case = make_case(BATCH, io="float32", state="float32", headdim=8, chunk_size=16, slots=8)
+    case = make_case(BATCH, io="float32", state="float32", slots=8, **CHUNK16_SHAPE)
     fused = snapshot_call(case, device, FUSED, monkeypatch)
     real = ssd.state_passing_batched
 
