@@ -139,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                       help="wall time for searching and shrinking together, checked before each item; when it runs "
                            "out, the smallest failure found so far is written (default: no limit)")
+    fuzz.add_argument("--shrink-budget", type=int, default=None, metavar="N",
+                      help="examples to try while shrinking a failure; when they run out, the smallest failure found "
+                           "so far is written (default: until shrinking ends). Where each failing example costs a "
+                           "process (a crash, a hang), a count bounds the search the same on any host")
     fuzz.add_argument("--heartbeat", type=float, default=None, metavar="SECONDS",
                       help="seconds between progress lines on stderr: examples tried, faults seen, elapsed time, "
                            "the smallest failure so far (default 10)")
@@ -708,8 +712,9 @@ def cmd_fuzz(args) -> int:
     from harness.fuzz import HEARTBEAT_SECONDS, NoFailure, NothingTried, fuzz, out_dir_problem
     from harness.isolation import IsolationError
 
-    if args.budget < 1:
-        raise Unusable(f"--budget: expected an integer >= 1, found {args.budget}")
+    for option, value in (("--budget", args.budget), ("--shrink-budget", args.shrink_budget)):
+        if value is not None and value < 1:
+            raise Unusable(f"{option}: expected an integer >= 1, found {value}")
     for option, value in (("--time-budget", args.time_budget), ("--heartbeat", args.heartbeat)):
         if value is not None and not (0 < value < float("inf")):
             raise Unusable(f"{option}: expected seconds (a number > 0), found {value:g}")
@@ -722,7 +727,8 @@ def cmd_fuzz(args) -> int:
         with _sigterm_interrupts():
             found = fuzz(spec, budget=args.budget, out_dir=args.out, device=device, checks=args.check,
                          seed=args.seed, isolation=mode, timeout=limit, provider=provider,
-                         time_budget=args.time_budget, heartbeat=args.heartbeat or HEARTBEAT_SECONDS)
+                         time_budget=args.time_budget, shrink_budget=args.shrink_budget,
+                         heartbeat=args.heartbeat or HEARTBEAT_SECONDS)
     except NothingTried as exc:
         raise Unusable(f"fuzz: nothing ran: {exc}") from None
     except (ProviderError, IsolationError) as exc:

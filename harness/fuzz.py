@@ -299,13 +299,15 @@ class _Search:
     failing the same way (``Failure.signature``). Every case is run once: Hypothesis' final replay of the minimal
     case is answered from ``_seen``, so a crash or a hang is not paid for again."""
 
-    def __init__(self, runners: _Runners, only: list[str] | None, deadline: float, time_budget: float | None):
+    def __init__(self, runners: _Runners, only: list[str] | None, deadline: float, time_budget: float | None,
+                 shrink_budget: int | None = None):
         self.runners, self.only = runners, only
-        self.deadline, self.time_budget = deadline, time_budget
+        self.deadline, self.time_budget, self.shrink_budget = deadline, time_budget, shrink_budget
         self.target: Failure | None = None
         self.first: Case | None = None
         self.smallest: tuple[Case, Failure] | None = None
         self.examples = 0
+        self.shrink_examples = 0  # examples run after the first failure
         self.items = 0  # checks run to a verdict (not skipped or unsupported)
         self.faults = 0  # items that ended in an error, a crash, a hang or a sticky device error
         self._seen: dict[Case, Failure | None] = {}
@@ -332,6 +334,11 @@ class _Search:
         from harness.checks.tiers import tier_reason
 
         self._check_time()
+        if self.target is not None:
+            if self.shrink_budget is not None and self.shrink_examples >= self.shrink_budget:
+                raise _Stop(f"the shrinking budget of {self.shrink_budget} examples ran out")
+            with self._lock:
+                self.shrink_examples += 1
         # The items the run's tier leaves out (harness.checks.tiers: the CPU tier's cost model, the checks that run
         # on the GPU only when --check names them) would only report their skip: not run, as a front end skips them.
         names = [n for n, _ in selected_checks(case) if (not self.only or n in self.only)
@@ -511,13 +518,16 @@ def write_finding(case: Case, out_dir: Path) -> Path:
 
 def fuzz(provider_spec: str, *, budget: int, out_dir: Path, device: str, checks: list[str] | None = None,
          seed: int = 0, isolation: str | None = None, timeout=None, provider=None, time_budget: float | None = None,
-         heartbeat: float = HEARTBEAT_SECONDS, log=None) -> Finding | NoFailure:
+         shrink_budget: int | None = None, heartbeat: float = HEARTBEAT_SECONDS, log=None) -> Finding | NoFailure:
     """Try up to ``budget`` cases against ``provider_spec`` on ``device`` (resolved); on a failure shrink it, write
     it to ``out_dir`` and return the finding.
 
     ``isolation``, ``timeout``, ``provider``: ``harness.isolation.open_runner``'s (a process per runner by default;
     ``timeout``: the item time limit). ``time_budget``: seconds for the search and shrinking together (None: no
-    limit), checked before each item. ``heartbeat``: seconds between progress lines on ``log`` (default stderr).
+    limit), checked before each item. ``shrink_budget``: examples to run while shrinking a failure (None: until
+    Hypothesis is done), checked before each: where every failing example costs a process (a crash, a hang), it
+    bounds the search's cost by a count, the same on any host, where a time budget stops it wherever the host's
+    speed says. ``heartbeat``: seconds between progress lines on ``log`` (default stderr).
     When a budget runs out or the search is interrupted (KeyboardInterrupt), the smallest failure seen so far is
     written and returned with ``stopped`` saying why. Raises ``NothingTried`` when no check reached a verdict, and
     the harness's own errors (``ProviderError``, ``IsolationError``) as they are."""
@@ -527,10 +537,11 @@ def fuzz(provider_spec: str, *, budget: int, out_dir: Path, device: str, checks:
     started = time.monotonic()
     deadline = math.inf if time_budget is None else started + time_budget
     runners = _Runners(provider_spec, device, isolation=isolation, timeout=timeout, provider=provider)
-    search = _Search(runners, checks, deadline, time_budget)
+    search = _Search(runners, checks, deadline, time_budget, shrink_budget)
     config = settings(max_examples=budget, database=None, deadline=None,  # the item time limit stops slow items
                       suppress_health_check=list(HealthCheck))
-    budgets = f"up to {budget} examples" + (f" or {time_budget:g} s" if time_budget is not None else "")
+    budgets = (f"up to {budget} examples" + (f" or {time_budget:g} s" if time_budget is not None else "")
+               + (f", {shrink_budget} more while shrinking" if shrink_budget is not None else ""))
     stopped = ""
     try:
         with _Heartbeat(search, log, heartbeat, started) as beat:

@@ -4,11 +4,12 @@ boundary, a sticky device error that poisons its process): each fault is found, 
 description names the fault, and ``repro`` on that file shows the fault again.
 
 The searches run their examples in supervised children, as the CLI does: a crash, a hang or a sticky device error
-costs its child, and the next example runs in a fresh one. A child's start-up (importing torch) takes seconds on a
-busy host, and shrinking a crash costs one start-up per step, so the searches that lose children are bounded by a
-time budget and must show the failure shrunk part of the way (a smaller case, still in the faulting region); the
-search whose fault leaves its child alive shrinks to the end. Every search checks ``determinism`` alone, which
-applies to every drawn case: one item per example keeps each example short.
+costs its child, and the next example runs in a fresh one. A child's start-up takes seconds on a busy GPU host (its
+device context), and shrinking a crash costs one start-up per step, so the searches that lose children are bounded
+by a shrinking budget (examples: seeded searches draw the same examples on any host) with a time budget behind it,
+and must show the failure shrunk part of the way (a smaller case, still in the faulting region); the search whose
+fault leaves its child alive shrinks to the end. Every search checks ``determinism`` alone, which applies to every
+drawn case: one item per example keeps each example short.
 """
 
 from __future__ import annotations
@@ -24,15 +25,21 @@ from tests import faulty_providers as fp
 from tests.support import harness
 
 CHECK = "determinism"
-HEARTBEAT = 0.5
-# Wall time for a search that loses a child at every shrinking step: enough for the first child's start-up and the
-# first fault on a busy host (a CUDA child also creates its context), then as many shrinking steps as fit. Each step
-# starts a child (forked by the fork server: a fraction of a second; spawned, where it cannot fork, about 5 s on a
-# busy 2-core host): under the interpreter a crash search shrinks to the end within a few seconds.
+HEARTBEAT = 0.2  # a few beats inside the shortest shrinking below, on a fast host
+# Examples while shrinking, for the searches that lose a child at every failing example: with this seed each of
+# these searches' first smaller failure is the first example after the fault (the crash searches' whole shrinking
+# takes 29 examples). A hang's example waits out the item limit twice (the hang is confirmed), hence fewer. The
+# counts leave room for another Hypothesis release's shrinking order.
+LOSING_SHRINK = 8
+HANG_SHRINK = 2
+# Wall time behind the shrinking budget, for a host too slow to spend it: enough for the first child's start-up and
+# the first fault on a busy host (a CUDA child also creates its context), then as many shrinking steps as fit. Each
+# step starts a child (forked by the fork server: a fraction of a second; spawned, where it cannot fork, about 5 s
+# on a busy 2-core host).
 LOSING_BUDGET = {"cpu": 15, "cuda": 45}
 # A hang costs the item time limit on top, at the first fault and at each confirmation and shrinking step: the
-# hang search first saw its hang after about 8 s under the interpreter on a busy 2-core host, and had shrunk it
-# within 12 s; 20 s leaves room for a host a third slower.
+# hang search first saw its hang after about 8 s on a busy 2-core host, and had shrunk it within 12 s; 20 s leaves
+# room for a host a third slower.
 HANG_BUDGET = {"cpu": 20, "cuda": 45}
 
 
@@ -45,13 +52,14 @@ def _crosses_a_chunk_boundary(case) -> bool:
     return any(s.context % q + s.tokens > q for s in case.sequences)
 
 
-def _search(tmp_path, device, provider: str, *, time_budget: float, item_timeout: float = 60.0,
-            isolation: str | None = None, provider_object=None) -> tuple[Finding | NoFailure, str]:
+def _search(tmp_path, device, provider: str, *, time_budget: float, shrink_budget: int | None = None,
+            item_timeout: float = 60.0, isolation: str | None = None,
+            provider_object=None) -> tuple[Finding | NoFailure, str]:
     log = io.StringIO()
     try:
         found = fuzz(f"tests.faulty_providers:{provider}", budget=40, out_dir=tmp_path / "found", device=device,
-                     checks=[CHECK], timeout=item_timeout, time_budget=time_budget, heartbeat=HEARTBEAT, log=log,
-                     isolation=isolation, provider=provider_object)
+                     checks=[CHECK], timeout=item_timeout, time_budget=time_budget, shrink_budget=shrink_budget,
+                     heartbeat=HEARTBEAT, log=log, isolation=isolation, provider=provider_object)
     finally:
         _show(log)
     return found, log.getvalue()
@@ -92,7 +100,8 @@ def _repro_shows(found: Finding, provider: str, device: str, cause: str, *extra:
 
 
 def test_a_segfault_on_batches_is_found_shrunk_and_written_and_repro_shows_it(tmp_path, device):
-    found, log = _search(tmp_path, device, "segfaults_on_batch", time_budget=LOSING_BUDGET[device])
+    found, log = _search(tmp_path, device, "segfaults_on_batch", time_budget=LOSING_BUDGET[device],
+                         shrink_budget=LOSING_SHRINK)
     case = _written(found, _batch_of_two_or_more)
     assert found.failure.kind == "crash" and found.restarts >= 1, found
     assert case.description.endswith("determinism failed with a crash (the process running the provider died: "
@@ -103,7 +112,7 @@ def test_a_segfault_on_batches_is_found_shrunk_and_written_and_repro_shows_it(tm
 
 def test_a_hang_across_chunks_is_found_shrunk_and_written_and_repro_shows_it(tmp_path, device):
     found, log = _search(tmp_path, device, "hangs_across_chunks", time_budget=HANG_BUDGET[device],
-                         item_timeout=3)
+                         shrink_budget=HANG_SHRINK, item_timeout=3)
     case = _written(found, _crosses_a_chunk_boundary)
     assert found.failure.kind == "hang", found
     assert "determinism failed with a hang (timed out after 3 s" in case.description, case.description
@@ -157,8 +166,9 @@ def test_a_sticky_device_error_is_shrunk_in_healthy_processes_through_the_cli(tm
     that process, every one would fail and the search would shrink to a case outside the region. The poisoned
     child is replaced, so the written case still has two sequences."""
     out, spec = tmp_path / "found", "tests.faulty_providers:sticky_on_batch"
-    proc = harness("fuzz", "--budget", "40", "--time-budget", str(LOSING_BUDGET[device]), "--heartbeat", str(HEARTBEAT),
-                   "--check", CHECK, "--provider", spec, "--device", device, "--out", str(out))
+    proc = harness("fuzz", "--budget", "40", "--time-budget", str(LOSING_BUDGET[device]), "--shrink-budget",
+                   str(LOSING_SHRINK), "--heartbeat", str(HEARTBEAT), "--check", CHECK, "--provider", spec, "--device",
+                   device, "--out", str(out))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     (written,) = out.glob("*.yaml")
     (case,) = load_case_file(written)
@@ -237,3 +247,19 @@ def test_failures_are_told_apart_by_how_they_failed():
 def test_budgets_must_be_positive(tmp_path, device, option):
     proc = harness("fuzz", "--budget", "3", option, "0", "--out", str(tmp_path), "--device", device)
     assert proc.returncode == 2 and f"{option}: expected seconds (a number > 0), found 0" in proc.stderr
+
+
+def test_the_shrinking_budget_stops_shrinking_after_that_many_examples(tmp_path, device):
+    """The search finds the fault, runs exactly ``shrink_budget`` more examples, and writes the smallest failure of
+    those: partly shrunk, still in the faulting region, and saying why it stopped."""
+    found, log = _search(tmp_path, device, "raises_across_chunks", time_budget=150, shrink_budget=3)
+    case = _written(found, _crosses_a_chunk_boundary)
+    first = int(re.search(r"fuzz: found after (\d+) examples", log).group(1))
+    assert found.stopped == "the shrinking budget of 3 examples ran out" and found.examples == first + 3, found
+    assert [(s.context, s.tokens) for s in case.sequences] != [(0, case.shape.chunk_size + 1)], case.summary()
+    assert "fuzz: stopped: the shrinking budget of 3 examples ran out" in log, log
+
+
+def test_the_shrinking_budget_must_be_positive(tmp_path, device):
+    proc = harness("fuzz", "--budget", "3", "--shrink-budget", "0", "--out", str(tmp_path), "--device", device)
+    assert proc.returncode == 2 and "--shrink-budget: expected an integer >= 1, found 0" in proc.stderr, proc.stderr
