@@ -651,7 +651,7 @@ def test_every_fused_tile_gives_the_same_recurrence_bits(monkeypatch, device):
 # ``kernels.chunk_state_bmm``: each tensor it writes has the bits of its own stage's kernel under the same blocks; its
 # config is fixed only where both stages' are; the warmup holds its binaries; a wrong split of its programs is caught.
 
-SERVING = Shape(2, 64, 128, 1, 256)  # the serving shape's class (heads do not enter it), two heads
+SERVING = Shape(64, 64, 128, 1, 256)  # the corpus's serving shape: its binaries are the corpus's
 
 
 def one_kernel_configs(P: int, N: int, Q: int, nchunks: int) -> tuple[dict, triton.Config, triton.Config]:
@@ -713,7 +713,7 @@ def test_a_skipped_chunk_is_caught(device):
     """Negative control: the kernel launched without the last chunk's chunk state programs (a grid one chunk's
     worth of state tiles short) leaves that chunk's states as they were (NaN here); the comparison above names it,
     and the chunk's CB is still bmm's."""
-    inp = make_inputs(Shape(3, 5, 16, 1, 64), "two-partial-first", torch.float32, device)
+    inp = make_inputs(SHAPES[1], "two-partial-first", torch.float32, device)
     dA, dt_out = ref_cumsum(inp)
     cu = inp.meta["cu_chunk_seqlens"]
     s, nchunks = inp.shape, dt_out.shape[1]
