@@ -922,7 +922,7 @@ def test_ours_and_vllms_adapter_take_the_calls_the_bench_makes(device, monkeypat
     adapter on its snapshot path get the same tensors, and their outputs agree (the adapter is given no ``gather``)."""
     from harness.checks.providers import ProviderError, load_provider
     from kernels import provider
-    from tests.support import make_case
+    from tests.support import CHUNK16_SHAPE, make_case
 
     try:
         peer = load_provider("peers.vllm_ssd:provider")
@@ -930,7 +930,7 @@ def test_ours_and_vllms_adapter_take_the_calls_the_bench_makes(device, monkeypat
         pytest.skip(f"vLLM's SSD ops are not available (python scripts/assemble_vllm_ops.py): {exc}")
     small = {"short-continuation": [(40, 8, 3, True, 5)],
              "mixed-3": [(40, 8, 3, True, 6), (40, 12, 4, True, 7), (0, 20, 5, False, 8)]}
-    monkeypatch.setattr(bench, "workload_case", lambda name: make_case(small[name], slots=10, chunk_size=16,
+    monkeypatch.setattr(bench, "workload_case", lambda name: make_case(small[name], slots=10, **CHUNK16_SHAPE,
                                                                        case_id=f"bench-{name}"))
     outputs = {}
 
@@ -969,9 +969,9 @@ def test_the_configs_our_kernels_run_are_recorded_per_tuning_key(device):
     """What two bench runs compare to show they ran the same binaries: each autotuned kernel's config per key."""
     from harness.cases.builder import build_inputs
     from kernels import bmm_chunk
-    from tests.support import make_case
+    from tests.support import CHUNK16_SHAPE, make_case
 
-    kw = build_inputs(make_case([(0, 20, 1, False, 2)], slots=3, chunk_size=16), device).kwargs(path="snapshot")
+    kw = build_inputs(make_case([(0, 20, 1, False, 2)], slots=3, **CHUNK16_SHAPE), device).kwargs(path="snapshot")
     bmm_chunk.bmm_chunk(kw["C"], kw["B"], 16, kw["cu_chunk_seqlens"])
     configs = bench.chosen_configs()["_bmm_chunk_kernel"]
     assert configs and all(key.startswith("(") and "BLOCK_SIZE_M" in config for key, config in configs.items())

@@ -81,9 +81,9 @@ def test_the_tuning_key_is_the_autotuners_own(device):
     """The tuner's cache after a real launch holds exactly the key ``tuning_key_of`` computes for its arguments."""
     from harness.cases.builder import build_inputs
     from kernels import bmm_chunk
-    from tests.support import make_case
+    from tests.support import CHUNK16_SHAPE, make_case
 
-    kw = build_inputs(make_case([(0, 20, 1, False, 2)], slots=3, chunk_size=16), device).kwargs(path="snapshot")
+    kw = build_inputs(make_case([(0, 20, 1, False, 2)], slots=3, **CHUNK16_SHAPE), device).kwargs(path="snapshot")
     C, B, cu = kw["C"], kw["B"], kw["cu_chunk_seqlens"]
     tuner = bmm_chunk.bmm_chunk_kernel
     assert len(tuner.configs) > 1
@@ -404,10 +404,10 @@ def test_every_stage_launch_of_a_repeated_call_finds_its_binding(device, monkeyp
     from harness.cases.builder import build_inputs
     from harness.triton_launches import listening
     from kernels import provider
-    from tests.support import make_case
+    from tests.support import CHUNK16_SHAPE, make_case
 
-    one = make_case([(20, 12, 1, True, 2)], slots=3, chunk_size=16)
-    batch = make_case([(20, 12, 1, True, 2), (0, 40, 3, False, 4)], slots=5, chunk_size=16)
+    one = make_case([(20, 12, 1, True, 2)], slots=3, **CHUNK16_SHAPE)
+    batch = make_case([(20, 12, 1, True, 2), (0, 40, 3, False, 4)], slots=5, **CHUNK16_SHAPE)
     for case, path in ((one, "indexed"), (batch, "snapshot")):
         # One call through Triton's path first: on the GPU its autotuners time their configs there (trial launches,
         # which a tuned call does not make), so that the calls counted below launch only the call's own kernels.
@@ -437,13 +437,13 @@ def test_direct_launches_give_the_bits_of_tritons_path_and_step_aside_for_a_guar
     from harness.cases.builder import build_inputs
     from harness.triton_launches import listening
     from kernels import provider
-    from tests.support import make_case
+    from tests.support import CHUNK16_SHAPE, make_case
 
     if dl.VERIFIED != triton.__version__:
         pytest.skip(f"Triton {triton.__version__}: the direct path is verified on {dl.VERIFIED} only")
-    one = make_case([(20, 40, 1, True, 2)], io="bfloat16", state="bfloat16", slots=5, chunk_size=16)
+    one = make_case([(20, 40, 1, True, 2)], io="bfloat16", state="bfloat16", slots=5, **CHUNK16_SHAPE)
     batch = make_case([(20, 40, 1, True, 2), (0, 70, 3, False, 4)], io="bfloat16", state="bfloat16", slots=5,
-                      chunk_size=16)
+                      **CHUNK16_SHAPE)
     assert one.indexed_eligible()
 
     def call(case, path):
