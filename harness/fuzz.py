@@ -333,12 +333,13 @@ class _Search:
         from harness.checks import selected_checks
         from harness.checks.tiers import tier_reason
 
-        self._check_time()
-        if self.target is not None:
+        if self.target is not None:  # the count first: where both budgets ran out, the count is what stopped it
             if self.shrink_budget is not None and self.shrink_examples >= self.shrink_budget:
-                raise _Stop(f"the shrinking budget of {self.shrink_budget} examples ran out")
+                n = self.shrink_budget
+                raise _Stop(f"the shrinking budget of {n} example{'s' * (n != 1)} ran out")
             with self._lock:
                 self.shrink_examples += 1
+        self._check_time()
         # The items the run's tier leaves out (harness.checks.tiers: the CPU tier's cost model, the checks that run
         # on the GPU only when --check names them) would only report their skip: not run, as a front end skips them.
         names = [n for n, _ in selected_checks(case) if (not self.only or n in self.only)

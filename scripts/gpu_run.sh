@@ -51,7 +51,7 @@ unique_name() {  # a step's log name, numbered when the step already ran in this
 for step in $steps; do
   case $step in
     env)
-      run_step env bash -c "nvidia-smi -L; $PY -c 'import torch, triton, numpy, sys; print(sys.version.split()[0], torch.__version__, triton.__version__, numpy.__version__, torch.cuda.get_device_name(), torch.cuda.device_count())'; echo commit \${COMMIT:-unknown}" ;;  # pass COMMIT=<sha>: the device copy's .git can be stale, so its HEAD is not evidence
+      run_step env bash -c "nvidia-smi -L; $PY -c 'import torch, triton, numpy, hypothesis, sys; print(sys.version.split()[0], torch.__version__, triton.__version__, numpy.__version__, \"hypothesis\", hypothesis.__version__, torch.cuda.get_device_name(), torch.cuda.device_count())'; echo commit \${COMMIT:-unknown}" ;;  # pass COMMIT=<sha>: the device copy's .git can be stale, so its HEAD is not evidence
     pyc)  # set-up, as a pip-installed environment has it: the runner's image ships its libraries without byte-code and
       # sets PYTHONDONTWRITEBYTECODE=1, so every process (16 workers, their subprocesses) compiles torch from source
       # (scripts/compile_bytecode.sh). Byte-code of the interpreter's libraries goes to a prefix; later steps use it.

@@ -33,7 +33,8 @@ needs_cpu_interpreter = pytest.mark.skipif(
 # The case corpus's smallest model shape (one group per head), so that a GPU compiles nothing for these cases that
 # the corpus's warmup has not compiled already.
 NHEADS, DSTATE, CHUNK, NGROUPS = 3, 16, 64, 3
-# The corpus's model shape of 16-token chunks: many chunks for few tokens.
+# The case files' model shape of 16-token chunks (cases/regressions/vllm-0.33-negative-final-slot.yaml; the corpus
+# has none), whose binaries the warmup of cases/ compiles: many chunks for few tokens.
 CHUNK16_SHAPE = dict(nheads=2, headdim=4, dstate=16, ngroups=1, chunk_size=16)
 ALL_OPTIONS = Options(D="per_channel", z=True, dt_bias=True, dt_softplus=True)
 CONTIGUOUS_INDICES = IndicesSpec()

@@ -28,8 +28,9 @@ CHECK = "determinism"
 HEARTBEAT = 0.2  # a few beats inside the shortest shrinking below, on a fast host
 # Examples while shrinking, for the searches that lose a child at every failing example: with this seed each of
 # these searches' first smaller failure is the first example after the fault (the crash searches' whole shrinking
-# takes 29 examples). A hang's example waits out the item limit twice (the hang is confirmed), hence fewer. The
-# counts leave room for another Hypothesis release's shrinking order.
+# takes 29 examples). A hang's example waits out the item limit twice (the hang is confirmed), hence fewer: on a
+# 2-core host the hang search's time budget ends it at about the same point. The counts leave room for another
+# Hypothesis release's shrinking order.
 LOSING_SHRINK = 8
 HANG_SHRINK = 2
 # Wall time behind the shrinking budget, for a host too slow to spend it: enough for the first child's start-up and
