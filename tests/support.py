@@ -40,6 +40,13 @@ ALL_OPTIONS = Options(D="per_channel", z=True, dt_bias=True, dt_softplus=True)
 CONTIGUOUS_INDICES = IndicesSpec()
 
 
+def case_file_shapes() -> set[Shape]:
+    """The model shapes of the checked-in case files (cases/), whose binaries the warmup of cases/ compiles."""
+    from harness.cases.loader import load_cases
+
+    return {case.shape for case in load_cases([Path(__file__).resolve().parents[1] / "cases"])}
+
+
 def make_case(sequences, *, io="float32", state="float32", headdim=5, options=ALL_OPTIONS, mode="direct",
               slots=8, row_pad=24, offset=7, fill="nan", indices=CONTIGUOUS_INDICES, seed=0, case_id="unit",
               nheads=NHEADS, dstate=DSTATE, chunk_size=CHUNK, ngroups=NGROUPS):

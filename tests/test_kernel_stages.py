@@ -41,6 +41,7 @@ from kernels import tuned_configs
 from kernels.environment import arithmetic_profile
 from reference import arith
 from reference import chunked as ref
+from tests.support import case_file_shapes
 
 F32, F64 = torch.float32, torch.float64
 
@@ -71,7 +72,8 @@ SHAPES = [
     Shape(3, 5, 16, 3, 64),
     Shape(4, 16, 64, 2, 128),
 ]
-# Where the H200 measured the CB element ``test_bmm_fp32_h200_element_fits_truncated_tf32_bound`` pins.
+# Where the H200 measured the CB element ``test_bmm_fp32_h200_element_fits_truncated_tf32_bound`` pins (it launches no
+# kernel).
 H200_MEASURED_SHAPE = Shape(3, 5, 16, 1, 64)
 SEQUENCES = {
     "one-short": ([0], [30]),
@@ -897,3 +899,11 @@ def test_the_cumsum_config_is_the_one_its_autotuner_keeps(monkeypatch, device):
     monkeypatch.setattr(kcumsum, "device_arch", lambda: "sm90")
     assert kcumsum.chunk_cumsum_config(256, 64) == dict(BLOCK_SIZE_H=2, num_warps=4, num_stages=3)
     assert kcumsum.chunk_cumsum_config(256, 48) == tuned_configs.describe(kcumsum.CONFIGS[0])
+
+
+def test_the_stage_shapes_are_case_file_shapes():
+    """The shapes this file launches the stages on are the case files' (``SHAPES`` above): a case file edited away
+    from one shows here, not as a slower cold GPU run."""
+    shapes = case_file_shapes()
+    missing = [s for s in (*SHAPES, SERVING) if s not in shapes]
+    assert not missing, (missing, sorted(map(str, shapes)))
