@@ -31,7 +31,8 @@ def test_masks_are_bytes_nonzero_where_the_mask_is_and_viewed_where_the_width_is
     assert (mask.data_ptr() == column.data_ptr() and mask.stride() == column.stride()) == (column.element_size() == 1)
 
 
-def test_the_plan_has_one_slot_dtype_and_one_mask_dtype_whatever_the_callers_use():
+def _planned_pointer_dtypes() -> dict[str, set[str]]:
+    """Per slot or mask parameter of the plan's keys, the pointer dtypes it is specialized on."""
     shape = ModelShape(nheads=3, headdim=5, dstate=16, ngroups=3, chunk_size=64)
     options = dict(index_dtypes=INDEX_DTYPES, mask_dtypes=MASK_DTYPES)
     planned, _ = plan([(shape, (torch.float16,), (torch.float16,), options)])
@@ -41,9 +42,35 @@ def test_the_plan_has_one_slot_dtype_and_one_mask_dtype_whatever_the_callers_use
             for name, described in key.params:
                 if name in SLOT_PARAMS | MASK_PARAMS:
                     seen.setdefault(name, set()).add(described.split()[0])
-    assert seen and all(dtypes == {"*i32"} for name, dtypes in seen.items() if name in SLOT_PARAMS), seen
+    return seen
+
+
+def _one_dtype_each(seen: dict[str, set[str]]) -> bool:
+    return bool(seen) and all(dtypes == ({"*i32"} if name in SLOT_PARAMS else {"*u8"}) for name, dtypes in seen.items())
+
+
+def test_the_plan_has_one_slot_dtype_and_one_mask_dtype_whatever_the_callers_use():
     # The placeholder a call without slots passes for the mask has the mask's dtype too: one binary for both calls.
-    assert all(dtypes == {"*u8"} for name, dtypes in seen.items() if name in MASK_PARAMS), seen
+    seen = _planned_pointer_dtypes()
+    assert _one_dtype_each(seen), seen
+
+
+def test_a_mask_placeholder_of_another_dtype_shows_in_the_plan(monkeypatch):
+    """Negative control: the fused states kernel's calls without slots given an int32 placeholder for the mask (as
+    the sequence index once was) put a second mask dtype, so a second binary per shape, into the plan."""
+    from kernels import chunk_state_passing as csp
+
+    real = csp.launch_arguments
+
+    def int32_placeholder(*args, **kwargs):
+        arguments = real(*args, **kwargs)
+        if kwargs.get("has_initial_states") is None:
+            arguments["has_init_ptr"] = arguments["seq_idx_ptr"]
+        return arguments
+
+    monkeypatch.setattr(csp, "launch_arguments", int32_placeholder)
+    seen = _planned_pointer_dtypes()
+    assert seen["has_init_ptr"] == {"*u8", "*i32"} and not _one_dtype_each(seen), seen
 
 
 def test_ssd_prefill_converts_before_its_first_launch_so_no_copy_stands_between_two_kernels(device, monkeypatch):

@@ -12,3 +12,8 @@ def test_the_kernel_tests_default_shapes_are_case_file_shapes():
     shapes = case_file_shapes()
     for shape in (make_case([(0, 20, 1, False, 2)]).shape, Shape(**CHUNK16_SHAPE)):
         assert shape in shapes, (shape, sorted(map(str, shapes)))
+
+
+def test_a_shape_no_case_file_has_is_told_apart():
+    """Negative control: the tests' former default shape (one group for three heads) is in no case file."""
+    assert make_case([(0, 20, 1, False, 2)], ngroups=1).shape not in case_file_shapes()
