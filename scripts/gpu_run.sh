@@ -1,10 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU runner does everything (device time is scarce): environment, the test suite on CUDA,
-# the case corpus, the bench. Usage: scripts/gpu_run.sh [STEP...] with steps env, tests, cases, bench
-# (default: env tests cases bench; also pyc, launch-tests, durations, bench-twice, bench-nopdl, startup, baseline, suite,
-# suite-warm, suite-same, suite-same-noiso, warmup, cases-warm, stages, profile-ref, profile-warmup, peer-bench,
-# faults, vllm-corpus, fuzz-vllm, readme,
-# readme-warm). Full logs go under $OUT (the device tool brings them back); a short table is printed last.
+# the case corpus, the bench. Usage: scripts/gpu_run.sh [STEP...] (default: env tests cases bench); each step is an
+# arm of the case statement below, its comment says what it runs, and an unknown step name prints them all. Full
+# logs go under $OUT (the device tool brings them back); a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"  # a given OUT may not exist yet: every step tees its log there
