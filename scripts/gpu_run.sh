@@ -209,8 +209,8 @@ print('items', r.counts(), 'case items run', sum(i.nodeid.startswith('cases/') a
       # SSD_HARNESS_VLLM_KEEP_RACY_CONFIGS=1 (_drop_racy_wgmma_configs as the identity: all 23 chunk-scan configs).
       # A cold Triton cache: every forced config compiles once per specialization (set STEP_TIMEOUT to fit). Named by
       # --check: a GPU run that does not name every_config skips it outside the cases whose checks: name it.
-      # EVERY_CONFIG_CACHE: one Triton cache for the steps of this call (every-config-vllm, then every-config-vllm-all
-      # compiles only the configs the first did not), else a cold one per step.
+      # EVERY_CONFIG_CACHE: one Triton cache for every step that names it, in this call or a later one on the same
+      # warm machine (a step compiles only the configs an earlier one did not), else a cold one per step.
       export TRITON_CACHE_DIR=${EVERY_CONFIG_CACHE:-$(mktemp -d)}
       provider=(); keep=0
       [ "$step" != every-config ] && provider=(--provider peers.vllm_ssd:provider)
