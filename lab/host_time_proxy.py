@@ -46,9 +46,6 @@ class FakeBinary:
 
     function = packed_metadata = None
 
-    def __init__(self, name: str):
-        self.name = name
-
     def run(self, *args):
         pass
 
@@ -71,14 +68,14 @@ class ProxyLaunchCache(direct_launch.LaunchCache):
     def _through_triton(self, kernel, grid, arguments, bind_as):
         self.through_triton += 1
         tuner, jit = self.runtime.layers(kernel)
-        if tuner is not None:
+        if tuner is not None and len(tuner.configs) > 1:
             tuner.nargs = {}  # as ``Autotuner.run`` sets it for a launch by keyword
-            configs = tuner.prune_configs(dict(arguments)) if len(tuner.configs) > 1 else tuner.configs
+            tuner.best_config = tuner.prune_configs(dict(arguments))[0]
             tuner.nargs = None
-            tuner.best_config = configs[0]
-            if len(tuner.configs) > 1:
-                tuner.cache[direct_launch.tuning_key_of(tuner, arguments)] = configs[0]
-        binary = FakeBinary(jit.__name__)
+            tuner.cache[direct_launch.tuning_key_of(tuner, arguments)] = tuner.best_config
+        elif tuner is not None:
+            tuner.best_config = tuner.configs[0]
+        binary = FakeBinary()
         if 0 not in jit.device_caches:  # Triton's factory asks the driver for the target: only [0] is read here
             jit.device_caches[0] = ({},)
         jit.device_caches[0][0][("proxy", len(jit.device_caches[0][0]))] = binary
