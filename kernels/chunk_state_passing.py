@@ -162,11 +162,12 @@ def _chunk_state_passing_kernel(
     prev_seq = tl.load(seq_idx_ptr)
     seq_last, seq_slot = writeback_target(last_chunk_ptr, final_idx_ptr, prev_seq, stride_last_chunk,
                                           stride_final_idx, write_cache)
+    # The first sequence's initial state is loaded here and first read at the first chunk's end: a read (or the
+    # entering row's store) before the loop would hold every warp at that read, until the load (on the indexed path
+    # two chained loads: the slot, then the row) returns, before the first token load is issued.
     entering = initial_state(init_ptr, tile, prev_seq, init_slot_ptr, has_init_ptr, stride_init_row,
                              stride_init_slot, stride_has_init, init_mode, mask)
-    s = entering.to(tl.float32)
-    if store_entering:
-        tl.store(out_ptr + tile, entering.to(out_ptr.dtype.element_ty), mask=mask)
+    s = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     blocks = tl.cdiv(chunk_size, BLOCK_SIZE_K)
     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     for it in range(nchunks * blocks):
@@ -192,6 +193,10 @@ def _chunk_state_passing_kernel(
                 stride_x_token, stride_x_hdim, stride_B_token, stride_B_dstate, stride_dt_pos, stride_dA_pos,
                 DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
         if k0 + BLOCK_SIZE_K >= chunk_size:  # the chunk's last block: its state is complete
+            if c == 0:
+                s = entering.to(tl.float32)
+                if store_entering:
+                    tl.store(out_ptr + tile, entering.to(out_ptr.dtype.element_ty), mask=mask)
             if seq != prev_seq:
                 s = initial_state(init_ptr, tile, seq, init_slot_ptr, has_init_ptr, stride_init_row,
                                   stride_init_slot, stride_has_init, init_mode, mask).to(tl.float32)
