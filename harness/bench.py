@@ -562,7 +562,9 @@ def kernel_launches() -> dict | None:
     if module is None:
         return None
     launches = module.LAUNCHES
-    return {"launcher": type(launches).__name__, "direct": launches.direct, "through_triton": launches.through_triton}
+    replays = sys.modules.get("kernels.call_replay")
+    return {"launcher": type(launches).__name__, "direct": launches.direct, "through_triton": launches.through_triton,
+            "replayed_calls": replays.REPLAYS.replays if replays is not None else 0}
 
 
 def trials_by_kernel(trials: list[tuple[str, dict[str, list[str]]]]) -> dict[str, dict]:
@@ -706,14 +708,15 @@ def main(argv: list[str] | None = None) -> int:
     launches = kernel_launches()
     if launches is not None and before is not None:  # this run's launches: whether the direct path was taken
         launches.update(direct=launches["direct"] - before["direct"],
-                        through_triton=launches["through_triton"] - before["through_triton"])
+                        through_triton=launches["through_triton"] - before["through_triton"],
+                        replayed_calls=launches["replayed_calls"] - before["replayed_calls"])
     summary["meta"] = {**_meta(args, peer), "configs": configs, "kernel_launches": launches,
                        "tuning_trials": trials_by_kernel(trials)}
     _write(args.json, summary)
     print_table(summary)
     if launches is not None:
         print(f"our kernels' launches in this run: {launches['direct']} direct, {launches['through_triton']} through "
-              f"Triton's path ({launches['launcher']})")
+              f"Triton's path ({launches['launcher']}); whole calls replayed: {launches['replayed_calls']}")
     for kernel, by_key in configs.items():
         for key, ran in by_key.items():
             for config in ran:

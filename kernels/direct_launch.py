@@ -38,6 +38,7 @@ exit_hook, *arguments)`` and ``driver.active.get_current_device`` / ``get_curren
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import operator
 import os
@@ -277,15 +278,25 @@ class LaunchCache:
         self._launches = 0
 
     def launch(self, kernel: Any, grid: Any, arguments: dict) -> Any:
+        observer = getattr(_OBSERVER, "current", None)
+        if observer is not None:
+            with observer.inside_launch():
+                result, binding = self._launch(kernel, grid, arguments)
+            observer.launched(binding, grid, arguments)
+            return result
+        return self._launch(kernel, grid, arguments)[0]
+
+    def _launch(self, kernel: Any, grid: Any, arguments: dict) -> tuple[Any, Binding | None]:
+        """(what the launch returns, the binding it launched directly, or None where it took Triton's path)."""
         runtime = self.runtime
         if not runtime.unwatched():
-            return self._through_triton(kernel, grid, arguments, None)
+            return self._through_triton(kernel, grid, arguments, None), None
         device = runtime.device()
         key, addresses = launch_key(kernel, device, arguments)
         try:
             entry = self.bindings.get(key)
         except TypeError:  # an argument no key can hold (a list ...): Triton's path decides what it means
-            return self._through_triton(kernel, grid, arguments, None)
+            return self._through_triton(kernel, grid, arguments, None), None
         binding = None
         if entry is not None:
             with self._lock:
@@ -294,8 +305,8 @@ class LaunchCache:
             binding = entry[0]
         if binding is not None and runtime.current(binding):
             self.direct += 1
-            return runtime.launch(binding, grid, arguments, addresses)
-        return self._through_triton(kernel, grid, arguments, (key, device))
+            return runtime.launch(binding, grid, arguments, addresses), binding
+        return self._through_triton(kernel, grid, arguments, (key, device)), None
 
     def _through_triton(self, kernel: Any, grid: Any, arguments: dict, bind_as: tuple | None) -> Any:
         self.through_triton += 1
@@ -316,6 +327,23 @@ class LaunchCache:
     def clear(self) -> None:
         with self._lock:
             self.bindings.clear()
+
+
+# The observer of this thread's launches, if any (``observe_launches``).
+_OBSERVER = threading.local()
+
+
+@contextlib.contextmanager
+def observe_launches(observer: Any):
+    """Report every ``LaunchCache`` launch this thread makes inside the block to ``observer``: its
+    ``inside_launch()`` context wraps the launch, then ``launched(binding, grid, arguments)`` gets the binding
+    launched directly, or None where the launch took Triton's path (``kernels.call_replay`` records calls so)."""
+    previous = getattr(_OBSERVER, "current", None)
+    _OBSERVER.current = observer
+    try:
+        yield observer
+    finally:
+        _OBSERVER.current = previous
 
 
 class TritonPath:

@@ -15,6 +15,9 @@ Bit-identical to the snapshot path.
 
 On either path the states run in one kernel (``kernels.chunk_state_passing``) on calls of few chunks, and as chunk
 state's kernel then a state passing kernel on calls of many (``kernels.plan.PAIR_FROM_CHUNKS``).
+
+A call whose signature was seen before is replayed (``kernels.call_replay``): its launches, recorded from the
+signature's first call whose every launch was direct, go to the same binaries with this call's addresses.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ import math
 
 import torch
 
+from kernels.backend import launch_settings
 from kernels.bmm_chunk import bmm_chunk
+from kernels.call_replay import replayed
 from kernels.chunk_cumsum import chunk_cumsum
 from kernels.chunk_cumsum_gather import chunk_cumsum_gather
 from kernels.chunk_cumsum_gather import fuses as cumsum_gather_fuses
@@ -38,6 +43,7 @@ from kernels.state_passing_batched import state_passing_batched
 from kernels.state_passing_indexed import state_passing_indexed
 
 
+@replayed(settings=launch_settings)
 def ssd_prefill(
     x: torch.Tensor,
     dt: torch.Tensor,

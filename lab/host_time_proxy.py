@@ -35,7 +35,7 @@ import torch  # noqa: E402
 import kernels  # noqa: E402
 from harness import bench  # noqa: E402
 from harness.cases.builder import build_inputs  # noqa: E402
-from kernels import direct_launch  # noqa: E402
+from kernels import call_replay, direct_launch  # noqa: E402
 
 WORKLOADS = ("short-continuation", "prefill-4256", "continue-600", "mixed-3")
 VARIANTS = ("indexed", "snapshot-fused")
@@ -58,6 +58,14 @@ class ProxyRuntime(direct_launch.TritonRuntime):
 
     def stream(self, device: int) -> int:
         return 0
+
+    def bind(self, kernel, arguments, result, device):
+        """The real binding, with every tensor taken as a GPU's (their addresses go to the fake launcher), as a
+        binding of CUDA tensors is: so that ``kernels.call_replay`` replays the calls, as on the GPU."""
+        binding = super().bind(kernel, arguments, result, device)
+        if binding is not None:
+            binding.address_names = tuple(name for name, v in arguments.items() if isinstance(v, torch.Tensor))
+        return binding
 
 
 class ProxyLaunchCache(direct_launch.LaunchCache):
@@ -123,7 +131,9 @@ def main(argv=None) -> int:
     for (workload, variant), times in best.items():
         print(f"  {workload:20s} {variant:15s} {min(times):7.1f} / {statistics.median(times):7.1f}")
     cache = direct_launch.LAUNCHES
-    print(f"launches: {cache.direct} direct, {cache.through_triton} bound")
+    print(f"launches: {cache.direct} direct, {cache.through_triton} bound; calls replayed: {call_replay.REPLAYS.replays}")
+    for reason in sorted(set(call_replay.REPLAYS.refusals.values())):
+        print(f"  a signature not replayed: {reason}")
     if args.profile:
         variant, workload = args.profile.split("@")
         fn = fns[(workload, variant)]

@@ -827,7 +827,8 @@ def test_main_times_ours_against_the_peer_and_fails_when_nothing_was_timed(monke
     assert ("config _bmm_chunk_kernel (256, 128): BLOCK_SIZE_M: 64\n"
             "config _bmm_chunk_kernel (256, 128): BLOCK_SIZE_M: 32\n") in out
     # Whether our kernels took the direct launch path in this run (kernels.direct_launch), counted over the run only.
-    assert "our kernels' launches in this run: 12 direct, 3 through Triton's path (TritonPath)" in out
+    assert ("our kernels' launches in this run: 12 direct, 3 through Triton's path (TritonPath); whole calls "
+            "replayed: 0") in out
     # What tuning afresh timed: the trials per round, then each config timed.
     assert ("tuned afresh _bmm_chunk_kernel: configs timed per round 2\n"
             "  timed _bmm_chunk_kernel: BLOCK_SIZE_M: 64\n  timed _bmm_chunk_kernel: BLOCK_SIZE_M: 32\n") in out
