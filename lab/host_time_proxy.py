@@ -131,7 +131,8 @@ def main(argv=None) -> int:
     for (workload, variant), times in best.items():
         print(f"  {workload:20s} {variant:15s} {min(times):7.1f} / {statistics.median(times):7.1f}")
     cache = direct_launch.LAUNCHES
-    print(f"launches: {cache.direct} direct, {cache.through_triton} bound; calls replayed: {call_replay.REPLAYS.replays}")
+    replays = call_replay.REPLAYS.replays
+    print(f"launches: {cache.direct} direct, {cache.through_triton} bound; calls replayed: {replays}")
     for reason in sorted(set(call_replay.REPLAYS.refusals.values())):
         print(f"  a signature not replayed: {reason}")
     if args.profile:
