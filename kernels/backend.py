@@ -183,12 +183,6 @@ def programmatic_launch() -> bool:
     return torch.cuda.get_device_capability()[0] >= 9
 
 
-def launch_settings() -> str | None:
-    """What a stage launch reads from the environment at run time (``SSD_PDL``): a replayed call's recording holds
-    for one value of it (``kernels.call_replay``)."""
-    return os.environ.get(PDL_ENV)
-
-
 def pdl_arguments() -> dict:
     """What every stage launch adds to its arguments: the kernel's ``USE_PDL`` constexpr and the launch option,
     always equal (a kernel launched with ``launch_pdl`` must wait; one that waits without it pays nothing)."""

@@ -81,9 +81,8 @@ def _watch_kernel_modules() -> None:
             module.__class__ = _WatchedModule
 
 
-def call_signature(device: int, settings: Any, args: tuple, kwargs: dict) -> tuple:
-    """What a recording holds for: the device, the settings the call reads at run time (``replayed``), then per
-    argument (positional, then by keyword in the order given)
+def call_signature(device: int, args: tuple, kwargs: dict) -> tuple:
+    """What a recording holds for: the device, then per argument (positional, then by keyword in the order given)
     for a tensor its shape, strides, dtype, device, address modulo 16 (the binaries specialize on alignment) and the
     position of the first argument that is the same object (a recorded launch reads that argument's address), for
     anything else its type and value."""
@@ -96,7 +95,7 @@ def call_signature(device: int, settings: Any, args: tuple, kwargs: dict) -> tup
                               same))
         else:
             described.append((type(value), value))
-    return device, settings, tuple(kwargs), tuple(described)
+    return device, tuple(kwargs), tuple(described)
 
 
 @dataclass(frozen=True)
@@ -223,7 +222,7 @@ class CallReplays:
         """Whether this thread is inside a call being recorded (a nested call runs as written, recorded with it)."""
         return getattr(self._local, "recording", False)
 
-    def call(self, fn: Callable, settings: Any, args: tuple, kwargs: dict) -> Any:
+    def call(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
         launches = direct_launch.LAUNCHES
         if not isinstance(launches, direct_launch.LaunchCache) or self._recording_here():
             return fn(*args, **kwargs)
@@ -231,7 +230,7 @@ class CallReplays:
         if not runtime.unwatched():
             return fn(*args, **kwargs)
         try:
-            signature = call_signature(runtime.device(), settings, args, kwargs)
+            signature = call_signature(runtime.device(), args, kwargs)
             hash(signature)
         except TypeError:  # an argument no signature can hold (a dict ...): the call runs as written
             return fn(*args, **kwargs)
@@ -307,16 +306,13 @@ class CallReplays:
 REPLAYS = CallReplays()
 
 
-def replayed(settings: Callable[[], Any]) -> Callable[[Callable], Callable]:
-    """A decorator: ``fn`` with its calls replayed where the module's docstring allows. ``settings()`` returns, as
-    one hashable value, whatever the call reads at run time besides its arguments and the modules of ``kernels``
-    (an environment variable read per call): part of every signature."""
+def replayed(fn: Callable) -> Callable:
+    """``fn`` with its calls replayed where the module's docstring allows. Whatever ``fn`` reads besides its
+    arguments and the modules of ``kernels`` must be fixed for the process (``kernels.backend`` reads its
+    environment settings once)."""
 
-    def wrap(fn: Callable) -> Callable:
-        @functools.wraps(fn)
-        def call(*args, **kwargs):
-            return REPLAYS.call(fn, settings(), args, kwargs)
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        return REPLAYS.call(fn, args, kwargs)
 
-        return call
-
-    return wrap
+    return call

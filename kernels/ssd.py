@@ -26,7 +26,6 @@ import math
 
 import torch
 
-from kernels.backend import launch_settings
 from kernels.bmm_chunk import bmm_chunk
 from kernels.call_replay import replayed
 from kernels.chunk_cumsum import chunk_cumsum
@@ -43,7 +42,7 @@ from kernels.state_passing_batched import state_passing_batched
 from kernels.state_passing_indexed import state_passing_indexed
 
 
-@replayed(settings=launch_settings)
+@replayed
 def ssd_prefill(
     x: torch.Tensor,
     dt: torch.Tensor,

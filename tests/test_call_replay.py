@@ -111,13 +111,13 @@ def inputs(n: int = 8, slots_dtype=torch.int32):
 def as_written(fn, *args, **kwargs):
     """The launches of one call as written (nothing recorded, nothing replayed)."""
     start = len(RUNS)
-    cr.CallReplays(limit=0).call(fn, None, args, kwargs)
+    cr.CallReplays(limit=0).call(fn, args, kwargs)
     return RUNS[start:]
 
 
 def launches_of(replays, fn, *args, **kwargs):
     start = len(RUNS)
-    result = replays.call(fn, None, args, kwargs)
+    result = replays.call(fn, args, kwargs)
     return RUNS[start:], result
 
 
@@ -206,20 +206,19 @@ def test_a_watched_stale_or_reassigned_call_runs_as_written(replays, monkeypatch
     assert replays.replays == 4
 
 
-def test_the_signature_holds_shapes_strides_alignment_identity_values_and_settings():
+def test_the_signature_holds_shapes_strides_alignment_identity_and_values():
     x = torch.zeros(16)
-    base = cr.call_signature(0, None, (x, x[:8]), {"n": 8})
-    assert cr.call_signature(0, None, (torch.zeros(16), torch.zeros(8)), {"n": 8}) == base
-    assert cr.call_signature(0, None, (torch.zeros(17), torch.zeros(8)), {"n": 8}) != base  # shape
-    assert cr.call_signature(0, None, (torch.zeros(32)[::2], torch.zeros(8)), {"n": 8}) != base  # strides
-    assert cr.call_signature(0, None, (torch.zeros(17)[1:], torch.zeros(8)), {"n": 8}) != base  # alignment
-    assert cr.call_signature(0, None, (x, torch.zeros(8, dtype=torch.float64)), {"n": 8}) != base  # dtype
-    assert cr.call_signature(0, None, (x, x[:8]), {"n": 9}) != base  # a value
-    assert cr.call_signature(0, None, (x, x[:8]), {"n": 8.0}) != base  # a type
-    assert cr.call_signature(0, "0", (x, x[:8]), {"n": 8}) != base  # a setting
-    assert cr.call_signature(1, None, (x, x[:8]), {"n": 8}) != base  # the device
+    base = cr.call_signature(0, (x, x[:8]), {"n": 8})
+    assert cr.call_signature(0, (torch.zeros(16), torch.zeros(8)), {"n": 8}) == base
+    assert cr.call_signature(0, (torch.zeros(17), torch.zeros(8)), {"n": 8}) != base  # shape
+    assert cr.call_signature(0, (torch.zeros(32)[::2], torch.zeros(8)), {"n": 8}) != base  # strides
+    assert cr.call_signature(0, (torch.zeros(17)[1:], torch.zeros(8)), {"n": 8}) != base  # alignment
+    assert cr.call_signature(0, (x, torch.zeros(8, dtype=torch.float64)), {"n": 8}) != base  # dtype
+    assert cr.call_signature(0, (x, x[:8]), {"n": 9}) != base  # a value
+    assert cr.call_signature(0, (x, x[:8]), {"n": 8.0}) != base  # a type
+    assert cr.call_signature(1, (x, x[:8]), {"n": 8}) != base  # the device
     y = torch.zeros(16)
-    assert cr.call_signature(0, None, (x, x), {"n": 8}) != cr.call_signature(0, None, (x, y), {"n": 8})  # identity
+    assert cr.call_signature(0, (x, x), {"n": 8}) != cr.call_signature(0, (x, y), {"n": 8})  # identity
 
 
 def test_one_tensor_passed_twice_is_not_replayed_for_two_tensors(replays):
