@@ -251,6 +251,7 @@ def test_ssd_prefill_is_replayed_and_gives_the_bits_of_tritons_path(device, monk
     if dl.VERIFIED != triton.__version__:
         pytest.skip(f"Triton {triton.__version__}: the direct path is verified on {dl.VERIFIED} only")
     from harness.cases.builder import build_inputs
+    from harness.triton_autotuner import launches_reported
     from harness.triton_launches import listening
     from kernels import provider
     from tests.support import CHUNK16_SHAPE, make_case
@@ -273,10 +274,18 @@ def test_ssd_prefill_is_replayed_and_gives_the_bits_of_tritons_path(device, monk
         before = cr.REPLAYS.replays
         got = [call(case, path, final_state) for _ in range(4)]
         assert cr.REPLAYS.replays == before + 2, (case.id, path, cr.REPLAYS.refusals)
+        # The recompile guard's and the warmup recording's watcher (``JITFunction.run``), then the autotune guard's
+        # (``Autotuner.run``; the chunk scan is autotuned): each sees the call's launches, none is replayed.
         seen: list = []
         with listening(lambda fn, args, kwargs, warmup, seen=seen: seen.append(fn)):
             got.append(call(case, path, final_state))
         assert cr.REPLAYS.replays == before + 2 and seen, "a watched call was replayed around the watcher"
+        tuned: list = []
+        with launches_reported(tuned.append):
+            got.append(call(case, path, final_state))
+        assert cr.REPLAYS.replays == before + 2 and tuned, "a call was replayed around the autotune guard"
+        got.append(call(case, path, final_state))
+        assert cr.REPLAYS.replays == before + 3, "unwatched again: replayed"
         for outputs in got:
             for a, b in zip(outputs, expected, strict=True):
                 if a is None:
