@@ -292,3 +292,25 @@ def test_ssd_prefill_is_replayed_and_gives_the_bits_of_tritons_path(device, monk
                     assert b is None
                     continue
                 assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (case.id, path, final_state)
+
+
+def test_real_calls_replay_what_they_would_launch_on_every_path():
+    """``ssd_prefill`` on the GPU's code paths with fake binaries (``tests/replay_equivalence.py``, in a process of its
+    own): on both paths, the fused and the paired states, aligned and offset caches, block-table index views, the
+    checkpoint mode, fp32 odd shapes and the unfused plan, the replayed call's launches are the call's as written;
+    a call with torch work (the torch gather, the returned mode's identity slots, int64 slots' copy) is never
+    replayed."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(root)}
+    proc = subprocess.run([sys.executable, "-m", "tests.replay_equivalence"], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(results) == 12 and sum(r["replayed"] for r in results.values()) == 9, results
+    assert {name: r["differences"] for name, r in results.items() if r["differences"]} == {}
