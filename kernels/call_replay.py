@@ -232,7 +232,7 @@ class CallReplays:
         try:
             signature = call_signature(runtime.device(), args, kwargs)
             hash(signature)
-        except TypeError:  # an argument no signature can hold (a dict ...): the call runs as written
+        except (TypeError, RuntimeError):  # an argument no signature holds (a dict, a tensor without an address)
             return fn(*args, **kwargs)
         with self._lock:
             known = signature in self.recordings

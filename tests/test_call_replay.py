@@ -206,6 +206,21 @@ def test_a_watched_stale_or_reassigned_call_runs_as_written(replays, monkeypatch
     assert replays.replays == 4
 
 
+def test_a_call_with_an_argument_no_signature_holds_runs_as_written(replays):
+    """A dict (``ssd_prefill``'s ``workspace_out``, which the call fills) has no signature: never recorded."""
+    replays, _, _ = replays
+
+    def fills(x, slots, *, out, n, workspace_out):
+        workspace_out["called"] = workspace_out.get("called", 0) + 1
+        return fake_call(x, slots, out=out, n=n)
+
+    seen: dict = {}
+    for _ in range(4):
+        got, _ = launches_of(replays, fills, *inputs()[:2], out=inputs()[2], n=8, workspace_out=seen)
+        assert len(got) == 2
+    assert seen["called"] == 4 and replays.replays == 0 and not replays.recordings
+
+
 def test_the_signature_holds_shapes_strides_alignment_identity_and_values():
     x = torch.zeros(16)
     base = cr.call_signature(0, (x, x[:8]), {"n": 8})
