@@ -1,6 +1,6 @@
 """Replayed ``ssd_prefill`` calls against the same calls as written, on the GPU's code paths with fake binaries.
 
-    TRITON_INTERPRET=0 python -m tests.replay_equivalence
+    TRITON_INTERPRET=0 python -m tests.replay_equivalence [--misplace-allocations]
 
 Run by ``tests/test_call_replay.py`` in a process of its own (the GPU's code paths need ``TRITON_INTERPRET=0``
 before the kernels load; ``tests/fake_gpu.py``). For each call below, on fresh inputs every time: one call binds the
@@ -14,6 +14,7 @@ one JSON line: per call, whether it was replayed and the differences found.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -143,12 +144,29 @@ def check(name: str) -> dict:
     return {"replayed": was_replayed, "launches": len(a), "differences": differences}
 
 
-def main() -> int:
+def misplace_allocations() -> None:
+    """The negative control (``--misplace-allocations``): a replay that hands every allocation's launches the
+    first allocation's address, which the comparison must catch."""
+    original = call_replay.CallReplays._replay
+
+    def replay(self, launches, recording, args, kwargs):
+        def first(v):
+            return dataclasses.replace(v, source=-1) if isinstance(v, call_replay._Address) and v.source < 0 else v
+
+        steps = tuple(dataclasses.replace(s, arguments=tuple(map(first, s.arguments))) for s in recording.steps)
+        return original(self, launches, dataclasses.replace(recording, steps=steps), args, kwargs)
+
+    call_replay.CallReplays._replay = replay
+
+
+def main(argv: list[str]) -> int:
     fake_gpu.install()
     _watch_allocations()
+    if "--misplace-allocations" in argv:
+        misplace_allocations()
     print(json.dumps({name: check(name) for name in CALLS}))
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(sys.argv[1:]))

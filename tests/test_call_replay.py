@@ -323,9 +323,18 @@ def test_real_calls_replay_what_they_would_launch_on_every_path():
 
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(root)}
-    proc = subprocess.run([sys.executable, "-m", "tests.replay_equivalence"], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
+
+    def equivalence(*flags):
+        proc = subprocess.run([sys.executable, "-m", "tests.replay_equivalence", *flags], cwd=root, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    results = equivalence()
     assert len(results) == 12 and sum(r["replayed"] for r in results.values()) == 9, results
     assert {name: r["differences"] for name, r in results.items() if r["differences"]} == {}
+    # The negative control: a replay that gives every allocation's launches one allocation's address is caught on
+    # every call that allocates more than one tensor and is replayed.
+    broken = equivalence("--misplace-allocations")
+    caught = {name for name, r in broken.items() if r["replayed"] and r["differences"]}
+    assert caught == {name for name, r in results.items() if r["replayed"]}, broken
