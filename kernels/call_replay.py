@@ -190,12 +190,9 @@ class _Recorder(TorchFunctionMode):
                 raise NotReplayable(f"a launch's runtime binds {type(binding).__name__}, not a binary")
             if binding.address_names is None:
                 raise NotReplayable("a launch reads a tensor that is not on a GPU")
-            merged = {**arguments, **binding.constexprs}
-            if callable(grid):
-                grid = grid(merged)
-            grid = (tuple(grid) + (1, 1))[:3]
+            merged = binding.with_constexprs(arguments)
             values = tuple(self.address(v) if isinstance(v, torch.Tensor) else v for v in binding.in_order(merged))
-            steps.append(Step(binding, grid, values))
+            steps.append(Step(binding, direct_launch.launch_grid(grid, merged), values))
         if result is None:
             returned = None
         elif isinstance(result, torch.Tensor) and id(result) in self.allocated:
@@ -286,21 +283,12 @@ class CallReplays:
         runtime = launches.runtime
         stream = runtime.stream(recording.steps[0].binding.device) if recording.steps else None
         for step in recording.steps:
-            binding = step.binding
-            if binding.tuner is not None:
-                binding.tuner.best_config = binding.config
             values = [(addresses[v.source] if v.source >= 0 else allocated[-1 - v.source]) + v.offset
                       if type(v) is _Address else v for v in step.arguments]
-            binary = binding.binary
-            binary.run(*step.grid, stream, binary.function, binary.packed_metadata, None, None, None, *values)
+            runtime.run_bound(step.binding, step.grid, stream, values)
         launches.direct += len(recording.steps)
         self.replays += 1
         return None if recording.result is None else allocations[recording.result]
-
-    def clear(self) -> None:
-        with self._lock:
-            self.recordings.clear()
-            self.refusals.clear()
 
 
 REPLAYS = CallReplays()

@@ -135,6 +135,10 @@ class Binding:
         # The binary's arguments in parameter order, from the launch's arguments merged with the config's constexprs.
         self.in_order = _picker(self.params)
 
+    def with_constexprs(self, arguments: dict) -> dict:
+        """A launch's arguments with the config's constexprs (block sizes ...), as the binary takes them."""
+        return {**arguments, **self.constexprs}
+
 
 class TritonRuntime:
     """The Triton 3.6.0 internals ``LaunchCache`` uses (the module's docstring)."""
@@ -225,19 +229,29 @@ class TritonRuntime:
         ``addresses``: the tensors' (``launch_key``). Where every tensor is on a GPU they go to the launcher as
         addresses: for device memory the address is the device pointer that the launcher would otherwise look up
         per tensor through the driver (``cuPointerGetAttribute``)."""
-        if binding.tuner is not None:
-            binding.tuner.best_config = binding.config
-        arguments = {**arguments, **binding.constexprs}
-        if callable(grid):
-            grid = grid(arguments)
+        arguments = binding.with_constexprs(arguments)
+        grid = launch_grid(grid, arguments)
         if binding.address_names is not None:
             arguments.update(zip(binding.address_names, addresses, strict=True))
+        return self.run_bound(binding, grid, self.stream(binding.device), binding.in_order(arguments))
+
+    def run_bound(self, binding: Binding, grid: tuple[int, int, int], stream: int, values: Any) -> Any:
+        """``binding``'s binary on a three-dimensional ``grid`` with its arguments' ``values`` in parameter order
+        (addresses for tensors), on ``stream``: the one call of Triton's launcher (``CompiledKernel.run``), here and
+        for ``kernels.call_replay``."""
+        if binding.tuner is not None:
+            binding.tuner.best_config = binding.config
         binary = binding.binary
-        stream = self.stream(binding.device)
-        grid_0, grid_1, grid_2 = (tuple(grid) + (1, 1))[:3]
-        binary.run(grid_0, grid_1, grid_2, stream, binary.function, binary.packed_metadata, None, None, None,
-                   *binding.in_order(arguments))
+        binary.run(*grid, stream, binary.function, binary.packed_metadata, None, None, None, *values)
         return binary
+
+
+def launch_grid(grid: Any, arguments: dict) -> tuple[int, int, int]:
+    """A launch's grid as three sizes: ``grid(arguments)`` where it is callable (as Triton computes it, with the
+    config's constexprs among the arguments), padded with ones."""
+    if callable(grid):
+        grid = grid(arguments)
+    return (tuple(grid) + (1, 1))[:3]
 
 
 def gpu_tensor_names(arguments: dict) -> tuple[str, ...] | None:
