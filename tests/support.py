@@ -63,6 +63,24 @@ def make_case(sequences, *, io="float32", state="float32", headdim=5, options=AL
     )
 
 
+def direct_launch_cases(device: str, why_not_interpreted: str) -> tuple[Case, Case]:
+    """(one sequence, two sequences): the bf16 calls of 16-token chunks that the GPU tests of direct launches and of
+    whole-call replays run. Skips where nothing is launched directly: under the interpreter (``why_not_interpreted``)
+    and on a Triton the direct path is not verified on."""
+    import triton
+
+    from kernels.direct_launch import VERIFIED
+
+    if device != "cuda":
+        pytest.skip(why_not_interpreted)
+    if VERIFIED != triton.__version__:
+        pytest.skip(f"Triton {triton.__version__}: the direct path is verified on {VERIFIED} only")
+    one = make_case([(20, 40, 1, True, 2)], io="bfloat16", state="bfloat16", slots=5, **CHUNK16_SHAPE)
+    batch = make_case([(20, 40, 1, True, 2), (0, 70, 3, False, 4)], io="bfloat16", state="bfloat16", slots=5,
+                      **CHUNK16_SHAPE)
+    return one, batch
+
+
 # ---- paged caches and index views ----------------------------------------------------------------------------------
 
 H, P, N = 3, 5, 16

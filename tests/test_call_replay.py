@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import triton
 
 from kernels import call_replay as cr
 from kernels import direct_launch as dl
@@ -28,11 +27,6 @@ class FakeBinary:
         self.runs.append((self.name, (grid_0, grid_1, grid_2), stream, arguments))
 
 
-def grid_of(grid, arguments) -> tuple[int, int, int]:
-    grid = grid(arguments) if callable(grid) else grid
-    return (tuple(grid) + (1, 1))[:3]
-
-
 class FakeKernel:
     """A stage kernel: its parameters in order, and Triton's path (``kernel[grid](**arguments)``) as a launch of
     its fake binary with the tensors' addresses."""
@@ -43,14 +37,14 @@ class FakeKernel:
     def __getitem__(self, grid):
         def run(**arguments):
             values = [v.data_ptr() if isinstance(v, torch.Tensor) else v for v in (arguments[p] for p in self.params)]
-            self.binary.run(*grid_of(grid, arguments), 7, None, None, None, None, None, *values)
+            self.binary.run(*dl.launch_grid(grid, arguments), 7, None, None, None, None, None, *values)
             return self.binary
         return run
 
 
 class FakeRuntime:
     """``TritonRuntime``'s methods over fake kernels: every binding is current unless ``stale``; ``watched`` sends
-    every launch through Triton's path."""
+    every launch through Triton's path. A bound launch is ``TritonRuntime``'s own."""
 
     def __init__(self):
         self.watched, self.stale = False, set()
@@ -71,10 +65,8 @@ class FakeRuntime:
     def current(self, binding):
         return binding.binary.name not in self.stale
 
-    def launch(self, binding, grid, arguments, addresses):
-        arguments = {**arguments, **dict(zip(binding.address_names, addresses, strict=True))}
-        binding.binary.run(*grid_of(grid, arguments), 7, None, None, None, None, None, *binding.in_order(arguments))
-        return binding.binary
+    launch = dl.TritonRuntime.launch
+    run_bound = dl.TritonRuntime.run_bound
 
 
 RUNS: list = []
@@ -250,9 +242,8 @@ def test_one_tensor_passed_twice_is_not_replayed_for_two_tensors(replays):
     assert replays.replays == 1 and got[1][3][0] == slots.data_ptr() != x.data_ptr()
 
 
-def test_at_most_limit_signatures_are_kept_least_recently_called_out(replays, monkeypatch):
-    _, runtime, _ = replays
-    replays = cr.CallReplays(limit=2)
+def test_at_most_limit_signatures_are_kept_least_recently_called_out(replays):
+    replays = cr.CallReplays(limit=2)  # the fixture's launch cache, these recordings
     for n in (8, 12, 8, 16):
         for _ in range(2):
             launches_of(replays, fake_call, *inputs(n)[:2], out=inputs(n)[2], n=n)
@@ -260,20 +251,15 @@ def test_at_most_limit_signatures_are_kept_least_recently_called_out(replays, mo
 
 
 def test_ssd_prefill_is_replayed_and_gives_the_bits_of_tritons_path(device, monkeypatch):
-    if device != "cuda":
-        pytest.skip("a replay launches compiled binaries: under the interpreter every launch takes Triton's path, "
-                    "so nothing is replayed (the tests above check the logic with fakes)")
-    if dl.VERIFIED != triton.__version__:
-        pytest.skip(f"Triton {triton.__version__}: the direct path is verified on {dl.VERIFIED} only")
     from harness.cases.builder import build_inputs
     from harness.triton_autotuner import launches_reported
     from harness.triton_launches import listening
     from kernels import provider
-    from tests.support import CHUNK16_SHAPE, make_case
+    from tests.support import direct_launch_cases
 
-    one = make_case([(20, 40, 1, True, 2)], io="bfloat16", state="bfloat16", slots=5, **CHUNK16_SHAPE)
-    batch = make_case([(20, 40, 1, True, 2), (0, 70, 3, False, 4)], io="bfloat16", state="bfloat16", slots=5,
-                      **CHUNK16_SHAPE)
+    one, batch = direct_launch_cases(device, "a replay launches compiled binaries: under the interpreter every "
+                                             "launch takes Triton's path, so nothing is replayed (the tests above "
+                                             "check the logic with fakes)")
     monkeypatch.setattr(cr, "REPLAYS", cr.CallReplays())
 
     def call(case, path, final_state=None):

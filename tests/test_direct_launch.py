@@ -431,19 +431,13 @@ def test_every_stage_launch_of_a_repeated_call_finds_its_binding(device, monkeyp
 
 
 def test_direct_launches_give_the_bits_of_tritons_path_and_step_aside_for_a_guard(device, monkeypatch):
-    if device != "cuda":
-        pytest.skip("a direct launch needs a compiled binary: under the interpreter every launch takes Triton's path "
-                    "(the tests above check the logic with fakes)")
     from harness.cases.builder import build_inputs
     from harness.triton_launches import listening
     from kernels import provider
-    from tests.support import CHUNK16_SHAPE, make_case
+    from tests.support import direct_launch_cases
 
-    if dl.VERIFIED != triton.__version__:
-        pytest.skip(f"Triton {triton.__version__}: the direct path is verified on {dl.VERIFIED} only")
-    one = make_case([(20, 40, 1, True, 2)], io="bfloat16", state="bfloat16", slots=5, **CHUNK16_SHAPE)
-    batch = make_case([(20, 40, 1, True, 2), (0, 70, 3, False, 4)], io="bfloat16", state="bfloat16", slots=5,
-                      **CHUNK16_SHAPE)
+    one, batch = direct_launch_cases(device, "a direct launch needs a compiled binary: under the interpreter every "
+                                             "launch takes Triton's path (the tests above check the logic with fakes)")
     assert one.indexed_eligible()
 
     def call(case, path):
