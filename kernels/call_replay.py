@@ -122,6 +122,12 @@ class Recording:
     generation: int  # ``_GENERATION`` when it was recorded
 
 
+def _shares_storage(view: Any, base: Any) -> bool:
+    """A view's result is a view of its base (``__getitem__`` with a tensor or list index is a copy)."""
+    return (isinstance(view, torch.Tensor) and isinstance(base, torch.Tensor)
+            and view.untyped_storage().data_ptr() == base.untyped_storage().data_ptr())
+
+
 class NotReplayable(Exception):
     """Why a call's recording cannot be kept (the message)."""
 
@@ -146,10 +152,10 @@ class _Recorder(TorchFunctionMode):
         if func in _ALLOCATIONS:
             self.allocated[id(result)] = len(self.allocations)
             self.allocations.append(result)
-        elif func in _VIEWS:
-            if isinstance(result, torch.Tensor) and result is not args[0]:
+        elif func in _VIEWS and _shares_storage(result, args[0]):
+            if result is not args[0]:
                 self.bases[id(result)] = (result, args[0])
-        elif func not in _METADATA and self.refused is None:
+        elif func not in _METADATA and self.refused is None:  # indexing by a tensor or a list copies, as ops do
             self.refused = f"the call runs {getattr(func, '__qualname__', func)!r}, which a replay would skip"
         return result
 

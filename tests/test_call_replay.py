@@ -153,6 +153,21 @@ def test_a_call_that_computes_with_torch_is_never_replayed(replays):
     assert "TensorBase.to" in next(iter(replays.refusals.values()))
 
 
+def test_a_call_that_indexes_by_a_tensor_is_never_replayed(replays):
+    """``x[index]`` with a tensor or a list index is a copy, not a view: its values are the call's work."""
+    replays, _, _ = replays
+
+    def picks(x, slots, index, *, out, n):
+        return fake_call(x[index], slots[[0] * n], out=out, n=n)
+
+    for _ in range(4):
+        x, slots, out = inputs()
+        got, _ = launches_of(replays, picks, x, slots, torch.randperm(8), out=out, n=8)
+        assert len(got) == 2
+    assert replays.replays == 0
+    assert "__getitem__" in next(iter(replays.refusals.values()))
+
+
 def test_a_launch_of_a_tensor_from_outside_the_call_is_never_replayed(replays):
     replays, _, _ = replays
     kept = torch.zeros(8, dtype=torch.uint8)
