@@ -655,14 +655,33 @@ def main(argv: list[str] | None = None) -> int:
         print("bench: needs a CUDA device (timings under the interpreter mean nothing); nothing was timed",
               file=sys.stderr)
         return 2
+    with _tuning_for_itself():
+        return _run(args)
+
+
+@contextlib.contextmanager
+def _tuning_for_itself():
+    """The bench tunes for itself, at the kernels' full budget, before kernels are imported: tuning results a
+    parallel test run cached (short budget, on a shared GPU) must not pick the configs it times. Both settings are
+    given back at the end, so that a caller in the same process (a test) keeps its own."""
     from harness.backend import AUTOTUNE_CACHE_ENV
     from kernels.environment import AUTOTUNE_BUDGET_ENV
 
-    # The bench tunes for itself, at the kernels' full budget, before kernels are imported: tuning results a
-    # parallel test run cached (short budget, on a shared GPU) must not pick the configs it times.
+    saved = {name: os.environ.get(name) for name in (AUTOTUNE_CACHE_ENV, AUTOTUNE_BUDGET_ENV)}
     os.environ[AUTOTUNE_CACHE_ENV] = "0"
     os.environ.pop(AUTOTUNE_BUDGET_ENV, None)
-    from harness.checks.providers import load_provider
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _run(args: argparse.Namespace) -> int:
+    from harness.checks.providers import ProviderError, load_provider
 
     try:
         provider = load_provider(args.provider)

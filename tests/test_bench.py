@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -794,8 +795,8 @@ def test_main_times_ours_against_the_peer_and_fails_when_nothing_was_timed(monke
     from harness.backend import AUTOTUNE_CACHE_ENV
     from kernels.environment import AUTOTUNE_BUDGET_ENV
 
-    monkeypatch.setenv(AUTOTUNE_CACHE_ENV, "1")  # main changes both; monkeypatch restores them
-    monkeypatch.delenv(AUTOTUNE_BUDGET_ENV, raising=False)
+    monkeypatch.setenv(AUTOTUNE_CACHE_ENV, "1")
+    monkeypatch.setenv(AUTOTUNE_BUDGET_ENV, "25,100")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(bench, "_meta", lambda args, peer: {"peer": args.peer})
     seen = {}
@@ -808,6 +809,8 @@ def test_main_times_ours_against_the_peer_and_fails_when_nothing_was_timed(monke
     monkeypatch.setattr(direct_launch, "LAUNCHES", launcher)
 
     def fake_bench(workloads, variants, provider, peer, rounds, timer, configs, trials):
+        # The bench tunes for itself: no cached tuning results, the kernels' full budget.
+        assert os.environ[AUTOTUNE_CACHE_ENV] == "0" and AUTOTUNE_BUDGET_ENV not in os.environ
         seen.update(workloads=workloads, variants=variants, peer=peer.name, rounds=rounds, reps=timer.reps)
         launcher.direct += 12
         launcher.through_triton += 3
@@ -838,6 +841,8 @@ def test_main_times_ours_against_the_peer_and_fails_when_nothing_was_timed(monke
     ours_entry.update(samples=[], error="RuntimeError: capture refused")
     peer_samples = []
     assert bench.main(["--peer", "reference:provider"]) == 2  # nothing was timed
+    # ... and gives both settings back: a test run's later items keep the run's own.
+    assert os.environ[AUTOTUNE_CACHE_ENV] == "1" and os.environ[AUTOTUNE_BUDGET_ENV] == "25,100"
 
 
 def test_main_stages_against_a_peer_prints_the_profiled_and_the_alone_tables_and_writes_both(monkeypatch, capsys,
