@@ -667,7 +667,8 @@ def _tuning_for_itself():
     from harness.backend import AUTOTUNE_CACHE_ENV
     from kernels.environment import AUTOTUNE_BUDGET_ENV
 
-    saved = {name: os.environ.get(name) for name in (AUTOTUNE_CACHE_ENV, AUTOTUNE_BUDGET_ENV)}
+    saved = {AUTOTUNE_CACHE_ENV: os.environ.get(AUTOTUNE_CACHE_ENV),
+             AUTOTUNE_BUDGET_ENV: os.environ.get(AUTOTUNE_BUDGET_ENV)}
     os.environ[AUTOTUNE_CACHE_ENV] = "0"
     os.environ.pop(AUTOTUNE_BUDGET_ENV, None)
     try:
