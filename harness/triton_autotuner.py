@@ -64,6 +64,8 @@ def require_supported() -> None:
     missing += [f"Autotuner(..., {p}=)" for p in ("do_bench", "cache_results") if p not in params]
     if not hasattr(knobs.autotuning, "cache"):
         missing.append("knobs.autotuning.cache")
+    if not callable(getattr(knobs.autotuning, "scope", None)):
+        missing.append("knobs.autotuning.scope")
     if missing:
         raise UnsupportedTriton(f"Triton {triton.__version__} lacks {', '.join(missing)}: {_WHERE}")
 
@@ -126,13 +128,12 @@ def set_benchmarker(tuner: Any, bench: Callable) -> None:
 
 @contextlib.contextmanager
 def disk_cache_off() -> Iterator[None]:
-    """Autotuners created meanwhile do not use the disk cache of tuning results (existing ones: ``forget_tuning``)."""
-    saved = knobs.autotuning.cache
-    knobs.autotuning.cache = False
-    try:
+    """Autotuners created meanwhile do not use the disk cache of tuning results (existing ones: ``forget_tuning``).
+    Setting the knob also sets its environment variable; the knobs' scope gives both back as they were (the variable
+    unset where it was)."""
+    with knobs.autotuning.scope():
+        knobs.autotuning.cache = False
         yield
-    finally:
-        knobs.autotuning.cache = saved
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import DEFAULT_PROVIDER, backend, timeline
+from harness import DEFAULT_PROVIDER, backend, compile_claims, timeline
 from ssd_pytest import arguments, progress, reporting, sharding, state, workers, xdist_scheduling
 from ssd_pytest import items as case_items
 
@@ -79,8 +79,33 @@ class _WorkersFinished:
         timeline.mark(self.config.stash[state.PHASES], "workers_finished")
 
 
+# What this plugin (and the device's configuration it makes) sets in the process's environment for the run.
+RUN_ENVIRONMENT = (
+    reporting.RUN_ID_ENV, xdist_scheduling.GROUPS_FILE_ENV, workers.CASE_WORKERS_ENV, workers.GPU_LIST_ENV,
+    compile_claims.CLAIMS_ENV, "CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET", backend.AUTOTUNE_CACHE_ENV,
+    "SSD_AUTOTUNE_MS",  # kernels.environment.AUTOTUNE_BUDGET_ENV: the kernels package loads after the device is set
+)
+
+
+def _give_back_at_the_end(config: pytest.Config) -> None:
+    """A run inside a longer-lived process (``pytester``'s inline runs, ``pytest.main``) leaves ``RUN_ENVIRONMENT``
+    as it found it, so that what the process runs next does not inherit this run's settings. An xdist worker exits
+    at its last cleanup, before this one."""
+    before = dict(os.environ)
+
+    def give_back() -> None:
+        for name in RUN_ENVIRONMENT:
+            if name in before:
+                os.environ[name] = before[name]
+            else:
+                os.environ.pop(name, None)
+
+    config.add_cleanup(give_back)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    _give_back_at_the_end(config)
     if not workers.is_xdist_worker(config):  # a worker gets the controller's arguments, already checked there
         arguments.refuse_misread_path_values(config)
     config.stash[state.PHASES] = timeline.new_phases()
