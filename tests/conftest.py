@@ -20,17 +20,44 @@ reason, so this file leaves them alone.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from harness import backend
 
 _NEEDS = {"gpu": "cuda", "interpreter": "cpu"}
+# Not a test's doing: pytest's own (set at each phase of each test), and what a library sets for its whole process the
+# first time one of its modules loads, whichever test that happens in.
+_NOT_THE_TESTS = frozenset({"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"})
 
 
 @pytest.fixture(scope="session")
 def device() -> str:
     """Where this process's kernels run: "cuda", or "cpu" (Triton's interpreter), as ``--device`` resolved it."""
     return backend.current_device()
+
+
+@pytest.fixture(autouse=True)
+def _gives_back_the_environment():
+    """A test that leaves this process's environment variables or working directory changed changes what every later
+    test on its worker runs under (a tuning setting, a device variable), depending on where xdist placed them: such
+    a test errors at its teardown, naming what it left changed. ``monkeypatch`` gives its changes back before this
+    check (autouse fixtures are set up first, so torn down last)."""
+    env, cwd = dict(os.environ), os.getcwd()
+    yield
+    changed = {k for k in set(env) | set(os.environ) if env.get(k) != os.environ.get(k)} - _NOT_THE_TESTS
+    left = sorted(f"{k}: {env.get(k)!r} -> {os.environ.get(k)!r}" for k in changed)
+    for name in changed:
+        if name in env:
+            os.environ[name] = env[name]
+        else:
+            del os.environ[name]
+    if os.getcwd() != cwd:
+        left.append(f"working directory: {cwd} -> {os.getcwd()}")
+        os.chdir(cwd)
+    if left:
+        pytest.fail("the test left the process changed (given back now): " + "; ".join(left), pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -28,6 +28,15 @@ needs_cpu_interpreter = pytest.mark.skipif(
     _INTERPRETER_PROBLEM is not None,
     reason=f"starts a process on device cpu, and this Python cannot run the interpreter: {_INTERPRETER_PROBLEM}")
 
+
+def unset_for_the_test(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
+    """Unset ``names`` for this test; monkeypatch gives back their values (or their absence) at its end, whatever the
+    code under test sets meanwhile (``monkeypatch.delenv`` of a variable that is not set records nothing to undo)."""
+    for name in names:
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+
+
 # ---- kernel-test cases ---------------------------------------------------------------------------------------------
 
 # The case corpus's smallest model shape (one group per head), so that a GPU compiles nothing for these cases that

@@ -3,6 +3,7 @@ markers skip on the other device with their reason, and refuse to be used withou
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 pytest_plugins = ["pytester"]
@@ -49,3 +50,31 @@ def test_a_marker_without_a_reason_is_a_usage_error(pytester, device):
     result = _run(pytester, device, "import pytest\n\n@pytest.mark.gpu\ndef test_unexplained():\n    pass\n")
     assert result.ret == 4, result.stdout.str()  # pytest's usage-error exit status: nothing ran, nothing passed
     assert "test_unexplained: @pytest.mark.gpu needs reason=..." in result.stderr.str() + result.stdout.str()
+
+
+LEAKS = """
+import os
+
+def test_leaves_a_variable_set():
+    os.environ["SSD_TEST_LEAKED"] = "1"
+
+def test_changes_one_and_gives_it_back(monkeypatch):
+    monkeypatch.setenv("SSD_TEST_LEAKED", "2")
+
+def test_leaves_another_directory(tmp_path):
+    os.chdir(tmp_path)
+"""
+
+
+def test_a_test_that_leaves_the_environment_changed_errors_naming_it_and_the_change_is_given_back(pytester,
+                                                                                                     device):
+    cwd = Path.cwd()
+    result = _run(pytester, device, LEAKS)
+    result.assert_outcomes(passed=3, errors=2)
+    result.stdout.fnmatch_lines([
+        "*ERROR at teardown of test_leaves_a_variable_set*",
+        "*the test left the process changed (given back now): SSD_TEST_LEAKED: None -> '1'",
+        "*ERROR at teardown of test_leaves_another_directory*",
+        "*the test left the process changed (given back now): working directory: * -> *test_leaves_another_directory*",
+    ])
+    assert "SSD_TEST_LEAKED" not in os.environ and Path.cwd() == cwd

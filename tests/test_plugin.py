@@ -22,7 +22,7 @@ from harness.report import ItemRecord, Report, merge_reports, summary_lines
 from ssd_pytest import plugin, state, workers, xdist_scheduling
 from ssd_pytest.items import is_case_file
 from tests import broken_providers as bp
-from tests.support import needs_cpu_interpreter
+from tests.support import needs_cpu_interpreter, unset_for_the_test
 
 pytest_plugins = ["pytester"]
 ROOT = Path(__file__).resolve().parents[1]
@@ -301,7 +301,7 @@ def test_workers_are_pinned_to_gpus_round_robin(monkeypatch, tmp_path):
         workers.gpu_for_worker("master", ["0"])
     monkeypatch.setenv(workers.GPU_LIST_ENV, "2,3")
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    unset_for_the_test(monkeypatch, "CUDA_VISIBLE_DEVICES")
     workers.pin_worker("gw1")
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "3"
     # The Triton cache stays shared across workers (atomic publish makes that safe; see workers.pin_worker).
@@ -630,7 +630,7 @@ def test_a_worker_makes_its_context_after_its_forked_childs(monkeypatch, device,
     monkeypatch.setattr(backend, "create_cuda_context_in_background", lambda after=None: made.append(after) or "thread")
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
     monkeypatch.setenv(workers.GPU_LIST_ENV, "0")
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    unset_for_the_test(monkeypatch, "CUDA_VISIBLE_DEVICES")
     worker_id = worker.rsplit(" ", 1)[-1]
     if " " in worker:
         monkeypatch.setenv(workers.CASE_WORKERS_ENV, "1")
@@ -683,7 +683,7 @@ def test_yaml_fixtures_under_tests_are_not_collected_as_cases():
 def test_autotuning_results_are_shared_through_the_cache_on_cuda_only(monkeypatch):
     """GPU runs keep tuning results in the shared Triton cache (one benchmark per key for all workers); a caller's
     own choice wins, and the interpreter, which has no timer, is left alone."""
-    monkeypatch.delenv(backend.AUTOTUNE_CACHE_ENV, raising=False)
+    unset_for_the_test(monkeypatch, backend.AUTOTUNE_CACHE_ENV)
     backend.share_autotuning_results()
     assert os.environ[backend.AUTOTUNE_CACHE_ENV] == "1"
     monkeypatch.setenv(backend.AUTOTUNE_CACHE_ENV, "0")
@@ -704,7 +704,7 @@ def test_autotuning_budget_is_shortened_only_when_asked_and_parsed_strictly(monk
     for bad in ("5", "1,0", "-1,5", "a,b", "1,2,3"):
         with pytest.raises(ValueError, match="SSD_AUTOTUNE_MS=.*expected 'warmup_ms,rep_ms'"):
             autotune_budget_ms(bad)
-    monkeypatch.delenv(AUTOTUNE_BUDGET_ENV, raising=False)
+    unset_for_the_test(monkeypatch, AUTOTUNE_BUDGET_ENV)
     backend.shorten_autotuning()
     assert os.environ[AUTOTUNE_BUDGET_ENV] == backend.SHARED_GPU_AUTOTUNE_MS
     monkeypatch.setenv(AUTOTUNE_BUDGET_ENV, "25,100")
@@ -891,3 +891,19 @@ def test_without_xdist_the_plugin_loads_and_runs_the_items(pytester, tiny, devic
                        "-k", "tiny-direct and determinism")
     assert result.ret == 0, result.stdout.str()
     result.assert_outcomes(passed=1)
+
+
+def test_a_run_inside_a_longer_lived_process_gives_back_what_it_set(pytester, tiny, device, monkeypatch):
+    """An inline run (pytester's, ``pytest.main``) sets its run's report name, its device's settings and more in
+    the process's environment; at its end the process has them as before, so its next run or test inherits none."""
+    from kernels.environment import AUTOTUNE_BUDGET_ENV
+    from ssd_pytest import reporting
+
+    assert AUTOTUNE_BUDGET_ENV in plugin.RUN_ENVIRONMENT and reporting.RUN_ID_ENV in plugin.RUN_ENVIRONMENT
+    monkeypatch.setenv(reporting.RUN_ID_ENV, "the enclosing run's")
+    unset_for_the_test(monkeypatch, xdist_scheduling.GROUPS_FILE_ENV)
+    before = {name: os.environ.get(name) for name in plugin.RUN_ENVIRONMENT}
+    result = run_inner(pytester, device, str(tiny), "-n", "1", "--provider", "reference:provider",
+                       "-k", "tiny-direct and determinism")
+    assert result.ret == 0, result.stdout.str()
+    assert {name: os.environ.get(name) for name in plugin.RUN_ENVIRONMENT} == before
