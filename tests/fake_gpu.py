@@ -16,6 +16,7 @@ from kernels import direct_launch
 
 RUNS: list[tuple] = []  # (binary, grid, arguments) of every fake launch, while ``RECORDING[0]``
 RECORDING = [False]
+ADDRESS = "address"  # an argument that is a tensor's address is recorded as (ADDRESS, the address)
 
 
 class FakeBinary:
@@ -25,10 +26,12 @@ class FakeBinary:
 
     def __init__(self, name: str):
         self.name = name
+        self.addresses: frozenset[int] = frozenset()  # the positions of the tensors' addresses (``FakeRuntime.bind``)
 
     def run(self, grid_0, grid_1, grid_2, stream, function, metadata, launch_metadata, enter, exit, *arguments):
         if RECORDING[0]:
-            RUNS.append((self.name, (grid_0, grid_1, grid_2), arguments))
+            RUNS.append((self.name, (grid_0, grid_1, grid_2),
+                         tuple((ADDRESS, v) if i in self.addresses else v for i, v in enumerate(arguments))))
 
 
 class FakeRuntime(direct_launch.TritonRuntime):
@@ -45,6 +48,7 @@ class FakeRuntime(direct_launch.TritonRuntime):
         binding = super().bind(kernel, arguments, result, device)
         if binding is not None:
             binding.address_names = tuple(name for name, v in arguments.items() if isinstance(v, torch.Tensor))
+            result.addresses = frozenset(i for i, p in enumerate(binding.params) if p in binding.address_names)
         return binding
 
 

@@ -86,8 +86,9 @@ def _launches(call) -> tuple[list, list]:
 def _normalized(runs: list, inputs: list[torch.Tensor], allocations: list[torch.Tensor]) -> list:
     """The launches with every address as ("input", i, offset) or ("allocation", k, offset)."""
     def place(value):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1 << 32:
+        if not (isinstance(value, tuple) and value[:1] == (fake_gpu.ADDRESS,)):
             return value
+        value = value[1]
         for kind, tensors in (("input", inputs), ("allocation", allocations)):
             for i, t in enumerate(tensors):
                 start = t.untyped_storage().data_ptr()
