@@ -131,6 +131,15 @@ def install_compile_ledger() -> CompileLedger | None:
     return ledger
 
 
+def uninstall_compile_ledger(ledger: CompileLedger | None) -> None:
+    """Give Triton back the listener ``ledger`` replaced, if ``ledger`` still listens (a pytest run inside a longer
+    process, whose ledger must not stay that process's)."""
+    if ledger is not None and installed_compile_ledger() is ledger:
+        from triton import knobs
+
+        knobs.compilation.listener = ledger.previous
+
+
 # ---------------------------------------------------------------- reading a report
 
 

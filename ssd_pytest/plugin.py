@@ -89,8 +89,8 @@ RUN_ENVIRONMENT = (
 
 def _give_back_at_the_end(config: pytest.Config) -> None:
     """A run inside a longer-lived process (``pytester``'s inline runs, ``pytest.main``) leaves ``RUN_ENVIRONMENT``
-    as it found it, so that what the process runs next does not inherit this run's settings. An xdist worker exits
-    at its last cleanup, before this one."""
+    as it found it, so that what the process runs next does not inherit this run's settings. Not in an xdist worker,
+    whose process ends at its last cleanup (``workers.start_worker`` registers that one first)."""
     before = dict(os.environ)
 
     def give_back() -> None:
@@ -105,8 +105,8 @@ def _give_back_at_the_end(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    _give_back_at_the_end(config)
     if not workers.is_xdist_worker(config):  # a worker gets the controller's arguments, already checked there
+        _give_back_at_the_end(config)
         arguments.refuse_misread_path_values(config)
     config.stash[state.PHASES] = timeline.new_phases()
     config.stash[state.LEDGER] = None
@@ -122,7 +122,8 @@ def pytest_configure(config: pytest.Config) -> None:
             config.pluginmanager.register(_WorkersFinished(config), "ssd-harness-workers-finished")
         else:
             config.stash[state.DEVICE] = backend.configure(requested)  # before any kernel module is imported
-            config.stash[state.LEDGER] = timeline.install_compile_ledger()
+            ledger = config.stash[state.LEDGER] = timeline.install_compile_ledger()
+            config.add_cleanup(lambda: timeline.uninstall_compile_ledger(ledger))
             if config.stash[state.DEVICE] == "cuda" and workers.xdist_worker_count() > 1:
                 backend.shorten_autotuning()
     except (ValueError, RuntimeError) as exc:

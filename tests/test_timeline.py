@@ -71,6 +71,21 @@ def test_installed_ledger_is_tritons_listener_and_chains_the_previous_one():
         assert knobs.compilation.listener is ledger and ledger.previous is marker
 
 
+def test_an_uninstalled_ledger_gives_back_the_listener_it_replaced_and_only_while_it_listens():
+    from triton import knobs
+
+    with knobs.compilation.scope():
+        marker = lambda **kw: None  # noqa: E731
+        knobs.compilation.listener = marker
+        ledger = timeline.install_compile_ledger()
+        timeline.uninstall_compile_ledger(ledger)
+        assert knobs.compilation.listener is marker
+        later = timeline.install_compile_ledger()
+        other = timeline.install_compile_ledger()
+        timeline.uninstall_compile_ledger(later)  # no longer the listener: left alone
+        assert knobs.compilation.listener is other
+
+
 def test_a_childs_drained_record_counts_under_the_parents_current_item():
     """A supervised child runs the parent's items: its compiles join the parent's ledger under the parent's origin."""
     child, parent = timeline.CompileLedger(), timeline.CompileLedger()
