@@ -21,6 +21,7 @@ reason, so this file leaves them alone.
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -40,11 +41,11 @@ def device() -> str:
 
 @pytest.fixture(autouse=True)
 def _gives_back_the_environment():
-    """A test that leaves this process's environment variables or working directory changed changes what every later
-    test on its worker runs under (a tuning setting, a device variable), depending on where xdist placed them: such
-    a test errors at its teardown, naming what it left changed. ``monkeypatch`` gives its changes back before this
-    check (autouse fixtures are set up first, so torn down last)."""
-    env, cwd = dict(os.environ), os.getcwd()
+    """A test that leaves this process's environment variables, working directory or Triton's knobs (a hook, a
+    listener, a switch) changed changes what every later test on its worker runs under, depending on where xdist
+    placed them: such a test errors at its teardown, naming what it left changed. ``monkeypatch`` gives its changes
+    back before this check (autouse fixtures are set up first, so torn down last)."""
+    env, cwd, knobs = dict(os.environ), os.getcwd(), _triton_knob_overrides()
     yield
     changed = {k for k in set(env) | set(os.environ) if env.get(k) != os.environ.get(k)} - _NOT_THE_TESTS
     left = sorted(f"{k}: {env.get(k)!r} -> {os.environ.get(k)!r}" for k in changed)
@@ -53,11 +54,47 @@ def _gives_back_the_environment():
             os.environ[name] = env[name]
         else:
             del os.environ[name]
+    left += _knobs_given_back(knobs)
     if os.getcwd() != cwd:
         left.append(f"working directory: {cwd} -> {os.getcwd()}")
         os.chdir(cwd)
     if left:
         pytest.fail("the test left the process changed (given back now): " + "; ".join(left), pytrace=False)
+
+
+def _triton_knob_overrides() -> dict[str, dict]:
+    """What is set on each of Triton's knob groups (a hook, a listener, a switch: ``triton.knobs.<group>.<name> =``),
+    once Triton is loaded (this file must not load it)."""
+    knobs = sys.modules.get("triton.knobs")
+    if knobs is None:
+        return {}
+    return {name: dict(group.__dict__) for name, group in vars(knobs).items() if isinstance(group, knobs.base_knobs)}
+
+
+def _knobs_given_back(before: dict[str, dict]) -> list[str]:
+    """The knobs changed since ``before`` (a group's overrides), each set back."""
+    knobs = sys.modules.get("triton.knobs")
+    changes = []
+    for group, now in _triton_knob_overrides().items():
+        target, was = vars(knobs)[group], before.get(group, {})
+        changed = []
+        for name in sorted(set(was) | set(now)):
+            old, new = _knob(target, was, name), _knob(target, now, name)
+            if old is not new and old != new:
+                changed.append(f"triton.knobs.{group}.{name}: {old!r} -> {new!r}")
+        if changed:
+            target.__dict__.clear()
+            target.__dict__.update(was)
+        changes += changed
+    return changes
+
+
+def _knob(group, overrides: dict, name: str):
+    """A knob's value with these overrides: the override, else its default (from the environment where it has one)."""
+    if name in overrides:
+        return overrides[name]
+    default = type(group).__dict__.get(name)
+    return default.get() if isinstance(default, sys.modules["triton.knobs"].env_base) else default
 
 
 @pytest.fixture(scope="session")
