@@ -41,11 +41,13 @@ def device() -> str:
 
 @pytest.fixture(autouse=True)
 def _gives_back_the_environment():
-    """A test that leaves this process's environment variables, working directory or Triton's knobs (a hook, a
-    listener, a switch) changed changes what every later test on its worker runs under, depending on where xdist
-    placed them: such a test errors at its teardown, naming what it left changed. ``monkeypatch`` gives its changes
+    """A test that leaves this process's environment variables, working directory, ``sys.path``, torch's default
+    dtype or thread count, or Triton's knobs (a hook, a listener, a switch) changed changes what every later test on
+    its worker runs under, depending on where xdist placed them: such a test errors at its teardown, naming what it
+    left changed. ``monkeypatch`` gives its changes
     back before this check (autouse fixtures are set up first, so torn down last)."""
     env, cwd, knobs = dict(os.environ), os.getcwd(), _triton_knob_overrides()
+    path, torch_state = list(sys.path), _torch_state()
     yield
     changed = {k for k in set(env) | set(os.environ) if env.get(k) != os.environ.get(k)} - _NOT_THE_TESTS
     left = sorted(f"{k}: {env.get(k)!r} -> {os.environ.get(k)!r}" for k in changed)
@@ -58,8 +60,22 @@ def _gives_back_the_environment():
     if os.getcwd() != cwd:
         left.append(f"working directory: {cwd} -> {os.getcwd()}")
         os.chdir(cwd)
+    if sys.path != path:
+        left.append(f"sys.path: {sorted(set(path) ^ set(sys.path)) or 'reordered'}")
+        sys.path[:] = path
+    if _torch_state() != torch_state:
+        left.append(f"torch: {torch_state} -> {_torch_state()}")
+        import torch
+        torch.set_default_dtype(torch_state[0])
+        torch.set_num_threads(torch_state[1])
     if left:
         pytest.fail("the test left the process changed (given back now): " + "; ".join(left), pytrace=False)
+
+
+def _torch_state() -> tuple:
+    import torch
+
+    return torch.get_default_dtype(), torch.get_num_threads()
 
 
 def _triton_knob_overrides() -> dict[str, dict]:

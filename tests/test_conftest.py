@@ -4,7 +4,10 @@ markers skip on the other device with their reason, and refuse to be used withou
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
+
+import torch
 
 pytest_plugins = ["pytester"]
 
@@ -54,9 +57,18 @@ def test_a_marker_without_a_reason_is_a_usage_error(pytester, device):
 
 LEAKS = """
 import os
+import sys
+
+import torch
 
 def test_leaves_a_variable_set():
     os.environ["SSD_TEST_LEAKED"] = "1"
+
+def test_leaves_a_path_on_sys_path():
+    sys.path.append("/ssd-test-nowhere")
+
+def test_leaves_the_default_dtype():
+    torch.set_default_dtype(torch.float64)
 
 def test_changes_one_and_gives_it_back(monkeypatch):
     monkeypatch.setenv("SSD_TEST_LEAKED", "2")
@@ -70,11 +82,16 @@ def test_a_test_that_leaves_the_environment_changed_errors_naming_it_and_the_cha
                                                                                                      device):
     cwd = Path.cwd()
     result = _run(pytester, device, LEAKS)
-    result.assert_outcomes(passed=3, errors=2)
+    result.assert_outcomes(passed=5, errors=4)
     result.stdout.fnmatch_lines([
         "*ERROR at teardown of test_leaves_a_variable_set*",
         "*the test left the process changed (given back now): SSD_TEST_LEAKED: None -> '1'",
+        "*ERROR at teardown of test_leaves_a_path_on_sys_path*",
+        "*the test left the process changed (given back now): sys.path: *'/ssd-test-nowhere'*",
+        "*ERROR at teardown of test_leaves_the_default_dtype*",
+        "*the test left the process changed (given back now): torch: (torch.float32, *) -> (torch.float64, *)",
         "*ERROR at teardown of test_leaves_another_directory*",
         "*the test left the process changed (given back now): working directory: * -> *test_leaves_another_directory*",
     ])
     assert "SSD_TEST_LEAKED" not in os.environ and Path.cwd() == cwd
+    assert "/ssd-test-nowhere" not in sys.path and torch.get_default_dtype() == torch.float32
