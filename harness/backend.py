@@ -239,6 +239,16 @@ def share_autotuning_results() -> None:
     os.environ.setdefault(AUTOTUNE_CACHE_ENV, "1")
 
 
+def restore_environment(before: dict[str, str], names) -> None:
+    """Set each of ``names`` back to its value in ``before`` (a copy of ``os.environ``), unset where it had none: what
+    a run or a command set for itself, given back to the process that goes on after it."""
+    for name in names:
+        if name in before:
+            os.environ[name] = before[name]
+        else:
+            os.environ.pop(name, None)
+
+
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 

@@ -664,21 +664,16 @@ def _tuning_for_itself():
     """The bench tunes for itself, at the kernels' full budget, before kernels are imported: tuning results a
     parallel test run cached (short budget, on a shared GPU) must not pick the configs it times. Both settings are
     given back at the end, so that a caller in the same process (a test) keeps its own."""
-    from harness.backend import AUTOTUNE_CACHE_ENV
+    from harness.backend import AUTOTUNE_CACHE_ENV, restore_environment
     from kernels.environment import AUTOTUNE_BUDGET_ENV
 
-    saved = {AUTOTUNE_CACHE_ENV: os.environ.get(AUTOTUNE_CACHE_ENV),
-             AUTOTUNE_BUDGET_ENV: os.environ.get(AUTOTUNE_BUDGET_ENV)}
+    before = dict(os.environ)
     os.environ[AUTOTUNE_CACHE_ENV] = "0"
     os.environ.pop(AUTOTUNE_BUDGET_ENV, None)
     try:
         yield
     finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        restore_environment(before, (AUTOTUNE_CACHE_ENV, AUTOTUNE_BUDGET_ENV))
 
 
 def _run(args: argparse.Namespace) -> int:

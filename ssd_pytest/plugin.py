@@ -92,15 +92,7 @@ def _give_back_at_the_end(config: pytest.Config) -> None:
     as it found it, so that what the process runs next does not inherit this run's settings. Not in an xdist worker,
     whose process ends at its last cleanup (``workers.start_worker`` registers that one first)."""
     before = dict(os.environ)
-
-    def give_back() -> None:
-        for name in RUN_ENVIRONMENT:
-            if name in before:
-                os.environ[name] = before[name]
-            else:
-                os.environ.pop(name, None)
-
-    config.add_cleanup(give_back)
+    config.add_cleanup(lambda: backend.restore_environment(before, RUN_ENVIRONMENT))
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -51,11 +51,7 @@ def _gives_back_the_environment():
     yield
     changed = {k for k in set(env) | set(os.environ) if env.get(k) != os.environ.get(k)} - _NOT_THE_TESTS
     left = sorted(f"{k}: {env.get(k)!r} -> {os.environ.get(k)!r}" for k in changed)
-    for name in changed:
-        if name in env:
-            os.environ[name] = env[name]
-        else:
-            del os.environ[name]
+    backend.restore_environment(env, changed)
     left += _knobs_given_back(knobs)
     if os.getcwd() != cwd:
         left.append(f"working directory: {cwd} -> {os.getcwd()}")
