@@ -198,8 +198,7 @@ def release_workers_resources() -> None:
     if claims and claims == _claims_dir_for_this_run():
         import shutil
 
-        shutil.rmtree(claims, ignore_errors=True)
-        del os.environ[compile_claims.CLAIMS_ENV]
+        shutil.rmtree(claims, ignore_errors=True)  # the variable: the plugin gives its value back (RUN_ENVIRONMENT)
 
 
 # ---------------------------------------------------------------- a worker
