@@ -70,6 +70,11 @@ def test_leaves_a_path_on_sys_path():
 def test_leaves_the_default_dtype():
     torch.set_default_dtype(torch.float64)
 
+def test_leaves_a_triton_hook_set():
+    from triton import knobs
+
+    knobs.runtime.jit_cache_hook = print
+
 def test_changes_one_and_gives_it_back(monkeypatch):
     monkeypatch.setenv("SSD_TEST_LEAKED", "2")
 
@@ -82,7 +87,7 @@ def test_a_test_that_leaves_the_environment_changed_errors_naming_it_and_the_cha
                                                                                                      device):
     cwd = Path.cwd()
     result = _run(pytester, device, LEAKS)
-    result.assert_outcomes(passed=5, errors=4)
+    result.assert_outcomes(passed=6, errors=5)
     result.stdout.fnmatch_lines([
         "*ERROR at teardown of test_leaves_a_variable_set*",
         "*the test left the process changed (given back now): SSD_TEST_LEAKED: None -> '1'",
@@ -90,8 +95,13 @@ def test_a_test_that_leaves_the_environment_changed_errors_naming_it_and_the_cha
         "*the test left the process changed (given back now): sys.path: *'/ssd-test-nowhere'*",
         "*ERROR at teardown of test_leaves_the_default_dtype*",
         "*the test left the process changed (given back now): torch: (torch.float32, *) -> (torch.float64, *)",
+        "*ERROR at teardown of test_leaves_a_triton_hook_set*",
+        "*the test left the process changed (given back now): triton.knobs.runtime.jit_cache_hook: None -> *print*",
         "*ERROR at teardown of test_leaves_another_directory*",
         "*the test left the process changed (given back now): working directory: * -> *test_leaves_another_directory*",
     ])
     assert "SSD_TEST_LEAKED" not in os.environ and Path.cwd() == cwd
     assert "/ssd-test-nowhere" not in sys.path and torch.get_default_dtype() == torch.float32
+    from triton import knobs
+
+    assert knobs.runtime.jit_cache_hook is None
