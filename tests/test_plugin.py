@@ -893,6 +893,19 @@ def test_without_xdist_the_plugin_loads_and_runs_the_items(pytester, tiny, devic
     result.assert_outcomes(passed=1)
 
 
+def test_without_xdist_the_suites_grouped_test_files_are_collected():
+    """The suite's files that group their items on one worker (``xdist_group``) collect under ``-p no:xdist`` too:
+    with xdist not loaded nothing else declares the mark, and ``--strict-markers`` stopped each such file."""
+    grouped = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "tests").glob("test_*.py")
+                     if path.name != Path(__file__).name and "pytest.mark.xdist_group(" in path.read_text())
+    assert grouped, "no test file groups its items: this test has nothing to collect"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist",
+                           "-p", "no:cacheprovider", *grouped], cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "error" not in proc.stdout.splitlines()[-1], proc.stdout[-3000:]
+
+
 def test_a_run_inside_a_longer_lived_process_gives_back_what_it_set(pytester, tiny, device, monkeypatch):
     """An inline run (pytester's, ``pytest.main``) sets its run's report name, its device's settings and more in
     the process's environment; at its end the process has them as before, so its next run or test inherits none."""
