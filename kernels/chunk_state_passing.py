@@ -1,18 +1,17 @@
-"""Chunk state and state passing in one kernel, the snapshot path's (docs/architecture.md, stages 2 and 3): the
-chunk states never leave the chip.
+"""Chunk state and state passing in one kernel, for calls of fewer than ``kernels.plan.PAIR_FROM_CHUNKS`` chunks on
+either path (docs/architecture.md, stages 2 and 3): the chunk states never leave the chip.
 
 Each program owns one (headdim x dstate) tile of one head and walks the chunks in order: it accumulates the chunk's
 state contribution (``kernels.chunk_state.accumulate_tokens``, the chunk state stage's arithmetic, the same code)
 and at the chunk's last token block takes the fp32 inter-chunk recurrence step on it
 (``kernels.state_passing.recurrence_step``, the indexed state passing's, the same code), storing the workspace row
 and, at a sequence's last chunk, its final state into the cache. Run apart, the two stages write the fp32 chunk
-states (C x H x P x N) and read them back. The indexed path keeps the pair (``kernels.chunk_state``, then
-``kernels.state_passing_indexed``): with its initial state read from the cache it is as fast as this kernel, and
-the pair's bits are this kernel's (same arithmetic; on the GPU the dot accumulates in the same order whatever the
-token block, under the interpreter this kernel runs chunk_state's blocks: ``default_config``).
+states (C x H x P x N) and read them back (``kernels.chunk_state``, then the path's state passing kernel: the plan
+for longer calls); the pair's bits are this kernel's (same arithmetic; on the GPU the dot accumulates in the same
+order whatever the token block, under the interpreter this kernel runs chunk_state's blocks: ``default_config``).
 
 - initial states (``init_mode``): none (zeros); a dense snapshot, row = sequence (the snapshot path); or the paged
-  cache, row = the sequence's slot, masked by ``has_initial_states`` (one sequence; for the fusion lab). A masked
+  cache, row = the sequence's slot, masked by ``has_initial_states`` (one sequence: the indexed path). A masked
   row is never read: the slot may hold garbage or NaN.
 - workspace rows (``store_entering``): the state *exiting* each chunk (snapshot path), or the state *entering* it
   (row 0 a raw copy of the initial state, no fp32 round trip).
@@ -84,6 +83,22 @@ def initial_state(init_ptr, tile, seq, init_slot_ptr, has_init_ptr, stride_init_
     else:
         has = init_mode == 1
         row = seq.to(tl.int64)
+    return tl.load(init_ptr + row * stride_init_row + tile, mask=mask & has, other=0.0)
+
+
+@triton.jit
+def first_initial_state(init_ptr, tile, first_seq, init_slot_ptr, has_init_ptr, stride_init_row, init_mode, mask):
+    """``initial_state`` of the first chunk's sequence ``first_seq``, loaded before the chunk loop. By slot the call
+    has one sequence (``chunk_state_passing`` checks it), so its mask and slot are sequence 0's, loaded without
+    waiting for ``first_seq``: a warp issues nothing past a load whose address is not ready, and the chain first
+    chunk's sequence -> its slot -> the row held the first token loads back by two memory latencies where the dense
+    snapshot's row waits for one."""
+    if init_mode == 2:  # INIT_BY_SLOT
+        has = tl.load(has_init_ptr) != 0
+        row = tl.where(has, tl.load(init_slot_ptr).to(tl.int64), 0)
+    else:
+        has = init_mode == 1
+        row = first_seq.to(tl.int64)
     return tl.load(init_ptr + row * stride_init_row + tile, mask=mask & has, other=0.0)
 
 
@@ -160,13 +175,13 @@ def _chunk_state_passing_kernel(
     compute = read_chunk_states == 0  # teacher-forced: every token load is masked off and the given state taken
 
     prev_seq = tl.load(seq_idx_ptr)
+    # The first sequence's initial state is loaded here and first read at the first chunk's end: a read (or the
+    # entering row's store) before the loop would hold every warp at that read, until the load returns, before the
+    # first token load is issued. Its loads come before the writeback target's, which wait for ``prev_seq``.
+    entering = first_initial_state(init_ptr, tile, prev_seq, init_slot_ptr, has_init_ptr, stride_init_row, init_mode,
+                                   mask)
     seq_last, seq_slot = writeback_target(last_chunk_ptr, final_idx_ptr, prev_seq, stride_last_chunk,
                                           stride_final_idx, write_cache)
-    # The first sequence's initial state is loaded here and first read at the first chunk's end: a read (or the
-    # entering row's store) before the loop would hold every warp at that read, until the load (on the indexed path
-    # two chained loads: the slot, then the row) returns, before the first token load is issued.
-    entering = initial_state(init_ptr, tile, prev_seq, init_slot_ptr, has_init_ptr, stride_init_row,
-                             stride_init_slot, stride_has_init, init_mode, mask)
     s = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     blocks = tl.cdiv(chunk_size, BLOCK_SIZE_K)
     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
