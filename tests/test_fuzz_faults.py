@@ -42,6 +42,10 @@ LOSING_BUDGET = {"cpu": 15, "cuda": 45}
 # hang search first saw its hang after about 8 s on a busy 2-core host, and had shrunk it within 12 s; 20 s leaves
 # room for a host a third slower.
 HANG_BUDGET = {"cpu": 20, "cuda": 45}
+# The item time limit of the searches that meet hangs: far above a passing example's call, also the first call in a
+# fresh child (a confirming one) when the suite starts its process tests together; 2 s was not above it on a GPU
+# host (notes/gpu-runs.md).
+HANG_LIMIT = 3
 
 
 def _batch_of_two_or_more(case) -> bool:
@@ -113,27 +117,28 @@ def test_a_segfault_on_batches_is_found_shrunk_and_written_and_repro_shows_it(tm
 
 def test_a_hang_across_chunks_is_found_shrunk_and_written_and_repro_shows_it(tmp_path, device):
     found, log = _search(tmp_path, device, "hangs_across_chunks", time_budget=HANG_BUDGET[device],
-                         shrink_budget=HANG_SHRINK, item_timeout=3)
+                         shrink_budget=HANG_SHRINK, item_timeout=HANG_LIMIT)
     case = _written(found, _crosses_a_chunk_boundary)
     assert found.failure.kind == "hang", found
-    assert "determinism failed with a hang (timed out after 3 s" in case.description, case.description
-    assert found.repro.endswith("--item-timeout 3"), found.repro  # the limit the hang was found under
+    assert f"determinism failed with a hang (timed out after {HANG_LIMIT} s" in case.description, case.description
+    assert found.repro.endswith(f"--item-timeout {HANG_LIMIT}"), found.repro  # the limit the hang was found under
     _heard(log)
-    _repro_shows(found, "hangs_across_chunks", device, "timed out after 3 s", "--item-timeout", "3")
+    _repro_shows(found, "hangs_across_chunks", device, f"timed out after {HANG_LIMIT} s", "--item-timeout",
+                 str(HANG_LIMIT))
 
 
 def test_a_hang_that_does_not_repeat_is_no_finding(tmp_path, device, monkeypatch):
     """A case's first call passes the time limit once and works in the fresh child (as a first call that compiles on
     a busy host can): the search confirms each hang before it counts, so it finds nothing and writes nothing. The
-    provider wraps ``reference:provider``, which compiles nothing: the confirming call in a fresh child takes a
-    fraction of the 2 s limit on either device."""
+    provider wraps ``reference:provider``, which compiles nothing: the confirming call in a fresh child stays under
+    ``HANG_LIMIT``."""
     marks = tmp_path / "marks"
     marks.mkdir()
     monkeypatch.setenv(fp.SlowOnceAcrossChunks.MARKS_ENV, str(marks))
     log = io.StringIO()
     try:
         found = fuzz("tests.faulty_providers:slow_once_across_chunks", budget=6, out_dir=tmp_path / "found",
-                     device=device, checks=[CHECK], timeout=2, time_budget=HANG_BUDGET[device] * 2,
+                     device=device, checks=[CHECK], timeout=HANG_LIMIT, time_budget=HANG_BUDGET[device] * 2,
                      heartbeat=HEARTBEAT, log=log)
     finally:
         _show(log)
