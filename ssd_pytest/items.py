@@ -23,6 +23,9 @@ from ssd_pytest.workers import TESTS, worker_index, worker_role, xdist_worker_co
 _runner_key = pytest.StashKey[object]()  # harness.isolation's Supervisor or InProcess for case items
 _case_ids_key = pytest.StashKey[dict]()  # case id -> the file that defines it
 _bad_files_key = pytest.StashKey["BadCaseFiles"]()
+# A file's answer under this run's command line, by node id's file part: every item's progress line and report
+# record asks for its file again (thousands of times a run), and each answer resolves the paths anew.
+_case_file_answers_key = pytest.StashKey[dict]()
 
 
 def configure(config: pytest.Config) -> None:
@@ -45,7 +48,11 @@ def is_case_file(file_path: Path, config: pytest.Config) -> bool:
     whose ``cases/`` folder holds cases as the repository's does."""
     from harness.cases.files import is_case_file as rule
 
-    return rule(file_path, named=_explicit_paths(config), roots=[config.rootpath])
+    answers = config.stash.setdefault(_case_file_answers_key, {})
+    key = str(file_path)
+    if key not in answers:
+        answers[key] = rule(file_path, named=_explicit_paths(config), roots=[config.rootpath])
+    return answers[key]
 
 
 class BadCaseFiles:

@@ -667,7 +667,8 @@ def test_yaml_fixtures_under_tests_are_not_collected_as_cases():
     """The malformed files are fixtures: `pytest tests` (and the testpaths default) must not collect them as cases,
     while naming one explicitly still makes it a case (whose error is then reported: the malformed-YAML tests)."""
     def config(*args):
-        return SimpleNamespace(args=list(args), rootpath=ROOT, invocation_params=SimpleNamespace(dir=ROOT))
+        return SimpleNamespace(args=list(args), rootpath=ROOT, invocation_params=SimpleNamespace(dir=ROOT),
+                               stash=pytest.Stash())
 
     fixture = ROOT / "tests/malformed/xfail_without_reason.yaml"
     corpus = next((ROOT / "cases/corpus").glob("*.yaml"))
