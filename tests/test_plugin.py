@@ -903,8 +903,7 @@ def test_without_xdist_the_suites_grouped_test_files_are_collected():
     proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist",
                            "-p", "no:cacheprovider", *grouped], cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "error" not in proc.stdout.splitlines()[-1], proc.stdout[-3000:]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]  # a collection error exits 2
 
 
 def test_a_run_inside_a_longer_lived_process_gives_back_what_it_set(pytester, tiny, device, monkeypatch):
