@@ -626,20 +626,25 @@ def test_waiting_for_the_spares_context_is_bounded_and_needs_its_signal(monkeypa
 
 def test_no_fork_where_the_cuda_driver_is_initialized(monkeypatch):
     """A process whose CUDA driver started cannot fork a usable child: ``prefork`` refuses, says why, and the start
-    record of the next child carries the reason."""
+    record of the owner's next child carries the reason; other owners' records do not."""
     from harness.isolation import forking, spare, supervisor
 
     monkeypatch.setattr(forking, "_cuda_driver_state", lambda: 0)
-    monkeypatch.setattr(spare, "refused", "")
+    monkeypatch.setattr(spare, "_refusal", None)
     monkeypatch.setattr(spare, "_spare", None)
     reason = spare.prefork("test")
     assert reason == ("the CUDA driver is initialized in this process (cuDeviceGetCount returned 0), and a forked "
                       "child cannot use it")
     assert spare._spare is None and not spare.waiting()
     monkeypatch.setattr(supervisor, "_fresh", lambda: ((_NeverStarted(), _NoChannel(), None), "fork server"))
-    sup = supervisor.Supervisor("kernels:provider", "cpu")
-    sup.start()
-    assert sup.describe()["starts"] == [{"how": f"fork server (no fork at start: {reason})"}]
+    starts = {}
+    for owner in ("test", None, spare.CLI):
+        sup = supervisor.Supervisor("kernels:provider", "cpu", spare_owner=owner)
+        sup.start()
+        starts[owner] = sup.describe()["starts"]
+    assert starts["test"] == [{"how": f"fork server (no fork at start: {reason})"}]
+    # a supervisor of another owner (a test's inner CLI run in a pytest worker) would not have had the spare anyway
+    assert starts[None] == starts[spare.CLI] == [{"how": "fork server"}]
 
 
 class _Waiting:

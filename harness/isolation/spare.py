@@ -29,7 +29,7 @@ CHILD_CONTEXT_WAIT_SECONDS = 60.0  # the most a process waits for its spare's de
 Launched = tuple  # (process, the supervisor's Channel, the trace file)
 CLI = "python -m harness"  # the owner of a spare that harness/__main__.py forks for the command's items
 _spare: tuple[int, object, Launched] | None = None  # (the pid that forked it, its owner, the launched child)
-refused = ""  # why ``prefork`` did not fork, for the supervisor's start records
+_refusal: tuple[int, object, str] | None = None  # (the pid that did not fork, for which owner, why): ``refused_for``
 _context_made: tuple[int, int] | None = None  # (the pid that forked, a pipe's read end): see wait_for_spare_context
 
 
@@ -39,10 +39,11 @@ def prefork(owner: object, code_ran_before: bool = False) -> str:
     again; one never taken ends with this process (or ``discard``). ``code_ran_before``: code this module does not
     know ran in this process before the call (a test suite's conftest files), which may have started torch's OpenMP
     pool."""
-    global _spare, _context_made, refused
+    global _spare, _context_made, _refusal
     if waiting():
         return ""
     refused = forking.fork_hazard(code_ran_before)
+    _refusal = (os.getpid(), owner, refused) if refused else None
     if not refused:
         made_r, made_w = os.pipe()
         try:
@@ -71,6 +72,15 @@ def wait_for_spare_context(timeout: float = CHILD_CONTEXT_WAIT_SECONDS) -> bool:
         return bool(readable) and os.read(fd, 1) == CONTEXT_MADE
     finally:
         os.close(fd)
+
+
+def refused_for(owner: object) -> str:
+    """Why this process's ``prefork`` for ``owner`` did not fork, for that owner's start records; "" where it forked
+    or never tried for ``owner``: a supervisor of another owner would not have taken the spare either way."""
+    if _refusal is None or owner is None:
+        return ""
+    pid, refused_owner, why = _refusal
+    return why if pid == os.getpid() and refused_owner is owner else ""
 
 
 def waiting(owner: object = None) -> bool:

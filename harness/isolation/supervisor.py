@@ -117,8 +117,9 @@ class Supervisor:
         launched, how = spare.take(self.spare_owner), "fork"
         if launched is None:
             launched, how = _fresh()
-            if spare.refused:
-                how += f" (no fork at start: {spare.refused})"
+            refused = spare.refused_for(self.spare_owner)
+            if refused:
+                how += f" (no fork at start: {refused})"
         self._proc, self._channel, self._trace = launched
         self.processes += 1
         self._ready = False
