@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from kernels.environment import AUTOTUNE_BUDGET_ENV, INTERPRET_ENV, PDL_ENV, arithmetic_profile
-from kernels.triton_internals import PDL_AVAILABLE, gdc_launch_dependents, gdc_wait
+from kernels.triton_internals import PDL_AVAILABLE, gdc_launch_dependents, gdc_wait, settle_cache_keys
 
 INTERPRET = os.environ.get(INTERPRET_ENV) == "1"
 # The reference arithmetic profile these kernels follow in this process.
@@ -230,3 +230,6 @@ def wait_at_end_if_overlapping(overlaps_previous, USE_PDL: tl.constexpr):
 
 # Passed as ``do_bench`` to every ``triton.autotune`` here.
 AUTOTUNE_DO_BENCH = _interpreter_do_bench if INTERPRET else _gpu_do_bench
+
+
+settle_cache_keys(globals())  # each kernel keyed as if its helpers were hashed first

@@ -31,6 +31,7 @@ from kernels.backend import (
 )
 from kernels.direct_launch import launch
 from kernels.interface import INDEX_DTYPES
+from kernels.triton_internals import settle_cache_keys
 from kernels.tuned_configs import checked_in
 
 # Target shape: dstate 128, chunk 256, ngroups 1: few (chunk, group) pairs on short prefills, so the small tiles
@@ -183,3 +184,6 @@ def launch_arguments(C: torch.Tensor, B: torch.Tensor, cu_chunk_seqlens: torch.T
         FP32_DOT_PRECISION=FP32_DOT_PRECISION,
         **pdl_arguments(),
     )
+
+
+settle_cache_keys(globals())  # each kernel keyed as if its helpers were hashed first

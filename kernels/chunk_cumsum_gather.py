@@ -30,6 +30,7 @@ from kernels.backend import cdiv, wait_for_previous_kernel
 from kernels.chunk_cumsum import RUNTIME_FLAGS, chunk_cumsum_tile
 from kernels.direct_launch import launch
 from kernels.gather import gather_tile
+from kernels.triton_internals import settle_cache_keys
 
 
 # The chunk count is a grid extent read as a scalar; the index and mask are read one element per program (as in the
@@ -145,3 +146,6 @@ def launch_arguments(dt: torch.Tensor, A: torch.Tensor, cu_chunk_seqlens: torch.
     config = chunk_cumsum.chunk_cumsum_config(dt_out.shape[2], dt_out.shape[0])
     gather_block = copy.pop("BLOCK_SIZE")
     return dict(cumsum, **copy, nchunks=dt_out.shape[1], GATHER_BLOCK_SIZE=gather_block, **config)
+
+
+settle_cache_keys(globals())  # each kernel keyed as if its helpers were hashed first

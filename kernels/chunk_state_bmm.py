@@ -25,6 +25,7 @@ from kernels.backend import INTERPRET, cdiv, wait_for_previous_kernel
 from kernels.bmm_chunk import bmm_tile
 from kernels.chunk_state import chunk_state_tile
 from kernels.direct_launch import launch
+from kernels.triton_internals import settle_cache_keys
 from kernels.tuned_configs import checked_in_config, chunk_count_class, device_arch
 
 BLOCKS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K")
@@ -168,3 +169,6 @@ def launch_arguments(B: torch.Tensor, x: torch.Tensor, C: torch.Tensor, dt_out: 
     for name in ("signal_next", "overlaps_previous", "chunk_count_class"):
         del arguments[name]
     return dict(arguments, ngroups=B.shape[1], nchunks=states.shape[0], nheads=x.shape[1], **config)
+
+
+settle_cache_keys(globals())  # each kernel keyed as if its helpers were hashed first

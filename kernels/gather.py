@@ -15,6 +15,7 @@ import triton.language as tl
 from kernels.backend import cdiv, fixed_block, pdl_arguments, wait_at_end_if_overlapping, wait_unless_overlapping
 from kernels.direct_launch import launch
 from kernels.interface import INDEX_DTYPES, MASK_DTYPES, kernel_mask, kernel_slots
+from kernels.triton_internals import settle_cache_keys
 
 # The fixed block over a row of H * P * N states on the GPU (under the interpreter a row is one block:
 # kernels.backend.fixed_block; a copy's bits do not depend on the block), and its warps: eight warps put one 16-byte
@@ -151,3 +152,6 @@ def gather_initial_states_torch(
     slots = torch.where(has, initial_state_indices.to(torch.int64), 0)
     rows = state_cache.index_select(0, slots)
     return torch.where(has[:, None, None, None], rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
+
+
+settle_cache_keys(globals())  # each kernel keyed as if its helpers were hashed first

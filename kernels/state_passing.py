@@ -19,6 +19,7 @@ import triton.language as tl
 
 from kernels.backend import LOG2E
 from kernels.interface import INDEX_DTYPES
+from kernels.triton_internals import settle_cache_keys
 
 # Kernels may only read constexpr globals.
 _LOG2E = tl.constexpr(LOG2E)
@@ -116,3 +117,6 @@ def check_index(name: str, t: torch.Tensor, n: int, dtypes: tuple[torch.dtype, .
     """A (n,) index (or mask) tensor of one of ``dtypes``."""
     assert t.dim() == 1 and t.shape[0] == n, f"{name}: expected ({n},), found {tuple(t.shape)}"
     assert t.dtype in dtypes, f"{name}: expected one of {dtypes}, found {t.dtype}"
+
+
+settle_cache_keys(globals())  # each kernel keyed as if its helpers were hashed first

@@ -35,6 +35,7 @@ from kernels.state_passing import (
     memory_overlaps,
     recurrence_step,
 )
+from kernels.triton_internals import settle_cache_keys
 
 # States a program: the block of both loop shapes' best on the serving shape (docs/decisions.md: the batched state
 # passing; under the interpreter a head is one block: kernels.backend.fixed_block).
@@ -207,3 +208,6 @@ def launch_arguments(states: torch.Tensor, dA_cumsum: torch.Tensor, last_chunk_i
         BLOCK_SIZE=fixed_block(P * N, BLOCK_SIZE),
         **pdl_arguments(),
     )
+
+
+settle_cache_keys(globals())  # each kernel keyed as if its helpers were hashed first

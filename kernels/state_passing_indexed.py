@@ -31,6 +31,7 @@ from kernels.state_passing import (
     memory_overlaps,
     recurrence_step,
 )
+from kernels.triton_internals import settle_cache_keys
 
 # The fixed block over a head's P * N states on the GPU (under the interpreter a head is one block:
 # kernels.backend.fixed_block; the recurrence is elementwise, so the bits do not depend on the block).
@@ -195,3 +196,6 @@ def launch_arguments(states: torch.Tensor, dA_cumsum: torch.Tensor, *, state_cac
         BLOCK_SIZE=fixed_block(P * N, BLOCK_SIZE),
         **pdl_arguments(),
     )
+
+
+settle_cache_keys(globals())  # each kernel keyed as if its helpers were hashed first

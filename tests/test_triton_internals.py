@@ -8,6 +8,7 @@ specialization keys refuse with the reason, and the harness's autotuner and laun
 from __future__ import annotations
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -86,6 +87,7 @@ from kernels.triton_version import UnsupportedTriton
 import torch
 
 assert not ti.PDL_AVAILABLE and "widen VERIFIED" in ti.PDL_PROBLEM, ti.PDL_PROBLEM
+assert "widen VERIFIED" in ti.CACHE_KEY_PROBLEM, ti.CACHE_KEY_PROBLEM  # keys then left as Triton makes them
 
 @triton.jit
 def copy(x_ptr, y_ptr, USE_PDL: tl.constexpr):
@@ -121,3 +123,100 @@ def test_an_unverified_triton_runs_the_kernels_without_programmatic_launch_and_r
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.startswith("refused: Triton 3.99.0: kernels/triton_internals.py relies on triton.runtime.jit"), \
         run.stdout
+
+
+# Three jit functions, a constexpr global read by the innermost: the chain Triton keys by hashing order.
+TOY_KERNELS = """
+import triton
+import triton.language as tl
+
+SCALE = tl.constexpr(2.0)
+
+
+@triton.jit
+def leaf(x):
+    return x * SCALE
+
+
+@triton.jit
+def middle(x):
+    return leaf(x)
+
+
+@triton.jit
+def kernel(p):
+    tl.store(p, middle(tl.load(p)))
+"""
+
+HASHING_ORDERS = r"""
+import importlib.util, json, sys
+from kernels import triton_internals as ti
+
+def fresh(name):  # new jit function objects, none hashed yet
+    spec = importlib.util.spec_from_file_location(name, sys.argv[1])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+callers_first = fresh("a").kernel.cache_key
+leaves = fresh("b")
+leaves.leaf.cache_key, leaves.middle.cache_key
+callees_first = leaves.kernel.cache_key
+settled = fresh("c")
+settled.kernel.cache_key
+ti.settle_cache_keys(vars(settled))
+gated = fresh("d")
+gated.kernel.cache_key
+ti.CACHE_KEY_PROBLEM = "not verified here"
+ti.settle_cache_keys(vars(gated))
+print(json.dumps({"callers_first": callers_first, "callees_first": callees_first,
+                  "settled": settled.kernel.cache_key, "gated": gated.kernel.cache_key,
+                  "globals": [name for name, _ in settled.kernel.used_global_vals]}))
+"""
+
+
+def _in_a_compiling_process(script: str, *args: str) -> str:
+    """``script``'s output in a fresh process whose ``@triton.jit`` makes real jit functions (TRITON_INTERPRET=0:
+    their cache keys are computed without a GPU)."""
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run.stdout
+
+
+def test_triton_keys_a_kernel_by_hashing_order_and_settling_gives_the_callees_first_key(tmp_path):
+    """Triton 3.6 adds a called function's constexpr globals to the caller's key before hashing it: a kernel hashed
+    first lacks its helpers' globals and gets another key than where the helpers were hashed first (so two pytest
+    workers compile one binary under two keys). ``settle_cache_keys`` gives the callees-first key whatever was
+    hashed before it; outside the verified Triton range it leaves Triton's key."""
+    toy = tmp_path / "toy_kernels.py"
+    toy.write_text(TOY_KERNELS)
+    keys = json.loads(_in_a_compiling_process(HASHING_ORDERS, str(toy)))
+    assert keys["callers_first"] != keys["callees_first"], keys  # what the settling exists for
+    assert keys["settled"] == keys["callees_first"] and keys["globals"] == ["SCALE"], keys
+    assert keys["gated"] == keys["callers_first"], keys
+
+
+OUR_KEYS = r"""
+import importlib, json, sys
+from kernels.triton_internals import JITFunction
+
+names = sys.argv[1].split(",")
+modules = [importlib.import_module(f"kernels.{name}") for name in names]
+functions = {f"{m.__name__}.{n}": v for m in modules for n, v in vars(m).items() if isinstance(v, JITFunction)}
+order = sorted(functions) if sys.argv[2] == "names" else sorted(functions, reverse=True)
+print(json.dumps({name: functions[name].cache_key for name in order}))
+"""
+
+
+def test_our_kernels_cache_keys_do_not_depend_on_import_or_hashing_order():
+    """Every jit function of kernels/ has one cache key whatever a process imported and hashed first: the fused
+    chunk state kernel (its helper's helper reads ``LOG2E``) as much as the rest."""
+    modules = ["chunk_state", "chunk_state_bmm", "chunk_cumsum", "chunk_cumsum_gather", "chunk_state_passing",
+               "state_passing", "state_passing_batched", "state_passing_indexed", "bmm_chunk", "chunk_scan",
+               "gather", "backend"]
+    one = json.loads(_in_a_compiling_process(OUR_KEYS, ",".join(modules), "names"))
+    other = json.loads(_in_a_compiling_process(OUR_KEYS, ",".join(reversed(modules)), "reversed"))
+    assert one == other
+    assert "kernels.chunk_state._chunk_state_kernel" in one and len(one) >= 20, sorted(one)
