@@ -12,6 +12,7 @@ either had finished). Compiles in child processes (the recompile guard's own tes
 
 from __future__ import annotations
 
+import hashlib
 import os
 import statistics
 import sys
@@ -64,9 +65,11 @@ def mark(phases: dict, name: str) -> None:
 
 
 class CompileLedger:
-    """A ``knobs.compilation.listener``: real compiles by binary hash ({hash: [kernel, count, seconds, origin]}, the
-    origin being what ran when it was first compiled: the plugin sets ``origin`` to each item's node id) and the
-    disk-cache loads. Calls the listener it replaced, so another tool's listener keeps working."""
+    """A ``knobs.compilation.listener``: real compiles by binary hash ({hash: [kernel, count, seconds, origin,
+    source, key]}, the origin being what ran when it was first compiled: the plugin sets ``origin`` to each item's
+    node id; source and key: digests of the jit function's source text and of its Triton cache key, "" where the
+    compiled thing has none) and the disk-cache loads. Calls the listener it replaced, so another tool's listener
+    keeps working."""
 
     def __init__(self, previous=None):
         self.previous = previous
@@ -82,7 +85,7 @@ class CompileLedger:
             self.load_seconds += seconds
         else:
             entry = self.compiled.setdefault(str(metadata.get("hash", ""))[:16],
-                                             [getattr(src, "name", "?"), 0, 0.0, self.origin])
+                                             [getattr(src, "name", "?"), 0, 0.0, self.origin, *_function_digests(src)])
             entry[1] += 1
             entry[2] += seconds
         if self.previous is not None:
@@ -90,7 +93,7 @@ class CompileLedger:
                           cache_hit=cache_hit, **kwargs)
 
     def to_dict(self) -> dict:
-        return {"compiled": {h: [k, n, round(s, 4), o] for h, (k, n, s, o) in self.compiled.items()},
+        return {"compiled": {h: [k, n, round(s, 4), *rest] for h, (k, n, s, *rest) in self.compiled.items()},
                 "loaded": self.loaded, "load_seconds": round(self.load_seconds, 4)}
 
     def drain(self) -> dict | None:
@@ -104,12 +107,23 @@ class CompileLedger:
     def absorb(self, delta: dict) -> None:
         """Add another process's drained record (a supervised child running this process's items) as this process's
         own, under this process's current origin."""
-        for digest, (kernel, count, seconds, _) in delta["compiled"].items():
-            entry = self.compiled.setdefault(digest, [kernel, 0, 0.0, self.origin])
+        for digest, (kernel, count, seconds, _, *function) in delta["compiled"].items():
+            entry = self.compiled.setdefault(digest, [kernel, 0, 0.0, self.origin, *function])
             entry[1] += count
             entry[2] += seconds
         self.loaded += delta["loaded"]
         self.load_seconds += delta["load_seconds"]
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:12] if text else ""
+
+
+def _function_digests(src) -> list[str]:
+    """[source, key]: digests of the compiled jit function's source text and of its cache key (``src.fn``, which
+    Triton hashed before compiling); ["", ""] for what has neither (an IR source)."""
+    fn = getattr(src, "fn", None)
+    return [_digest(str(getattr(fn, "src", "") or "")), _digest(str(getattr(fn, "cache_key", "") or ""))]
 
 
 def installed_compile_ledger() -> CompileLedger | None:
@@ -234,4 +248,23 @@ def compile_lines(meta: dict, top: int = 8) -> list[str]:
         lines.append(f"warmup claims: {claims['claimed']:.0f} specs compiled under a worker's own claim, "
                      f"{claims['found_done']:.0f} found done by another, {claims['deferred']:.0f} put aside while "
                      f"another compiled them (waited {claims['wait_seconds']:.1f}s in all)")
-    return lines + _table("kernel", by_kernel, top) + _table("compiled during", by_origin, top)
+    return lines + _table("kernel", by_kernel, top) + _table("compiled during", by_origin, top) + _key_lines(ledgers)
+
+
+def _key_lines(ledgers: dict) -> list[str]:
+    """A line per jit function that one run compiled under more than one cache key for one source: the processes
+    disagreed on its key (Triton keys a function hashed before the functions it calls without their constexpr
+    globals; or a global it reads differed), so each compiled its binaries under its own and the shared disk cache
+    could not serve the others. Ledgers of reports without the digests give nothing."""
+    keys: dict[tuple[str, str], set[str]] = defaultdict(set)
+    compiles: dict[tuple[str, str], int] = defaultdict(int)
+    for ledger in ledgers.values():
+        for kernel, count, _seconds, *rest in ledger.get("compiled", {}).values():
+            source, key = (rest[1:3] + ["", ""])[:2]
+            if source and key:
+                keys[kernel, source].add(key)
+                compiles[kernel, source] += count
+    unstable = sorted((kernel, len(found), compiles[kernel, source]) for (kernel, source), found in keys.items()
+                      if len(found) > 1)
+    return [f"cache keys: {kernel}: one source compiled under {n} keys in {c} compiles (processes disagreed on its "
+            "key: each compiled what another had cached)" for kernel, n, c in unstable]

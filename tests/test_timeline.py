@@ -53,11 +53,11 @@ def test_ledger_counts_compiles_by_binary_and_loads_and_calls_the_listener_it_re
     _event(ledger, "a" * 64, "chunk_scan", 1_500_000, hit=False)
     _event(ledger, "a" * 64, "chunk_scan", 500_000, hit=False)  # the same binary again (a private cache dir)
     _event(ledger, "b" * 64, "bmm", 20_000, hit=True)
-    assert ledger.to_dict() == {"compiled": {"a" * 16: ["chunk_scan", 2, 2.0, ""]}, "loaded": 1,
+    assert ledger.to_dict() == {"compiled": {"a" * 16: ["chunk_scan", 2, 2.0, "", "", ""]}, "loaded": 1,
                                 "load_seconds": 0.02}
     ledger.origin = "tests/test_x.py::test_y"
     _event(ledger, "c" * 64, "bmm", 1_000_000, hit=False)
-    assert ledger.to_dict()["compiled"]["c" * 16] == ["bmm", 1, 1.0, "tests/test_x.py::test_y"]
+    assert ledger.to_dict()["compiled"]["c" * 16] == ["bmm", 1, 1.0, "tests/test_x.py::test_y", "", ""]
     assert seen == [False, False, True, False]
 
 
@@ -97,7 +97,7 @@ def test_a_childs_drained_record_counts_under_the_parents_current_item():
     parent.origin = "cases/corpus/direct.yaml::d-1::determinism"
     parent.absorb(delta)
     parent.absorb({"compiled": {"a" * 16: ["chunk_scan", 1, 0.5, ""]}, "loaded": 0, "load_seconds": 0.0})
-    assert parent.to_dict() == {"compiled": {"a" * 16: ["chunk_scan", 2, 2.0, parent.origin]}, "loaded": 1,
+    assert parent.to_dict() == {"compiled": {"a" * 16: ["chunk_scan", 2, 2.0, parent.origin, "", ""]}, "loaded": 1,
                                 "load_seconds": 0.02}
 
 
@@ -135,6 +135,32 @@ def test_compile_lines_count_what_another_worker_compiled_too():
                          "cases (determinism)": ["1", "1.0", "1.00", "0", "0.0"]}
     assert timeline.compile_lines({"worker_compiles": {"gw0": {"compiled": {}, "loaded": 5}}}) == []
     assert timeline.origin_group("") == "(outside items)"
+
+
+def _jit_source(name: str, source: str, key: str):
+    """What the listener gets for a jit function's compile: ``src.fn`` with its source text and cache key."""
+    return SimpleNamespace(name=name, fn=SimpleNamespace(src=source, cache_key=key))
+
+
+def test_compile_lines_name_a_function_the_processes_keyed_differently():
+    """Two processes compiling one jit function (one source) under two cache keys each compiled what the other had
+    cached: the times name it. One key across processes, or reports without the digests, name nothing."""
+    ledgers = {}
+    for worker, key in (("gw0", "key-1"), ("gw1", "key-2"), ("gw2", "key-1")):
+        ledger = timeline.CompileLedger()
+        ledger(src=_jit_source("_chunk_state_kernel", "def _chunk_state_kernel(): ...", key),
+               metadata={"hash": f"{worker}:state"}, metadata_group={}, times=_times(500_000), cache_hit=False)
+        ledger(src=_jit_source("_bmm_kernel", "def _bmm_kernel(): ...", "stable"),
+               metadata={"hash": f"{worker}:bmm"}, metadata_group={}, times=_times(500_000), cache_hit=False)
+        ledgers[worker] = ledger.to_dict()
+    source, key = next(e for e in ledgers["gw0"]["compiled"].values() if e[0] == "_chunk_state_kernel")[4:]
+    assert len(source) == len(key) == 12 and source != key
+    lines = timeline.compile_lines({"worker_compiles": ledgers})
+    assert [ln for ln in lines if ln.startswith("cache keys:")] == [
+        "cache keys: _chunk_state_kernel: one source compiled under 2 keys in 3 compiles (processes disagreed on its "
+        "key: each compiled what another had cached)"]
+    older = {w: {"compiled": {h: e[:4] for h, e in v["compiled"].items()}} for w, v in ledgers.items()}
+    assert not [ln for ln in timeline.compile_lines({"worker_compiles": older}) if ln.startswith("cache keys:")]
 
 
 def test_startup_lines_put_every_phase_in_time_order_from_the_controllers_start():
@@ -187,4 +213,5 @@ def test_ledger_sees_a_real_compile_then_a_disk_cache_load(tmp_path):
                 _ledger_probe_kernel.warmup(x, BLOCK=32, grid=(1,))
     compiled = ledger.to_dict()["compiled"]
     assert [entry[:2] for entry in compiled.values()] == [["_ledger_probe_kernel", 1]], compiled
+    assert all(len(entry[4]) == len(entry[5]) == 12 for entry in compiled.values()), compiled  # source, key
     assert ledger.loaded == 1
