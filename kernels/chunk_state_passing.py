@@ -94,13 +94,8 @@ def first_initial_state(init_ptr, tile, first_seq, init_slot_ptr, has_init_ptr, 
     waiting for ``first_seq``: a warp issues nothing past a load whose address is not ready, and the chain first
     chunk's sequence -> its slot -> the row held the first token loads back by two memory latencies where the dense
     snapshot's row waits for one."""
-    if init_mode == 2:  # INIT_BY_SLOT
-        has = tl.load(has_init_ptr) != 0
-        row = tl.where(has, tl.load(init_slot_ptr).to(tl.int64), 0)
-    else:
-        has = init_mode == 1
-        row = first_seq.to(tl.int64)
-    return tl.load(init_ptr + row * stride_init_row + tile, mask=mask & has, other=0.0)
+    return initial_state(init_ptr, tile, first_seq, init_slot_ptr, has_init_ptr, stride_init_row, 0, 0, init_mode,
+                         mask)  # zero strides: sequence 0's slot and mask, addresses that do not wait for first_seq
 
 
 @triton.jit
