@@ -6,6 +6,9 @@
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"  # a given OUT may not exist yet: every step tees its log there
+# What OUT holds before the first step (a caller's log redirected into it, an earlier call's archive) is the
+# caller's: the packing at the end leaves it in place and archives only what this script wrote.
+mapfile -t callers < <(cd "$OUT" && ls -A)
 export PYTHONUNBUFFERED=1
 PY=${PY:-python3}
 WORKERS=${WORKERS:-8}
@@ -240,8 +243,13 @@ print('items', r.counts(), 'case items run', sum(i.nodeid.startswith('cases/') a
 done
 # The device tool brings back at most 8 files: pack every log and report into one archive.
 if [ "${PACK:-1}" = 1 ]; then
-  archive=$(mktemp -d)/logs.tgz
-  tar czf "$archive" -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv "$archive" "$OUT/logs.tgz"
+  mapfile -t written < <(cd "$OUT" && ls -A | grep -vxF -f <(printf '%s\n' "${callers[@]}"))
+  if [ "${#written[@]}" -gt 0 ]; then
+    name=logs.tgz n=2
+    while [ -e "$OUT/$name" ]; do name="logs-$n.tgz"; n=$((n + 1)); done
+    archive=$(mktemp -d)/$name
+    tar czf "$archive" -C "$OUT" -- "${written[@]}" && (cd "$OUT" && rm -rf -- "${written[@]}") && mv "$archive" "$OUT/$name"
+  fi
 fi
 echo "==== summary"
 printf '%s\n' "${summary[@]}"

@@ -30,3 +30,27 @@ def test_gpu_run_creates_the_folder_it_is_given(tmp_path):
     run = subprocess.run(["bash", str(script), "env"], env=env, capture_output=True, text=True, timeout=120)
     assert (out / "env.log").is_file(), run.stdout + run.stderr
     assert "commit" in (out / "env.log").read_text()
+
+
+def test_gpu_run_packs_only_what_it_wrote(tmp_path):
+    """The packing at the end archives the steps' logs and leaves what the caller put into ``OUT`` before it: a
+    caller's log redirected into ``OUT`` (an open file the packing once deleted mid-write, losing a whole device
+    call's results: notes/gpu-runs.md, run 165) and an earlier call's archive, which the new one does not overwrite."""
+    import subprocess
+    import sys
+    import tarfile
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_run.sh"
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "driver.log").write_text("the caller's own lines\n")
+    (out / "logs.tgz").write_bytes(b"an earlier call's archive")
+    env = {**os.environ, "OUT": str(out), "PY": sys.executable, "COMMIT": "abc1234"}
+    run = subprocess.run(["bash", str(script), "env"], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["driver.log", "logs-2.tgz", "logs.tgz"], list(out.iterdir())
+    assert (out / "driver.log").read_text() == "the caller's own lines\n"
+    assert (out / "logs.tgz").read_bytes() == b"an earlier call's archive"
+    with tarfile.open(out / "logs-2.tgz") as archive:
+        assert archive.getnames() == ["env.log"]
+        assert "commit abc1234" in archive.extractfile("env.log").read().decode()
