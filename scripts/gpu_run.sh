@@ -43,6 +43,14 @@ stop_samplers() {
   kill $smi $cpu 2>/dev/null
 }
 
+torch_bytecode() {  # whether $PY imports torch from byte-code. The pyc step's prefix lives in its invocation's
+  # environment only: a readme-warm in a later invocation without the same PYTHONPYCACHEPREFIX compiles torch from
+  # source in every process, so its time is not comparable with readme's (the env step and each readme summary say)
+  $PY -c "import importlib.util as u, os; torch = u.find_spec('torch').origin; \
+print('yes' if os.path.exists(u.cache_from_source(torch)) else 'no (every process compiles torch from source: run \
+pyc in this invocation or pass its PYTHONPYCACHEPREFIX)')" 2>&1 | tail -n 1
+}
+
 unique_name() {  # a step's log name, numbered when the step already ran in this call (e.g. baseline, baseline-2)
   local name=$1 n=2
   while [ -e "$OUT/$name.log" ]; do name="$1-$n"; n=$((n + 1)); done
@@ -52,7 +60,7 @@ unique_name() {  # a step's log name, numbered when the step already ran in this
 for step in $steps; do
   case $step in
     env)
-      run_step env bash -c "nvidia-smi -L; $PY -c 'import torch, triton, numpy, hypothesis, sys; print(sys.version.split()[0], torch.__version__, triton.__version__, numpy.__version__, \"hypothesis\", hypothesis.__version__, torch.cuda.get_device_name(), torch.cuda.device_count())'; echo commit \${COMMIT:-unknown}" ;;  # pass COMMIT=<sha>: the device copy's .git can be stale, so its HEAD is not evidence
+      run_step env bash -c "nvidia-smi -L; $PY -c 'import torch, triton, numpy, hypothesis, sys; print(sys.version.split()[0], torch.__version__, triton.__version__, numpy.__version__, \"hypothesis\", hypothesis.__version__, torch.cuda.get_device_name(), torch.cuda.device_count())'; echo commit \${COMMIT:-unknown}; echo \"torch byte-code: $(torch_bytecode)\"" ;;  # pass COMMIT=<sha>: the device copy's .git can be stale, so its HEAD is not evidence
     pyc)  # set-up, as a pip-installed environment has it: the runner's image ships its libraries without byte-code and
       # sets PYTHONDONTWRITEBYTECODE=1, so every process (16 workers, their subprocesses) compiles torch from source
       # (scripts/compile_bytecode.sh). Byte-code of the interpreter's libraries goes to a prefix; later steps use it.
@@ -97,12 +105,14 @@ for step in $steps; do
         git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do
           [ -f "$f" ] && printf '%s\0' "$f"; done | tar --null -T - -cf - | tar -xf - -C "$README_EXPORT"
       fi
+      bytecode=$(torch_bytecode)
       run_step "$step" bash -c "cd '$README_EXPORT' && TRITON_CACHE_DIR='$README_TRITON_CACHE' $PY -m pytest -n auto \
         --device cuda --recompile-guard --ssd-report='$OUT/$step-report.json'"
       $PY -m harness times "$OUT/$step-report.json" --top 12 --by check --by worker > "$OUT/$step-times.txt" 2>&1
       $PY -c "import sys; from harness.report import Report; r = Report.read(sys.argv[1]); \
 print('items', r.counts(), 'case items run', sum(i.nodeid.startswith('cases/') and i.outcome != 'skipped' for i in r.items))" \
         "$OUT/$step-report.json" | tee "$OUT/$step-summary.txt"
+      echo "torch byte-code: $bytecode" | tee -a "$OUT/$step-summary.txt"
       grep -E '^compiles:' "$OUT/$step-times.txt" | tee -a "$OUT/$step-summary.txt"
       rm -rf "$OUT/$step-report.json.parts" ;;
     startup)  # where a worker's start-up goes: environment, imports, one collection (cold then warm byte-code

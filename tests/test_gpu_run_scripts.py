@@ -54,3 +54,41 @@ def test_gpu_run_packs_only_what_it_wrote(tmp_path):
     with tarfile.open(out / "logs-2.tgz") as archive:
         assert archive.getnames() == ["env.log"]
         assert "commit abc1234" in archive.extractfile("env.log").read().decode()
+
+
+def test_gpu_run_says_whether_torch_imports_from_byte_code(tmp_path):
+    """Each run's env log says whether the interpreter imports torch from byte-code: a later invocation of the
+    script without the pyc step's ``PYTHONPYCACHEPREFIX`` compiles torch from source in every process, and its suite
+    times are not comparable with a run that had it (notes/gpu-runs.md, runs 147-164)."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    import torch
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_run.sh"
+    # The interpreter the script calls runs the byte-code check and refuses everything else (the env step's version
+    # line would import torch, from source with an empty prefix: many seconds for nothing this test reads).
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\ncase "$2" in *find_spec*) exec {sys.executable} "$@" ;; esac\nexit 1\n')
+    python.chmod(0o755)
+    lines = {}
+    for name in ("empty", "filled"):
+        prefix = tmp_path / name
+        prefix.mkdir()
+        env = {**os.environ, "OUT": str(tmp_path / f"out-{name}"), "PY": str(python), "PACK": "0",
+               "PYTHONPYCACHEPREFIX": str(prefix), "PYTHONDONTWRITEBYTECODE": "1"}
+        if name == "filled":  # torch's byte-code where this prefix puts it (its presence is what the line reads)
+            probe = subprocess.run([sys.executable, "-c", "import importlib.util as u; "
+                                    "print(u.cache_from_source(u.find_spec('torch').origin))"],
+                                   env=env, capture_output=True, text=True, timeout=120, check=True)
+            compiled = Path(probe.stdout.strip())
+            assert compiled.is_relative_to(prefix), (compiled, importlib.util.cache_from_source(torch.__file__))
+            compiled.parent.mkdir(parents=True)
+            compiled.write_bytes(b"")
+        subprocess.run(["bash", str(script), "env"], env=env, capture_output=True, text=True, timeout=120)
+        log = (tmp_path / f"out-{name}" / "env.log").read_text()
+        lines[name] = [line for line in log.splitlines() if line.startswith("torch byte-code: ")]
+    assert lines["empty"] == ["torch byte-code: no (every process compiles torch from source: run pyc in this "
+                              "invocation or pass its PYTHONPYCACHEPREFIX)"], lines
+    assert lines["filled"] == ["torch byte-code: yes"], lines
