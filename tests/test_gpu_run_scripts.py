@@ -45,7 +45,8 @@ def test_gpu_run_packs_only_what_it_wrote(tmp_path):
     out.mkdir()
     (out / "driver.log").write_text("the caller's own lines\n")
     (out / "logs.tgz").write_bytes(b"an earlier call's archive")
-    env = {**os.environ, "OUT": str(out), "PY": sys.executable, "COMMIT": "abc1234"}
+    # PACK=1 named: a caller's PACK=0 (the GPU runner's own script sets it) would otherwise reach the script
+    env = {**os.environ, "OUT": str(out), "PY": sys.executable, "COMMIT": "abc1234", "PACK": "1"}
     run = subprocess.run(["bash", str(script), "env"], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     assert sorted(p.name for p in out.iterdir()) == ["driver.log", "logs-2.tgz", "logs.tgz"], list(out.iterdir())
