@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 
 def test_gpu_run_refuses_an_unknown_step_before_running_any(tmp_path):
     """scripts/gpu_run.sh checks every step name first: a misspelt one found halfway through a call (notes/gpu-runs.md
@@ -22,37 +24,52 @@ def test_gpu_run_creates_the_folder_it_is_given(tmp_path):
     """An ``OUT`` that does not exist yet is created before the first step tees its log into it (without it, every
     step of a device call ran with its log lost: notes/gpu-runs.md, run 122)."""
     import subprocess
-    import sys
 
     script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_run.sh"
     out = tmp_path / "new" / "bench"
-    env = {**os.environ, "OUT": str(out), "PY": sys.executable, "PACK": "0"}  # PACK=0: the logs stay as they are
+    env = {**os.environ, "OUT": str(out), "PY": str(_stub_python(tmp_path)), "PACK": "0"}  # PACK=0: logs stay as is
     run = subprocess.run(["bash", str(script), "env"], env=env, capture_output=True, text=True, timeout=120)
     assert (out / "env.log").is_file(), run.stdout + run.stderr
     assert "commit" in (out / "env.log").read_text()
 
 
-def test_gpu_run_packs_only_what_it_wrote(tmp_path):
+def _stub_python(tmp_path: Path) -> Path:
+    """An interpreter for the script that runs only its byte-code check and fails everything else at once: the env
+    step's version line would import torch (seconds, and from source under an empty byte-code prefix), which these
+    tests do not read."""
+    import sys
+
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\ncase "$2" in *find_spec*) exec {sys.executable} "$@" ;; esac\nexit 1\n')
+    python.chmod(0o755)
+    return python
+
+
+@pytest.mark.parametrize("earlier", [False, True], ids=["fresh-out", "out-with-the-callers-files"])
+def test_gpu_run_packs_only_what_it_wrote(tmp_path, earlier):
     """The packing at the end archives the steps' logs and leaves what the caller put into ``OUT`` before it: a
     caller's log redirected into ``OUT`` (an open file the packing once deleted mid-write, losing a whole device
     call's results: notes/gpu-runs.md, run 165) and an earlier call's archive, which the new one does not overwrite."""
     import subprocess
-    import sys
     import tarfile
 
     script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_run.sh"
     out = tmp_path / "out"
     out.mkdir()
-    (out / "driver.log").write_text("the caller's own lines\n")
-    (out / "logs.tgz").write_bytes(b"an earlier call's archive")
+    if earlier:
+        (out / "driver.log").write_text("the caller's own lines\n")
+        (out / "logs.tgz").write_bytes(b"an earlier call's archive")
     # PACK=1 named: a caller's PACK=0 (the GPU runner's own script sets it) would otherwise reach the script
-    env = {**os.environ, "OUT": str(out), "PY": sys.executable, "COMMIT": "abc1234", "PACK": "1"}
+    env = {**os.environ, "OUT": str(out), "PY": str(_stub_python(tmp_path)), "COMMIT": "abc1234", "PACK": "1"}
     run = subprocess.run(["bash", str(script), "env"], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["driver.log", "logs-2.tgz", "logs.tgz"], list(out.iterdir())
-    assert (out / "driver.log").read_text() == "the caller's own lines\n"
-    assert (out / "logs.tgz").read_bytes() == b"an earlier call's archive"
-    with tarfile.open(out / "logs-2.tgz") as archive:
+    archive_name = "logs-2.tgz" if earlier else "logs.tgz"
+    kept = ["driver.log", "logs.tgz"] if earlier else []
+    assert sorted(p.name for p in out.iterdir()) == sorted([*kept, archive_name]), list(out.iterdir())
+    if earlier:
+        assert (out / "driver.log").read_text() == "the caller's own lines\n"
+        assert (out / "logs.tgz").read_bytes() == b"an earlier call's archive"
+    with tarfile.open(out / archive_name) as archive:
         assert archive.getnames() == ["env.log"]
         assert "commit abc1234" in archive.extractfile("env.log").read().decode()
 
@@ -68,11 +85,7 @@ def test_gpu_run_says_whether_torch_imports_from_byte_code(tmp_path):
     import torch
 
     script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_run.sh"
-    # The interpreter the script calls runs the byte-code check and refuses everything else (the env step's version
-    # line would import torch, from source with an empty prefix: many seconds for nothing this test reads).
-    python = tmp_path / "python"
-    python.write_text(f'#!/bin/sh\ncase "$2" in *find_spec*) exec {sys.executable} "$@" ;; esac\nexit 1\n')
-    python.chmod(0o755)
+    python = _stub_python(tmp_path)
     lines = {}
     for name in ("empty", "filled"):
         prefix = tmp_path / name
