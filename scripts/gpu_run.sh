@@ -46,9 +46,10 @@ stop_samplers() {
 torch_bytecode() {  # whether $PY imports torch from byte-code. The pyc step's prefix lives in its invocation's
   # environment only: a readme-warm in a later invocation without the same PYTHONPYCACHEPREFIX compiles torch from
   # source in every process, so its time is not comparable with readme's (the env step and each readme summary say)
-  $PY -c "import importlib.util as u, os; torch = u.find_spec('torch').origin; \
-print('yes' if os.path.exists(u.cache_from_source(torch)) else 'no (every process compiles torch from source: run \
-pyc in this invocation or pass its PYTHONPYCACHEPREFIX)')" 2>&1 | tail -n 1
+  $PY -c "import importlib.util as u, os; spec = u.find_spec('torch'); \
+print('no torch to import' if spec is None else 'yes' if os.path.exists(u.cache_from_source(spec.origin)) else \
+'no (every process compiles torch from source: run pyc in this invocation or pass its PYTHONPYCACHEPREFIX)')" \
+    2>&1 | tail -n 1
 }
 
 unique_name() {  # a step's log name, numbered when the step already ran in this call (e.g. baseline, baseline-2)
