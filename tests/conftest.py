@@ -109,6 +109,22 @@ def _knob(group, overrides: dict, name: str):
     return default.get() if isinstance(default, sys.modules["triton.knobs"].env_base) else default
 
 
+# The driver makes one CUDA context at a time, host-wide, and most of a context's cost is its hardware work queues
+# (eight by default). A process test's children check the process machinery (supervision, faults, reports), which
+# does not depend on how many queues their context has; with one, each context costs about a third as much while the
+# suite's other processes make theirs. The case items and the kernel tests keep the default.
+ONE_QUEUE = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+
+
+@pytest.fixture
+def children_with_one_hardware_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every process the test starts (and every isolation child, which takes this process's environment) makes its
+    CUDA context with one hardware work queue (``ONE_QUEUE``); a module of process tests uses it for all its tests
+    (``pytestmark``)."""
+    for name, value in ONE_QUEUE.items():
+        monkeypatch.setenv(name, value)
+
+
 @pytest.fixture(scope="session")
 def profile(device: str) -> str:
     """The arithmetic profile (``reference.arith``'s names) the kernels follow on ``device``."""

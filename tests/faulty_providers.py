@@ -293,14 +293,15 @@ illegal_memory_access = IllegalMemoryAccess()
 
 
 class ReportsThreads(_Faulty):
-    """Not a fault of a kernel: raises on the faulting case with its process's torch thread count and OMP_NUM_THREADS,
-    so a test can see what a supervised child was given."""
+    """Not a fault of a kernel: raises on the faulting case with its process's torch thread count, OMP_NUM_THREADS and
+    CUDA_DEVICE_MAX_CONNECTIONS, so a test can see what a supervised child was given."""
 
     def fault(self) -> None:
         import torch
 
-        omp = os.environ.get("OMP_NUM_THREADS")
-        raise RuntimeError(f"torch threads={torch.get_num_threads()} OMP_NUM_THREADS={omp}")
+        omp, queues = os.environ.get("OMP_NUM_THREADS"), os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
+        raise RuntimeError(f"torch threads={torch.get_num_threads()} OMP_NUM_THREADS={omp} "
+                           f"CUDA_DEVICE_MAX_CONNECTIONS={queues}")
 
 
 reports_threads = ReportsThreads()

@@ -13,6 +13,8 @@ import pytest
 
 from tests import broken_providers as bp
 
+pytestmark = pytest.mark.usefixtures("children_with_one_hardware_queue")  # tests/conftest.py says why
+
 pytest_plugins = ["pytester"]
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -20,6 +20,8 @@ from harness.isolation import Supervisor, forking, forkserver
 from tests import broken_providers as bp
 from tests import faulty_providers as fp
 
+pytestmark = pytest.mark.usefixtures("children_with_one_hardware_queue")  # tests/conftest.py says why
+
 
 @pytest.fixture
 def cases(tmp_path) -> dict:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 
 from harness import cli
@@ -19,6 +20,8 @@ from harness.cases.builder import build_inputs
 from harness.cases.loader import dump_case, load_case_file
 from harness.fuzz import NoFailure, cases, fuzz
 from tests import broken_providers as bp
+
+pytestmark = pytest.mark.usefixtures("children_with_one_hardware_queue")  # tests/conftest.py says why
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -24,6 +24,8 @@ from harness.fuzz import Finding, NoFailure, classify, fuzz, size
 from tests import faulty_providers as fp
 from tests.support import harness
 
+pytestmark = pytest.mark.usefixtures("children_with_one_hardware_queue")  # tests/conftest.py says why
+
 CHECK = "determinism"
 HEARTBEAT = 0.2  # a few beats inside the shortest shrinking below, on a fast host
 # Examples while shrinking, for the searches that lose a child at every failing example: with this seed each of

@@ -15,6 +15,8 @@ from harness.isolation.supervisor import Supervisor
 from tests import broken_providers as bp
 from tests import faulty_providers as fp
 
+pytestmark = pytest.mark.usefixtures("children_with_one_hardware_queue")  # tests/conftest.py says why
+
 
 @pytest.fixture
 def tiny(tmp_path) -> dict:

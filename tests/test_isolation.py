@@ -26,6 +26,8 @@ from harness.report import Report, parts_dir
 from tests import broken_providers as bp
 from tests import faulty_providers as fp
 
+pytestmark = pytest.mark.usefixtures("children_with_one_hardware_queue")  # tests/conftest.py says why
+
 ROOT = Path(__file__).resolve().parents[1]
 pytest_plugins = ["pytester"]
 
@@ -584,11 +586,13 @@ def test_a_child_forked_at_start_runs_items_and_its_crash_is_still_the_items_err
 
 def test_a_forked_child_takes_the_environment_and_thread_share_of_hello(tiny, device):
     """The fork happened before the parent configured itself: what it set since (the device's variables, here a
-    changed OMP_NUM_THREADS) reaches the child with Hello, and the child takes the parent's torch thread count."""
+    changed OMP_NUM_THREADS) reaches the child with Hello, and the child takes the parent's torch thread count. So
+    does what this test set before it started the parent (``ONE_QUEUE``), before the child makes its context."""
     out = _forked_supervisor(tiny, "reports_threads", device)
     assert out["describe"]["starts"][0]["how"] == "fork", out
     status, _, message = out["results"][1]
     assert status == "error" and "torch threads=1 OMP_NUM_THREADS=1" in message, out
+    assert "CUDA_DEVICE_MAX_CONNECTIONS=1" in message, out
 
 
 def test_waiting_for_the_spares_context_is_bounded_and_needs_its_signal(monkeypatch):

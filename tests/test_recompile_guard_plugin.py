@@ -11,6 +11,8 @@ import yaml
 
 from tests import broken_providers as bp
 
+pytestmark = pytest.mark.usefixtures("children_with_one_hardware_queue")  # tests/conftest.py says why
+
 pytest_plugins = ["pytester"]
 
 

@@ -29,6 +29,8 @@ from harness.report import (
 from tests import broken_providers as bp
 from tests.support import harness, needs_cpu_interpreter
 
+pytestmark = pytest.mark.usefixtures("children_with_one_hardware_queue")  # tests/conftest.py says why
+
 pytest_plugins = ["pytester"]
 ROOT = Path(__file__).resolve().parents[1]
 
