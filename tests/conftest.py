@@ -113,16 +113,11 @@ def _knob(group, overrides: dict, name: str):
 # (eight by default). A process test's children check the process machinery (supervision, faults, reports), which
 # does not depend on how many queues their context has; with one, each context costs about a third as much while the
 # suite's other processes make theirs. The case items and the kernel tests keep the default.
-ONE_QUEUE = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
-
-
 @pytest.fixture
 def children_with_one_hardware_queue(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every process the test starts (and every isolation child, which takes this process's environment) makes its
-    CUDA context with one hardware work queue (``ONE_QUEUE``); a module of process tests uses it for all its tests
-    (``pytestmark``)."""
-    for name, value in ONE_QUEUE.items():
-        monkeypatch.setenv(name, value)
+    CUDA context with one hardware work queue; a module of process tests uses it for all its tests (``pytestmark``)."""
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
 
 
 @pytest.fixture(scope="session")

@@ -587,7 +587,8 @@ def test_a_child_forked_at_start_runs_items_and_its_crash_is_still_the_items_err
 def test_a_forked_child_takes_the_environment_and_thread_share_of_hello(tiny, device):
     """The fork happened before the parent configured itself: what it set since (the device's variables, here a
     changed OMP_NUM_THREADS) reaches the child with Hello, and the child takes the parent's torch thread count. So
-    does what this test set before it started the parent (``ONE_QUEUE``), before the child makes its context."""
+    does what this test set before it started the parent (its one hardware queue), before the child makes its
+    context."""
     out = _forked_supervisor(tiny, "reports_threads", device)
     assert out["describe"]["starts"][0]["how"] == "fork", out
     status, _, message = out["results"][1]
