@@ -1,6 +1,6 @@
 """Triton's interpreter without the work it repeats or throws away: re-patching ``triton.language`` inside a kernel,
 listing the language's members for each grid, rebuilding its dtype table for each operation, building each tuple's
-type, and integer overflow checks that nothing asserts.
+type, each block type's shape and name and each tensor's shape, and integer overflow checks that nothing asserts.
 
 Under ``TRITON_INTERPRET=1`` a launch runs ``GridExecutor.__call__``, which patches the ``triton.language`` modules
 the kernel's globals name (``tl``, ``tl.core``: every builtin of the module, of ``tl.tensor`` and ``tl.math``,
@@ -38,6 +38,22 @@ string joined from their reprs) computed at its first read instead of at constru
 holds its shape as a ``tl.tuple`` and every block type unwraps its shape through a new one, so that type is built
 several times per operation and read almost never. A tuple's values are replaced only through ``_setitem``, which
 reads the type before it sets the new one, so the type read is the one construction would have built.
+
+``known_block_types`` builds each block type's shape, element count and name once per element type and shape.
+Every interpreted operation makes new block types (its result's, each broadcast's and cast's), and each
+construction unwraps the shape through a new ``tl.tuple``, checks every dimension, multiplies them out and formats a
+name from the shape's and the element type's strings. All three depend only on the dimensions and the element type's
+string, so a shape of plain ints (a list or a ``tl.tuple``) seen before takes them from the first construction; each
+block type still gets its own element type object and its own shape tuple. Any other shape, and a first one (whose
+errors, a 0-d or a non-power-of-two shape, are raised as before and never kept), runs Triton's constructor. The
+kept entries are one per element type and shape the kernels use, so they stay few.
+
+``known_tensor_shapes`` does the same for a tensor's element count and the ``tl.constexpr`` dimensions of its shape:
+every interpreted operation's result is a new ``tl.tensor``, whose construction iterates its block type's shape
+twice and wraps each dimension and the count in a new ``tl.constexpr``. A shape of plain ints seen before takes the
+count and the dimension objects from the first construction (a ``tl.constexpr`` is never changed once built: the
+language only reads ``value``), in a shape tuple of the tensor's own; the handle, type and dtype are set as
+Triton's constructor sets them.
 
 ``skip_dead_overflow_checks`` turns off the interpreter's ``sanitize_overflow`` option (on in ``InterpreterOptions``)
 where its ``debug`` option is off, as it is by default. The option makes every int32 add, sub and mul compute the
@@ -83,6 +99,8 @@ KNOWN_SEMANTIC = "f5389d6ca3b8e75d"
 KNOWN_NP_DTYPE = "cbce40fb1f530102"
 KNOWN_TUPLE_INIT = "4a073518b7c5b4ef"
 KNOWN_TYPE_FOR_TUPLE_VALUES = "9a0f4386213d7be2"
+KNOWN_BLOCK_TYPE_INIT = "018eb793571aa3bb"
+KNOWN_TENSOR_INIT = "9f03659493d56e19"
 
 _grids = threading.local()  # .langs: a stack of the module sets patched by the grids running in this thread
 _installed = False
@@ -324,6 +342,75 @@ def lazy_tuple_types() -> str | None:
     return None
 
 
+def known_block_types() -> str | None:
+    """Install block types whose shape, element count and name are built once per element type and shape (module
+    docstring); None when installed, else why not."""
+    from triton.language import core
+
+    if _installed_speedups.get("known_block_types"):
+        return None
+    if _source_hash(core.block_type.__init__) != KNOWN_BLOCK_TYPE_INIT:
+        return "triton.language.core.block_type.__init__ is not the one this was written against"
+    build, lang_tuple = core.block_type.__init__, core.tuple
+    known: dict[tuple, tuple[list[int], int, str]] = {}  # (element type's string, *dims) -> shape, numel, name
+
+    def __init__(self, element_ty, shape):
+        dims = shape.values if type(shape) is lang_tuple else shape if type(shape) is list else None
+        if dims is None or not all(type(d) is int for d in dims):
+            return build(self, element_ty, shape)
+        key = (str(element_ty), *dims)
+        kept = known.get(key)
+        if kept is None:
+            build(self, element_ty, shape)
+            known[key] = (list(self.shape.values), self.numel, self.name)
+            return None
+        values, self.numel, self.name = kept
+        self.element_ty = element_ty
+        self.shape = lang_tuple(values)  # its own list: the constructor copies the values
+        return None
+
+    upstream["block_type.__init__"] = build
+    core.block_type.__init__ = __init__
+    _installed_speedups["known_block_types"] = True
+    return None
+
+
+def known_tensor_shapes() -> str | None:
+    """Install tensors whose element count and shape dimensions are built once per shape (module docstring); None
+    when installed, else why not."""
+    from triton.language import core
+
+    if _installed_speedups.get("known_tensor_shapes"):
+        return None
+    if _source_hash(core.tensor.__init__) != KNOWN_TENSOR_INIT:
+        return "triton.language.core.tensor.__init__ is not the one this was written against"
+    build, lang_tuple, kind = core.tensor.__init__, core.tuple, type  # ``type`` is the constructor's argument below
+    known: dict[tuple, tuple[object, list]] = {}  # dims -> (the count's constexpr, the dims' constexprs)
+
+    def __init__(self, handle, type):  # noqa: A002 - Triton's signature
+        block = type.is_block()
+        dims = type.shape if block else ()
+        if block and (kind(dims) is not lang_tuple or not all(kind(d) is int for d in dims.values)):
+            return build(self, handle, type)
+        key = tuple(dims.values) if block else ()
+        kept = known.get(key)
+        if kept is None:
+            build(self, handle, type)
+            known[key] = (self.numel, list(self.shape.values))
+            return None
+        self.handle = handle
+        self.numel, elements = kept
+        self.type = type
+        self.dtype = type.scalar
+        self.shape = lang_tuple(elements)  # its own list: the constructor copies the values
+        return None
+
+    upstream["tensor.__init__"] = build
+    core.tensor.__init__ = __init__
+    _installed_speedups["known_tensor_shapes"] = True
+    return None
+
+
 def skip_dead_overflow_checks() -> str | None:
     """Turn off the interpreter's integer overflow checks where nothing asserts them (module docstring); None when
     they are off, else why they stay."""
@@ -352,5 +439,7 @@ def install() -> dict[str, str | None]:
         "remember_builtins": remember_builtins(),
         "table_np_dtypes": table_np_dtypes(),
         "lazy_tuple_types": lazy_tuple_types(),
+        "known_block_types": known_block_types(),
+        "known_tensor_shapes": known_tensor_shapes(),
         "skip_dead_overflow_checks": skip_dead_overflow_checks(),
     }

@@ -107,6 +107,8 @@ def test_the_bits_are_those_of_tritons_own_interpreter(tmp_path, monkeypatch):
     monkeypatch.setattr(interpreter.GridExecutor, "__call__", triton_interpreter.upstream["GridExecutor"])
     monkeypatch.setattr(interpreter.InterpretedFunction, "__call__", triton_interpreter.upstream["InterpretedFunction"])
     monkeypatch.setattr(tl.core.tuple, "__init__", triton_interpreter.upstream["tuple.__init__"])  # types eagerly
+    monkeypatch.setattr(tl.core.block_type, "__init__", triton_interpreter.upstream["block_type.__init__"])
+    monkeypatch.setattr(tl.core.tensor, "__init__", triton_interpreter.upstream["tensor.__init__"])
     theirs, patched = _launch(tmp_path, monkeypatch, "_scale")
     assert patched == 1 + PROGRAMS * CALLS  # Triton's own: every helper call patches again
     assert torch.equal(ours, theirs)
@@ -115,6 +117,7 @@ def test_the_bits_are_those_of_tritons_own_interpreter(tmp_path, monkeypatch):
 def test_every_speedup_is_installed_on_the_pinned_triton():
     assert triton_interpreter.install() == {"skip_nested_repatching": None, "remember_builtins": None,
                                             "table_np_dtypes": None, "lazy_tuple_types": None,
+                                            "known_block_types": None, "known_tensor_shapes": None,
                                             "skip_dead_overflow_checks": None}
 
 
@@ -178,6 +181,82 @@ def test_a_tuples_type_read_late_is_the_one_its_construction_would_have_built():
         lazy._setitem(1, tl.float64)
         eager._setitem(1, tl.float64)
         assert lazy.type == eager.type and str(lazy.type) == str(eager.type)
+
+
+def _built_by_triton(element_ty, shape):
+    built = tl.core.block_type.__new__(tl.core.block_type)
+    triton_interpreter.upstream["block_type.__init__"](built, element_ty, shape)
+    return built
+
+
+@pytest.mark.parametrize("element_ty, shape", [
+    (tl.float32, [4, 8]), (tl.float32, [8, 4]), (tl.float16, [4, 8]), (tl.int1, [16]),
+    (tl.pointer_type(tl.bfloat16), [2, 16]), (tl.pointer_type(tl.bfloat16, const=True), [2, 16]),
+    (tl.float32, "lang tuple"), (tl.float32, [tl.constexpr(4), 8]),
+], ids=lambda v: str(v))
+def test_a_known_block_type_is_the_one_tritons_constructor_builds(element_ty, shape):
+    """The first construction and every later one of the same element type and shape: the same shape, element count
+    and name as Triton's constructor gives, the element type passed, and a shape tuple of its own."""
+    if shape == "lang tuple":
+        shape = tl.core.tuple([4, 8])
+    expected = _built_by_triton(element_ty, shape)
+    first, again = (tl.core.block_type(element_ty, shape) for _ in range(2))
+    for built in (first, again):
+        assert built.element_ty is element_ty
+        assert list(built.shape.values) == list(expected.shape.values) and type(built.shape) is tl.core.tuple
+        assert (built.numel, built.name, str(built)) == (expected.numel, expected.name, str(expected))
+        assert built == expected and built.mangle() == expected.mangle()
+    assert first.shape is not again.shape
+    again.shape._setitem(0, 64)  # a block type's own tuple: changing it leaves the next one as built
+    assert list(tl.core.block_type(element_ty, shape).shape.values) == list(expected.shape.values)
+
+
+@pytest.mark.parametrize("shape, error", [([], TypeError), ([3, 4], ValueError), ([4, 6], ValueError),
+                                          ((4, 8), AssertionError)])
+def test_a_block_type_triton_refuses_is_refused_every_time(shape, error):
+    """Errors come from Triton's constructor and are never kept: the second try raises as the first did."""
+    for _ in range(2):
+        with pytest.raises(error):
+            tl.core.block_type(tl.float32, shape)
+
+
+def _tensor_by_triton(handle, ty):
+    built = tl.core.tensor.__new__(tl.core.tensor)
+    triton_interpreter.upstream["tensor.__init__"](built, handle, ty)
+    return built
+
+
+def _described(t) -> tuple:
+    """What a tensor's construction sets, by value."""
+    return (t.handle, t.type, t.dtype, t.numel.value, [d.value for d in t.shape.values], type(t.shape),
+            [type(d) for d in t.shape.values], type(t.numel), sorted(vars(t)))
+
+
+@pytest.mark.parametrize("ty", [tl.block_type(tl.float32, [4, 8]), tl.block_type(tl.float16, [4, 8]),
+                                tl.block_type(tl.pointer_type(tl.int32), [16]), tl.int32, tl.float32],
+                         ids=lambda v: str(v))
+def test_a_known_tensor_shape_is_the_one_tritons_constructor_builds(ty):
+    """The first tensor of a shape and every later one: the same handle, type, dtype, element count, dimensions
+    (``tl.constexpr`` in a ``tl.tuple``) and attributes as Triton's constructor gives, in a shape tuple of its own."""
+    handle = object()
+    expected = _described(_tensor_by_triton(handle, ty))
+    first, again = (tl.core.tensor(handle, ty) for _ in range(2))
+    assert _described(first) == expected and _described(again) == expected
+    assert first.type is ty and first.shape is not again.shape
+    if again.shape.values:
+        again.shape._setitem(0, tl.constexpr(64))
+    assert _described(tl.core.tensor(handle, ty)) == expected  # a tensor's own tuple: the next one is as built
+
+
+def test_a_tensor_of_a_shape_not_in_plain_ints_is_built_by_triton():
+    """A block type whose shape was changed to hold a ``tl.constexpr`` (as no interpreted operation makes) goes
+    through Triton's constructor, whatever was kept for its dimensions' values."""
+    ty = tl.block_type(tl.float32, [4, 8])
+    tl.core.tensor(None, ty)
+    ty.shape._setitem(0, tl.constexpr(4))
+    built, expected = tl.core.tensor(None, ty), _tensor_by_triton(None, ty)
+    assert [type(d) for d in built.shape.values] == [type(d) for d in expected.shape.values]
+    assert [str(d) for d in built.shape.values] == [str(d) for d in expected.shape.values]
 
 
 def test_the_dtype_table_answers_as_the_function_it_replaces():
