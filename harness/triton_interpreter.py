@@ -342,37 +342,63 @@ def lazy_tuple_types() -> str | None:
     return None
 
 
+def _replace_method(cls, attr: str, speedup: str, known_hash: str, make) -> str | None:
+    """Replace ``cls.<attr>`` by ``make(original)`` where its source hashes to ``known_hash``; None when installed
+    (now or before), else why not."""
+    if _installed_speedups.get(speedup):
+        return None
+    original = getattr(cls, attr)
+    if _source_hash(original) != known_hash:
+        return f"{cls.__module__}.{cls.__qualname__}.{attr} is not the one this was written against"
+    upstream[f"{cls.__qualname__}.{attr}"] = original
+    setattr(cls, attr, make(original))
+    _installed_speedups[speedup] = True
+    return None
+
+
+def _built_once(build, key_of, kept_of, reuse):
+    """A constructor that runs ``build`` (Triton's) at the first construction of each key and answers the later ones
+    from what it built. ``key_of(*args)``: the key, or None where Triton's constructor must run (nothing is kept
+    then, so its errors are raised every time); ``kept_of(built)``: what to keep from a first construction;
+    ``reuse(self, kept, *args)``: a later object's attributes from it."""
+    known: dict = {}  # one entry per key the kernels construct: a few shapes and element types
+
+    def __init__(self, *args, **kwargs):
+        key = None if kwargs else key_of(*args)
+        if key is None:
+            return build(self, *args, **kwargs)
+        kept = known.get(key)
+        if kept is None:
+            build(self, *args)
+            known[key] = kept_of(self)
+        else:
+            reuse(self, kept, *args)
+        return None
+
+    return __init__
+
+
 def known_block_types() -> str | None:
     """Install block types whose shape, element count and name are built once per element type and shape (module
     docstring); None when installed, else why not."""
     from triton.language import core
 
-    if _installed_speedups.get("known_block_types"):
-        return None
-    if _source_hash(core.block_type.__init__) != KNOWN_BLOCK_TYPE_INIT:
-        return "triton.language.core.block_type.__init__ is not the one this was written against"
-    build, lang_tuple = core.block_type.__init__, core.tuple
-    known: dict[tuple, tuple[list[int], int, str]] = {}  # (element type's string, *dims) -> shape, numel, name
+    lang_tuple = core.tuple
 
-    def __init__(self, element_ty, shape):
+    def key_of(element_ty, shape):
         dims = shape.values if type(shape) is lang_tuple else shape if type(shape) is list else None
-        if dims is None or not all(type(d) is int for d in dims):
-            return build(self, element_ty, shape)
-        key = (str(element_ty), *dims)
-        kept = known.get(key)
-        if kept is None:
-            build(self, element_ty, shape)
-            known[key] = (list(self.shape.values), self.numel, self.name)
-            return None
+        return None if dims is None or not all(type(d) is int for d in dims) else (str(element_ty), *dims)
+
+    def kept_of(built):
+        return list(built.shape.values), built.numel, built.name
+
+    def reuse(self, kept, element_ty, shape):
         values, self.numel, self.name = kept
         self.element_ty = element_ty
         self.shape = lang_tuple(values)  # its own list: the constructor copies the values
-        return None
 
-    upstream["block_type.__init__"] = build
-    core.block_type.__init__ = __init__
-    _installed_speedups["known_block_types"] = True
-    return None
+    return _replace_method(core.block_type, "__init__", "known_block_types", KNOWN_BLOCK_TYPE_INIT,
+                           lambda build: _built_once(build, key_of, kept_of, reuse))
 
 
 def known_tensor_shapes() -> str | None:
@@ -380,35 +406,26 @@ def known_tensor_shapes() -> str | None:
     when installed, else why not."""
     from triton.language import core
 
-    if _installed_speedups.get("known_tensor_shapes"):
-        return None
-    if _source_hash(core.tensor.__init__) != KNOWN_TENSOR_INIT:
-        return "triton.language.core.tensor.__init__ is not the one this was written against"
-    build, lang_tuple, kind = core.tensor.__init__, core.tuple, type  # ``type`` is the constructor's argument below
-    known: dict[tuple, tuple[object, list]] = {}  # dims -> (the count's constexpr, the dims' constexprs)
+    lang_tuple = core.tuple
 
-    def __init__(self, handle, type):  # noqa: A002 - Triton's signature
-        block = type.is_block()
-        dims = type.shape if block else ()
-        if block and (kind(dims) is not lang_tuple or not all(kind(d) is int for d in dims.values)):
-            return build(self, handle, type)
-        key = tuple(dims.values) if block else ()
-        kept = known.get(key)
-        if kept is None:
-            build(self, handle, type)
-            known[key] = (self.numel, list(self.shape.values))
-            return None
+    def key_of(handle, ty):
+        if not ty.is_block():
+            return ()
+        dims = ty.shape
+        return tuple(dims.values) if type(dims) is lang_tuple and all(type(d) is int for d in dims.values) else None
+
+    def kept_of(built):
+        return built.numel, list(built.shape.values)
+
+    def reuse(self, kept, handle, ty):
         self.handle = handle
         self.numel, elements = kept
-        self.type = type
-        self.dtype = type.scalar
+        self.type = ty
+        self.dtype = ty.scalar
         self.shape = lang_tuple(elements)  # its own list: the constructor copies the values
-        return None
 
-    upstream["tensor.__init__"] = build
-    core.tensor.__init__ = __init__
-    _installed_speedups["known_tensor_shapes"] = True
-    return None
+    return _replace_method(core.tensor, "__init__", "known_tensor_shapes", KNOWN_TENSOR_INIT,
+                           lambda build: _built_once(build, key_of, kept_of, reuse))
 
 
 def skip_dead_overflow_checks() -> str | None:
