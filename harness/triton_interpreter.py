@@ -55,6 +55,15 @@ count and the dimension objects from the first construction (a ``tl.constexpr`` 
 language only reads ``value``), in a shape tuple of the tensor's own; the handle, type and dtype are set as
 Triton's constructor sets them.
 
+``direct_bf16_conversions`` converts between bfloat16 and float32 by shifting bits where that gives the bits
+``_convert_float`` gives. The interpreter stores bfloat16 as uint16 and converts it to and from float32 (every
+bfloat16 load the kernels widen, every bfloat16 store they narrow) through ``_convert_float``, a generic emulation
+of about thirty numpy passes over the block. On an array with no subnormal it computes a bfloat16's float32 as
+its bits shifted up 16 and a float32's bfloat16 as its high 16 bits (the float32 to bfloat16 casts it is called for
+truncate; only its round-to-nearest-even mode rounds); on a subnormal its output differs from that, so any array
+holding one, any other pair of types, the rounding mode and a 0-d array go to ``_convert_float``. Both give a
+C-ordered array of the output type's width.
+
 ``skip_dead_overflow_checks`` turns off the interpreter's ``sanitize_overflow`` option (on in ``InterpreterOptions``)
 where its ``debug`` option is off, as it is by default. The option makes every int32 add, sub and mul compute the
 operation again in int64 and compare it with int32's range on every lane, seven more interpreted operations per
@@ -101,6 +110,7 @@ KNOWN_TUPLE_INIT = "4a073518b7c5b4ef"
 KNOWN_TYPE_FOR_TUPLE_VALUES = "9a0f4386213d7be2"
 KNOWN_BLOCK_TYPE_INIT = "018eb793571aa3bb"
 KNOWN_TENSOR_INIT = "9f03659493d56e19"
+KNOWN_CONVERT_FLOAT = "c754ddb2f3ca0829"
 
 _grids = threading.local()  # .langs: a stack of the module sets patched by the grids running in this thread
 _installed = False
@@ -289,6 +299,28 @@ def _tabled_np_dtype(original):
     return get_np_dtype
 
 
+def _direct_bf16_conversions(original):
+    import numpy as np
+    from triton.runtime import interpreter
+
+    bf16, fp32, rtne = interpreter.tl.bfloat16, interpreter.tl.float32, interpreter._ir.ROUNDING_MODE.RTNE
+
+    def convert_float(input, input_dtype, output_dtype, rounding_mode):  # noqa: A002 - Triton's signature
+        if type(input) is np.ndarray and input.ndim:
+            if input_dtype == bf16 and output_dtype == fp32 and input.dtype == np.uint16:
+                bits = np.ascontiguousarray(input)
+                if not (((bits & 0x7F80) == 0) & ((bits & 0x7F) != 0)).any():  # no subnormal
+                    return bits.astype(np.uint32) << 16
+            elif (input_dtype == fp32 and output_dtype == bf16 and input.dtype == np.float32
+                    and not rounding_mode == rtne):
+                bits = np.ascontiguousarray(input).view(np.uint32)
+                if not (((bits & 0x7F800000) == 0) & ((bits & 0x7FFFFF) != 0)).any():  # no subnormal
+                    return (bits >> 16).astype(np.uint16)
+        return original(input, input_dtype, output_dtype, rounding_mode)
+
+    return convert_float
+
+
 def remember_builtins() -> str | None:
     """Install the kept member lists (module docstring); None when installed, else why not."""
     from triton.runtime import interpreter
@@ -304,6 +336,12 @@ def remember_builtins() -> str | None:
 def table_np_dtypes() -> str | None:
     """Install the dtype table built once (module docstring); None when installed, else why not."""
     return _replace_function("_get_np_dtype", KNOWN_NP_DTYPE, _tabled_np_dtype)
+
+
+def direct_bf16_conversions() -> str | None:
+    """Install the bfloat16 and float32 conversions by shifts where they give ``_convert_float``'s bits (module
+    docstring); None when installed, else why not."""
+    return _replace_function("_convert_float", KNOWN_CONVERT_FLOAT, _direct_bf16_conversions)
 
 
 def lazy_tuple_types() -> str | None:
@@ -458,5 +496,6 @@ def install() -> dict[str, str | None]:
         "lazy_tuple_types": lazy_tuple_types(),
         "known_block_types": known_block_types(),
         "known_tensor_shapes": known_tensor_shapes(),
+        "direct_bf16_conversions": direct_bf16_conversions(),
         "skip_dead_overflow_checks": skip_dead_overflow_checks(),
     }

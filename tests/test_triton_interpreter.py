@@ -9,6 +9,7 @@ import importlib
 import textwrap
 import types
 
+import numpy as np
 import pytest
 import torch
 import triton
@@ -118,7 +119,7 @@ def test_every_speedup_is_installed_on_the_pinned_triton():
     assert triton_interpreter.install() == {"skip_nested_repatching": None, "remember_builtins": None,
                                             "table_np_dtypes": None, "lazy_tuple_types": None,
                                             "known_block_types": None, "known_tensor_shapes": None,
-                                            "skip_dead_overflow_checks": None}
+                                            "direct_bf16_conversions": None, "skip_dead_overflow_checks": None}
 
 
 @triton.jit
@@ -387,3 +388,117 @@ def test_a_kept_rebinding_calls_the_member_as_tritons_own_does():
         scope.restore()
         results.append((value, type(semantic), semantic.builder))
     assert results == [(2, interpreter.TritonSemantic, interpreter.interpreter_builder)] * 3
+
+
+def _spied_conversion():
+    """The installed conversion over a spy of ``_convert_float``: returns it and the list of the spy's calls."""
+    original = triton_interpreter.upstream["_convert_float"]
+    calls = []
+
+    def spy(*args):
+        calls.append(args[1:])
+        return original(*args)
+
+    return triton_interpreter._direct_bf16_conversions(spy), calls
+
+
+def _same_output(ours, theirs) -> None:
+    assert ours.dtype == theirs.dtype and ours.shape == theirs.shape and ours.flags.c_contiguous
+    assert np.array_equal(ours, theirs)
+
+
+def _bf16_bits(values) -> np.ndarray:
+    return np.asarray(values, dtype=np.uint32).astype(np.uint16)
+
+
+def _fp32(bits) -> np.ndarray:
+    return np.asarray(bits, dtype=np.uint64).astype(np.uint32).view(np.float32)
+
+
+def test_every_bfloat16_widens_to_the_bits_convert_float_gives():
+    """Every bfloat16 bit pattern: those without a subnormal by the shift, each subnormal (whose emulated output is
+    not the shift's) through ``_convert_float``, in an array with normal values, as the kernels' blocks hold them."""
+    convert, calls = _spied_conversion()
+    original = triton_interpreter.upstream["_convert_float"]
+    bits = _bf16_bits(np.arange(1 << 16))
+    subnormal = ((bits & 0x7F80) == 0) & ((bits & 0x7F) != 0)
+    plain = bits[~subnormal].reshape(-1, 2)
+    _same_output(convert(plain, tl.bfloat16, tl.float32, None), original(plain, tl.bfloat16, tl.float32, None))
+    assert calls == []
+    for value in bits[subnormal]:
+        block = _bf16_bits([0x3F80, value, 0xFF80])
+        _same_output(convert(block, tl.bfloat16, tl.float32, None), original(block, tl.bfloat16, tl.float32, None))
+    assert len(calls) == int(subnormal.sum())
+
+
+def _fp32_patterns() -> np.ndarray:
+    """Every float32 high half with the low halves where truncation and rounding part (at and around the half)."""
+    high = np.arange(1 << 16, dtype=np.uint64) << 16
+    lows = np.array([0, 1, 0x7FFF, 0x8000, 0x8001, 0xC0DE, 0xFFFF], dtype=np.uint64)
+    return (high[:, None] | lows[None, :]).reshape(-1)
+
+
+@pytest.mark.parametrize("rounding", ["default", "rtz"])
+def test_every_float32_exponent_narrows_to_the_bits_convert_float_gives(rounding):
+    """Normal values, zeros, Inf and NaN (a NaN whose payload is in its low half comes out Inf in both) by the high
+    half; each subnormal (whose emulated output is not the high half) through ``_convert_float``; the cast's
+    truncating modes both."""
+    from triton.runtime import interpreter
+
+    mode = None if rounding == "default" else interpreter._ir.ROUNDING_MODE.RTZ
+    convert, calls = _spied_conversion()
+    original = triton_interpreter.upstream["_convert_float"]
+    bits = _fp32_patterns()
+    special = ((bits & 0x7F800000) == 0) & ((bits & 0x7FFFFF) != 0)
+    plain = _fp32(bits[~special]).reshape(-1, 2)
+    _same_output(convert(plain, tl.float32, tl.bfloat16, mode), original(plain, tl.float32, tl.bfloat16, mode))
+    assert calls == []
+    odd = bits[special]
+    for value in odd[:: max(1, len(odd) // 4000)]:
+        block = _fp32([0x3F800000, value, 0])
+        _same_output(convert(block, tl.float32, tl.bfloat16, mode), original(block, tl.float32, tl.bfloat16, mode))
+    assert calls and all(call[2] is mode for call in calls)
+
+
+def test_the_other_conversions_are_convert_floats_own():
+    """Round-to-nearest-even, another pair of types, a 0-d array, an array of another width, and a strided array
+    (converted, C-ordered as ``_convert_float`` gives it)."""
+    from triton.runtime import interpreter
+
+    convert, calls = _spied_conversion()
+    original = triton_interpreter.upstream["_convert_float"]
+    rtne = interpreter._ir.ROUNDING_MODE.RTNE
+    x = _fp32([0x3F808000, 0x3F818000, 0xBF80C000, 0x40490FDB])
+    cases = [(x, tl.float32, tl.bfloat16, rtne), (x.astype(np.float16), tl.float16, tl.float8e5, None),
+             (np.array(x[0]), tl.float32, tl.bfloat16, None)]
+    for args in cases:
+        _same_output(convert(*args), original(*args))
+    assert len(calls) == len(cases)
+    halves = x.view(np.uint16)  # not float32's width: the emulation's own error
+    for conversion in (convert, original):
+        with pytest.raises(ValueError, match="reshape"):
+            conversion(halves, tl.float32, tl.bfloat16, None)
+    assert len(calls) == len(cases) + 1
+    strided = np.tile(x, (4, 1)).T  # a transposed block, as tl.trans leaves it
+    _same_output(convert(strided, tl.float32, tl.bfloat16, None), original(strided, tl.float32, tl.bfloat16, None))
+    assert len(calls) == len(cases) + 1
+
+
+@triton.jit
+def _bf16_round_trip_kernel(x_ptr, y_ptr):
+    offs = tl.arange(0, 16)
+    x = tl.load(x_ptr + offs).to(tl.float32)
+    tl.store(y_ptr + offs, (x * 3.0 + 0.1).to(tl.bfloat16))
+
+
+def test_a_bfloat16_kernel_has_the_bits_of_tritons_own_conversion(monkeypatch):
+    from triton.runtime import interpreter
+
+    x = torch.randn(16).to(torch.bfloat16)
+    x[:3] = torch.tensor([0.0, -0.0, 1e-40]).to(torch.bfloat16)  # zeros, and a subnormal that goes to the emulation
+    ours = torch.empty_like(x)
+    _bf16_round_trip_kernel[(1,)](x, ours)
+    monkeypatch.setattr(interpreter, "_convert_float", triton_interpreter.upstream["_convert_float"])
+    theirs = torch.empty_like(x)
+    _bf16_round_trip_kernel[(1,)](x, theirs)
+    assert torch.equal(ours.view(torch.int16), theirs.view(torch.int16))
