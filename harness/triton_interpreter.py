@@ -272,9 +272,14 @@ def _rebindings(builtins: list[tuple[str, Any]], builder) -> list[tuple[str, Any
     from triton.runtime import interpreter
 
     semantic = interpreter.TritonSemantic(builder)
-    return [(name, lambda *args, member=member, **kwargs: member(
-        *args, **{k: v for k, v in kwargs.items() if k != "_semantic"}, _semantic=semantic))
-        for name, member in builtins]
+
+    def rebound(member):
+        def call(*args, member=member, **kwargs):  # Triton's lambda's signature; kwargs is this call's own dict
+            kwargs["_semantic"] = semantic
+            return member(*args, **kwargs)
+        return call
+
+    return [(name, rebound(member)) for name, member in builtins]
 
 
 def _tabled_np_dtype(original):
