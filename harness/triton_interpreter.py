@@ -1,6 +1,7 @@
 """Triton's interpreter without the work it repeats or throws away: re-patching ``triton.language`` inside a kernel,
 listing the language's members for each grid, rebuilding its dtype table for each operation, building each tuple's
-type, each block type's shape and name and each tensor's shape, and integer overflow checks that nothing asserts.
+type, each block type's shape and name and each tensor's shape, an emulated bfloat16 conversion where a shift gives
+its bits, and integer overflow checks that nothing asserts.
 
 Under ``TRITON_INTERPRET=1`` a launch runs ``GridExecutor.__call__``, which patches the ``triton.language`` modules
 the kernel's globals name (``tl``, ``tl.core``: every builtin of the module, of ``tl.tensor`` and ``tl.math``,
@@ -194,22 +195,30 @@ def skip_nested_repatching() -> bool:
     return True
 
 
+def _replace(owner, attr: str, speedup: str, known_hash: str, make) -> str | None:
+    """Replace ``owner.<attr>`` (a function of a module, or a method of a class) by ``make(original)`` where its
+    source hashes to ``known_hash``, keeping the original in ``upstream`` (by name: ``attr`` for a module's,
+    ``Class.attr`` for a class's); None when installed (now or before), else why not."""
+    if _installed_speedups.get(speedup):
+        return None
+    is_module = inspect.ismodule(owner)
+    where = f"{owner.__name__}.{attr}" if is_module else f"{owner.__module__}.{owner.__qualname__}.{attr}"
+    original = getattr(owner, attr, None)
+    if original is None:
+        return f"{where} does not exist"
+    if _source_hash(original) != known_hash:
+        return f"{where} is not the body this was written against"
+    upstream[attr if is_module else f"{owner.__qualname__}.{attr}"] = original
+    setattr(owner, attr, make(original))
+    _installed_speedups[speedup] = True
+    return None
+
+
 def _replace_function(name: str, known_hash: str, make) -> str | None:
-    """Replace ``triton.runtime.interpreter.<name>`` by ``make(original)`` where its source hashes to ``known_hash``;
-    None when installed (now or before), else why not."""
+    """``_replace`` for a function of ``triton.runtime.interpreter``."""
     from triton.runtime import interpreter
 
-    if _installed_speedups.get(name):
-        return None
-    original = getattr(interpreter, name, None)
-    if original is None:
-        return f"triton.runtime.interpreter has no {name}"
-    if _source_hash(original) != known_hash:
-        return f"triton.runtime.interpreter.{name} is not the body this was written against"
-    upstream[name] = original
-    setattr(interpreter, name, make(original))
-    _installed_speedups[name] = True
-    return None
+    return _replace(interpreter, name, name, known_hash, make)
 
 
 def _namespace(pkg) -> list[dict] | None:
@@ -385,20 +394,6 @@ def lazy_tuple_types() -> str | None:
     return None
 
 
-def _replace_method(cls, attr: str, speedup: str, known_hash: str, make) -> str | None:
-    """Replace ``cls.<attr>`` by ``make(original)`` where its source hashes to ``known_hash``; None when installed
-    (now or before), else why not."""
-    if _installed_speedups.get(speedup):
-        return None
-    original = getattr(cls, attr)
-    if _source_hash(original) != known_hash:
-        return f"{cls.__module__}.{cls.__qualname__}.{attr} is not the one this was written against"
-    upstream[f"{cls.__qualname__}.{attr}"] = original
-    setattr(cls, attr, make(original))
-    _installed_speedups[speedup] = True
-    return None
-
-
 def _built_once(build, key_of, kept_of, reuse):
     """A constructor that runs ``build`` (Triton's) at the first construction of each key and answers the later ones
     from what it built. ``key_of(*args)``: the key, or None where Triton's constructor must run (nothing is kept
@@ -440,7 +435,7 @@ def known_block_types() -> str | None:
         self.element_ty = element_ty
         self.shape = lang_tuple(values)  # its own list: the constructor copies the values
 
-    return _replace_method(core.block_type, "__init__", "known_block_types", KNOWN_BLOCK_TYPE_INIT,
+    return _replace(core.block_type, "__init__", "known_block_types", KNOWN_BLOCK_TYPE_INIT,
                            lambda build: _built_once(build, key_of, kept_of, reuse))
 
 
@@ -467,7 +462,7 @@ def known_tensor_shapes() -> str | None:
         self.dtype = ty.scalar
         self.shape = lang_tuple(elements)  # its own list: the constructor copies the values
 
-    return _replace_method(core.tensor, "__init__", "known_tensor_shapes", KNOWN_TENSOR_INIT,
+    return _replace(core.tensor, "__init__", "known_tensor_shapes", KNOWN_TENSOR_INIT,
                            lambda build: _built_once(build, key_of, kept_of, reuse))
 
 

@@ -502,3 +502,40 @@ def test_a_bfloat16_kernel_has_the_bits_of_tritons_own_conversion(monkeypatch):
     theirs = torch.empty_like(x)
     _bf16_round_trip_kernel[(1,)](x, theirs)
     assert torch.equal(ours.view(torch.int16), theirs.view(torch.int16))
+
+
+def test_a_speedup_replaces_only_the_body_it_was_written_against(tmp_path, monkeypatch):
+    """The gate every speed-up installs through: a function or method whose source is not the known one is left as
+    it is, with the reason; the known one is replaced once, its original kept in ``upstream`` by name."""
+    monkeypatch.setattr(triton_interpreter, "upstream", {})
+    monkeypatch.setattr(triton_interpreter, "_installed_speedups", {})
+    (tmp_path / "stand_in_interpreter.py").write_text(textwrap.dedent("""
+        def convert(x):
+            return x
+
+
+        class Kind:
+            def __init__(self, x):
+                self.x = x
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("stand_in_interpreter")
+    original_convert, original_init = module.convert, module.Kind.__init__
+    known = triton_interpreter._source_hash(module.convert), triton_interpreter._source_hash(module.Kind.__init__)
+    faster = lambda original: lambda *args: ("faster", original(*args))  # noqa: E731
+    for owner, attr, where in ((module, "convert", "stand_in_interpreter.convert"),
+                               (module.Kind, "__init__", "stand_in_interpreter.Kind.__init__")):
+        assert triton_interpreter._replace(owner, attr, f"{attr}-x", "0" * 16, faster) == (
+            f"{where} is not the body this was written against")
+    assert triton_interpreter._replace(module, "absent", "absent-x", known[0], faster) == (
+        "stand_in_interpreter.absent does not exist")
+    assert module.convert is original_convert and module.Kind.__init__ is original_init
+    assert triton_interpreter.upstream == {} and triton_interpreter._installed_speedups == {}
+
+    assert triton_interpreter._replace(module, "convert", "convert-x", known[0], faster) is None
+    assert triton_interpreter._replace(module.Kind, "__init__", "init-x", known[1], faster) is None
+    assert module.convert(3) == ("faster", 3)
+    assert triton_interpreter.upstream == {"convert": original_convert, "Kind.__init__": original_init}
+    replaced = module.convert
+    assert triton_interpreter._replace(module, "convert", "convert-x", known[0], faster) is None  # once only
+    assert module.convert is replaced
