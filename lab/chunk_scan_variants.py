@@ -1,6 +1,6 @@
 """Where the chunk scan's time goes on the prefill: variants of stage 5 timed against the shipped kernel (issue 54).
 
-    python lab/chunk_scan_variants.py [--rounds 5] [--chunks 17] [--sweep] [--only TEXT]
+    python lab/chunk_scan_variants.py [--rounds 5] [--chunks 17] [--sweep] [--only REGEX]
 
 The serving shape (64 heads, headdim 64, dstate 128, one group, chunk 256, bf16 io and states, D per head, no z) on
 a one-sequence prefill of ``--chunks`` chunks (the last one 160 tokens, as in the 4256-token bench workload), inputs
@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -464,7 +465,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--chunks", type=int, default=17)
     parser.add_argument("--sweep", action="store_true", help="the shipped kernel at every config of a grid")
-    parser.add_argument("--only", default="", help="run the shipped kernel and the variants whose name has this")
+    parser.add_argument("--only", default="",
+                        help="run the shipped kernel and the variants whose name this regular expression finds")
     args = parser.parse_args(argv)
     inp = prefill_inputs(args.chunks)
     T = inp["x"].shape[0]
@@ -495,7 +497,7 @@ def main(argv=None) -> int:
                         inp, out, factor=f, heads=h, config=cfg(m, 64, k), warps=w, stages=1))
     outs, graphs, failed, live = {}, {}, {}, []
     for name, make in variants.items():
-        if args.only not in name and name != "shipped":
+        if not re.search(args.only, name) and name != "shipped":
             continue
         # Each variant keeps its own output alive: its graph writes there on every replay.
         out = torch.empty(T, H, P, device=DEVICE, dtype=torch.bfloat16)
