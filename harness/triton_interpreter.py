@@ -319,16 +319,19 @@ def _direct_bf16_conversions(original):
 
     bf16, fp32, rtne = interpreter.tl.bfloat16, interpreter.tl.float32, interpreter._ir.ROUNDING_MODE.RTNE
 
+    def has_subnormal(bits, exponent, mantissa) -> bool:
+        return bool((((bits & exponent) == 0) & ((bits & mantissa) != 0)).any())
+
     def convert_float(input, input_dtype, output_dtype, rounding_mode):  # noqa: A002 - Triton's signature
         if type(input) is np.ndarray and input.ndim:
             if input_dtype == bf16 and output_dtype == fp32 and input.dtype == np.uint16:
                 bits = np.ascontiguousarray(input)
-                if not (((bits & 0x7F80) == 0) & ((bits & 0x7F) != 0)).any():  # no subnormal
+                if not has_subnormal(bits, 0x7F80, 0x7F):
                     return bits.astype(np.uint32) << 16
             elif (input_dtype == fp32 and output_dtype == bf16 and input.dtype == np.float32
                     and not rounding_mode == rtne):
                 bits = np.ascontiguousarray(input).view(np.uint32)
-                if not (((bits & 0x7F800000) == 0) & ((bits & 0x7FFFFF) != 0)).any():  # no subnormal
+                if not has_subnormal(bits, 0x7F800000, 0x7FFFFF):
                     return (bits >> 16).astype(np.uint16)
         return original(input, input_dtype, output_dtype, rounding_mode)
 
@@ -436,7 +439,7 @@ def known_block_types() -> str | None:
         self.shape = lang_tuple(values)  # its own list: the constructor copies the values
 
     return _replace(core.block_type, "__init__", "known_block_types", KNOWN_BLOCK_TYPE_INIT,
-                           lambda build: _built_once(build, key_of, kept_of, reuse))
+                    lambda build: _built_once(build, key_of, kept_of, reuse))
 
 
 def known_tensor_shapes() -> str | None:
@@ -463,7 +466,7 @@ def known_tensor_shapes() -> str | None:
         self.shape = lang_tuple(elements)  # its own list: the constructor copies the values
 
     return _replace(core.tensor, "__init__", "known_tensor_shapes", KNOWN_TENSOR_INIT,
-                           lambda build: _built_once(build, key_of, kept_of, reuse))
+                    lambda build: _built_once(build, key_of, kept_of, reuse))
 
 
 def skip_dead_overflow_checks() -> str | None:
