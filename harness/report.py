@@ -412,9 +412,20 @@ def timing_lines(records: list[ItemRecord], by: str = "check", top: int = 15) ->
     total = sum(sum(v) for v in groups.values())
     lines = [f"time by {by}: {total:.1f}s in {sum(len(v) for v in groups.values())} items run"]
     lines.append(f"  {by:<24} {'total s':>9} {'share':>6} {'items':>6} {'mean s':>8} {'max s':>8} {'ends at s':>10}")
-    for key, times in sorted(groups.items(), key=lambda kv: (-sum(kv[1]), kv[0]))[:top]:
+    ranked = sorted(groups.items(), key=lambda kv: (-sum(kv[1]), kv[0]))
+    for key, times in ranked[:top]:
         share = sum(times) / total if total else 0.0
         end = f"{ends[key]:.1f}" if key in ends else "-"
         lines.append(f"  {key:<24} {sum(times):>9.1f} {share:>6.1%} {len(times):>6} "
                      f"{sum(times) / len(times):>8.2f} {max(times):>8.2f} {end:>10}")
+    rest = [t for _, times in ranked[top:] for t in times]
+    if rest:
+        share = sum(rest) / total if total else 0.0
+        lines.append(f"  {more_rows_line(len(ranked) - top, f'{sum(rest):.1f}s, {share:.1%}', len(ranked))}")
     return lines
+
+
+def more_rows_line(left_out: int, what: str, every: int) -> str:
+    """The line a table cut at ``--top`` ends with: how many rows it left out and what they hold, so that no row
+    is dropped unsaid."""
+    return f"(+{left_out} more, {what}; --top {every} lists every one)"

@@ -19,6 +19,8 @@ import sys
 import time
 from collections import defaultdict
 
+from harness.report import more_rows_line
+
 PHASES = ("process_start", "configured", "collected", "workers_finished", "session_end")
 PHASE_TITLES = {
     "process_start": "process started",
@@ -212,8 +214,13 @@ def _table(title: str, compiles: list[tuple[str, float, bool]], top: int) -> lis
         row[2] += repeat
         row[3] += seconds if repeat else 0.0
     lines = [f"  {title:<44} {'compiles':>8} {'total s':>8} {'mean s':>7} {'repeats':>8} {'repeat s':>9}"]
-    for key, (n, seconds, reps, rep_s) in sorted(rows.items(), key=lambda kv: -kv[1][1])[:top]:
+    ranked = sorted(rows.items(), key=lambda kv: -kv[1][1])
+    for key, (n, seconds, reps, rep_s) in ranked[:top]:
         lines.append(f"  {key:<44} {n:>8} {seconds:>8.1f} {seconds / n:>7.2f} {reps:>8} {rep_s:>9.1f}")
+    rest = [row for _, row in ranked[top:]]
+    if rest:
+        what = f"{sum(r[0] for r in rest)} compiles, {sum(r[1] for r in rest):.1f}s"
+        lines.append(f"  {more_rows_line(len(rest), what, len(ranked))}")
     return lines
 
 

@@ -41,6 +41,15 @@ def test_each_group_says_when_its_last_item_ended():
     assert [ln.split()[-1] for ln in timing_lines(records(), by="check")[2:]] == ["-", "-"]  # no start times
 
 
+def test_a_table_cut_at_top_says_what_it_left_out():
+    """Rows past ``top`` end the table as one line: how many, their seconds and share, the ``--top`` that lists
+    them all. A table that fits has no such line."""
+    lines = timing_lines(records(), by="family", top=1)
+    assert [ln.split()[0] for ln in lines[2:]] == ["multi", "(+1"]
+    assert lines[-1] == "  (+1 more, 4.0s, 44.4%; --top 2 lists every one)"
+    assert not [ln for ln in timing_lines(records(), by="family", top=2) if "more" in ln]
+
+
 def test_rejects_unknown_grouping():
     with pytest.raises(ValueError, match="by: expected"):
         timing_lines(records(), by="seed")

@@ -135,6 +135,9 @@ def test_compile_lines_count_what_another_worker_compiled_too():
                          "cases (determinism)": ["1", "1.0", "1.00", "0", "0.0"]}
     assert timeline.compile_lines({"worker_compiles": {"gw0": {"compiled": {}, "loaded": 5}}}) == []
     assert timeline.origin_group("") == "(outside items)"
+    cut = timeline.compile_lines(merged.meta, top=1)
+    assert cut[4] == "  (+1 more, 1 compiles, 2.0s; --top 2 lists every one)"  # bmm, below chunk_scan's 2.5 s
+    assert cut[-1] == "  (+2 more, 2 compiles, 2.5s; --top 3 lists every one)"  # below test_kernel_stages.py's 2.0 s
 
 
 def _jit_source(name: str, source: str, key: str):
