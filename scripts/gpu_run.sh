@@ -90,7 +90,7 @@ for step in $steps; do
         --durations 30 -rfE --tb=short $extra
       stop_samplers
       # A killed run leaves its workers' live parts; times merges them (and failures.txt keeps every failure's report).
-      $PY -m harness times "$OUT/$name-report.json" --top 12 --by check --by family --by worker > "$OUT/$name-times.txt" 2>&1
+      $PY -m harness times "$OUT/$name-report.json" --top 20 --by check --by family --by worker > "$OUT/$name-times.txt" 2>&1
       $PY -c "import sys; from harness.report import Report; r = Report.read(sys.argv[1]); print(r.counts()); [print(f'=== {i.nodeid}\n{i.message}') for i in r.failures]" \
         "$OUT/$name-report.json" > "$OUT/$name-failures.txt" 2>&1
       rm -rf "$OUT/$name-report.json.parts"  # merged above; dozens of part files would crowd out the logs
@@ -109,7 +109,7 @@ for step in $steps; do
       bytecode=$(torch_bytecode)
       run_step "$step" bash -c "cd '$README_EXPORT' && TRITON_CACHE_DIR='$README_TRITON_CACHE' $PY -m pytest -n auto \
         --device cuda --recompile-guard --ssd-report='$OUT/$step-report.json'"
-      $PY -m harness times "$OUT/$step-report.json" --top 12 --by check --by worker > "$OUT/$step-times.txt" 2>&1
+      $PY -m harness times "$OUT/$step-report.json" --top 20 --by check --by worker > "$OUT/$step-times.txt" 2>&1
       $PY -c "import sys; from harness.report import Report; r = Report.read(sys.argv[1]); \
 print('items', r.counts(), 'case items run', sum(i.nodeid.startswith('cases/') and i.outcome != 'skipped' for i in r.items))" \
         "$OUT/$step-report.json" | tee "$OUT/$step-summary.txt"
