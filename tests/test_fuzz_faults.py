@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import io
 import re
+import shlex
 
 import pytest
 
 from harness.cases.loader import load_case_file
 from harness.fuzz import Finding, NoFailure, classify, fuzz, size
 from tests import faulty_providers as fp
+from tests.broken_providers import TINY_CASES
 from tests.support import harness
 
 pytestmark = pytest.mark.usefixtures("children_with_one_hardware_queue")  # tests/conftest.py says why
@@ -102,11 +104,11 @@ def _heard(log: str) -> None:
                      r"smallest failure so far: determinism failed", log), log
 
 
-def _repro_shows(found: Finding, provider: str, device: str, cause: str, *extra: str) -> None:
-    proc = harness("repro", str(found.path), "--provider", f"tests.faulty_providers:{provider}", "--device", device,
-                   *extra)
+def _repro_shows(path, case_id: str, provider: str, device: str, cause: str, *extra: str) -> None:
+    proc = harness("repro", str(path), "--case", case_id, "--check", CHECK, "--provider",
+                   f"tests.faulty_providers:{provider}", "--device", device, *extra)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert f"ERROR: {found.case_id}::{CHECK}" in proc.stdout and cause in proc.stdout, proc.stdout
+    assert f"ERROR: {case_id}::{CHECK}" in proc.stdout and cause in proc.stdout, proc.stdout
 
 
 def test_a_segfault_on_batches_is_found_shrunk_and_written_and_repro_shows_it(tmp_path, device):
@@ -117,19 +119,34 @@ def test_a_segfault_on_batches_is_found_shrunk_and_written_and_repro_shows_it(tm
     assert case.description.endswith("determinism failed with a crash (the process running the provider died: "
                                       "SIGSEGV (signal 11))"), case.description
     _heard(log)
-    _repro_shows(found, "segfaults_on_batch", device, "the process running the provider died: SIGSEGV (signal 11)")
+    _repro_shows(found.path, found.case_id, "segfaults_on_batch", device,
+                 "the process running the provider died: SIGSEGV (signal 11)")
 
 
-def test_a_hang_across_chunks_is_found_shrunk_and_written_and_repro_shows_it(tmp_path, device):
+def test_a_hang_across_chunks_is_found_shrunk_and_written_with_the_limit_it_was_found_under(tmp_path, device):
+    """The written case is in the hanging region (``_written``), so its repro line hangs by the provider's
+    definition; running such a line is the next test's, which keeps the suite's two longest waits on two workers."""
     found, log = _search(tmp_path, device, "hangs_across_chunks", time_budget=HANG_BUDGET[device],
                          shrink_budget=HANG_SHRINK, item_timeout=HANG_LIMIT)
     case = _written(found, _crosses_a_chunk_boundary)
     assert found.failure.kind == "hang", found
     assert f"determinism failed with a hang (timed out after {HANG_LIMIT} s" in case.description, case.description
-    assert found.repro.endswith(f"--item-timeout {HANG_LIMIT}"), found.repro  # the limit the hang was found under
+    repro = shlex.join(["python", "-m", "harness", "repro", str(found.path), "--check", CHECK, "--case",
+                        found.case_id, "--provider", "tests.faulty_providers:hangs_across_chunks", "--device", device,
+                        "--item-timeout", str(HANG_LIMIT)])
+    assert found.repro == repro, found.repro  # the limit the hang was found under, last
     _heard(log)
-    _repro_shows(found, "hangs_across_chunks", device, f"timed out after {HANG_LIMIT} s", "--item-timeout",
-                 str(HANG_LIMIT))
+
+
+def test_repro_with_a_hang_searchs_limit_shows_the_hang_stopped_there(tmp_path, device):
+    """A repro line as the hang search writes it (above), on a case in the hanging region (``tiny-direct``'s
+    sequence crosses a chunk boundary): the item is an error stopped at the ``--item-timeout`` it names."""
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY_CASES)
+    (case,) = [c for c in load_case_file(path) if c.id == "tiny-direct"]
+    assert _crosses_a_chunk_boundary(case), case.summary()
+    _repro_shows(path, case.id, "hangs_across_chunks", device,
+                 f"timed out after {HANG_LIMIT:g} s (limit from --item-timeout)", "--item-timeout", str(HANG_LIMIT))
 
 
 def test_a_hang_that_does_not_repeat_is_no_finding(tmp_path, device, monkeypatch):
@@ -163,7 +180,7 @@ def test_an_exception_across_chunks_is_shrunk_to_the_end(tmp_path, device):
     q = case.shape.chunk_size
     assert [(s.context, s.tokens) for s in case.sequences] == [(0, q + 1)] and q == 16, case.summary()
     _heard(log)
-    _repro_shows(found, "raises_across_chunks", device, "IndexError: chunk index out of range")
+    _repro_shows(found.path, found.case_id, "raises_across_chunks", device, "IndexError: chunk index out of range")
 
 
 def test_a_sticky_device_error_is_shrunk_in_healthy_processes_through_the_cli(tmp_path, device):
