@@ -138,7 +138,7 @@ def test_a_hang_across_chunks_is_found_shrunk_and_written_with_the_limit_it_was_
     _heard(log)
 
 
-def test_repro_with_a_hang_searchs_limit_shows_the_hang_stopped_there(tmp_path, device):
+def test_a_repro_line_with_an_item_timeout_shows_the_hang_stopped_there(tmp_path, device):
     """A repro line as the hang search writes it (above), on a case in the hanging region (``tiny-direct``'s
     sequence crosses a chunk boundary): the item is an error stopped at the ``--item-timeout`` it names."""
     path = tmp_path / "tiny.yaml"
