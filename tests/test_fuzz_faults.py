@@ -150,7 +150,7 @@ def test_a_repro_line_with_an_item_timeout_shows_the_hang_stopped_there(tmp_path
 
 
 def test_a_hang_that_does_not_repeat_is_no_finding(tmp_path, device, monkeypatch):
-    """A case's first call passes the time limit once and works in the fresh child (as a first call that compiles on
+    """A case's first call passes the time limit and works in the fresh child (as a first call that compiles on
     a busy host can): the search confirms each hang before it counts, so it finds nothing and writes nothing. The
     provider wraps ``reference:provider``, which compiles nothing: the confirming call in a fresh child stays under
     ``HANG_LIMIT``."""
@@ -166,6 +166,7 @@ def test_a_hang_that_does_not_repeat_is_no_finding(tmp_path, device, monkeypatch
         _show(log)
     assert isinstance(found, NoFailure), found
     assert list(marks.iterdir()), "no drawn case crossed a chunk boundary: the test saw no first call time out"
+    assert found.restarts >= 1, found  # the slow call's child was stopped at the limit; its confirmation passed
     assert not (tmp_path / "found").exists() or not list((tmp_path / "found").iterdir())
 
 
