@@ -125,7 +125,7 @@ def test_a_segfault_on_batches_is_found_shrunk_and_written_and_repro_shows_it(tm
 
 def test_a_hang_across_chunks_is_found_shrunk_and_written_with_the_limit_it_was_found_under(tmp_path, device):
     """The written case is in the hanging region (``_written``), so its repro line hangs by the provider's
-    definition; running such a line is the next test's, which keeps the suite's two longest waits on two workers."""
+    definition; running such a line is the next test's, so that the two hangs' waits can run on two workers."""
     found, log = _search(tmp_path, device, "hangs_across_chunks", time_budget=HANG_BUDGET[device],
                          shrink_budget=HANG_SHRINK, item_timeout=HANG_LIMIT)
     case = _written(found, _crosses_a_chunk_boundary)
