@@ -225,20 +225,25 @@ print('items', r.counts(), 'case items run', sum(i.nodeid.startswith('cases/') a
       # --check: a GPU run that does not name every_config skips it outside the cases whose checks: name it.
       # EVERY_CONFIG_CACHE: one Triton cache for every step that names it, in this call or a later one on the same
       # warm machine (a step compiles only the configs an earlier one did not), else a cold one per step.
+      # SHARD=K/N: only shard K of N of the cases (pytest's --shard: whole cases, the same split in every call at one
+      # commit), so that a sweep longer than one device call runs as N calls whose reports together cover the
+      # corpus; its logs and report are named <step>-shard-K-of-N, and shard 1 alone reruns the serving shapes.
       export TRITON_CACHE_DIR=${EVERY_CONFIG_CACHE:-$(mktemp -d)}
-      provider=(); keep=0
+      provider=(); keep=0; name=$step; shard=()
       [ "$step" != every-config ] && provider=(--provider peers.vllm_ssd:provider)
       [ "$step" = every-config-vllm-all ] && keep=1
-      SSD_HARNESS_VLLM_KEEP_RACY_CONFIGS=$keep run_step "$step" $PY -m pytest cases -q --check every_config -n "$WORKERS" \
-        --workers-per-gpu "$WORKERS" --device cuda -p no:cacheprovider "${provider[@]}" \
-        --ssd-report="$OUT/$step-report.json" -rfE --tb=line
+      [ -n "${SHARD:-}" ] && name="$step-shard-${SHARD%%/*}-of-${SHARD#*/}" && shard=(--shard "$SHARD")
+      SSD_HARNESS_VLLM_KEEP_RACY_CONFIGS=$keep run_step "$name" $PY -m pytest cases -q --check every_config -n "$WORKERS" \
+        --workers-per-gpu "$WORKERS" --device cuda -p no:cacheprovider "${provider[@]}" "${shard[@]}" \
+        --ssd-report="$OUT/$name-report.json" -rfE --tb=line
       $PY -c "import sys; from harness.report import Report; r = Report.read(sys.argv[1]); print(r.counts()); [print(f'=== {i.nodeid}\n{i.message}') for i in r.failures]; [print(f'--- {i.nodeid}: {i.reason}') for i in r.items if i.reason]" \
-        "$OUT/$step-report.json" > "$OUT/$step-findings.txt" 2>&1 && rm -rf "$OUT/$step-report.json.parts"
-      head -n 1 "$OUT/$step-findings.txt"
+        "$OUT/$name-report.json" > "$OUT/$name-findings.txt" 2>&1 && rm -rf "$OUT/$name-report.json.parts"
+      head -n 1 "$OUT/$name-findings.txt"
       # The serving shapes again from the now warm cache, each item's stats printed: the configs forced and those
       # not runnable on this device (pytest's report keeps outcomes, not stats)
-      SSD_HARNESS_VLLM_KEEP_RACY_CONFIGS=$keep run_step "$step-serving" $PY -m harness repro \
-        cases/regressions/every-config-serving-shapes.yaml --check every_config --device cuda "${provider[@]}" ;;
+      [ -z "${SHARD:-}" ] || [ "${SHARD%%/*}" = 1 ] && SSD_HARNESS_VLLM_KEEP_RACY_CONFIGS=$keep run_step "$name-serving" \
+        $PY -m harness repro cases/regressions/every-config-serving-shapes.yaml --check every_config --device cuda \
+        "${provider[@]}" ;;
     fuzz-vllm)  # the fuzzer against vLLM's kernels: a fault is a finding, shrunk in fresh children and written as YAML;
       # then repro of each file it wrote (FUZZ_SECONDS: the search's wall-time budget)
       export TRITON_CACHE_DIR=$(mktemp -d)

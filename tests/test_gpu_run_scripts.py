@@ -105,3 +105,38 @@ def test_gpu_run_says_whether_torch_imports_from_byte_code(tmp_path):
                               "invocation or pass its PYTHONPYCACHEPREFIX)"], lines
     assert lines["filled"] == ["torch byte-code: yes"], lines
     assert lines["no-torch"] == ["torch byte-code: no torch to import"], lines
+
+
+@pytest.mark.parametrize("shard", ["", "1/2", "2/2"])
+def test_every_config_runs_the_shard_it_is_given_under_the_shards_own_names(tmp_path, shard):
+    """``SHARD=K/N`` splits the corpus's every_config sweep into device calls of their own (a whole sweep of vLLM's 23
+    chunk-scan configs takes longer than one call: notes/gpu-runs.md, run 144): pytest gets ``--shard K/N``, the logs
+    and the report are named for the shard, so two shards' files never overwrite each other, and only shard 1 reruns
+    the serving shapes. Without SHARD the step runs every case, as before."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_run.sh"
+    out = tmp_path / "out"
+    calls = tmp_path / "calls"
+    python = tmp_path / "python"  # records each `-m` call's arguments, one per line, a blank line after each call
+    python.write_text(f'#!/bin/sh\ncase "$1" in -m) printf "%s\\n" "$@" "" >> {calls} ; exit 0 ;; esac\n'
+                      f'exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    env = {**os.environ, "OUT": str(out), "PY": str(python), "PACK": "0", "SHARD": shard,
+           "EVERY_CONFIG_CACHE": str(tmp_path / "cache")}
+    run = subprocess.run(["bash", str(script), "every-config"], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    recorded = [call.split("\n") for call in calls.read_text().strip("\n").split("\n\n")]
+    pytest_args, *repro = recorded
+    name = "every-config" + (f"-shard-{shard[0]}-of-{shard[2]}" if shard else "")
+    assert pytest_args[:3] == ["-m", "pytest", "cases"], pytest_args
+    assert (["--shard", shard] if shard else []) == [a for a in pytest_args if a in ("--shard", shard)], pytest_args
+    assert f"--ssd-report={out}/{name}-report.json" in pytest_args, pytest_args
+    assert (out / f"{name}.log").is_file() and (out / f"{name}-findings.txt").is_file(), list(out.iterdir())
+    if shard == "2/2":
+        assert repro == [] and not (out / f"{name}-serving.log").exists(), repro
+    else:
+        (repro_args,) = repro
+        assert repro_args[:4] == ["-m", "harness", "repro", "cases/regressions/every-config-serving-shapes.yaml"]
+        assert (out / f"{name}-serving.log").is_file(), list(out.iterdir())
