@@ -241,9 +241,10 @@ print('items', r.counts(), 'case items run', sum(i.nodeid.startswith('cases/') a
       head -n 1 "$OUT/$name-findings.txt"
       # The serving shapes again from the now warm cache, each item's stats printed: the configs forced and those
       # not runnable on this device (pytest's report keeps outcomes, not stats)
-      [ -z "${SHARD:-}" ] || [ "${SHARD%%/*}" = 1 ] && SSD_HARNESS_VLLM_KEEP_RACY_CONFIGS=$keep run_step "$name-serving" \
-        $PY -m harness repro cases/regressions/every-config-serving-shapes.yaml --check every_config --device cuda \
-        "${provider[@]}" ;;
+      if [ -z "${SHARD:-}" ] || [ "${SHARD%%/*}" = 1 ]; then
+        SSD_HARNESS_VLLM_KEEP_RACY_CONFIGS=$keep run_step "$name-serving" $PY -m harness repro \
+          cases/regressions/every-config-serving-shapes.yaml --check every_config --device cuda "${provider[@]}"
+      fi ;;
     fuzz-vllm)  # the fuzzer against vLLM's kernels: a fault is a finding, shrunk in fresh children and written as YAML;
       # then repro of each file it wrote (FUZZ_SECONDS: the search's wall-time budget)
       export TRITON_CACHE_DIR=$(mktemp -d)
