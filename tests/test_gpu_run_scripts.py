@@ -110,7 +110,7 @@ def test_gpu_run_says_whether_torch_imports_from_byte_code(tmp_path):
 @pytest.mark.parametrize("shard", ["", "1/2", "2/2"])
 def test_every_config_runs_the_shard_it_is_given_under_the_shards_own_names(tmp_path, shard):
     """``SHARD=K/N`` splits the corpus's every_config sweep into device calls of their own (a whole sweep of vLLM's 23
-    chunk-scan configs takes longer than one call: notes/gpu-runs.md, run 144): pytest gets ``--shard K/N``, the logs
+    chunk-scan configs can take longer than one device call): pytest gets ``--shard K/N``, the logs
     and the report are named for the shard, so two shards' files never overwrite each other, and only shard 1 reruns
     the serving shapes. Without SHARD the step runs every case, as before."""
     import subprocess
