@@ -14,16 +14,14 @@ or every item was skipped or unsupported. Nothing run is never a pass. 130 when 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import signal
 import sys
-import threading
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
 from harness import backend
+from harness.interrupts import sigterm_interrupts
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CASES = REPO_ROOT / "cases"
@@ -226,23 +224,6 @@ def _runner(args):
     device, mode, limit, spec, provider = _isolation(args)
     return (open_runner(spec, device, isolation=mode, timeout=limit, provider=provider, spare_owner=spare.CLI),
             device, spec)
-
-
-@contextlib.contextmanager
-def _sigterm_interrupts():
-    """SIGTERM (a CI time limit, ``kill``) stops the run like Ctrl-C, so that it still reports what finished."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _live_report(path: Path | None, inputs: list[Path]):
@@ -458,7 +439,7 @@ def _run_plan(args, runner, device: str, spec: str, cases, plan, bad, live) -> i
     case_number = {case_id: k for k, case_id in enumerate(dict.fromkeys(c.id for c, _ in plan), 1)}
     ncases = len(case_number)
     progress = CaseProgress(plan, lambda case, check: item_weight(case, check, device, args.check))
-    with _sigterm_interrupts():
+    with sigterm_interrupts():
         try:
             for i, (case, check) in enumerate(plan, 1):
                 start, in_flight = time.time(), f"{case.source}::{case.id}::{check}"
@@ -596,7 +577,7 @@ def cmd_repro(args) -> int:
     repro_device = None if args.device == "auto" else args.device
     failed, verdicts, shown = 0, 0, None
     try:
-        with _sigterm_interrupts():
+        with sigterm_interrupts():
             for case, check in items:
                 if case is not shown:
                     print(case.summary())
@@ -724,7 +705,7 @@ def cmd_fuzz(args) -> int:
         raise Unusable(f"--out {args.out}: a failing case could not be written there ({problem}); nothing was run")
     device, mode, limit, spec, provider = _isolation(args)
     try:
-        with _sigterm_interrupts():
+        with sigterm_interrupts():
             found = fuzz(spec, budget=args.budget, out_dir=args.out, device=device, checks=args.check,
                          seed=args.seed, isolation=mode, timeout=limit, provider=provider,
                          time_budget=args.time_budget, shrink_budget=args.shrink_budget,

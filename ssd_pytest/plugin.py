@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness import DEFAULT_PROVIDER, backend, compile_claims, timeline
+from harness.interrupts import sigterm_as_interrupt
 from ssd_pytest import arguments, progress, reporting, sharding, state, workers, xdist_scheduling
 from ssd_pytest import items as case_items
 
@@ -99,6 +100,9 @@ def _give_back_at_the_end(config: pytest.Config) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     if not workers.is_xdist_worker(config):  # a worker gets the controller's arguments, already checked there
         _give_back_at_the_end(config)
+        # A time limit's SIGTERM ends the session as Ctrl-C does, so that the report says what finished and that the
+        # run was interrupted; a worker is left to die of it (its items are in the report's live parts already)
+        config.add_cleanup(sigterm_as_interrupt())
         arguments.refuse_misread_path_values(config)
     config.stash[state.PHASES] = timeline.new_phases()
     config.stash[state.LEDGER] = None

@@ -8,14 +8,17 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from harness import cli
+from harness.interrupts import sigterm_as_interrupt
 from harness.report import (
     ItemRecord,
     LiveReport,
@@ -191,6 +194,79 @@ def test_an_interrupted_pytest_run_says_so_in_its_report_and_summary(pytester):
     assert "interrupted" in data.unfinished and "1 of 3 collected items reported" in data.unfinished
     text = result.stdout.str()
     assert "the run did not finish (interrupted" in text and "no failures" not in text, text
+
+
+@needs_cpu_interpreter
+def test_a_time_limits_sigterm_to_the_whole_run_still_writes_its_report(tmp_path):
+    """``timeout`` (a CI step's limit) sends SIGTERM to the run's whole process group, xdist's worker included: the
+    controller ends the session as Ctrl-C does, so the report holds the item that finished and says the run was
+    interrupted (SIGTERM's default action ended the controller before it wrote any report), and the worker is gone."""
+    marker = tmp_path / "hanging"
+    (tmp_path / "test_limit.py").write_text(
+        "import os, pathlib, time\n"
+        "def test_quick():\n    pass\n"
+        f"def test_hangs():\n    pathlib.Path({str(marker)!r}).write_text(str(os.getpid()))\n    time.sleep(600)\n")
+    report = tmp_path / "r.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "ssd_pytest.plugin", "--device", "cpu", "-n", "1",
+         "-p", "no:cacheprovider", "-p", "no:randomly", "--ssd-report", str(report), "test_limit.py"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        end = time.monotonic() + 120
+        while not marker.exists() and proc.poll() is None and time.monotonic() < end:
+            time.sleep(0.2)
+        assert marker.exists(), "test_hangs never started"
+        time.sleep(0.5)  # the pid is written as the test starts: let the worker settle into its sleep
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out
+    data = Report.read(report)
+    assert [(r.nodeid.rsplit("::", 1)[1], r.outcome) for r in data.items] == [("test_quick", "passed")], out
+    assert (data.meta["interrupted"], data.meta["collected"]) == (True, 2), data.meta
+    assert "interrupted" in data.unfinished and "1 of 2 collected items reported" in data.unfinished
+    worker = int(marker.read_text())
+    end = time.monotonic() + 10  # once the controller has exited, the dead worker is reaped by init
+    while _alive(worker) and time.monotonic() < end:
+        time.sleep(0.2)
+    assert not _alive(worker), "the worker outlived its run"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_sigterm_interrupts_once_and_then_acts_as_before():
+    """The first SIGTERM raises KeyboardInterrupt and gives the signal back to its earlier handler, so a second one
+    ends a process held where Python cannot raise; giving back an unfired handler restores the earlier one too."""
+    seen = []
+
+    def record(signum, frame):
+        seen.append(signum)
+
+    earlier = signal.signal(signal.SIGTERM, record)
+    try:
+        sigterm_as_interrupt()
+        with pytest.raises(KeyboardInterrupt, match="signal 15"):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler runs at the next bytecode; never reached
+        assert signal.getsignal(signal.SIGTERM) is record
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)
+        assert seen == [signal.SIGTERM]
+        give_back = sigterm_as_interrupt()
+        assert signal.getsignal(signal.SIGTERM) is not record
+        give_back()
+        assert signal.getsignal(signal.SIGTERM) is record
+    finally:
+        signal.signal(signal.SIGTERM, earlier)
 
 
 def test_an_unfinished_runs_summary_never_says_no_failures():
