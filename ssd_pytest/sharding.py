@@ -3,6 +3,8 @@ expected cost of each item."""
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from harness.sharding import ItemCosts, parse_shard, select_units
@@ -69,11 +71,39 @@ def item_cost(item: pytest.Item) -> float:
         return measured(item.nodeid)
     if not isinstance(item, CheckItem):
         return OTHER_TEST_SECONDS
-    from harness.checks.tiers import cpu_estimate, runs_on_cpu
+    from harness.checks.tiers import runs_on_cpu
 
     if item.config.stash.get(state.DEVICE, None) == "cpu" and not runs_on_cpu(item.case, item.check):
         return SKIPPED_ITEM_SECONDS
+    return _estimate(item)
+
+
+def _estimate(item: CheckItem) -> float:
+    from harness.checks.tiers import cpu_estimate
+
     return cpu_estimate(item.case, item.check)
+
+
+def shard_costs(items: list[pytest.Item]) -> list[float]:
+    """Each item's cost for ``--shard``: ``item_cost``, except a case item that runs but that the measured report
+    lacks (new, or skipped in that run: every_config on the GPU unless named), which costs its estimate in the
+    report's seconds: the estimate times the median ratio of measured to estimated seconds over the case items here
+    the report has. The report's median item would weigh every such item alike, small case or large, and the few
+    measured items would fill shards of their own while one shard took most of the rest."""
+    costs = [item_cost(item) for item in items]
+    measured = measured_costs(items[0].config) if items else None
+    if measured is None:
+        return costs
+    cases = [(k, item) for k, item in enumerate(items)
+             if isinstance(item, CheckItem) and item.get_closest_marker("skip") is None]
+    missing = [k for k, item in cases if item.nodeid not in measured.durations]
+    ratios = [measured.durations[item.nodeid] / estimate for _, item in cases
+              if item.nodeid in measured.durations and (estimate := _estimate(item)) > 0]
+    if missing and ratios:
+        scale = statistics.median(ratios)
+        for k in missing:
+            costs[k] = _estimate(items[k]) * scale
+    return costs
 
 
 def shard_unit(item: pytest.Item) -> str:
@@ -96,7 +126,8 @@ def keep_shard(config: pytest.Config, items: list[pytest.Item]) -> None:
         k, n = parse_shard(shard)
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
-    keep = select_units([(it.nodeid, shard_unit(it), item_cost(it)) for it in items], k, n)
+    costs = shard_costs(items)
+    keep = select_units([(it.nodeid, shard_unit(it), cost) for it, cost in zip(items, costs, strict=True)], k, n)
     deselected = [it for it in items if it.nodeid not in keep]
     items[:] = [it for it in items if it.nodeid in keep]
     if deselected:

@@ -113,6 +113,37 @@ def test_measured_costs_come_from_an_earlier_report(tmp_path):
     assert ItemCosts({})("anything") == 1.0
 
 
+def test_a_shard_weighs_case_items_the_durations_report_lacks_by_their_estimate(monkeypatch):
+    """``--shard`` on the GPU, its durations from a run that skipped most of the selected items (every_config unless
+    named): each missing case item costs its estimate in the report's seconds (the measured items' median ratio of
+    measured to estimated seconds), so the shards hold about equal work. Costed as the report's median item (small
+    tests' seconds), the two measured items took shards of their own and two shards took all the rest."""
+    from harness.sharding import ItemCosts
+    from ssd_pytest import sharding
+
+    class FakeCaseItem:
+        config = None
+
+        def __init__(self, nodeid: str, estimate: float):
+            self.nodeid, self.estimate = nodeid, estimate
+
+        def get_closest_marker(self, name):
+            return None
+
+    monkeypatch.setattr(sharding, "CheckItem", FakeCaseItem)
+    monkeypatch.setattr(sharding, "_estimate", lambda item: item.estimate)
+    measured = ItemCosts({"big-0::c": 8.0, "big-1::c": 8.0, **{f"test_x.py::t{k}": 0.01 for k in range(20)}})
+    monkeypatch.setattr(sharding, "measured_costs", lambda config: measured)
+    items = [FakeCaseItem("big-0::c", 10.0), FakeCaseItem("big-1::c", 10.0)]
+    items += [FakeCaseItem(f"small-{k}::c", 1.0) for k in range(30)]
+    costs = sharding.shard_costs(items)
+    assert costs == [8.0, 8.0] + [0.8] * 30
+    work = {item.nodeid: 0.8 * item.estimate for item in items}  # what each item takes, in the report's seconds
+    shards = partition_units([(nodeid, nodeid, cost) for nodeid, cost in zip(work, costs, strict=True)], 4)
+    loads = [sum(work[nodeid] for nodeid in shard) for shard in shards]
+    assert max(loads) - min(loads) <= 0.8 + 1e-9, loads
+
+
 def test_preferred_kind_queue_hands_out_the_preferred_kind_then_the_others():
     from harness.sharding import LongestFirstQueue, PreferredKindQueue
 
