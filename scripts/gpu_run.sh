@@ -58,6 +58,29 @@ unique_name() {  # a step's log name, numbered when the step already ran in this
   echo "$name"
 }
 
+findings() {  # report, file[, reasons]: first line (a step's summary) the items' counts, the case items run and
+  # whether the run finished; then each failure and, with "reasons", each item's skip or xfail reason. A run stopped
+  # before pytest wrote its report is read from its workers' live parts (harness.report.load_report); the exit
+  # status is 0 only where the report itself was read, so that a caller removes the parts only then.
+  REASONS=${3:-} $PY - "$1" > "$2" 2>&1 <<'EOF'
+import os, sys
+from harness.report import load_report
+try:
+    report, note = load_report(sys.argv[1])
+except FileNotFoundError:
+    sys.exit(f"no report and no live parts at {sys.argv[1]}: the step's log says why")
+run = sum(i.nodeid.startswith("cases/") and i.outcome != "skipped" for i in report.items)
+print(f"items {report.counts()} case items run {run}",
+      f"- NOT FINISHED: {report.unfinished}" if report.unfinished else "- finished", *([f"({note})"] if note else []))
+for item in report.failures:
+    print(f"=== {item.nodeid}\n{item.message}")
+for item in report.items if os.environ["REASONS"] else ():
+    if item.reason:
+        print(f"--- {item.nodeid}: {item.reason}")
+sys.exit(3 if note else 0)
+EOF
+}
+
 for step in $steps; do
   case $step in
     env)
@@ -91,9 +114,8 @@ for step in $steps; do
       stop_samplers
       # A killed run leaves its workers' live parts; times merges them (and failures.txt keeps every failure's report).
       $PY -m harness times "$OUT/$name-report.json" --top 20 --by check --by family --by worker > "$OUT/$name-times.txt" 2>&1
-      $PY -c "import sys; from harness.report import Report; r = Report.read(sys.argv[1]); print(r.counts()); [print(f'=== {i.nodeid}\n{i.message}') for i in r.failures]" \
-        "$OUT/$name-report.json" > "$OUT/$name-failures.txt" 2>&1
-      rm -rf "$OUT/$name-report.json.parts"  # merged above; dozens of part files would crowd out the logs
+      # merged into the report: dozens of part files would crowd out the logs
+      findings "$OUT/$name-report.json" "$OUT/$name-failures.txt" && rm -rf "$OUT/$name-report.json.parts"
       head -n 1 "$OUT/$name-failures.txt" ;;
     readme|readme-warm)  # the README's GPU command as a user types it (docs/suite-speed.md): `python -m pytest -n auto
       # --device cuda`, plus --recompile-guard as the nightly workflow runs it and a report, in a source export of this
@@ -110,12 +132,10 @@ for step in $steps; do
       run_step "$step" bash -c "cd '$README_EXPORT' && TRITON_CACHE_DIR='$README_TRITON_CACHE' $PY -m pytest -n auto \
         --device cuda --recompile-guard --ssd-report='$OUT/$step-report.json'"
       $PY -m harness times "$OUT/$step-report.json" --top 20 --by check --by worker > "$OUT/$step-times.txt" 2>&1
-      $PY -c "import sys; from harness.report import Report; r = Report.read(sys.argv[1]); \
-print('items', r.counts(), 'case items run', sum(i.nodeid.startswith('cases/') and i.outcome != 'skipped' for i in r.items))" \
-        "$OUT/$step-report.json" | tee "$OUT/$step-summary.txt"
+      findings "$OUT/$step-report.json" "$OUT/$step-summary.txt" && rm -rf "$OUT/$step-report.json.parts"
+      head -n 1 "$OUT/$step-summary.txt"
       echo "torch byte-code: $bytecode" | tee -a "$OUT/$step-summary.txt"
-      grep -E '^compiles:' "$OUT/$step-times.txt" | tee -a "$OUT/$step-summary.txt"
-      rm -rf "$OUT/$step-report.json.parts" ;;
+      grep -E '^compiles:' "$OUT/$step-times.txt" | tee -a "$OUT/$step-summary.txt" ;;
     startup)  # where a worker's start-up goes: environment, imports, one collection (cold then warm byte-code
       # caches, and a cProfile of it), and 16 xdist workers that start, collect everything and run nothing
       run_step startup-env bash -c "env | grep -E '^(PYTHON|PYTEST)' ; echo dont_write_bytecode=\$($PY -c 'import sys; print(sys.dont_write_bytecode)')"
@@ -214,8 +234,7 @@ print('items', r.counts(), 'case items run', sum(i.nodeid.startswith('cases/') a
       run_step vllm-corpus $PY -m pytest cases -q -n "$WORKERS" --workers-per-gpu "${WPG:-$WORKERS}" --device cuda \
         -p no:cacheprovider --provider peers.vllm_ssd:provider --ssd-report="$OUT/vllm-report.json" -rfE --tb=line \
         ${VLLM_ARGS---recompile-guard}
-      $PY -c "import sys; from harness.report import Report; r = Report.read(sys.argv[1]); print(r.counts()); [print(f'=== {i.nodeid}\n{i.message}') for i in r.failures]" \
-        "$OUT/vllm-report.json" > "$OUT/vllm-failures.txt" 2>&1 && rm -rf "$OUT/vllm-report.json.parts"
+      findings "$OUT/vllm-report.json" "$OUT/vllm-failures.txt" && rm -rf "$OUT/vllm-report.json.parts"
       head -n 1 "$OUT/vllm-failures.txt" ;;
     every-config|every-config-vllm|every-config-vllm-all)  # every_config (docs/checks.md#every_config) over the corpus
       # and the regressions: every config of every autotuner the call reaches, forced. every-config: our kernels;
@@ -236,8 +255,7 @@ print('items', r.counts(), 'case items run', sum(i.nodeid.startswith('cases/') a
       SSD_HARNESS_VLLM_KEEP_RACY_CONFIGS=$keep run_step "$name" $PY -m pytest cases -q --check every_config -n "$WORKERS" \
         --workers-per-gpu "$WORKERS" --device cuda -p no:cacheprovider "${provider[@]}" "${shard[@]}" \
         --ssd-report="$OUT/$name-report.json" -rfE --tb=line
-      $PY -c "import sys; from harness.report import Report; r = Report.read(sys.argv[1]); print(r.counts()); [print(f'=== {i.nodeid}\n{i.message}') for i in r.failures]; [print(f'--- {i.nodeid}: {i.reason}') for i in r.items if i.reason]" \
-        "$OUT/$name-report.json" > "$OUT/$name-findings.txt" 2>&1 && rm -rf "$OUT/$name-report.json.parts"
+      findings "$OUT/$name-report.json" "$OUT/$name-findings.txt" reasons && rm -rf "$OUT/$name-report.json.parts"
       head -n 1 "$OUT/$name-findings.txt"
       # The serving shapes again from the now warm cache, each item's stats printed: the configs forced and those
       # not runnable on this device (pytest's report keeps outcomes, not stats)

@@ -142,3 +142,40 @@ def test_every_config_runs_the_shard_it_is_given_under_the_shards_own_names(tmp_
         (repro_args,) = repro
         assert repro_args[:4] == ["-m", "harness", "repro", "cases/regressions/every-config-serving-shapes.yaml"]
         assert (out / f"{name}-serving.log").is_file(), list(out.iterdir())
+
+
+def test_a_step_stopped_before_its_report_is_summed_up_from_the_live_parts_which_stay(tmp_path):
+    """A step's time limit that ends pytest before it writes ``--ssd-report`` (notes/gpu-runs.md, run 194): the
+    step's findings read the workers' live parts, their first line (the call's summary) says the run did not finish,
+    and the parts stay, the only record of what ran; a step whose report was written has its parts removed."""
+    import subprocess
+    import sys
+
+    from harness.report import ItemRecord, Report, append_live, parts_dir
+
+    root = Path(__file__).resolve().parents[1]
+    script = root / "scripts" / "gpu_run.sh"
+    python = tmp_path / "python"  # every `-m` call (pytest, harness repro) does nothing: the report is what is given
+    python.write_text(f'#!/bin/sh\ncase "$1" in -m) exit 0 ;; esac\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    record = ItemRecord("cases/x.yaml::c::every_config", "passed", duration=1.0, case_id="c", check="every_config")
+    for finished in (False, True):
+        out = tmp_path / f"out-{finished}"
+        report = out / "every-config-report.json"
+        out.mkdir()
+        append_live(report, "run-1", "gw0", record)
+        if finished:
+            Report([record], meta={"run": "run-1", "collected": 1}).write(report)
+        env = {**os.environ, "OUT": str(out), "PY": str(python), "PACK": "0",
+               "EVERY_CONFIG_CACHE": str(tmp_path / "cache")}
+        run = subprocess.run(["bash", str(script), "every-config"], cwd=root, env=env, capture_output=True, text=True,
+                             timeout=120)
+        first = (out / "every-config-findings.txt").read_text().splitlines()[0]
+        assert first.startswith("items {'passed': 1} case items run 1"), first
+        if finished:
+            assert first.endswith("- finished"), first
+            assert not parts_dir(report).exists()
+        else:
+            assert "- NOT FINISHED: killed before its end (gw0 never wrote a final part)" in first, first
+            assert "merged from the live parts of run run-1" in first and parts_dir(report).is_dir(), first
+        assert first in run.stdout, run.stdout  # the step's line in the call's summary
