@@ -11,19 +11,23 @@ from collections.abc import Callable, Iterator
 
 
 def sigterm_as_interrupt() -> Callable[[], None]:
-    """Until the returned function is called, the first SIGTERM raises ``KeyboardInterrupt`` in the main thread.
-    That SIGTERM gives the signal back to its earlier handler, so a second one acts as it did before (a process held
-    inside native code, where Python cannot raise, still ends). Nothing changes outside the main thread (only it may
-    set handlers) or where the earlier handler was not set from Python (it could not be given back)."""
+    """Until the returned function is called, the first SIGTERM raises ``KeyboardInterrupt`` in the main thread and
+    later ones are ignored: the run is stopping already, and ``timeout`` signals its command and then the command's
+    whole process group, so the process gets two (a second ``KeyboardInterrupt``, raised while the first unwinds,
+    would stop the report being written; SIGKILL still ends the process). Nothing changes outside the main thread
+    (only it may set handlers) or where the earlier handler was not set from Python (it could not be given back)."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     previous = signal.getsignal(signal.SIGTERM)
     if previous is None:
         return lambda: None
+    raised = False
 
     def interrupt(signum, frame):
-        signal.signal(signal.SIGTERM, previous)
-        raise KeyboardInterrupt(f"signal {signum}")
+        nonlocal raised
+        if not raised:
+            raised = True
+            raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, interrupt)
 

@@ -198,9 +198,10 @@ def test_an_interrupted_pytest_run_says_so_in_its_report_and_summary(pytester):
 
 @needs_cpu_interpreter
 def test_a_time_limits_sigterm_to_the_whole_run_still_writes_its_report(tmp_path):
-    """``timeout`` (a CI step's limit) sends SIGTERM to the run's whole process group, xdist's worker included: the
-    controller ends the session as Ctrl-C does, so the report holds the item that finished and says the run was
-    interrupted (SIGTERM's default action ended the controller before it wrote any report), and the worker is gone."""
+    """``timeout`` (a CI step's limit) sends SIGTERM to pytest and then to its whole process group, xdist's worker
+    included: the controller ends the session as Ctrl-C does, ignoring the second SIGTERM, so the report holds the
+    item that finished and says the run was interrupted (SIGTERM's default action ended the controller before it
+    wrote any report), and the worker is gone."""
     marker = tmp_path / "hanging"
     (tmp_path / "test_limit.py").write_text(
         "import os, pathlib, time\n"
@@ -218,6 +219,9 @@ def test_a_time_limits_sigterm_to_the_whole_run_still_writes_its_report(tmp_path
             time.sleep(0.2)
         assert marker.exists(), "test_hangs never started"
         time.sleep(0.5)  # the pid is written as the test starts: let the worker settle into its sleep
+        # As `timeout` does: the command, then its process group; apart, so the first is handled before the second
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
         os.killpg(proc.pid, signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     finally:
@@ -243,9 +247,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def test_sigterm_interrupts_once_and_then_acts_as_before():
-    """The first SIGTERM raises KeyboardInterrupt and gives the signal back to its earlier handler, so a second one
-    ends a process held where Python cannot raise; giving back an unfired handler restores the earlier one too."""
+def test_sigterm_interrupts_once_and_the_later_ones_are_ignored_until_given_back():
+    """The first SIGTERM raises KeyboardInterrupt; a later one (``timeout`` signals its command, then the command's
+    process group) does nothing while the run winds down; giving the handler back restores the earlier one."""
     seen = []
 
     def record(signum, frame):
@@ -253,18 +257,18 @@ def test_sigterm_interrupts_once_and_then_acts_as_before():
 
     earlier = signal.signal(signal.SIGTERM, record)
     try:
-        sigterm_as_interrupt()
+        give_back = sigterm_as_interrupt()
         with pytest.raises(KeyboardInterrupt, match="signal 15"):
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(5)  # the handler runs at the next bytecode; never reached
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)
+        assert seen == []
+        give_back()
         assert signal.getsignal(signal.SIGTERM) is record
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.1)
         assert seen == [signal.SIGTERM]
-        give_back = sigterm_as_interrupt()
-        assert signal.getsignal(signal.SIGTERM) is not record
-        give_back()
-        assert signal.getsignal(signal.SIGTERM) is record
     finally:
         signal.signal(signal.SIGTERM, earlier)
 
