@@ -127,6 +127,15 @@ def index_view(values, dtype, layout, device, *, column=1, columns=5, rows_befor
 # ---- the CLI -------------------------------------------------------------------------------------------------------
 
 
+def alive(pid: int) -> bool:
+    """Running or stopped, not a zombie (a killed orphan waits as a zombie until its new parent reaps it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
 def harness(*args: str) -> subprocess.CompletedProcess:
     """``python -m harness ARGS``, run as ``cli.main(args)`` in this process: its exit status and output, shaped like
     a finished process. In-process, because a subprocess per call re-imports torch and re-initialises CUDA

@@ -14,6 +14,7 @@ from harness.checks import Status
 from harness.isolation.supervisor import Supervisor
 from tests import broken_providers as bp
 from tests import faulty_providers as fp
+from tests.support import alive
 
 pytestmark = pytest.mark.usefixtures("children_with_one_hardware_queue")  # tests/conftest.py says why
 
@@ -23,15 +24,6 @@ def tiny(tmp_path) -> dict:
     path = tmp_path / "tiny.yaml"
     path.write_text(bp.TINY_CASES)
     return {c.id: c for c in load_case_file(path)}
-
-
-def _alive(pid: int) -> bool:
-    """Running or stopped, not a zombie (a killed orphan waits as a zombie until its new parent reaps it)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
 
 
 def _pids(path: Path) -> list[int]:
@@ -46,11 +38,11 @@ def test_a_providers_helper_process_ends_with_the_child(tiny, device, tmp_path, 
         result = runner.run(tiny["tiny-direct"], "returned_shapes")
         assert result.status is Status.PASSED, result.message
         (helper,) = _pids(pids)
-        assert _alive(helper)  # running while the child that started it serves items
+        assert alive(helper)  # running while the child that started it serves items
     deadline = time.monotonic() + 10
-    while _alive(helper) and time.monotonic() < deadline:
+    while alive(helper) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(helper), f"the provider's helper {helper} outlived the run"
+    assert not alive(helper), f"the provider's helper {helper} outlived the run"
 
 
 def test_a_case_that_hangs_fails_its_remaining_items_at_once(tiny, device, tmp_path, monkeypatch):

@@ -30,7 +30,7 @@ from harness.report import (
     write_part,
 )
 from tests import broken_providers as bp
-from tests.support import harness, needs_cpu_interpreter
+from tests.support import alive, harness, needs_cpu_interpreter
 
 pytestmark = pytest.mark.usefixtures("children_with_one_hardware_queue")  # tests/conftest.py says why
 
@@ -233,18 +233,10 @@ def test_a_time_limits_sigterm_to_the_whole_run_still_writes_its_report(tmp_path
     assert (data.meta["interrupted"], data.meta["collected"]) == (True, 2), data.meta
     assert "interrupted" in data.unfinished and "1 of 2 collected items reported" in data.unfinished
     worker = int(marker.read_text())
-    end = time.monotonic() + 10  # once the controller has exited, the dead worker is reaped by init
-    while _alive(worker) and time.monotonic() < end:
+    end = time.monotonic() + 10
+    while alive(worker) and time.monotonic() < end:
         time.sleep(0.2)
-    assert not _alive(worker), "the worker outlived its run"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    assert not alive(worker), "the worker outlived its run"
 
 
 def test_sigterm_interrupts_once_and_the_later_ones_are_ignored_until_given_back():
