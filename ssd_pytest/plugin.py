@@ -83,7 +83,8 @@ class _WorkersFinished:
 # What this plugin (and the device's configuration it makes) sets in the process's environment for the run.
 RUN_ENVIRONMENT = (
     reporting.RUN_ID_ENV, xdist_scheduling.GROUPS_FILE_ENV, workers.CASE_WORKERS_ENV, workers.GPU_LIST_ENV,
-    compile_claims.CLAIMS_ENV, "CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET", backend.AUTOTUNE_CACHE_ENV,
+    compile_claims.CLAIMS_ENV, workers.BLAS_THREADS_ENV, "CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET",
+    backend.AUTOTUNE_CACHE_ENV,
     "SSD_AUTOTUNE_MS",  # kernels.environment.AUTOTUNE_BUDGET_ENV: the kernels package loads after the device is set
 )
 
@@ -113,7 +114,7 @@ def pytest_configure(config: pytest.Config) -> None:
     try:
         if workers.is_xdist_controller(config):
             xdist_scheduling.share_groups_file()
-            config.stash[state.DEVICE] = workers.prepare_workers(requested)
+            config.stash[state.DEVICE] = workers.prepare_workers(requested, workers.planned_worker_count(config))
             xdist_scheduling.plan_worker_roles(config, config.stash[state.DEVICE])
             config.pluginmanager.register(_WorkersFinished(config), "ssd-harness-workers-finished")
         else:

@@ -177,15 +177,35 @@ def _claims_dir_for_this_run() -> str:
     return os.path.join(tempfile.gettempdir(), f"ssd-harness-compile-claims-{os.getpid()}")
 
 
-def prepare_workers(requested_device: str) -> str:
+def planned_worker_count(config: pytest.Config) -> int:
+    """In the xdist controller: how many workers xdist will start (its ``--tx`` specs, which ``-n`` fills in)."""
+    return sum(int(spec.split("*", 1)[0]) if "*" in spec else 1 for spec in (config.getoption("tx") or []))
+
+
+# What sizes the thread pools of the BLAS and OpenMP libraries numpy and torch load (OpenBLAS, MKL, GNU and Intel
+# OpenMP), each read once, when the library loads.
+BLAS_THREADS_ENV = "OMP_NUM_THREADS"
+
+
+def share_blas_threads(worker_count: int) -> None:
+    """In the controller, before xdist starts the workers: each worker's numpy and torch libraries start with the
+    worker's fair share of the cores (``cpu_threads_per_worker``), not one thread per core, and so do the processes
+    a worker starts. OpenBLAS's threads spin while they wait for work: N workers' interpreted dots (numpy matmuls),
+    each spread over every core, then slow each other many-fold. A value already set (the user's) is kept."""
+    os.environ.setdefault(BLAS_THREADS_ENV, str(cpu_threads_per_worker(worker_count, usable_cores())))
+
+
+def prepare_workers(requested_device: str, worker_count: int) -> str:
     """In the xdist controller, which runs no kernels: list the GPUs once, without torch (backend.gpus_for_workers),
-    and name the compile-claims folder the workers share; the workers inherit the environment when xdist spawns
-    them and each resolves its device itself. Returns the device the workers will use. Raises RuntimeError, as
-    ``backend.configure`` would in each worker, where the workers would run an interpreter this Python cannot run."""
+    name the compile-claims folder the workers share, and share the cores' threads among the ``worker_count``
+    workers (``share_blas_threads``); the workers inherit the environment when xdist spawns them and each resolves
+    its device itself. Returns the device the workers will use. Raises RuntimeError, as ``backend.configure`` would
+    in each worker, where the workers would run an interpreter this Python cannot run."""
     gpus = backend.gpus_for_workers(requested_device)
     problem = None if gpus else backend.interpreter_install_problem()
     if problem:
         raise RuntimeError(problem)
+    share_blas_threads(worker_count)
     os.environ[compile_claims.CLAIMS_ENV] = _claims_dir_for_this_run()  # workers share their warmups' compiles
     if gpus:
         os.environ[GPU_LIST_ENV] = ",".join(gpus)

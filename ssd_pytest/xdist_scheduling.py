@@ -70,7 +70,7 @@ def plan_worker_roles(config: pytest.Config, device: str) -> int | None:
     ``workers.CASE_WORKERS_ENV``, the scheduler reads it from the stash."""
     from harness.isolation import isolation_mode
 
-    count = sum(int(spec.split("*", 1)[0]) if "*" in spec else 1 for spec in (config.getoption("tx") or []))
+    count = workers.planned_worker_count(config)
     eligible = (device == "cuda" and count >= 2 and isolation_mode(config.getoption("isolation")) == "process"
                 and config.getoption("dist", "no") in ("load", "loadgroup")
                 and private_api.scheduler_problem(config) is None)

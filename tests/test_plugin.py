@@ -455,6 +455,20 @@ def test_cpu_threads_are_shared_fairly_among_workers():
     assert workers.cpu_threads_per_worker(0, 8) == 8
 
 
+def test_the_workers_blas_pools_get_a_share_of_the_cores_unless_the_user_chose(monkeypatch):
+    """The controller sets the variable OpenBLAS, MKL and OpenMP size their pools from to each worker's share, before
+    xdist starts the workers (the run above shows the workers inherit it); a value already set is kept; the plugin
+    gives the variable back at the end of the run."""
+    unset_for_the_test(monkeypatch, workers.BLAS_THREADS_ENV)
+    monkeypatch.setattr(workers, "usable_cores", lambda: 16)
+    workers.share_blas_threads(4)
+    assert os.environ[workers.BLAS_THREADS_ENV] == "4"
+    monkeypatch.setenv(workers.BLAS_THREADS_ENV, "3")
+    workers.share_blas_threads(16)
+    assert os.environ[workers.BLAS_THREADS_ENV] == "3"
+    assert workers.BLAS_THREADS_ENV in plugin.RUN_ENVIRONMENT
+
+
 def test_auto_workers_on_cpu_is_one_per_core(pytestconfig, monkeypatch):
     monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
 
@@ -747,6 +761,8 @@ def test_one_xdist_run_merges_reports_keeps_units_together_and_starts_the_costli
         "    if hasattr(session.config, 'workerinput'):  # a worker claims something, as a GPU warmup would\n"
         "        from harness.compile_claims import ClaimBoard\n"
         "        ClaimBoard.from_env().try_claim(os.environ['PYTEST_XDIST_WORKER'])\n"
+        f"        open({str(tmp_path)!r} + '/threads-' + os.environ['PYTEST_XDIST_WORKER'], 'w')"
+        ".write(os.environ.get('OMP_NUM_THREADS', 'unset'))\n"
         "        import atexit  # runs only if the worker leaves through the interpreter's shutdown\n"
         f"        atexit.register(lambda: open({str(tmp_path)!r} + '/atexit-' + os.environ['PYTEST_XDIST_WORKER'],"
         " 'w'))\n")
@@ -760,7 +776,9 @@ def test_one_xdist_run_merges_reports_keeps_units_together_and_starts_the_costli
          "-k", "determinism or reference_bound or test_g or test_f",
          "--junitxml", str(junit), "--ssd-report", str(report), "--provider", "reference:provider",
          "--durations-from", str(earlier)],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300,
+        # Without an enclosing run's thread share: this run's controller sets its own.
+        cwd=tmp_path, env={**{k: v for k, v in os.environ.items() if k != workers.BLAS_THREADS_ENV},
+                           "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300,
         # Two cores for two workers: one torch thread each, so each forks its child (harness.isolation.forking) on
         # any host.
         preexec_fn=lambda: os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2]),
@@ -774,6 +792,8 @@ def test_one_xdist_run_merges_reports_keeps_units_together_and_starts_the_costli
     # Workers leave without the interpreter's shutdown once xdist has their results (workers.exit_worker_now), and xdist
     # takes that as a normal end, not a crash.
     assert not list(tmp_path.glob("atexit-*")), "a worker went through the interpreter's shutdown"
+    # Each worker started with its share of the two cores for its BLAS and OpenMP pools (workers.share_blas_threads).
+    assert {p.name: p.read_text() for p in tmp_path.glob("threads-*")} == {"threads-gw0": "1", "threads-gw1": "1"}
     assert "Not properly terminated" not in proc.stdout + proc.stderr and "crashed" not in proc.stdout
     data = json.loads(report.read_text())
     assert data["meta"]["workers"] == ["gw0", "gw1"]
