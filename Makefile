@@ -33,9 +33,12 @@ run: $(STAMP)
 # Lint first: ruff takes about a second, so a lint error fails before the suite spends minutes. Then the tree's
 # byte-code, once: where the machine sets PYTHONDONTWRITEBYTECODE=1 (CI does) no process writes it, and every process
 # the suite starts (workers, case children, test subprocesses) would compile the tree's modules from source again.
+# pytest does not load that byte-code: it rewrites the asserts of every module of a pytest plugin's distribution
+# (this project's, Hypothesis's) and of the tests, and keeps the result only where it may write byte-code. The suite
+# runs with writing allowed, so the pytest processes its tests start read what the workers rewrote.
 test: $(STAMP) lint
 	$(PY) -m compileall -q -j 0 harness kernels reference ssd_pytest peers tests conftest.py > /dev/null
-	$(PY) -m pytest -n auto $(PYTEST_ARGS)
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n auto $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
