@@ -195,6 +195,16 @@ def test_every_make_target_a_workflow_runs_exists():
     assert not missing, f"make targets the workflows run but the Makefile lacks: {missing}"
 
 
+def test_make_test_runs_the_suite_with_byte_code_writing_allowed():
+    """pytest loads its own byte-code for the modules it rewrites (every module of a pytest plugin's distribution:
+    this project's and Hypothesis's, and the tests), not ``compileall``'s, and writes it only where byte-code may be
+    written: the suite's pytest command in ``make test`` allows it whatever the machine sets, so the pytest processes
+    the tests start do not rewrite those modules again."""
+    _, recipe = make_rule("test")
+    (line,) = [line for line in recipe if "-m pytest" in line]
+    assert line.startswith("PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n auto"), line
+
+
 def test_make_test_writes_the_byte_code_of_every_python_folder_of_the_tree():
     """``make test`` compiles the tree's modules once before the suite (the machines set PYTHONDONTWRITEBYTECODE=1):
     every top-level folder with Python modules, and the top-level modules, are named, so a new one is not left to
