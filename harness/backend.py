@@ -213,6 +213,10 @@ def configure(requested: str = "auto") -> str:
     return device
 
 
+# What sizes the thread pools of the BLAS and OpenMP libraries numpy and torch load (OpenBLAS, MKL, GNU and Intel
+# OpenMP), each read once, when the library loads: a process started with it set gets pools of that size.
+BLAS_THREADS_ENV = "OMP_NUM_THREADS"
+
 AUTOTUNE_CACHE_ENV = "TRITON_CACHE_AUTOTUNING"
 SHARED_GPU_AUTOTUNE_MS = "1,5"
 

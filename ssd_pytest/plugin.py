@@ -83,7 +83,7 @@ class _WorkersFinished:
 # What this plugin (and the device's configuration it makes) sets in the process's environment for the run.
 RUN_ENVIRONMENT = (
     reporting.RUN_ID_ENV, xdist_scheduling.GROUPS_FILE_ENV, workers.CASE_WORKERS_ENV, workers.GPU_LIST_ENV,
-    compile_claims.CLAIMS_ENV, workers.BLAS_THREADS_ENV, "CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET",
+    compile_claims.CLAIMS_ENV, backend.BLAS_THREADS_ENV, "CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET",
     backend.AUTOTUNE_CACHE_ENV,
     "SSD_AUTOTUNE_MS",  # kernels.environment.AUTOTUNE_BUDGET_ENV: the kernels package loads after the device is set
 )

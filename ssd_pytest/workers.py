@@ -182,17 +182,12 @@ def planned_worker_count(config: pytest.Config) -> int:
     return sum(int(spec.split("*", 1)[0]) if "*" in spec else 1 for spec in (config.getoption("tx") or []))
 
 
-# What sizes the thread pools of the BLAS and OpenMP libraries numpy and torch load (OpenBLAS, MKL, GNU and Intel
-# OpenMP), each read once, when the library loads.
-BLAS_THREADS_ENV = "OMP_NUM_THREADS"
-
-
 def share_blas_threads(worker_count: int) -> None:
     """In the controller, before xdist starts the workers: each worker's numpy and torch libraries start with the
     worker's fair share of the cores (``cpu_threads_per_worker``), not one thread per core, and so do the processes
     a worker starts. OpenBLAS's threads spin while they wait for work: N workers' interpreted dots (numpy matmuls),
     each spread over every core, then slow each other many-fold. A value already set (the user's) is kept."""
-    os.environ.setdefault(BLAS_THREADS_ENV, str(cpu_threads_per_worker(worker_count, usable_cores())))
+    os.environ.setdefault(backend.BLAS_THREADS_ENV, str(cpu_threads_per_worker(worker_count, usable_cores())))
 
 
 def prepare_workers(requested_device: str, worker_count: int) -> str:

@@ -459,14 +459,14 @@ def test_the_workers_blas_pools_get_a_share_of_the_cores_unless_the_user_chose(m
     """The controller sets the variable OpenBLAS, MKL and OpenMP size their pools from to each worker's share, before
     xdist starts the workers (the run above shows the workers inherit it); a value already set is kept; the plugin
     gives the variable back at the end of the run."""
-    unset_for_the_test(monkeypatch, workers.BLAS_THREADS_ENV)
+    unset_for_the_test(monkeypatch, backend.BLAS_THREADS_ENV)
     monkeypatch.setattr(workers, "usable_cores", lambda: 16)
     workers.share_blas_threads(4)
-    assert os.environ[workers.BLAS_THREADS_ENV] == "4"
-    monkeypatch.setenv(workers.BLAS_THREADS_ENV, "3")
+    assert os.environ[backend.BLAS_THREADS_ENV] == "4"
+    monkeypatch.setenv(backend.BLAS_THREADS_ENV, "3")
     workers.share_blas_threads(16)
-    assert os.environ[workers.BLAS_THREADS_ENV] == "3"
-    assert workers.BLAS_THREADS_ENV in plugin.RUN_ENVIRONMENT
+    assert os.environ[backend.BLAS_THREADS_ENV] == "3"
+    assert backend.BLAS_THREADS_ENV in plugin.RUN_ENVIRONMENT
 
 
 def test_auto_workers_on_cpu_is_one_per_core(pytestconfig, monkeypatch):
@@ -777,7 +777,7 @@ def test_one_xdist_run_merges_reports_keeps_units_together_and_starts_the_costli
          "--junitxml", str(junit), "--ssd-report", str(report), "--provider", "reference:provider",
          "--durations-from", str(earlier)],
         # Without an enclosing run's thread share: this run's controller sets its own.
-        cwd=tmp_path, env={**{k: v for k, v in os.environ.items() if k != workers.BLAS_THREADS_ENV},
+        cwd=tmp_path, env={**{k: v for k, v in os.environ.items() if k != backend.BLAS_THREADS_ENV},
                            "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300,
         # Two cores for two workers: one torch thread each, so each forks its child (harness.isolation.forking) on
         # any host.

@@ -35,6 +35,7 @@ from pathlib import Path
 # harness.isolation import protocol`` would take the package's attribute, which can outlive the module's entry in
 # sys.modules where a test harness restores sys.modules after an in-process run (pytester).
 import harness.isolation.protocol as protocol
+from harness import backend
 from harness.checks.base import CheckResult
 from harness.checks.providers import ProviderError
 from harness.checks.runner import fault_result, repro_line
@@ -379,7 +380,7 @@ def _child_environ() -> dict[str, str]:
     env = dict(os.environ)
     threads = _torch_threads()
     if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
+        env[backend.BLAS_THREADS_ENV] = str(threads)
     return env
 
 
