@@ -168,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     times.add_argument("--longest-of", type=Path, metavar="EARLIER", default=None,
                        help="with --write-durations: per item, the longer of this report's duration and EARLIER's "
                             "(a compile-heavy test is slow in whichever run compiles first: its cold time is the "
-                            "cost to plan for)")
+                            "cost to plan for); EARLIER may be the FILE written where it is a durations file, never "
+                            "a whole report")
 
     html = sub.add_parser("report-html", help="an HTML page of a report's error against its bounds, per check",
                           description="One self-contained HTML page (inline SVG) from a report written by run "
@@ -760,7 +761,7 @@ def cmd_times(args) -> int:
     """Exit status as ``run``'s for the run reported: 1 where any item failed, 130 where the run did not finish
     (``Report.unfinished``: interrupted, killed, stopped), else 0; 2 where the report or the durations cannot be
     read or written."""
-    from harness.report import Report, UnsafeTarget, longest_durations, timing_lines, write_durations
+    from harness.report import Report, UnsafeTarget, is_durations_file, longest_durations, timing_lines, write_durations
     from harness.timeline import compile_lines, startup_lines
 
     if args.longest_of and not args.write_durations:
@@ -777,15 +778,17 @@ def cmd_times(args) -> int:
         if lines:
             print("\n".join(lines))
     if args.write_durations:
-        source = str(args.report)
+        source, kept = str(args.report), [args.report]
         if args.longest_of:
             if not args.longest_of.is_file():
                 raise Unusable(f"--longest-of {args.longest_of}: no such report")
             earlier = Report.read(args.longest_of)
             records = longest_durations(records, earlier.items)
             source = f"{source}, each item's longest of it and {earlier.meta.get('source') or args.longest_of}"
+            if not is_durations_file(args.longest_of):  # a durations file may take its own merge: nothing else is lost
+                kept.append(args.longest_of)
         try:
-            write_durations(records, args.write_durations, source=source, inputs=(args.report, args.longest_of))
+            write_durations(records, args.write_durations, source=source, inputs=tuple(kept))
         except (OSError, UnsafeTarget) as exc:
             raise Unusable(f"--write-durations {args.write_durations}: cannot write it "
                            f"({getattr(exc, 'strerror', None) or exc})") from None

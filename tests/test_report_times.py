@@ -127,6 +127,30 @@ def test_durations_can_keep_each_items_longest(tmp_path, capsys):
     assert "--longest-of: only with --write-durations" in capsys.readouterr().err
 
 
+def test_a_durations_file_takes_its_own_merge_and_a_whole_report_is_never_replaced(tmp_path, capsys):
+    """``--longest-of`` the file written, as scripts/gpu_run.sh's durations step refreshes scripts/gpu-durations.json:
+    a durations file is replaced by the merge (it held nothing else); a whole report named both ways is refused and
+    left as it was (the durations would replace its checks, stats and messages)."""
+    from harness.report import write_durations
+    from harness.sharding import ItemCosts
+
+    path, compact, whole = tmp_path / "report.json", tmp_path / "durations.json", tmp_path / "whole.json"
+    Report(items=records()).write(path)
+    write_durations([ItemRecord("a::x::reference_bound", "passed", duration=9.0),
+                     ItemRecord("gone::z", "passed", duration=50.0)], compact, source="run 1")
+    assert cli.main(["times", str(path), "--write-durations", str(compact), "--longest-of",
+                     str(compact)]) == cli.EXIT_FAILED  # y failed
+    assert f"durations of 4 items: {compact}" in capsys.readouterr().out
+    assert ItemCosts.from_report(compact).durations == {"a::x::reference_bound": 9.0, "a::y::reference_bound": 5.0,
+                                                        "a::x::determinism": 1.0}
+    Report(items=records()).write(whole)
+    before = whole.read_bytes()
+    assert cli.main(["times", str(path), "--write-durations", str(whole), "--longest-of",
+                     str(whole)]) == cli.EXIT_UNUSABLE
+    assert "is also an input of this command; it is not overwritten" in capsys.readouterr().err
+    assert whole.read_bytes() == before
+
+
 @pytest.mark.parametrize("target", ["/dev/full", "folder/sub.json", "report"])
 def test_write_durations_where_it_cannot_be_written_exits_2_with_the_reason(tmp_path, capsys, target):
     """A full disk (``/dev/full``: a device, never replaced), a path under a regular file, and the report being read
