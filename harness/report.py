@@ -189,7 +189,8 @@ def write_durations(records: list[ItemRecord], path: str | os.PathLike, source: 
 
 def is_durations_file(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a report ``write_durations`` wrote: its items hold ``DURATION_FIELDS`` alone. Replacing such
-    a file with the durations merged from it loses nothing, as replacing a whole report would."""
+    a file with the durations merged from it loses nothing; replacing a whole report would lose its checks, stats and
+    messages."""
     data = json.loads(Path(path).read_text())
     return data.get("schema") == REPORT_SCHEMA and all(set(item) <= set(DURATION_FIELDS) for item in data["items"])
 
