@@ -22,6 +22,7 @@ from pathlib import Path
 
 from harness import backend
 from harness.interrupts import sigterm_interrupts
+from harness.report import TIMING_GROUPS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CASES = REPO_ROOT / "cases"
@@ -160,8 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
                                        "--write-durations cannot be read or written.")
     times.add_argument("report", type=Path, help="the JSON report (or, of a run that was killed, its name: the "
                                                  "parts its processes wrote are read, and left in place)")
-    times.add_argument("--by", action="append", choices=("check", "family", "worker"), default=None,
-                       help="grouping (repeatable; default check and family)")
+    times.add_argument("--by", action="append", choices=TIMING_GROUPS, default=None,
+                       help="grouping (repeatable; default check and family); file: each case file and Python test "
+                            "file, so that the tests that are no case item are told apart")
     times.add_argument("--top", type=int, default=15, metavar="N", help="the N slowest groups (default 15)")
     times.add_argument("--write-durations", type=Path, metavar="FILE",
                        help="also write the items' durations alone (a compact report for pytest --durations-from)")

@@ -403,31 +403,44 @@ def summary_lines(records: list[ItemRecord], max_cases: int = 4, unfinished: str
     return lines
 
 
+TIMING_GROUPS = ("check", "family", "worker", "file")
+
+
+def _timing_group(record: ItemRecord, by: str) -> str:
+    """The group ``record`` counts in: its file (the node id's path: a case file or a Python test file), or its
+    check, family or worker ("(other tests)" for a Python test, which has no check or family)."""
+    if by == "file":
+        return record.nodeid.split("::", 1)[0]
+    return getattr(record, by) or "(other tests)"
+
+
 def timing_lines(records: list[ItemRecord], by: str = "check", top: int = 15) -> list[str]:
-    """Where a suite spends its time: total, count, mean and max item seconds per ``by`` (check, family, or
-    worker), slowest group first; skipped items are left out (they cost nothing and would dilute the means).
+    """Where a suite spends its time: total, count, mean and max item seconds per ``by`` (one of ``TIMING_GROUPS``),
+    slowest group first; skipped items are left out (they cost nothing and would dilute the means).
     ``ends at s``: when the group's last item ended, counted from the first item's start (by worker: when each
     worker finished; "-" for records without start times)."""
-    if by not in ("check", "family", "worker"):
-        raise ValueError(f"timing_lines: by: expected check, family or worker, found {by!r}")
+    if by not in TIMING_GROUPS:
+        raise ValueError(f"timing_lines: by: expected one of {', '.join(TIMING_GROUPS)}, found {by!r}")
     groups: dict[str, list[float]] = defaultdict(list)
     ends: dict[str, float] = {}
     first_start = min((r.start for r in records if r.start is not None), default=None)
     for r in records:
         if r.outcome in ("skipped", "unsupported"):
             continue
-        key = getattr(r, by) or "(other tests)"
+        key = _timing_group(r, by)
         groups[key].append(r.duration)
         if r.start is not None:
             ends[key] = max(ends.get(key, 0.0), r.start + r.duration - first_start)
     total = sum(sum(v) for v in groups.values())
     lines = [f"time by {by}: {total:.1f}s in {sum(len(v) for v in groups.values())} items run"]
-    lines.append(f"  {by:<24} {'total s':>9} {'share':>6} {'items':>6} {'mean s':>8} {'max s':>8} {'ends at s':>10}")
     ranked = sorted(groups.items(), key=lambda kv: (-sum(kv[1]), kv[0]))
+    width = max([24] + [len(key) for key, _ in ranked[:top]])  # a test file's path can be longer than a check's name
+    lines.append(f"  {by:<{width}} {'total s':>9} {'share':>6} {'items':>6} {'mean s':>8} {'max s':>8} "
+                 f"{'ends at s':>10}")
     for key, times in ranked[:top]:
         share = sum(times) / total if total else 0.0
         end = f"{ends[key]:.1f}" if key in ends else "-"
-        lines.append(f"  {key:<24} {sum(times):>9.1f} {share:>6.1%} {len(times):>6} "
+        lines.append(f"  {key:<{width}} {sum(times):>9.1f} {share:>6.1%} {len(times):>6} "
                      f"{sum(times) / len(times):>8.2f} {max(times):>8.2f} {end:>10}")
     rest = [t for _, times in ranked[top:] for t in times]
     if rest:

@@ -26,6 +26,21 @@ def test_groups_slowest_first_and_leaves_skips_out():
     assert [ln.split()[:2] for ln in fam[2:]] == [["multi", "5.0"], ["direct", "4.0"]]  # slowest first
 
 
+def test_by_file_tells_the_python_test_files_apart_from_the_case_files():
+    """``--by file``: the tests that are no case item, one "(other tests)" row by check or family, each get their
+    file's row; a path longer than the other groupings' names widens the column, so the figures stay aligned."""
+    long = "tests/test_a_file_with_a_long_descriptive_name.py"
+    rows = records() + [ItemRecord(f"{long}::test_one", "passed", 4.0), ItemRecord(f"{long}::test_two", "passed", 2.0),
+                        ItemRecord("tests/test_b.py::test_c[param::x]", "passed", 0.5)]
+    assert [ln[2:26].rstrip() for ln in timing_lines(rows, by="check")[2:]] == ["reference_bound", "(other tests)",
+                                                                              "determinism"]
+    lines = timing_lines(rows, by="file")
+    assert lines[0] == "time by file: 15.5s in 6 items run"
+    assert [ln.split()[:3] for ln in lines[2:]] == [["a", "9.0", "58.1%"], [long, "6.0", "38.7%"],
+                                                   ["tests/test_b.py", "0.5", "3.2%"]]
+    assert len({ln.index("%") for ln in lines[2:]} | {lines[1].index("share") + len("share") - 1}) == 1, lines
+
+
 def test_each_group_says_when_its_last_item_ended():
     """The report is sorted by node id; start times say when each worker (or check) finished."""
     timed = [ItemRecord("a::x::determinism", "passed", 2.0, check="determinism", worker="gw0", start=100.0),
