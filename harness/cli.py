@@ -763,7 +763,14 @@ def cmd_times(args) -> int:
     """Exit status as ``run``'s for the run reported: 1 where any item failed, 130 where the run did not finish
     (``Report.unfinished``: interrupted, killed, stopped), else 0; 2 where the report or the durations cannot be
     read or written."""
-    from harness.report import Report, UnsafeTarget, is_durations_file, longest_durations, timing_lines, write_durations
+    from harness.report import (
+        Report,
+        UnsafeTarget,
+        holds_durations_alone,
+        longest_durations,
+        timing_lines,
+        write_durations,
+    )
     from harness.timeline import compile_lines, startup_lines
 
     if args.longest_of and not args.write_durations:
@@ -787,7 +794,7 @@ def cmd_times(args) -> int:
             earlier = Report.read(args.longest_of)
             records = longest_durations(records, earlier.items)
             source = f"{source}, each item's longest of it and {earlier.meta.get('source') or args.longest_of}"
-            if not is_durations_file(args.longest_of):  # a durations file may take its own merge: nothing else is lost
+            if not holds_durations_alone(earlier):  # a durations file may take its own merge: nothing else is lost
                 kept.append(args.longest_of)
         try:
             write_durations(records, args.write_durations, source=source, inputs=tuple(kept))

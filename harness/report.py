@@ -173,26 +173,23 @@ class Report:
         return cls(items=[ItemRecord(**r) for r in data["items"]], meta=dict(data.get("meta", {})))
 
 
-DURATION_FIELDS = ("nodeid", "outcome", "duration")
-
-
 def write_durations(records: list[ItemRecord], path: str | os.PathLike, source: str = "", inputs: tuple = ()) -> None:
     """A compact report of node ids, outcomes and durations only (one item per line): what pytest
     ``--durations-from`` needs to order and shard a later run, small enough to keep in the repository. ``path`` is
     refused where it is one of ``inputs`` or holds something other than a report (``refuse_unsafe_target``)."""
     refuse_unsafe_target(path, inputs=tuple(p for p in inputs if p is not None))
-    lines = [json.dumps(dict(zip(DURATION_FIELDS, (r.nodeid, r.outcome, round(r.duration, 3)), strict=True)))
+    lines = [json.dumps({"nodeid": r.nodeid, "outcome": r.outcome, "duration": round(r.duration, 3)})
              for r in records]
     head = json.dumps({"schema": REPORT_SCHEMA, "meta": {"source": source}})[:-1]
     write_atomic(path, head + ', "items": [\n' + ",\n".join(lines) + "\n]}\n")
 
 
-def is_durations_file(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a report ``write_durations`` wrote: its items hold ``DURATION_FIELDS`` alone. Replacing such
-    a file with the durations merged from it loses nothing; replacing a whole report would lose its checks, stats and
-    messages."""
-    data = json.loads(Path(path).read_text())
-    return data.get("schema") == REPORT_SCHEMA and all(set(item) <= set(DURATION_FIELDS) for item in data["items"])
+def holds_durations_alone(report: Report) -> bool:
+    """Whether ``report`` holds no more than ``write_durations`` writes: a source line and each item's node id,
+    outcome and duration. Replacing it with the durations merged from it loses nothing; replacing a whole report
+    would lose its checks, stats, messages and run facts."""
+    return set(report.meta) <= {"source"} and all(r == ItemRecord(r.nodeid, r.outcome, r.duration)
+                                                  for r in report.items)
 
 
 def longest_durations(records: list[ItemRecord], earlier: list[ItemRecord]) -> list[ItemRecord]:
