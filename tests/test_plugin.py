@@ -762,7 +762,7 @@ def test_one_xdist_run_merges_reports_keeps_units_together_and_starts_the_costli
         "        from harness.compile_claims import ClaimBoard\n"
         "        ClaimBoard.from_env().try_claim(os.environ['PYTEST_XDIST_WORKER'])\n"
         f"        open({str(tmp_path)!r} + '/threads-' + os.environ['PYTEST_XDIST_WORKER'], 'w')"
-        ".write(os.environ.get('OMP_NUM_THREADS', 'unset'))\n"
+        f".write(os.environ.get({backend.BLAS_THREADS_ENV!r}, 'unset'))\n"
         "        import atexit  # runs only if the worker leaves through the interpreter's shutdown\n"
         f"        atexit.register(lambda: open({str(tmp_path)!r} + '/atexit-' + os.environ['PYTEST_XDIST_WORKER'],"
         " 'w'))\n")
