@@ -16,6 +16,11 @@ Variants (one lab kernel, constexpr flags; the shipped kernel itself as the base
   heads share come from the SM's L1 after the first head. The same bits.
 - ``cb-bf16``: the shipped kernel reading a bf16 copy of CB: what halving CB's traffic would buy (different bits;
   a diagnostic, not a candidate).
+- ``tma``: the shipped arithmetic with its tiles (CB, x, C and the entering state) loaded by the tensor memory
+  accelerator from host-made descriptors, the causal loop software-pipelined over ``stages`` (``ws``: also warp
+  specialized). x rows past the chunk's end are the next chunk's tokens (or zeros past the last token), not masked:
+  the causal select zeroes their weights, but a non-finite x there would spread, so the kernel is a measure of what
+  TMA buys, not a candidate as it stands. The same bits where the tiles and the K order are the shipped ones.
 
 Not part of the product or the suite.
 """
@@ -34,6 +39,8 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
 from kernels import chunk_scan as shipped  # noqa: E402
 from kernels.backend import DOT_FP32_OPERANDS, FP32_DOT_PRECISION, LOG2E, dot_acc  # noqa: E402
@@ -129,6 +136,67 @@ def _scan_variant(
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
 
 
+@triton.jit
+def _scan_tma(
+    CB_desc, x_desc, C_desc, states_desc, out_ptr, dt_ptr, dA_cumsum_ptr, seq_idx_ptr, D_ptr, cu_chunk_seqlens_ptr,
+    chunk_size: tl.constexpr, hdim: tl.constexpr, dstate: tl.constexpr, nheads: tl.constexpr,
+    stride_x_token, stride_x_head, stride_dt_head, stride_dt_chunk, x_ptr,
+    STAGES: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    DOT_FP32_OPERANDS: tl.constexpr, FP32_DOT_PRECISION: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+):
+    launch_order = tl.program_id(axis=2) * tl.num_programs(axis=1) + tl.program_id(axis=1)
+    launch_order = launch_order * tl.num_programs(axis=0) + tl.program_id(axis=0)
+    pid_h = launch_order % tl.num_programs(axis=2)
+    pid_mn = (launch_order // tl.num_programs(axis=2)) % tl.num_programs(axis=0)
+    pid_c = launch_order // (tl.num_programs(axis=2) * tl.num_programs(axis=0))
+    num_pid_n = tl.cdiv(hdim, BLOCK_SIZE_N)
+    pid_m = pid_mn // num_pid_n
+    pid_n = pid_mn % num_pid_n
+    chunk_start = tl.load(cu_chunk_seqlens_ptr + pid_c)
+    chunk_len = tl.load(cu_chunk_seqlens_ptr + pid_c + 1) - chunk_start
+    if pid_m * BLOCK_SIZE_M >= chunk_len:
+        return
+    io_dtype = x_ptr.dtype.element_ty
+    seq = tl.load(seq_idx_ptr + pid_c)
+    prev_chunk = pid_c - 1
+    prev_seq = tl.load(seq_idx_ptr + prev_chunk, mask=prev_chunk >= 0, other=-1)
+    m_start = pid_m * BLOCK_SIZE_M
+    n_start = pid_n * BLOCK_SIZE_N
+    offs_m = m_start + tl.arange(0, BLOCK_SIZE_M)
+    offs_n = n_start + tl.arange(0, BLOCK_SIZE_N)
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    row_mask = offs_m < chunk_len
+    dt_base = dt_ptr + pid_h * stride_dt_head + pid_c * stride_dt_chunk
+    dA_base = dA_cumsum_ptr + pid_h * stride_dt_head + pid_c * stride_dt_chunk
+    dA_cs_m = tl.load(dA_base + offs_m)
+    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    if prev_seq == seq:
+        c = C_desc.load([chunk_start + m_start, 0])
+        prev = states_desc.load([(prev_chunk * nheads + pid_h) * hdim + n_start, 0]).to(io_dtype)
+        acc = dot_acc(acc, c, prev.T, DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
+        acc *= tl.math.exp2(dA_cs_m * LOG2E)[:, None]
+    k_max = tl.minimum((pid_m + 1) * BLOCK_SIZE_M, chunk_len)
+    x_col = pid_h * hdim + n_start
+    for k in tl.range(0, k_max, BLOCK_SIZE_K, num_stages=STAGES, warp_specialize=WARP_SPECIALIZE):
+        cb = CB_desc.load([pid_c * chunk_size + m_start, k])
+        dA_cs_k = tl.load(dA_base + k + offs_k)
+        dt_k = tl.load(dt_base + k + offs_k)
+        cb = cb * tl.math.exp2((dA_cs_m[:, None] - dA_cs_k[None, :]) * LOG2E)
+        cb = cb * dt_k[None, :]
+        cb = tl.where(offs_m[:, None] >= k + offs_k[None, :], cb, 0.0).to(io_dtype)
+        xk = x_desc.load([chunk_start + k, x_col])
+        acc = dot_acc(acc, cb, xk, DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
+    D = tl.load(D_ptr + pid_h).to(tl.float32)
+    x_base = x_ptr + chunk_start.to(tl.int64) * stride_x_token + pid_h * stride_x_head
+    x_residual = tl.load(x_base + offs_m[:, None] * stride_x_token + offs_n[None, :], mask=row_mask[:, None],
+                         other=0.0).to(tl.float32)
+    acc += x_residual * D
+    out_ptrs = out_ptr + (chunk_start + offs_m[:, None]).to(tl.int64) * stride_x_token + pid_h * stride_x_head \
+        + offs_n[None, :]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
+
+
 def prefill_inputs(chunks: int, seed: int = 0) -> dict:
     """Stage 5's inputs for a one-sequence prefill of ``chunks`` chunks, the last 160 tokens."""
     g = torch.Generator(device=DEVICE).manual_seed(seed)
@@ -194,6 +262,27 @@ def variant_call(inp: dict, out: torch.Tensor, *, factor: bool, heads: int, conf
     return call
 
 
+def tma_call(inp: dict, out: torch.Tensor, *, config: dict, warps: int, stages: int, ws: bool):
+    """The TMA variant: descriptors over x (T, H*P), CB (chunks*Q, Q), C (T, N) and the states (chunks*H*P, N)."""
+    nchunks = inp["CB"].shape[0]
+    m, n, k = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]
+    x, st, C = inp["x"], inp["states"], inp["C"]
+    T = x.shape[0]
+    x_desc = TensorDescriptor(x, [T, H * P], [x.stride(0), 1], [k, n])
+    cb_desc = TensorDescriptor(inp["CB"], [nchunks * Q, Q], [Q, 1], [m, k])
+    c_desc = TensorDescriptor(C, [T, N], [C.stride(0), 1], [m, N])
+    st_desc = TensorDescriptor(st, [nchunks * H * P, N], [N, 1], [n, N])
+    grid = (triton.cdiv(Q, m) * triton.cdiv(P, n), nchunks, H)
+
+    def call():
+        _scan_tma[grid](
+            cb_desc, x_desc, c_desc, st_desc, out, inp["dt_out"], inp["dA_cumsum"], inp["seq_idx"], inp["D"],
+            inp["cu_chunk_seqlens"], Q, P, N, H, x.stride(0), x.stride(1), inp["dt_out"].stride(0),
+            inp["dt_out"].stride(1), x, STAGES=stages, WARP_SPECIALIZE=ws, DOT_FP32_OPERANDS=DOT_FP32_OPERANDS,
+            FP32_DOT_PRECISION=FP32_DOT_PRECISION, **config, num_warps=warps, num_stages=stages)
+    return call
+
+
 def graph_of(call, launches: int = 20) -> torch.cuda.CUDAGraph:
     call()
     torch.cuda.synchronize()
@@ -253,6 +342,13 @@ def main(argv=None) -> int:
                     name = f"{'factor' if factor else 'plain'} heads={heads} {m}/64/{k} w{w}"
                     variants[name] = (lambda out, f=factor, h=heads, m=m, k=k, w=w: variant_call(
                         inp, out, factor=f, heads=h, config=cfg(m, 64, k), warps=w, stages=1))
+        for m, k, w, st, ws in ((64, 32, 4, 1, False), (64, 32, 4, 2, False), (64, 32, 4, 3, False),
+                                (64, 64, 4, 2, False), (64, 32, 2, 3, False), (64, 32, 2, 4, False),
+                                (128, 32, 8, 2, False), (32, 32, 2, 3, False), (64, 32, 4, 2, True),
+                                (64, 32, 4, 3, True), (128, 32, 4, 2, True)):
+            name = f"tma {m}/64/{k} w{w} s{st}{' ws' if ws else ''}"
+            variants[name] = (lambda out, m=m, k=k, w=w, st=st, ws=ws: tma_call(
+                inp, out, config=cfg(m, 64, k), warps=w, stages=st, ws=ws))
     outs, graphs, failed, live = {}, {}, {}, []
     for name, make in variants.items():
         if args.only not in name and name != "shipped":
