@@ -20,7 +20,9 @@ Variants (one lab kernel, constexpr flags; the shipped kernel itself as the base
   accelerator from host-made descriptors, the causal loop software-pipelined over ``stages`` (``ws``: also warp
   specialized). x rows past the chunk's end are the next chunk's tokens (or zeros past the last token), not masked:
   the causal select zeroes their weights, but a non-finite x there would spread, so the kernel is a measure of what
-  TMA buys, not a candidate as it stands. The same bits where the tiles and the K order are the shipped ones.
+  TMA buys, not a candidate as it stands (``bounded``: x's descriptor made in each program, ending at the chunk's
+  end, so those rows load as zeros as the shipped mask makes them). The same bits where the tiles and the K order
+  are the shipped ones.
 
 Not part of the product or the suite.
 """
@@ -141,7 +143,7 @@ def _scan_tma(
     CB_desc, x_desc, C_desc, states_desc, out_ptr, dt_ptr, dA_cumsum_ptr, seq_idx_ptr, D_ptr, cu_chunk_seqlens_ptr,
     chunk_size: tl.constexpr, hdim: tl.constexpr, dstate: tl.constexpr, nheads: tl.constexpr,
     stride_x_token, stride_x_head, stride_dt_head, stride_dt_chunk, x_ptr,
-    STAGES: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    STAGES: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, BOUNDED_X: tl.constexpr,
     DOT_FP32_OPERANDS: tl.constexpr, FP32_DOT_PRECISION: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
 ):
@@ -178,6 +180,11 @@ def _scan_tma(
         acc *= tl.math.exp2(dA_cs_m * LOG2E)[:, None]
     k_max = tl.minimum((pid_m + 1) * BLOCK_SIZE_M, chunk_len)
     x_col = pid_h * hdim + n_start
+    if BOUNDED_X:
+        # A descriptor of this program's own, ending at the chunk's last token: the rows past it load as zeros, as
+        # the shipped kernel's mask makes them.
+        x_desc = tl.make_tensor_descriptor(x_ptr, shape=[chunk_start + chunk_len, nheads * hdim],
+                                           strides=[stride_x_token, 1], block_shape=[BLOCK_SIZE_K, BLOCK_SIZE_N])
     for k in tl.range(0, k_max, BLOCK_SIZE_K, num_stages=STAGES, warp_specialize=WARP_SPECIALIZE):
         cb = CB_desc.load([pid_c * chunk_size + m_start, k])
         dA_cs_k = tl.load(dA_base + k + offs_k)
@@ -262,8 +269,10 @@ def variant_call(inp: dict, out: torch.Tensor, *, factor: bool, heads: int, conf
     return call
 
 
-def tma_call(inp: dict, out: torch.Tensor, *, config: dict, warps: int, stages: int, ws: bool):
-    """The TMA variant: descriptors over x (T, H*P), CB (chunks*Q, Q), C (T, N) and the states (chunks*H*P, N)."""
+def tma_call(inp: dict, out: torch.Tensor, *, config: dict, warps: int, stages: int, ws: bool, bounded: bool):
+    """The TMA variant: descriptors over x (T, H*P), CB (chunks*Q, Q), C (T, N) and the states (chunks*H*P, N);
+    ``bounded``: x's made in each program, ending at its chunk's end (scratch for them from torch's allocator)."""
+    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=DEVICE))
     nchunks = inp["CB"].shape[0]
     m, n, k = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]
     x, st, C = inp["x"], inp["states"], inp["C"]
@@ -278,8 +287,9 @@ def tma_call(inp: dict, out: torch.Tensor, *, config: dict, warps: int, stages: 
         _scan_tma[grid](
             cb_desc, x_desc, c_desc, st_desc, out, inp["dt_out"], inp["dA_cumsum"], inp["seq_idx"], inp["D"],
             inp["cu_chunk_seqlens"], Q, P, N, H, x.stride(0), x.stride(1), inp["dt_out"].stride(0),
-            inp["dt_out"].stride(1), x, STAGES=stages, WARP_SPECIALIZE=ws, DOT_FP32_OPERANDS=DOT_FP32_OPERANDS,
-            FP32_DOT_PRECISION=FP32_DOT_PRECISION, **config, num_warps=warps, num_stages=stages)
+            inp["dt_out"].stride(1), x, STAGES=stages, WARP_SPECIALIZE=ws, BOUNDED_X=bounded,
+            DOT_FP32_OPERANDS=DOT_FP32_OPERANDS, FP32_DOT_PRECISION=FP32_DOT_PRECISION, **config, num_warps=warps,
+            num_stages=stages)
     return call
 
 
@@ -342,13 +352,15 @@ def main(argv=None) -> int:
                     name = f"{'factor' if factor else 'plain'} heads={heads} {m}/64/{k} w{w}"
                     variants[name] = (lambda out, f=factor, h=heads, m=m, k=k, w=w: variant_call(
                         inp, out, factor=f, heads=h, config=cfg(m, 64, k), warps=w, stages=1))
-        for m, k, w, st, ws in ((64, 32, 4, 1, False), (64, 32, 4, 2, False), (64, 32, 4, 3, False),
-                                (64, 64, 4, 2, False), (64, 32, 2, 3, False), (64, 32, 2, 4, False),
-                                (128, 32, 8, 2, False), (32, 32, 2, 3, False), (64, 32, 4, 2, True),
-                                (64, 32, 4, 3, True), (128, 32, 4, 2, True)):
-            name = f"tma {m}/64/{k} w{w} s{st}{' ws' if ws else ''}"
-            variants[name] = (lambda out, m=m, k=k, w=w, st=st, ws=ws: tma_call(
-                inp, out, config=cfg(m, 64, k), warps=w, stages=st, ws=ws))
+        for m, k, w, st, ws, bounded in (
+                (64, 32, 4, 1, False, False), (64, 32, 4, 2, False, False), (64, 32, 4, 3, False, False),
+                (64, 64, 4, 2, False, False), (64, 32, 2, 3, False, False), (64, 32, 2, 4, False, False),
+                (128, 32, 8, 2, False, False), (32, 32, 2, 3, False, False), (64, 32, 4, 2, True, False),
+                (64, 32, 4, 3, True, False), (128, 32, 4, 2, True, False), (64, 32, 4, 1, False, True),
+                (64, 32, 4, 2, False, True), (64, 32, 2, 3, False, True)):
+            name = f"tma {m}/64/{k} w{w} s{st}{' ws' if ws else ''}{' bounded' if bounded else ''}"
+            variants[name] = (lambda out, m=m, k=k, w=w, st=st, ws=ws, b=bounded: tma_call(
+                inp, out, config=cfg(m, 64, k), warps=w, stages=st, ws=ws, bounded=b))
     outs, graphs, failed, live = {}, {}, {}, []
     for name, make in variants.items():
         if args.only not in name and name != "shipped":
