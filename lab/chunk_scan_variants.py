@@ -52,6 +52,28 @@ DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
 
 
 @triton.jit
+def _tile_of_launch(hdim: tl.constexpr, BLOCK_SIZE_N: tl.constexpr):
+    """(head or head group, row tile, column tile, chunk) of this program, in the shipped kernel's head-fastest
+    order over a (tiles, chunks, heads) grid."""
+    launch_order = tl.program_id(axis=2) * tl.num_programs(axis=1) + tl.program_id(axis=1)
+    launch_order = launch_order * tl.num_programs(axis=0) + tl.program_id(axis=0)
+    pid_h = launch_order % tl.num_programs(axis=2)
+    pid_mn = (launch_order // tl.num_programs(axis=2)) % tl.num_programs(axis=0)
+    pid_c = launch_order // (tl.num_programs(axis=2) * tl.num_programs(axis=0))
+    num_pid_n = tl.cdiv(hdim, BLOCK_SIZE_N)
+    return pid_h, pid_mn // num_pid_n, pid_mn % num_pid_n, pid_c
+
+
+@triton.jit
+def _causal_weights(cb, dA_cs_m, dA_cs_k, dt_k, rows, cols, io_dtype: tl.constexpr):
+    """The shipped kernel's intra-chunk weights: CB decayed and scaled by dt, zero above the diagonal (selected, not
+    multiplied: exp may overflow there), in the io dtype."""
+    cb = cb * tl.math.exp2((dA_cs_m[:, None] - dA_cs_k[None, :]) * LOG2E)
+    cb = cb * dt_k[None, :]
+    return tl.where(rows[:, None] >= cols[None, :], cb, 0.0).to(io_dtype)
+
+
+@triton.jit
 def _scan_variant(
     CB_ptr, x_ptr, out_ptr, dt_ptr, dA_cumsum_ptr, seq_idx_ptr, C_ptr, states_ptr, D_ptr, cu_chunk_seqlens_ptr,
     chunk_size: tl.constexpr, hdim: tl.constexpr, dstate: tl.constexpr,
@@ -62,14 +84,7 @@ def _scan_variant(
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
 ):
     # Grid (tiles, chunks, heads / HEADS_PER_PROGRAM), head-fastest order as the shipped kernel.
-    launch_order = tl.program_id(axis=2) * tl.num_programs(axis=1) + tl.program_id(axis=1)
-    launch_order = launch_order * tl.num_programs(axis=0) + tl.program_id(axis=0)
-    pid_hg = launch_order % tl.num_programs(axis=2)
-    pid_mn = (launch_order // tl.num_programs(axis=2)) % tl.num_programs(axis=0)
-    pid_c = launch_order // (tl.num_programs(axis=2) * tl.num_programs(axis=0))
-    num_pid_n = tl.cdiv(hdim, BLOCK_SIZE_N)
-    pid_m = pid_mn // num_pid_n
-    pid_n = pid_mn % num_pid_n
+    pid_hg, pid_m, pid_n, pid_c = _tile_of_launch(hdim, BLOCK_SIZE_N)
     chunk_start = tl.load(cu_chunk_seqlens_ptr + pid_c).to(tl.int64)
     chunk_len = tl.load(cu_chunk_seqlens_ptr + pid_c + 1).to(tl.int64) - chunk_start
     if pid_m * BLOCK_SIZE_M >= chunk_len:
@@ -123,9 +138,7 @@ def _scan_variant(
             cb = tl.load(CB_ptrs)
             dA_cs_k = tl.load(dA_base + k + offs_k)
             dt_k = tl.load(dt_base + k + offs_k)
-            cb = cb * tl.math.exp2((dA_cs_m[:, None] - dA_cs_k[None, :]) * LOG2E)
-            cb = cb * dt_k[None, :]
-            cb = tl.where(offs_m[:, None] >= k + offs_k[None, :], cb, 0.0).to(io_dtype)
+            cb = _causal_weights(cb, dA_cs_m, dA_cs_k, dt_k, offs_m, k + offs_k, io_dtype)
             xk = tl.load(x_ptrs, mask=(offs_k[:, None] < chunk_len - k), other=0.0)
             acc = dot_acc(acc, cb, xk, DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
             CB_ptrs += BLOCK_SIZE_K
@@ -147,14 +160,7 @@ def _scan_tma(
     DOT_FP32_OPERANDS: tl.constexpr, FP32_DOT_PRECISION: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
 ):
-    launch_order = tl.program_id(axis=2) * tl.num_programs(axis=1) + tl.program_id(axis=1)
-    launch_order = launch_order * tl.num_programs(axis=0) + tl.program_id(axis=0)
-    pid_h = launch_order % tl.num_programs(axis=2)
-    pid_mn = (launch_order // tl.num_programs(axis=2)) % tl.num_programs(axis=0)
-    pid_c = launch_order // (tl.num_programs(axis=2) * tl.num_programs(axis=0))
-    num_pid_n = tl.cdiv(hdim, BLOCK_SIZE_N)
-    pid_m = pid_mn // num_pid_n
-    pid_n = pid_mn % num_pid_n
+    pid_h, pid_m, pid_n, pid_c = _tile_of_launch(hdim, BLOCK_SIZE_N)
     chunk_start = tl.load(cu_chunk_seqlens_ptr + pid_c)
     chunk_len = tl.load(cu_chunk_seqlens_ptr + pid_c + 1) - chunk_start
     if pid_m * BLOCK_SIZE_M >= chunk_len:
@@ -189,9 +195,7 @@ def _scan_tma(
         cb = CB_desc.load([pid_c * chunk_size + m_start, k])
         dA_cs_k = tl.load(dA_base + k + offs_k)
         dt_k = tl.load(dt_base + k + offs_k)
-        cb = cb * tl.math.exp2((dA_cs_m[:, None] - dA_cs_k[None, :]) * LOG2E)
-        cb = cb * dt_k[None, :]
-        cb = tl.where(offs_m[:, None] >= k + offs_k[None, :], cb, 0.0).to(io_dtype)
+        cb = _causal_weights(cb, dA_cs_m, dA_cs_k, dt_k, offs_m, k + offs_k, io_dtype)
         xk = x_desc.load([chunk_start + k, x_col])
         acc = dot_acc(acc, cb, xk, DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
     D = tl.load(D_ptr + pid_h).to(tl.float32)
