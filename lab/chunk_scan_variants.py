@@ -65,6 +65,16 @@ def _tile_of_launch(hdim: tl.constexpr, BLOCK_SIZE_N: tl.constexpr):
 
 
 @triton.jit
+def _chunk_of(cu_chunk_seqlens_ptr, seq_idx_ptr, pid_c):
+    """(first token, length, the chunk before, whether that chunk's state enters this one: same sequence)."""
+    chunk_start = tl.load(cu_chunk_seqlens_ptr + pid_c)
+    chunk_len = tl.load(cu_chunk_seqlens_ptr + pid_c + 1) - chunk_start
+    prev_chunk = pid_c - 1
+    prev_seq = tl.load(seq_idx_ptr + prev_chunk, mask=prev_chunk >= 0, other=-1)
+    return chunk_start, chunk_len, prev_chunk, prev_seq == tl.load(seq_idx_ptr + pid_c)
+
+
+@triton.jit
 def _causal_weights(cb, dA_cs_m, dA_cs_k, dt_k, rows, cols, io_dtype: tl.constexpr):
     """The shipped kernel's intra-chunk weights: CB decayed and scaled by dt, zero above the diagonal (selected, not
     multiplied: exp may overflow there), in the io dtype."""
@@ -85,15 +95,11 @@ def _scan_variant(
 ):
     # Grid (tiles, chunks, heads / HEADS_PER_PROGRAM), head-fastest order as the shipped kernel.
     pid_hg, pid_m, pid_n, pid_c = _tile_of_launch(hdim, BLOCK_SIZE_N)
-    chunk_start = tl.load(cu_chunk_seqlens_ptr + pid_c).to(tl.int64)
-    chunk_len = tl.load(cu_chunk_seqlens_ptr + pid_c + 1).to(tl.int64) - chunk_start
+    chunk_start, chunk_len, prev_chunk, from_states = _chunk_of(cu_chunk_seqlens_ptr, seq_idx_ptr, pid_c)
+    chunk_start = chunk_start.to(tl.int64)
     if pid_m * BLOCK_SIZE_M >= chunk_len:
         return
     io_dtype = x_ptr.dtype.element_ty
-    seq = tl.load(seq_idx_ptr + pid_c)
-    prev_chunk = pid_c - 1
-    prev_seq = tl.load(seq_idx_ptr + prev_chunk, mask=prev_chunk >= 0, other=-1)
-    from_states = prev_seq == seq
     m_start = pid_m * BLOCK_SIZE_M
     offs_m = m_start + tl.arange(0, BLOCK_SIZE_M)
     offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
@@ -161,14 +167,10 @@ def _scan_tma(
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
 ):
     pid_h, pid_m, pid_n, pid_c = _tile_of_launch(hdim, BLOCK_SIZE_N)
-    chunk_start = tl.load(cu_chunk_seqlens_ptr + pid_c)
-    chunk_len = tl.load(cu_chunk_seqlens_ptr + pid_c + 1) - chunk_start
+    chunk_start, chunk_len, prev_chunk, from_states = _chunk_of(cu_chunk_seqlens_ptr, seq_idx_ptr, pid_c)
     if pid_m * BLOCK_SIZE_M >= chunk_len:
         return
     io_dtype = x_ptr.dtype.element_ty
-    seq = tl.load(seq_idx_ptr + pid_c)
-    prev_chunk = pid_c - 1
-    prev_seq = tl.load(seq_idx_ptr + prev_chunk, mask=prev_chunk >= 0, other=-1)
     m_start = pid_m * BLOCK_SIZE_M
     n_start = pid_n * BLOCK_SIZE_N
     offs_m = m_start + tl.arange(0, BLOCK_SIZE_M)
@@ -179,7 +181,7 @@ def _scan_tma(
     dA_base = dA_cumsum_ptr + pid_h * stride_dt_head + pid_c * stride_dt_chunk
     dA_cs_m = tl.load(dA_base + offs_m)
     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-    if prev_seq == seq:
+    if from_states:
         c = C_desc.load([chunk_start + m_start, 0])
         prev = states_desc.load([(prev_chunk * nheads + pid_h) * hdim + n_start, 0]).to(io_dtype)
         acc = dot_acc(acc, c, prev.T, DOT_FP32_OPERANDS, FP32_DOT_PRECISION)
