@@ -335,6 +335,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--chunks", type=int, default=17)
     parser.add_argument("--sweep", action="store_true", help="the shipped kernel at every config of a grid")
+    parser.add_argument("--tma-sweep", action="store_true", help="the TMA scan at every config of a grid")
     parser.add_argument("--only", default="", help="run the shipped kernel and the variants whose name has this")
     args = parser.parse_args(argv)
     inp = prefill_inputs(args.chunks)
@@ -350,6 +351,13 @@ def main(argv=None) -> int:
             blocks = cfg(m, n, k)
             variants[f"config M{m} N{n} K{k} w{w} s{st}"] = (
                 lambda out, c=blocks, w=w, st=st: shipped_raw_call(inp, out, inp["CB"], c, w, st))
+    elif args.tma_sweep:
+        for m, n, k, w, st, ws in itertools.product((64, 128), (32, 64), (32, 64), (4, 8), (2, 3, 4), (False, True)):
+            if w == 8 and m < 128:
+                continue
+            name = f"tma {m}/{n}/{k} w{w} s{st}{' ws' if ws else ''}"
+            variants[name] = (lambda out, m=m, n=n, k=k, w=w, st=st, ws=ws: tma_call(
+                inp, out, config=cfg(m, n, k), warps=w, stages=st, ws=ws, bounded=False))
     else:
         cb_bf16 = inp["CB"].bfloat16()
         variants["cb-bf16 64/64/32"] = lambda out: shipped_raw_call(inp, out, cb_bf16, cfg(64, 64, 32), 4, 1)
