@@ -186,6 +186,38 @@ class ReturnsWrongDtype(_Broken):
         return None if result is None else result.float()
 
 
+def _neighbours(cu_seqlens: torch.Tensor) -> list[tuple[int, int, int]]:
+    """(b, the last token of sequence b, the first token of sequence b + 1) for each pair with tokens."""
+    cu = cu_seqlens.tolist()
+    return [(b, cu[b + 1] - 1, cu[b + 1]) for b in range(len(cu) - 2) if cu[b + 1] > cu[b] and cu[b + 2] > cu[b + 1]]
+
+
+class LeaksIntoPreviousOutput(_Broken):
+    breakage = ("adds 0 * the next sequence's first x row to each sequence's last output row (an x tile read past "
+                "the sequence's end, its weights zero)")
+
+    def call(self, x, *args, cu_seqlens, out, **kwargs):
+        result = self.inner.ssd_prefill(x, *args, cu_seqlens=cu_seqlens, out=out, **kwargs)
+        for _, last, first in _neighbours(cu_seqlens):
+            out[last] += (0 * x[first].float()).to(out.dtype)
+        return result
+
+
+class LeaksIntoPreviousState(_Broken):
+    breakage = "adds 0 * the next sequence's first x element to each sequence's final state (written or returned)"
+
+    def call(self, x, *args, cu_seqlens, state_cache, final_state_indices=None, **kwargs):
+        result = self.inner.ssd_prefill(x, *args, cu_seqlens=cu_seqlens, state_cache=state_cache,
+                                        final_state_indices=final_state_indices, **kwargs)
+        for b, _, first in _neighbours(cu_seqlens):
+            leak = 0 * x[first].float().flatten()[0]
+            if result is not None and result.shape[0] == cu_seqlens.shape[0] - 1:
+                result[b] += leak.to(result.dtype)
+            elif final_state_indices is not None and int(final_state_indices[b]) >= 0:
+                state_cache[int(final_state_indices[b])] += leak.to(state_cache.dtype)
+        return result
+
+
 wrong_slot = WrongSlot()
 ignores_initial_state = IgnoresInitialState()
 last_row_unwritten = LastRowUnwritten()
@@ -195,6 +227,8 @@ nondeterministic = Nondeterministic()
 reads_masked_slot = ReadsMaskedSlot()
 accepts_ineligible_indexed = AcceptsIneligibleIndexed()
 returns_wrong_dtype = ReturnsWrongDtype()
+leaks_into_previous_output = LeaksIntoPreviousOutput()
+leaks_into_previous_state = LeaksIntoPreviousState()
 
 # provider attribute -> (the check that must catch it, a case of TINY_CASES that shows it)
 CAUGHT_BY = {
@@ -207,6 +241,8 @@ CAUGHT_BY = {
     "reads_masked_slot": ("masked_state", "tiny-batch"),
     "accepts_ineligible_indexed": ("auto_vs_snapshot", "tiny-batch"),
     "returns_wrong_dtype": ("returned_shapes", "tiny-returned"),
+    "leaks_into_previous_output": ("sequence_independence", "tiny-batch"),
+    "leaks_into_previous_state": ("sequence_independence", "tiny-batch"),
 }
 BROKEN = {name: globals()[name] for name in CAUGHT_BY}
 

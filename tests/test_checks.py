@@ -27,7 +27,7 @@ from tests import broken_providers as bp
 EXPECTED_CHECKS = {
     "indexed_vs_snapshot", "auto_vs_snapshot", "untouched_storage", "masked_state", "readonly_inputs",
     "returned_shapes", "determinism", "reference_bound", "state_passing_exact", "gather_exact", "autotune_idempotent",
-    "every_config",
+    "every_config", "sequence_independence",
 }
 
 
@@ -165,8 +165,9 @@ class _CountingCalls:
 def test_the_checks_of_a_case_share_the_calls_they_make_identically(tiny_cases, kernels_provider, device):
     """One context per case (as the front ends keep it): the call on the case's inputs and path is made once for
     untouched_storage, readonly_inputs, returned_shapes, reference_bound, determinism's first call and masked_state's
-    as-built call; determinism's second call and masked_state's zeroed call are their own. tiny-batch is not
-    indexed-eligible: auto_vs_snapshot adds the snapshot call and the refused indexed one."""
+    as-built call; determinism's second call, masked_state's zeroed call and sequence_independence's two poisoned
+    calls are their own. tiny-batch is not indexed-eligible: auto_vs_snapshot adds the snapshot call and the refused
+    indexed one."""
     case = tiny_cases["tiny-batch"]  # path: auto
     provider = _CountingCalls(kernels_provider)
     ctx = CheckContext(case, provider, device)
@@ -176,12 +177,12 @@ def test_the_checks_of_a_case_share_the_calls_they_make_identically(tiny_cases, 
     for name in names:
         result = run_check(case, name, provider, device=device, context=ctx)
         assert result.status is Status.PASSED, (name, result.message or result.reason)
-    assert sorted(provider.calls) == ["auto", "auto", "auto", "indexed", "snapshot"], provider.calls
+    assert sorted(provider.calls) == ["auto"] * 5 + ["indexed", "snapshot"], provider.calls
     # Without the shared context each check makes its own calls.
     alone = _CountingCalls(kernels_provider)
     for name in names:
         run_check(case, name, alone, device=device)
-    assert len(alone.calls) == 11, alone.calls
+    assert len(alone.calls) == 14, alone.calls
 
 
 @pytest.mark.parametrize("case_id", ["tiny-direct", "tiny-batch"])

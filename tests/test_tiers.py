@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.cases.loader import load_case_file
+from harness.cases.loader import load_case_file, load_cases
 from harness.cases.model import Tiers
 from harness.checks import Status, get_check, load_provider, run_check, selected_checks
 from harness.checks.kernel_exact import STATE_PASSING_SECONDS_PER_STATE
@@ -134,7 +134,7 @@ def test_the_skip_is_decided_on_the_cpu_only(tmp_path):
     provider = load_provider("kernels:provider")
     result = run_check(case, "autotune_idempotent", provider, device="cpu")
     assert result.status is Status.SKIPPED and result.reason == cpu_tier_reason(case, "autotune_idempotent")
-    beyond = ["autotune_idempotent", "every_config"]
+    beyond = ["sequence_independence", "autotune_idempotent", "every_config"]
     every = (sum(H4_RUNS.values()) + sum(get_check(n).cpu_calls for n in beyond)) * CALL
     assert cpu_tier_gaps(case) == (beyond,
                                    f"{BLOCKS} blocks: all its checks are estimated at {every:.1f} s > "
@@ -146,10 +146,9 @@ def test_validate_warns_about_a_regression_the_cpu_tier_skips(tmp_path):
     proc = harness("validate", str(tmp_path / "cases"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     _, why = cpu_tier_gaps(case)
-    assert (f"warning: {path}: h4-two-sequences: the CPU tier skips autotune_idempotent, every_config ({why}), so CI "
-            f"runs them "
-            f"only on the nightly GPU run, not on every change; add tiers: {{cpu: true}} to the case to run them on "
-            f"the CPU tier too") in proc.stdout
+    assert (f"warning: {path}: h4-two-sequences: the CPU tier skips sequence_independence, autotune_idempotent, "
+            f"every_config ({why}), so CI runs them only on the nightly GPU run, not on every change; add tiers: "
+            f"{{cpu: true}} to the case to run them on the CPU tier too") in proc.stdout
     assert "ok: 1 cases in 1 files, 1 warning(s)" in proc.stdout
 
 
@@ -221,3 +220,18 @@ def test_the_front_ends_skip_an_unnamed_every_config_on_the_gpu_without_reaching
     run_selected(runner, case, "every_config", device="cuda", named=["every_config"])
     run_selected(runner, case, "reference_bound", device="cuda", named=None)
     assert runner.ran == ["every_config", "reference_bound"]
+
+
+def test_a_check_after_the_others_takes_no_item_off_the_tier():
+    """Over the corpus: with ``sequence_independence`` (``cpu_after_others``) selected, the tier runs exactly the
+    items it runs without it, and the new check only where a case has budget left."""
+    added = 0
+    for case in load_cases(sorted((REPO / "cases").rglob("*.yaml"))):
+        names = [name for name, _ in selected_checks(case)]
+        if "sequence_independence" not in names:
+            continue
+        without = replace(case, checks=tuple(n for n in names if n != "sequence_independence"))
+        runs = cpu_plan(case).runs
+        assert runs - {"sequence_independence"} == cpu_plan(without).runs, case.id
+        added += "sequence_independence" in runs
+    assert added > 0

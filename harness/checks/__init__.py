@@ -13,6 +13,7 @@ from harness.checks.runner import repro_line, run_check
 from harness.checks import paths as _paths  # noqa: F401
 from harness.checks import storage as _storage  # noqa: F401
 from harness.checks import states as _states  # noqa: F401
+from harness.checks import independence as _independence  # noqa: F401
 from harness.checks import bound as _bound  # noqa: F401
 from harness.checks import kernel_exact as _kernel_exact  # noqa: F401
 from harness.checks import autotune as _autotune  # noqa: F401

@@ -63,6 +63,9 @@ class Check:
     cpu_calls: float = 0.0
     # Instead, for a check whose interpreter time follows something else than the case's calls: its seconds.
     cpu_seconds: Callable[[Any], float] | None = None
+    # The CPU tier gives this check only the budget the other checks of a case leave: a check added to the registry
+    # then joins the tier where a case has room, and never takes an item the tier ran before off it.
+    cpu_after_others: bool = False
     # Why the recompile guard does not judge this check ("" = it does): a check that makes the provider do what a
     # warmed server never does (tune from scratch) compiles by design, whatever the provider's warmup covered.
     not_a_serving_call: str = ""

@@ -78,23 +78,25 @@ def _cost(case, name: str, made: set[str], call_seconds: float) -> float:
 def cpu_plan(case) -> CpuPlan:
     """The case's CPU plan: every check when ``tiers.cpu`` is true or when all fit in ``CPU_CASE_SECONDS``, none when
     it is false, else the cheapest checks (the cost of each given those already chosen; ties in collection order)
-    while the total stays within the limit. The choice depends on the case alone, so every front end and every
-    process skips the same items."""
+    while the total stays within the limit, then the same for the checks that come after the others. The choice
+    depends on the case alone, so every front end and every process skips the same items."""
     names = [name for name, _ in selected_checks(case)]
     call_seconds = SECONDS_PER_BLOCK * case.cpu_blocks()
     if case.tiers.cpu is None:
         chosen: set[str] = set()
         made: set[str] = set()
         spent = 0.0
-        rest = list(names)
-        while rest:
-            i = min(range(len(rest)), key=lambda j: (_cost(case, rest[j], made, call_seconds), j))
-            cost = _cost(case, rest[i], made, call_seconds)
-            if spent + cost > CPU_CASE_SECONDS:
-                break
-            spent += cost
-            chosen.add(rest[i])
-            made |= shared_paths(case, rest.pop(i))
+        # Two rounds: the checks that come after the others (``Check.cpu_after_others``) get what the first leaves.
+        for last in (False, True):
+            rest = [name for name in names if get_check(name).cpu_after_others == last]
+            while rest:
+                i = min(range(len(rest)), key=lambda j: (_cost(case, rest[j], made, call_seconds), j))
+                cost = _cost(case, rest[i], made, call_seconds)
+                if spent + cost > CPU_CASE_SECONDS:
+                    break
+                spent += cost
+                chosen.add(rest[i])
+                made |= shared_paths(case, rest.pop(i))
         runs = frozenset(chosen)
     else:
         runs = frozenset(names) if case.tiers.cpu else frozenset()
