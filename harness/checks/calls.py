@@ -83,12 +83,14 @@ def assert_calls_equal(actual: Call, expected: Call) -> list[str]:
     return ["out", "cache storage", "returned"]
 
 
-def written_slots(case, final_state: str | None = None) -> list[int]:
-    """Cache slots a call is allowed to write: final slots >= 0 of a direct-writeback call, else none."""
+def written_slots(case, final_state: str | None = None, sequences: list[int] | None = None) -> list[int]:
+    """Cache slots a call is allowed to write: final slots >= 0 of a direct-writeback call (of the given sequences'
+    indices, default all), else none."""
     mode = final_state or case.call.final_state
     if mode != "direct":
         return []
-    return sorted({s.final_slot for s in case.sequences if s.final_slot is not None and s.final_slot >= 0})
+    chosen = case.sequences if sequences is None else [case.sequences[b] for b in sequences]
+    return sorted({s.final_slot for s in chosen if s.final_slot is not None and s.final_slot >= 0})
 
 
 def slot_byte_ranges(state_cache: torch.Tensor, slots: list[int]) -> list[tuple[int, int]]:

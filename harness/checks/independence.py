@@ -16,7 +16,7 @@ import math
 import torch
 
 from harness.checks.base import Check
-from harness.checks.calls import Call, shared_call, slot_byte_ranges
+from harness.checks.calls import Call, shared_call, slot_byte_ranges, written_slots
 from harness.checks.registry import register
 from harness.compare import assert_bits_equal, storage_bytes
 
@@ -29,14 +29,6 @@ def _applies(case) -> tuple[bool, str]:
     if len(_with_tokens(case)) < 2:
         return False, "fewer than two sequences with tokens: no other sequence to keep apart from"
     return True, ""
-
-
-def _final_slots(case, poisoned: list[int]) -> list[int]:
-    """The slots the poisoned sequences may write (direct writeback, slots >= 0)."""
-    if case.call.final_state != "direct":
-        return []
-    return sorted({case.sequences[b].final_slot for b in poisoned
-                   if case.sequences[b].final_slot is not None and case.sequences[b].final_slot >= 0})
 
 
 def _poisoned_call(ctx, poisoned: list[int]) -> Call:
@@ -59,11 +51,10 @@ def _assert_others_kept(case, base: Call, poisoned_call: Call, poisoned: list[in
 
     after = storage_bytes(poisoned_call.inputs.cache_base)
     expected = storage_bytes(base.inputs.cache_base)
-    for start, stop in slot_byte_ranges(poisoned_call.inputs.state_cache, _final_slots(case, poisoned)):
+    for start, stop in slot_byte_ranges(poisoned_call.inputs.state_cache, written_slots(case, sequences=poisoned)):
         expected[start:stop] = after[start:stop]
-    elem = poisoned_call.inputs.cache_base.dtype
-    if after.numel() % torch.empty(0, dtype=elem).element_size() == 0:
-        after, expected = after.view(elem), expected.view(elem)
+    elem = poisoned_call.inputs.cache_base.dtype  # the storage holds whole elements of it: compare those
+    after, expected = after.view(elem), expected.view(elem)
     assert_bits_equal(after, expected, what=f"cache storage outside the poisoned sequences' final slots {what}")
 
     got, ref = poisoned_call.returned, base.returned
