@@ -93,6 +93,16 @@ def written_slots(case, final_state: str | None = None, sequences: list[int] | N
     return sorted({s.final_slot for s in chosen if s.final_slot is not None and s.final_slot >= 0})
 
 
+def assert_cache_equal_outside(inputs, expected_bytes: torch.Tensor, slots: list[int], *, what: str) -> None:
+    """``inputs``' whole cache storage holds ``expected_bytes`` (``storage_bytes`` of it earlier) everywhere but the
+    rows of ``slots``, which may hold anything."""
+    expected = expected_bytes.clone()
+    after = storage_bytes(inputs.cache_base)
+    for start, stop in slot_byte_ranges(inputs.state_cache, slots):
+        expected[start:stop] = after[start:stop]
+    assert_storage_equal(inputs.cache_base, expected, what=what, element=inputs.cache_base.dtype)
+
+
 def slot_byte_ranges(state_cache: torch.Tensor, slots: list[int]) -> list[tuple[int, int]]:
     """[start, stop) byte ranges in the backing storage of ``state_cache[slot]`` (inner dims compact)."""
     item = state_cache.element_size()

@@ -16,7 +16,7 @@ import math
 import torch
 
 from harness.checks.base import Check
-from harness.checks.calls import Call, shared_call, slot_byte_ranges, written_slots
+from harness.checks.calls import Call, assert_cache_equal_outside, shared_call, written_slots
 from harness.checks.registry import register
 from harness.compare import assert_bits_equal, storage_bytes
 
@@ -43,32 +43,28 @@ def _assert_others_kept(case, base: Call, poisoned_call: Call, poisoned: list[in
     """Every element outside the poisoned sequences' own rows and slots has the case's call's bits."""
     what = f"with the x of sequences {poisoned} set to +inf"
     cu = base.inputs.cu_seqlens.tolist()
-    actual_out = poisoned_call.inputs.out
-    expected_out = base.inputs.out.clone()
-    for b in poisoned:
-        expected_out[cu[b]:cu[b + 1]] = actual_out[cu[b]:cu[b + 1]]
-    assert_bits_equal(actual_out, expected_out, what=f"out rows of the other sequences {what}")
-
-    after = storage_bytes(poisoned_call.inputs.cache_base)
-    expected = storage_bytes(base.inputs.cache_base)
-    for start, stop in slot_byte_ranges(poisoned_call.inputs.state_cache, written_slots(case, sequences=poisoned)):
-        expected[start:stop] = after[start:stop]
-    elem = poisoned_call.inputs.cache_base.dtype  # the storage holds whole elements of it: compare those
-    after, expected = after.view(elem), expected.view(elem)
-    assert_bits_equal(after, expected, what=f"cache storage outside the poisoned sequences' final slots {what}")
+    rows = [slice(cu[b], cu[b + 1]) for b in poisoned]
+    _assert_equal_outside(poisoned_call.inputs.out, base.inputs.out, rows, f"out rows of the other sequences {what}")
+    assert_cache_equal_outside(poisoned_call.inputs, storage_bytes(base.inputs.cache_base),
+                               written_slots(case, sequences=poisoned),
+                               what=f"cache storage outside the poisoned sequences' final slots {what}")
 
     got, ref = poisoned_call.returned, base.returned
     if not isinstance(got, torch.Tensor) or not isinstance(ref, torch.Tensor) or got.shape != ref.shape:
         return  # returned_shapes judges what was returned; here only the rows of a well-formed one
     if case.call.final_state == "returned":
-        rows = poisoned
+        theirs = poisoned
     else:  # checkpoint: the state after each chunk, a chunk of a poisoned sequence is theirs
-        seq_of_chunk = base.inputs.seq_idx.tolist()
-        rows = [c for c, b in enumerate(seq_of_chunk) if b in poisoned]
-    expected_returned = ref.clone()
-    for r in rows:
-        expected_returned[r] = got[r]
-    assert_bits_equal(got, expected_returned, what=f"returned states of the other sequences {what}")
+        theirs = [c for c, b in enumerate(base.inputs.seq_idx.tolist()) if b in poisoned]
+    _assert_equal_outside(got, ref, theirs, f"returned states of the other sequences {what}")
+
+
+def _assert_equal_outside(actual: torch.Tensor, expected: torch.Tensor, theirs: list, what: str) -> None:
+    """``actual`` has ``expected``'s bits everywhere but at the indices ``theirs`` (rows or slices of rows)."""
+    expected = expected.clone()
+    for index in theirs:
+        expected[index] = actual[index]
+    assert_bits_equal(actual, expected, what=what)
 
 
 def _sequence_independence(ctx) -> dict:
