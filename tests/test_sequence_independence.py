@@ -25,19 +25,26 @@ def _checkpoint(case):
     return replace(case, call=replace(case.call, final_state="checkpoint"))
 
 
-@pytest.mark.parametrize(("provider", "case_id", "mode", "where"), [
-    (bp.LeaksIntoPreviousOutput, "tiny-batch", None, "out rows of the other sequences"),
-    (bp.LeaksIntoPreviousState, "tiny-batch", None, "cache storage outside the poisoned sequences' final slots"),
-    (bp.LeaksIntoPreviousState, "tiny-returned", None, "returned states of the other sequences"),
-    (bp.LeaksIntoPreviousState, "tiny-returned", _checkpoint, "returned states of the other sequences"),
+# owner: which rows the failure says were hit, and whose (the leaky providers write into the last row before the
+# poisoned sequence); the cache's bytes have no rows of a sequence to name.
+@pytest.mark.parametrize(("provider", "case_id", "mode", "where", "owner"), [
+    (bp.LeaksIntoPreviousOutput, "tiny-batch", None, "out rows of the other sequences",
+     "sequence 0: token 9 (1 of its 10)"),
+    (bp.LeaksIntoPreviousState, "tiny-batch", None, "cache storage outside the poisoned sequences' final slots", None),
+    (bp.LeaksIntoPreviousState, "tiny-returned", None, "returned states of the other sequences",
+     "sequence 0: row 0 (1 of its 1)"),
+    (bp.LeaksIntoPreviousState, "tiny-returned", _checkpoint, "returned states of the other sequences",
+     "sequence 0: chunk 0 (1 of its 1)"),
 ])
-def test_a_leak_is_caught_where_it_lands(tiny_cases, device, provider, case_id, mode, where):
+def test_a_leak_is_caught_where_it_lands(tiny_cases, device, provider, case_id, mode, where, owner):
     case = mode(tiny_cases[case_id]) if mode else tiny_cases[case_id]
     if mode:
         assert case.metadata().nchunks == len(case.sequences)  # the leaky provider's premise (see _checkpoint)
     result = run_check(case, "sequence_independence", provider(), device=device)
     assert result.status is Status.FAILED, result.reason
     assert where in result.summary and "with the x of sequences [1] set to +inf" in result.summary, result.summary
+    if owner:
+        assert f"rows that differ, by the sequence they belong to: {owner}" in result.message, result.message
 
 
 def test_the_leaks_pass_every_other_check(tiny_cases, device):

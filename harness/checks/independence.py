@@ -18,7 +18,7 @@ import torch
 from harness.checks.base import Check
 from harness.checks.calls import Call, assert_cache_equal_outside, shared_call, written_slots
 from harness.checks.registry import register
-from harness.compare import assert_bits_equal, storage_bytes
+from harness.compare import assert_bits_equal, int_view, storage_bytes
 
 
 def _with_tokens(case) -> list[int]:
@@ -44,7 +44,9 @@ def _assert_others_kept(case, base: Call, poisoned_call: Call, poisoned: list[in
     what = f"with the x of sequences {poisoned} set to +inf"
     cu = base.inputs.cu_seqlens.tolist()
     rows = [slice(cu[b], cu[b + 1]) for b in poisoned]
-    _assert_equal_outside(poisoned_call.inputs.out, base.inputs.out, rows, f"out rows of the other sequences {what}")
+    token_sequence = [b for b in range(len(cu) - 1) for _ in range(cu[b], cu[b + 1])]
+    _assert_equal_outside(poisoned_call.inputs.out, base.inputs.out, rows, f"out rows of the other sequences {what}",
+                          row_sequence=token_sequence, row_name="token")
     assert_cache_equal_outside(poisoned_call.inputs, storage_bytes(base.inputs.cache_base),
                                written_slots(case, sequences=poisoned),
                                what=f"cache storage outside the poisoned sequences' final slots {what}")
@@ -53,18 +55,36 @@ def _assert_others_kept(case, base: Call, poisoned_call: Call, poisoned: list[in
     if not isinstance(got, torch.Tensor) or not isinstance(ref, torch.Tensor) or got.shape != ref.shape:
         return  # returned_shapes judges what was returned; here only the rows of a well-formed one
     if case.call.final_state == "returned":
-        theirs = poisoned
+        row_sequence, row_name = list(range(len(case.sequences))), "row"
     else:  # checkpoint: the state after each chunk, a chunk of a poisoned sequence is theirs
-        theirs = [c for c, b in enumerate(base.inputs.seq_idx.tolist()) if b in poisoned]
-    _assert_equal_outside(got, ref, theirs, f"returned states of the other sequences {what}")
+        row_sequence, row_name = base.inputs.seq_idx.tolist(), "chunk"
+    theirs = [row for row, b in enumerate(row_sequence) if b in poisoned]
+    _assert_equal_outside(got, ref, theirs, f"returned states of the other sequences {what}",
+                          row_sequence=row_sequence, row_name=row_name)
 
 
-def _assert_equal_outside(actual: torch.Tensor, expected: torch.Tensor, theirs: list, what: str) -> None:
-    """``actual`` has ``expected``'s bits everywhere but at the indices ``theirs`` (rows or slices of rows)."""
+def _assert_equal_outside(actual: torch.Tensor, expected: torch.Tensor, theirs: list, what: str, *,
+                          row_sequence: list[int], row_name: str) -> None:
+    """``actual`` has ``expected``'s bits everywhere but at the indices ``theirs`` (rows or slices of rows); a
+    failure also says which sequences own the rows that differ (``row_sequence``: each row's sequence)."""
     expected = expected.clone()
     for index in theirs:
         expected[index] = actual[index]
-    assert_bits_equal(actual, expected, what=what)
+    differ = (int_view(actual) != int_view(expected)).reshape(actual.shape[0], -1).any(dim=1).nonzero().flatten()
+    assert_bits_equal(actual, expected, what=what,
+                      context=_owners(differ.tolist(), row_sequence, row_name) if len(differ) else None)
+
+
+def _owners(rows: list[int], row_sequence: list[int], row_name: str) -> str:
+    """'rows that differ, by the sequence they belong to: sequence 1: tokens 32..40 (9 of its 9)'."""
+    by_sequence: dict[int, list[int]] = {}
+    for row in rows:
+        by_sequence.setdefault(row_sequence[row], []).append(row)
+    parts = []
+    for b, own in sorted(by_sequence.items()):
+        span = f"{row_name} {own[0]}" if len(own) == 1 else f"{row_name}s {own[0]}..{own[-1]}"
+        parts.append(f"sequence {b}: {span} ({len(own)} of its {row_sequence.count(b)})")
+    return "rows that differ, by the sequence they belong to: " + "; ".join(parts)
 
 
 def _sequence_independence(ctx) -> dict:
