@@ -22,7 +22,8 @@ Variants (two lab kernels, constexpr flags; the shipped kernel itself as the bas
   the causal select zeroes their weights, but a non-finite x there would spread, so the kernel is a measure of what
   TMA buys, not a candidate as it stands (``bounded``: x's descriptor made in each program, ending at the chunk's
   end, so those rows load as zeros as the shipped mask makes them). The same bits where the tiles and the K order
-  are the shipped ones.
+  are the shipped ones. Its product form (x's last partial step loaded masked) is closed: slower in whole calls and
+  leaking across sequences on the GPU (docs/decisions.md: the chunk scan stays on pointer loads).
 
 Not part of the product or the suite.
 """
