@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 
 from harness.checks import Status, load_provider, run_check, selected_checks
+from harness.checks.independence import _owners
 from tests import broken_providers as bp
 
 
@@ -70,3 +71,11 @@ def test_a_single_sequence_is_not_applicable_and_says_why(tiny_cases, kernels_pr
     result = run_check(case, "sequence_independence", kernels_provider, device=device)
     assert result.status is not Status.PASSED
     assert "fewer than two sequences with tokens" in result.reason
+
+
+def test_the_owners_line_names_each_hit_sequence_its_span_and_count():
+    """Rows hit in two sequences: each sequence with its first and last hit row and how many of its rows."""
+    token_sequence = [0] * 4 + [1] * 6
+    line = _owners([1, 2, 5, 9], token_sequence, "token")
+    assert line == ("rows that differ, by the sequence they belong to: sequence 0: tokens 1..2 (2 of its 4); "
+                    "sequence 1: tokens 5..9 (2 of its 6)"), line
