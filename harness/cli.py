@@ -136,8 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--budget", type=int, required=True, metavar="N",
                       help="examples to try while searching (shrinking a failure is not counted)")
     fuzz.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
-                      help="wall time for searching and shrinking together, checked before each item; when it runs "
-                           "out, the smallest failure found so far is written (default: no limit)")
+                      help="wall time for searching and shrinking together, checked before each item but the first; "
+                           "when it runs out, the smallest failure found so far is written (default: no limit)")
     fuzz.add_argument("--shrink-budget", type=int, default=None, metavar="N",
                       help="examples to try while shrinking a failure; when they run out, the smallest failure found "
                            "so far is written (default: until shrinking ends). Where each failing example costs a "

@@ -15,9 +15,11 @@ sticky device error). A hang counts only when it repeats in the fresh child: a f
 on a busy host can pass the limit once. Each case runs once; Hypothesis' final replay of the minimal case is
 answered from memory.
 
-Budgets: ``budget`` examples for the search (shrinking is Hypothesis' to bound: it stops after five minutes), and
-an optional wall-time budget for search and shrinking together, checked before each item (an item running when it
-passes ends by itself or at its time limit). Hypothesis' own deadline is off: the item time limit is what stops a
+Budgets: ``budget`` examples for the search (shrinking is Hypothesis' to bound: it stops after five minutes), and an
+optional wall-time budget for search and shrinking together, checked before each item but the first (an item running
+when it passes ends by itself or at its time limit). The first item runs whatever the clock says: the child's
+start-up (torch, a CUDA context on a busy host) comes before it and can take longer than a short budget, and a
+search that tried nothing would tell nothing. Hypothesis' own deadline is off: the item time limit is what stops a
 slow item. When the time budget runs out, or on Ctrl-C (SIGTERM in the CLI), the smallest failure seen so far is
 written. Progress goes to a log (stderr): a line at the start and at the first failure, and a heartbeat every
 ``heartbeat`` seconds from a side thread (examples tried, faults seen, process restarts, elapsed time, the smallest
@@ -339,7 +341,8 @@ class _Search:
                 raise _Stop(f"the shrinking budget of {n} example{'s' * (n != 1)} ran out")
             with self._lock:
                 self.shrink_examples += 1
-        self._check_time()
+        if self.examples:  # the first item runs however long the child's start-up took (the module says why)
+            self._check_time()
         # The items the run's tier leaves out (harness.checks.tiers: the CPU tier's cost model, the checks that run
         # on the GPU only when --check names them) would only report their skip: not run, as a front end skips them.
         names = [n for n, _ in selected_checks(case) if (not self.only or n in self.only)
@@ -525,13 +528,13 @@ def fuzz(provider_spec: str, *, budget: int, out_dir: Path, device: str, checks:
 
     ``isolation``, ``timeout``, ``provider``: ``harness.isolation.open_runner``'s (a process per runner by default;
     ``timeout``: the item time limit). ``time_budget``: seconds for the search and shrinking together (None: no
-    limit), checked before each item. ``shrink_budget``: examples to run while shrinking a failure (None: until
-    Hypothesis is done), checked before each: where every failing example costs a process (a crash, a hang), it
-    bounds the search's cost by a count, the same on any host, where a time budget stops it wherever the host's
-    speed says. ``heartbeat``: seconds between progress lines on ``log`` (default stderr).
-    When a budget runs out or the search is interrupted (KeyboardInterrupt), the smallest failure seen so far is
-    written and returned with ``stopped`` saying why. Raises ``NothingTried`` when no check reached a verdict, and
-    the harness's own errors (``ProviderError``, ``IsolationError``) as they are."""
+    limit), checked before each item but the first. ``shrink_budget``: examples to run while shrinking a failure
+    (None: until Hypothesis is done), checked before each: where every failing example costs a process (a crash, a
+    hang), it bounds the search's cost by a count, the same on any host, where a time budget stops it wherever the
+    host's speed says. ``heartbeat``: seconds between progress lines on ``log`` (default stderr). When a budget runs
+    out or the search is interrupted (KeyboardInterrupt), the smallest failure seen so far is written and returned
+    with ``stopped`` saying why. Raises ``NothingTried`` when no check reached a verdict, and the harness's own
+    errors (``ProviderError``, ``IsolationError``) as they are."""
     from harness.checks import repro_line
 
     log = sys.stderr if log is None else log

@@ -42,6 +42,17 @@ def test_fuzz_finds_nothing_against_a_working_provider(tmp_path, device):
     assert not found.stopped and not list(tmp_path.iterdir())
 
 
+def test_a_time_budget_spent_before_the_first_item_still_runs_that_item_and_no_other(tmp_path, device):
+    """A start-up longer than the budget (torch and a CUDA context on a busy host) must not end the search before
+    it has tried anything: the first item runs, the next example meets the spent budget."""
+    found = fuzz("reference:provider", budget=8, out_dir=tmp_path, device=device, isolation="none",
+                 checks=["determinism"], time_budget=1e-9)
+    assert isinstance(found, NoFailure), found
+    assert (found.examples, found.items) == (1, 1), found
+    assert found.stopped == "the time budget of 1e-09 s ran out", found
+    assert not list(tmp_path.iterdir())
+
+
 def test_fuzz_shrinks_and_writes_a_regression_in_process(tmp_path, device):
     found = fuzz("tests.broken_providers:on_reference.mutates_input", budget=20, out_dir=tmp_path, device=device,
                  isolation="none", provider=bp.on_reference.mutates_input)
