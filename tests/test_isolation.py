@@ -2,10 +2,12 @@
 running, with the cause in one line and the repro line; every other case still runs and passes; the exit status is
 non-zero and the JSON report lists every item (``harness.isolation`` behind ``python -m harness run``).
 
-The faults end or freeze the process that runs the provider, so the CLI runs as a real process here
-(``tests/faulty_providers.py``: each faults on ``tiny-batch`` alone, the middle case of ``TINY_CASES``, so that a
-case runs after it). The supervisor's API (recompile guard in the child, per-case contexts, settings) is tested
-in this process.
+The faults end or freeze the process that runs the provider, the supervised child (``tests/faulty_providers.py``:
+each faults on ``tiny-batch`` alone, the middle case of ``TINY_CASES``, so that a case runs after it). The command's
+front end runs through ``cli.main`` in this process (``run_faulty``), its children forked by this process's fork
+server: a front end of its own would import torch again, seconds on a busy GPU host. What needs the command as a
+process (its first child forked at its start, its exit on Ctrl-C or SIGTERM, repro's output) runs it as one. The
+supervisor's API (recompile guard in the child, per-case contexts, settings) is tested in this process.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from harness.checks import CheckResult, Status
 from harness.report import Report, parts_dir
 from tests import broken_providers as bp
 from tests import faulty_providers as fp
+from tests.support import harness
 
 pytestmark = pytest.mark.usefixtures("children_with_one_hardware_queue")  # tests/conftest.py says why
 
@@ -57,10 +60,24 @@ def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess:
                           text=True, timeout=CLI_SECONDS)
 
 
-def run_faulty(tiny: Path, device: str, provider: str, **env: str) -> tuple[subprocess.CompletedProcess, Report]:
+def faulty_run_args(tiny: Path, device: str, provider: str) -> list[str]:
+    return ["run", str(tiny), "--device", device, "--provider", f"tests.faulty_providers:{provider}", "--check",
+            "determinism", "--json", str(tiny.parent / "report.json")]
+
+
+def run_faulty(tiny: Path, device: str, provider: str, monkeypatch: pytest.MonkeyPatch,
+               **env: str) -> tuple[subprocess.CompletedProcess, Report]:
+    """``python -m harness run`` on ``tiny`` with a faulty provider, through ``cli.main`` in this process, in the
+    environment ``run_cli`` gives a process (``env`` added)."""
+    for name in ("SSD_HARNESS_ISOLATION", "SSD_HARNESS_ITEM_TIMEOUT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return _with_report(tiny, harness(*faulty_run_args(tiny, device, provider)))
+
+
+def _with_report(tiny: Path, proc: subprocess.CompletedProcess) -> tuple[subprocess.CompletedProcess, Report]:
     report = tiny.parent / "report.json"
-    proc = run_cli("run", str(tiny), "--device", device, "--provider", f"tests.faulty_providers:{provider}",
-                   "--check", "determinism", "--json", str(report), **env)
     assert report.is_file(), f"no report\n{proc.stdout}\n{proc.stderr}"
     return proc, Report.read(report)
 
@@ -104,24 +121,34 @@ def assert_gone(pids: list[int]) -> None:
     ("segfaults", "the process running the provider died: SIGSEGV (signal 11)", 1),
     ("raises_keyboard_interrupt", "KeyboardInterrupt", 0),
 ])
-def test_a_provider_that_exits_or_crashes_fails_its_item_and_the_rest_run(tiny, provider, cause, restarts, device):
+def test_a_provider_that_exits_or_crashes_fails_its_item_and_the_rest_run(tiny, provider, cause, restarts, device,
+                                                                          monkeypatch):
     spec = f"tests.faulty_providers:{provider}"
-    proc, report = run_faulty(tiny, device, provider)
+    proc, report = run_faulty(tiny, device, provider, monkeypatch)
     assert_only_items_of(report, proc, tiny, fp.FAULTING_CASE, cause, spec)
     assert [r["item"] for r in report.meta["restarts"]] == [f"{fp.FAULTING_CASE}::determinism"] * restarts
     assert report.meta["processes"] == 1 + restarts
-    # The first child was forked at the command's start (harness/__main__.py), its replacement by the fork server.
-    assert [s["how"] for s in report.meta["starts"]] == ["fork"] + ["fork server"] * restarts, report.meta["starts"]
+    # In this process every child comes from its fork server (the command's own start: the next test).
+    assert [s["how"] for s in report.meta["starts"]] == ["fork server"] * (1 + restarts), report.meta["starts"]
     if provider == "segfaults":  # the dying child's Python stack is in the report
         (bad,) = [r for r in report.items if r.outcome == "error"]
         assert "faulty_providers.py" in bad.message and "in _segfault" in bad.message, bad.message
         assert "provider process restarts: 1" in proc.stdout
 
 
-def test_a_hung_item_is_stopped_at_the_time_limit(tiny, device):
+def test_the_command_forks_its_first_child_at_its_start_and_its_replacement_from_the_fork_server(tiny, device):
+    """``python -m harness run`` as a process: its first child was forked right after torch's import
+    (harness/__main__.py), and the one replacing it after a crash by the fork server."""
+    proc, report = _with_report(tiny, run_cli(*faulty_run_args(tiny, device, "exits_hard")))
+    assert_only_items_of(report, proc, tiny, fp.FAULTING_CASE, "exited with status 3 during the call",
+                         "tests.faulty_providers:exits_hard")
+    assert [s["how"] for s in report.meta["starts"]] == ["fork", "fork server"], report.meta["starts"]
+
+
+def test_a_hung_item_is_stopped_at_the_time_limit(tiny, device, monkeypatch):
     pids = tiny.parent / "pids"
     limit = HANG_LIMIT
-    proc, report = run_faulty(tiny, device, "hangs", SSD_HARNESS_ITEM_TIMEOUT=str(limit),
+    proc, report = run_faulty(tiny, device, "hangs", monkeypatch, SSD_HARNESS_ITEM_TIMEOUT=str(limit),
                               SSD_TEST_PID_FILE=str(pids))
     cause = f"timed out after {limit} s (limit from SSD_HARNESS_ITEM_TIMEOUT)"
     assert_only_items_of(report, proc, tiny, fp.FAULTING_CASE, cause, "tests.faulty_providers:hangs")
@@ -131,10 +158,10 @@ def test_a_hung_item_is_stopped_at_the_time_limit(tiny, device):
     assert_gone(_pids(pids))
 
 
-def test_a_sticky_device_error_fails_only_the_case_that_caused_it(tiny, device):
+def test_a_sticky_device_error_fails_only_the_case_that_caused_it(tiny, device, monkeypatch):
     """The provider poisons its process on tiny-batch (every later call there fails, as after a real illegal memory
     access): the child reports the error, exits, and tiny-returned runs in a fresh one."""
-    proc, report = run_faulty(tiny, device, "sticky_device_error")
+    proc, report = run_faulty(tiny, device, "sticky_device_error", monkeypatch)
     assert_only_items_of(report, proc, tiny, fp.FAULTING_CASE, fp.STICKY_MESSAGE,
                          "tests.faulty_providers:sticky_device_error")
     (restart,) = report.meta["restarts"]
@@ -142,11 +169,11 @@ def test_a_sticky_device_error_fails_only_the_case_that_caused_it(tiny, device):
     assert "provider process replaced: sticky device error" in proc.stdout
 
 
-def test_a_crash_that_does_not_repeat_is_reported_not_rerun_as_passed(tiny, device):
+def test_a_crash_that_does_not_repeat_is_reported_not_rerun_as_passed(tiny, device, monkeypatch):
     """The first call of the run kills its process; the item that made it is an ERROR, reported once, and the later
     items (each call now works) pass."""
     marker = tiny.parent / "crashed-once"
-    proc, report = run_faulty(tiny, device, "crashes_once", SSD_TEST_CRASH_ONCE_MARKER=str(marker))
+    proc, report = run_faulty(tiny, device, "crashes_once", monkeypatch, SSD_TEST_CRASH_ONCE_MARKER=str(marker))
     assert marker.exists()
     assert_only_items_of(report, proc, tiny, "tiny-direct", "died: SIGSEGV (signal 11)",
                          "tests.faulty_providers:crashes_once")
