@@ -29,14 +29,14 @@ from tests.support import harness
 pytestmark = pytest.mark.usefixtures("children_with_one_hardware_queue")  # tests/conftest.py says why
 
 CHECK = "determinism"
-HEARTBEAT = 0.2  # a few beats inside the shortest shrinking below, on a fast host
-# Examples while shrinking, for the searches that lose a child at every failing example: with this seed each of
-# these searches' first smaller failure is the first example after the fault (the crash searches' whole shrinking
-# takes 29 examples), under the Hypothesis releases of both tiers' images. A crash's count leaves room for another
-# release's shrinking order. A hang's example waits out the item limit twice (the hang is confirmed), so its search
-# shrinks one example: the suite's longest item, which bounds a GPU run's wall time. Were a release's first step not
-# smaller, ``_written`` fails the test, naming both cases.
-LOSING_SHRINK = 8
+HEARTBEAT = 0.05  # several beats inside the shortest shrinking below (the crashes' three steps), on a fast host
+# Examples while shrinking, for the searches that lose a child at every failing example (on a GPU each starts a CUDA
+# context): with this seed each of these searches' first smaller failure is the first example after the fault (the
+# crash searches' whole shrinking takes 29 examples), under the Hypothesis releases of both tiers' images. A crash's
+# count leaves room for another release's shrinking order. A hang's example waits out the item limit twice (the hang
+# is confirmed), so its search shrinks one example: the suite's longest item, which bounds a GPU run's wall time.
+# Were a release's first step not smaller, ``_written`` fails the test, naming both cases.
+LOSING_SHRINK = 3
 HANG_SHRINK = 1
 # Wall time behind the shrinking budget, for a host too slow to spend it: enough for the first child's start-up and
 # the first fault on a busy host (a CUDA child also creates its context), then as many shrinking steps as fit. Each
