@@ -6,7 +6,7 @@ The faults end or freeze the process that runs the provider, the supervised chil
 each faults on ``tiny-batch`` alone, the middle case of ``TINY_CASES``, so that a case runs after it). The command's
 front end runs through ``cli.main`` in this process (``run_faulty``), its children forked by this process's fork
 server: a front end of its own would import torch again, seconds on a busy GPU host. What needs the command as a
-process (its first child forked at its start, its exit on Ctrl-C or SIGTERM, repro's output) runs it as one. The
+process (its first child forked at its start, its end on Ctrl-C or SIGTERM) runs it as one. The
 supervisor's API (recompile guard in the child, per-case contexts, settings) is tested in this process.
 """
 
@@ -65,14 +65,19 @@ def faulty_run_args(tiny: Path, device: str, provider: str) -> list[str]:
             "determinism", "--json", str(tiny.parent / "report.json")]
 
 
-def run_faulty(tiny: Path, device: str, provider: str, monkeypatch: pytest.MonkeyPatch,
-               **env: str) -> tuple[subprocess.CompletedProcess, Report]:
-    """``python -m harness run`` on ``tiny`` with a faulty provider, through ``cli.main`` in this process, in the
-    environment ``run_cli`` gives a process (``env`` added)."""
+def as_run_cli_would(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
+    """This process's environment as ``run_cli`` gives its process (``env`` added): above all no
+    ``SSD_HARNESS_ISOLATION=none`` from the caller, under which a faulty provider would end this process."""
     for name in ("SSD_HARNESS_ISOLATION", "SSD_HARNESS_ITEM_TIMEOUT"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
+
+
+def run_faulty(tiny: Path, device: str, provider: str, monkeypatch: pytest.MonkeyPatch,
+               **env: str) -> tuple[subprocess.CompletedProcess, Report]:
+    """``python -m harness run`` on ``tiny`` with a faulty provider, through ``cli.main`` in this process."""
+    as_run_cli_would(monkeypatch, **env)
     return _with_report(tiny, harness(*faulty_run_args(tiny, device, provider)))
 
 
@@ -179,8 +184,9 @@ def test_a_crash_that_does_not_repeat_is_reported_not_rerun_as_passed(tiny, devi
                          "tests.faulty_providers:crashes_once")
 
 
-def test_repro_of_a_crashing_item_shows_the_crash(tiny, device):
-    proc = run_cli("repro", str(tiny), "--case", fp.FAULTING_CASE, "--check", "determinism", "--device", device,
+def test_repro_of_a_crashing_item_shows_the_crash(tiny, device, monkeypatch):
+    as_run_cli_would(monkeypatch)
+    proc = harness("repro", str(tiny), "--case", fp.FAULTING_CASE, "--check", "determinism", "--device", device,
                    "--provider", "tests.faulty_providers:segfaults")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert f"ERROR: {fp.FAULTING_CASE}::determinism" in proc.stdout
