@@ -26,6 +26,7 @@ import sys
 import pytest
 
 from harness import backend
+from harness.isolation import settings
 
 _NEEDS = {"gpu": "cuda", "interpreter": "cpu"}
 # Not a test's doing: pytest's own (set at each phase of each test), and what a library sets for its whole process the
@@ -66,6 +67,16 @@ def _gives_back_the_environment():
         torch.set_num_threads(torch_state[1])
     if left:
         pytest.fail("the test left the process changed (given back now): " + "; ".join(left), pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _without_the_callers_harness_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test runs the harness under the settings it chooses, not the caller's: ``SSD_HARNESS_ISOLATION=none`` in
+    the caller's environment would run a test's crashing provider in the test's own process (and end it), and
+    ``SSD_HARNESS_ITEM_TIMEOUT`` would change the limits the fault tests wait out. Case items keep the caller's
+    settings: this file's fixtures reach only the tests under tests/."""
+    for name in (settings.ISOLATION_ENV, settings.TIMEOUT_ENV):
+        monkeypatch.delenv(name, raising=False)
 
 
 def _torch_state() -> tuple:

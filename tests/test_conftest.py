@@ -105,3 +105,20 @@ def test_a_test_that_leaves_the_environment_changed_errors_naming_it_and_the_cha
     from triton import knobs
 
     assert knobs.runtime.jit_cache_hook is None
+
+
+SEES_THE_HARNESS_SETTINGS = """
+import os
+
+def test_runs_without_the_callers_harness_settings():
+    assert "SSD_HARNESS_ISOLATION" not in os.environ and "SSD_HARNESS_ITEM_TIMEOUT" not in os.environ
+"""
+
+
+def test_the_callers_harness_settings_do_not_reach_a_test_and_come_back_after_it(pytester, device, monkeypatch):
+    """A caller's ``SSD_HARNESS_ISOLATION=none`` would run a test's crashing provider in the test's own process."""
+    monkeypatch.setenv("SSD_HARNESS_ISOLATION", "none")
+    monkeypatch.setenv("SSD_HARNESS_ITEM_TIMEOUT", "1")
+    result = _run(pytester, device, SEES_THE_HARNESS_SETTINGS)
+    result.assert_outcomes(passed=1)
+    assert (os.environ["SSD_HARNESS_ISOLATION"], os.environ["SSD_HARNESS_ITEM_TIMEOUT"]) == ("none", "1")

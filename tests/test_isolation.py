@@ -51,8 +51,7 @@ def tiny(tmp_path) -> Path:
 
 
 def _env(**extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("SSD_HARNESS_ISOLATION", "SSD_HARNESS_ITEM_TIMEOUT")}
-    return {**env, "PYTHONPATH": str(ROOT), **extra}
+    return {**os.environ, "PYTHONPATH": str(ROOT), **extra}
 
 
 def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess:
@@ -65,19 +64,12 @@ def faulty_run_args(tiny: Path, device: str, provider: str) -> list[str]:
             "determinism", "--json", str(tiny.parent / "report.json")]
 
 
-def as_run_cli_would(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
-    """This process's environment as ``run_cli`` gives its process (``env`` added): above all no
-    ``SSD_HARNESS_ISOLATION=none`` from the caller, under which a faulty provider would end this process."""
-    for name in ("SSD_HARNESS_ISOLATION", "SSD_HARNESS_ITEM_TIMEOUT"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-
-
 def run_faulty(tiny: Path, device: str, provider: str, monkeypatch: pytest.MonkeyPatch,
                **env: str) -> tuple[subprocess.CompletedProcess, Report]:
-    """``python -m harness run`` on ``tiny`` with a faulty provider, through ``cli.main`` in this process."""
-    as_run_cli_would(monkeypatch, **env)
+    """``python -m harness run`` on ``tiny`` with a faulty provider, through ``cli.main`` in this process, with
+    ``env`` set."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     return _with_report(tiny, harness(*faulty_run_args(tiny, device, provider)))
 
 
@@ -184,8 +176,7 @@ def test_a_crash_that_does_not_repeat_is_reported_not_rerun_as_passed(tiny, devi
                          "tests.faulty_providers:crashes_once")
 
 
-def test_repro_of_a_crashing_item_shows_the_crash(tiny, device, monkeypatch):
-    as_run_cli_would(monkeypatch)
+def test_repro_of_a_crashing_item_shows_the_crash(tiny, device):
     proc = harness("repro", str(tiny), "--case", fp.FAULTING_CASE, "--check", "determinism", "--device", device,
                    "--provider", "tests.faulty_providers:segfaults")
     assert proc.returncode == 1, proc.stdout + proc.stderr
