@@ -6,8 +6,8 @@ The faults end or freeze the process that runs the provider, the supervised chil
 each faults on ``tiny-batch`` alone, the middle case of ``TINY_CASES``, so that a case runs after it). The command's
 front end runs through ``cli.main`` in this process (``run_faulty``), its children forked by this process's fork
 server: a front end of its own would import torch again, seconds on a busy GPU host. What needs the command as a
-process (its first child forked at its start, its end on Ctrl-C or SIGTERM) runs it as one. The
-supervisor's API (recompile guard in the child, per-case contexts, settings) is tested in this process.
+process (its first child forked at its start, its end on Ctrl-C or SIGTERM) runs it as one. The supervisor's API
+(recompile guard in the child, per-case contexts, settings) is tested in this process.
 """
 
 from __future__ import annotations
