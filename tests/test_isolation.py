@@ -64,12 +64,8 @@ def faulty_run_args(tiny: Path, device: str, provider: str) -> list[str]:
             "determinism", "--json", str(tiny.parent / "report.json")]
 
 
-def run_faulty(tiny: Path, device: str, provider: str, monkeypatch: pytest.MonkeyPatch,
-               **env: str) -> tuple[subprocess.CompletedProcess, Report]:
-    """``python -m harness run`` on ``tiny`` with a faulty provider, through ``cli.main`` in this process, with
-    ``env`` set."""
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
+def run_faulty(tiny: Path, device: str, provider: str) -> tuple[subprocess.CompletedProcess, Report]:
+    """``python -m harness run`` on ``tiny`` with a faulty provider, through ``cli.main`` in this process."""
     return _with_report(tiny, harness(*faulty_run_args(tiny, device, provider)))
 
 
@@ -118,10 +114,9 @@ def assert_gone(pids: list[int]) -> None:
     ("segfaults", "the process running the provider died: SIGSEGV (signal 11)", 1),
     ("raises_keyboard_interrupt", "KeyboardInterrupt", 0),
 ])
-def test_a_provider_that_exits_or_crashes_fails_its_item_and_the_rest_run(tiny, provider, cause, restarts, device,
-                                                                          monkeypatch):
+def test_a_provider_that_exits_or_crashes_fails_its_item_and_the_rest_run(tiny, provider, cause, restarts, device):
     spec = f"tests.faulty_providers:{provider}"
-    proc, report = run_faulty(tiny, device, provider, monkeypatch)
+    proc, report = run_faulty(tiny, device, provider)
     assert_only_items_of(report, proc, tiny, fp.FAULTING_CASE, cause, spec)
     assert [r["item"] for r in report.meta["restarts"]] == [f"{fp.FAULTING_CASE}::determinism"] * restarts
     assert report.meta["processes"] == 1 + restarts
@@ -145,8 +140,9 @@ def test_the_command_forks_its_first_child_at_its_start_and_its_replacement_from
 def test_a_hung_item_is_stopped_at_the_time_limit(tiny, device, monkeypatch):
     pids = tiny.parent / "pids"
     limit = HANG_LIMIT
-    proc, report = run_faulty(tiny, device, "hangs", monkeypatch, SSD_HARNESS_ITEM_TIMEOUT=str(limit),
-                              SSD_TEST_PID_FILE=str(pids))
+    monkeypatch.setenv("SSD_HARNESS_ITEM_TIMEOUT", str(limit))
+    monkeypatch.setenv(fp.PID_FILE_ENV, str(pids))
+    proc, report = run_faulty(tiny, device, "hangs")
     cause = f"timed out after {limit} s (limit from SSD_HARNESS_ITEM_TIMEOUT)"
     assert_only_items_of(report, proc, tiny, fp.FAULTING_CASE, cause, "tests.faulty_providers:hangs")
     (hung,) = [r for r in report.items if r.outcome == "error"]
@@ -155,10 +151,10 @@ def test_a_hung_item_is_stopped_at_the_time_limit(tiny, device, monkeypatch):
     assert_gone(_pids(pids))
 
 
-def test_a_sticky_device_error_fails_only_the_case_that_caused_it(tiny, device, monkeypatch):
+def test_a_sticky_device_error_fails_only_the_case_that_caused_it(tiny, device):
     """The provider poisons its process on tiny-batch (every later call there fails, as after a real illegal memory
     access): the child reports the error, exits, and tiny-returned runs in a fresh one."""
-    proc, report = run_faulty(tiny, device, "sticky_device_error", monkeypatch)
+    proc, report = run_faulty(tiny, device, "sticky_device_error")
     assert_only_items_of(report, proc, tiny, fp.FAULTING_CASE, fp.STICKY_MESSAGE,
                          "tests.faulty_providers:sticky_device_error")
     (restart,) = report.meta["restarts"]
@@ -170,7 +166,8 @@ def test_a_crash_that_does_not_repeat_is_reported_not_rerun_as_passed(tiny, devi
     """The first call of the run kills its process; the item that made it is an ERROR, reported once, and the later
     items (each call now works) pass."""
     marker = tiny.parent / "crashed-once"
-    proc, report = run_faulty(tiny, device, "crashes_once", monkeypatch, SSD_TEST_CRASH_ONCE_MARKER=str(marker))
+    monkeypatch.setenv(fp.CRASH_ONCE_MARKER_ENV, str(marker))
+    proc, report = run_faulty(tiny, device, "crashes_once")
     assert marker.exists()
     assert_only_items_of(report, proc, tiny, "tiny-direct", "died: SIGSEGV (signal 11)",
                          "tests.faulty_providers:crashes_once")
@@ -354,7 +351,6 @@ def test_bad_isolation_settings_exit_2_naming_the_setting(tiny, capsys, monkeypa
 def test_time_limit_defaults_and_sources(monkeypatch):
     from harness.isolation import DEFAULT_TIMEOUTS, item_timeout
 
-    monkeypatch.delenv("SSD_HARNESS_ITEM_TIMEOUT", raising=False)
     assert item_timeout(None, "cpu").seconds == DEFAULT_TIMEOUTS["cpu"] == 120
     assert item_timeout(None, "cuda").seconds == DEFAULT_TIMEOUTS["cuda"]
     monkeypatch.setenv("SSD_HARNESS_ITEM_TIMEOUT", "7")
